@@ -1,0 +1,1 @@
+"""Data: vocabularies, synthetic tasks, batching."""

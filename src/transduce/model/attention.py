@@ -1,0 +1,111 @@
+"""Scaled dot-product attention (eq. 1) and multi-head attention (section 3.2.2)."""
+
+from __future__ import annotations
+
+import math
+
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) as an explicit formula.
+
+    query (B, H, T, K), key (B, H, T', K), mask bool broadcastable to (B, H, T, T') with True =
+    may attend. Returns (B, H, T, T'). A query row whose keys are all masked gets all-zero weights
+    (not NaN), which is what ``F.scaled_dot_product_attention`` does too.
+    """
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, T')
+    if mask is None:
+        return scores.softmax(dim=-1)
+    # -inf (not a large negative constant) keeps masked keys at exactly zero weight in any dtype;
+    # fully masked rows become NaN in softmax and are zeroed by the second masked_fill.
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1).masked_fill(~mask, 0.0)
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    fast: bool = True,
+) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
+
+    query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
+    (B, H, T, T') with True = may attend. Returns (B, H, T, Dv). ``dropout_p`` drops attention
+    weights (not in the paper; 0 by default). ``fast`` uses PyTorch's fused kernel, which computes
+    the same function (see tests/model/test_attention.py).
+    """
+    if fast:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    weights = attention_weights(query, key, mask)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ value
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    W^Q, W^K: (D, H*K); W^V: (D, H*Dv); W^O: (H*Dv, D). ``d_k`` and ``d_v`` are independent of
+    ``d_model / n_heads`` (Table 3 rows A and B).
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        self.dropout = dropout
+        self.fast = True
+        self.w_q = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.w_k = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.w_v = nn.Linear(d_model, n_heads * d_v, bias=bias)
+        self.w_o = nn.Linear(n_heads * d_v, d_model, bias=bias)
+
+    def _split(self, x: Tensor, size: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, size).transpose(1, 2)  # (B, T, H*size) -> (B, H, T, size)
+
+    def project_query(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, K)."""
+        return self._split(self.w_q(x), self.d_k)
+
+    def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T', D) -> keys (B, H, T', K), values (B, H, T', Dv)."""
+        return self._split(self.w_k(x), self.d_k), self._split(self.w_v(x), self.d_v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Projected heads -> (B, T, D): attention per head, concatenation, W^O."""
+        p = self.dropout if self.training else 0.0
+        heads = attention(q, k, v, mask, dropout_p=p, fast=self.fast)  # (B, H, T, Dv)
+        b, _, t, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H*Dv)
+        return self.w_o(concat)
+
+    def forward(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
+        """query (B, T, D) attends over memory (B, T', D); mask broadcastable to (B, H, T, T')."""
+        k, v = self.project_key_value(memory)
+        return self.attend(self.project_query(query), k, v, mask)
+
+
+def set_fast_attention(module: nn.Module, fast: bool) -> None:
+    """Switch every MultiHeadAttention below ``module`` between the fused kernel and the formula."""
+    for m in module.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.fast = fast
+
+
+__all__ = ["MultiHeadAttention", "attention", "attention_weights", "set_fast_attention"]
+

@@ -1,0 +1,148 @@
+"""Encoder and decoder layers (section 3.1) and the position-wise FFN (section 3.3).
+
+Each sub-layer is wrapped as in the paper, ``LayerNorm(x + Dropout(Sublayer(x)))`` (post-norm), or
+optionally as ``x + Dropout(Sublayer(LayerNorm(x)))`` (pre-norm, which then needs a final norm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.model.attention import MultiHeadAttention
+from transduce.model.cache import LayerCache
+from transduce.model.masks import causal_mask
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 with W1 (D, F) and W2 (F, D) (eq. 2)."""
+
+    def __init__(self, *, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        hidden = F.relu(self.w_1(x))  # (B, T, F)
+        hidden = F.dropout(hidden, self.activation_dropout, self.training)
+        return self.w_2(hidden)
+
+
+class _Sublayers(nn.Module):
+    """Shared residual wrapping of the encoder and decoder layers."""
+
+    def __init__(self, *, d_model: int, dropout: float, pre_norm: bool, n: int) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n))
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def residual(self, i: int, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norms[i](x)))
+        return self.norms[i](x + self.dropout(sublayer(x)))
+
+
+def _attention_kwargs(d_model: int, n_heads: int, d_k: int, d_v: int, dropout: float) -> dict:
+    return {"d_model": d_model, "n_heads": n_heads, "d_k": d_k, "d_v": d_v, "dropout": dropout}
+
+
+class EncoderLayer(_Sublayers):
+    """Self-attention then FFN, each with residual connection and layer norm."""
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        pre_norm: bool = False,
+    ) -> None:
+        super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=2)
+        self.self_attn = MultiHeadAttention(
+            **_attention_kwargs(d_model, n_heads, d_k, d_v, attention_dropout)
+        )
+        self.ffn = PositionwiseFeedForward(
+            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, S, D); mask broadcastable to (B, H, S, S) (source padding). Returns (B, S, D)."""
+        x = self.residual(0, x, lambda h: self.self_attn(h, h, mask))
+        return self.residual(1, x, self.ffn)
+
+
+class DecoderLayer(_Sublayers):
+    """Masked self-attention, encoder-decoder attention, FFN (section 3.1)."""
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        pre_norm: bool = False,
+    ) -> None:
+        super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=3)
+        kwargs = _attention_kwargs(d_model, n_heads, d_k, d_v, attention_dropout)
+        self.self_attn = MultiHeadAttention(**kwargs)
+        self.cross_attn = MultiHeadAttention(**kwargs)
+        self.ffn = PositionwiseFeedForward(
+            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout
+        )
+
+    def _self_attention(self, h: Tensor, cache: LayerCache | None) -> Tensor:
+        q = self.self_attn.project_query(h)  # (B, H, T, K)
+        k, v = self.self_attn.project_key_value(h)  # (B, H, T, K), (B, H, T, Dv)
+        if cache is not None:
+            if cache.self_k is not None:
+                k = torch.cat([cache.self_k, k], dim=2)  # (B, H, t + T, K)
+                v = torch.cat([cache.self_v, v], dim=2)
+            cache.self_k, cache.self_v = k, v
+        n_q, n_k = q.size(2), k.size(2)
+        # A single new query may see every cached key, so no mask is needed then.
+        mask = None if n_q == 1 else causal_mask(n_q, n_k, device=h.device)
+        return self.self_attn.attend(q, k, v, mask)
+
+    def _cross_attention(
+        self, h: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None
+    ) -> Tensor:
+        if cache is not None and cache.cross_k is not None:
+            k, v = cache.cross_k, cache.cross_v
+        else:
+            k, v = self.cross_attn.project_key_value(memory)  # (B, H, S, K), (B, H, S, Dv)
+            if cache is not None:
+                cache.cross_k, cache.cross_v = k, v
+        return self.cross_attn.attend(self.cross_attn.project_query(h), k, v, memory_mask)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        """x (B, T, D) target states, memory (B, S, D) encoder output, memory_mask broadcastable
+        to (B, H, T, S). With a cache, x holds only the new positions, and keys/values of the
+        earlier ones come from (and are appended to) the cache. Returns (B, T, D)."""
+        x = self.residual(0, x, lambda h: self._self_attention(h, cache))
+        x = self.residual(1, x, lambda h: self._cross_attention(h, memory, memory_mask, cache))
+        return self.residual(2, x, self.ffn)
+
+
+__all__ = ["DecoderLayer", "EncoderLayer", "PositionwiseFeedForward"]

@@ -1,0 +1,188 @@
+"""The encoder-decoder Transformer (section 3.1, Figure 1) and ``make_model``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+from transduce.model.cache import DecoderCache
+from transduce.model.embedding import Embeddings, make_positions
+from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.masks import key_padding_mask
+
+if TYPE_CHECKING:
+    from transduce.config import ModelConfig
+
+
+def _layer_kwargs(cfg: ModelConfig) -> dict:
+    return {
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "d_k": cfg.d_k,
+        "d_v": cfg.d_v,
+        "d_ff": cfg.d_ff,
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout,
+        "pre_norm": cfg.norm == "pre",
+    }
+
+
+class Encoder(nn.Module):
+    """Embedding + positions + dropout, then N encoder layers (plus a final norm if pre-norm)."""
+
+    def __init__(self, cfg: ModelConfig, embed: Embeddings) -> None:
+        super().__init__()
+        self.embed = embed
+        self.positions = make_positions(
+            cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+
+    def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
+        """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
+        x = self.dropout(self.positions(self.embed(src)))
+        mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.final_norm(x)
+
+
+class Decoder(nn.Module):
+    """Embedding + positions + dropout, then N decoder layers (plus a final norm if pre-norm)."""
+
+    def __init__(self, cfg: ModelConfig, embed: Embeddings) -> None:
+        super().__init__()
+        self.embed = embed
+        self.positions = make_positions(
+            cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+
+    def forward(
+        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """tgt (B, T) shifted-right target ids (right-padded), memory (B, S, D) -> (B, T, D).
+
+        With a cache, ``tgt`` holds only the positions after ``cache.length``; the cache grows.
+        """
+        offset = 0 if cache is None else cache.length
+        x = self.dropout(self.positions(self.embed(tgt), offset))
+        mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, mask, None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.length += tgt.size(1)
+        return self.final_norm(x)
+
+
+class Transformer(nn.Module):
+    """Encoder, decoder and the pre-softmax projection (generator), with the decoding contract:
+
+    - ``encode(src) -> (memory, src_valid)``
+    - ``decode(tgt, memory, src_valid, cache) -> logits``, one step at a time on a cache
+    - ``new_cache()``; ``DecoderCache.reorder(index)`` for beams.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        shared_vocab: bool,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+        if shared_vocab and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"a shared vocabulary needs equal sizes, got {src_vocab_size} and {tgt_vocab_size}"
+            )
+        self.config = cfg
+        self.pad_id = pad_id
+        self.shared_vocab = shared_vocab
+        src_embed = Embeddings(vocab_size=src_vocab_size, d_model=cfg.d_model)
+        if shared_vocab and cfg.tie_embeddings:
+            tgt_embed = src_embed  # three-way sharing (section 3.4)
+        else:
+            tgt_embed = Embeddings(vocab_size=tgt_vocab_size, d_model=cfg.d_model)
+        self.encoder = Encoder(cfg, src_embed)
+        self.decoder = Decoder(cfg, tgt_embed)
+        self.generator = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name and "positions" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        if cfg.tie_embeddings:
+            self.generator.weight = tgt_embed.weight  # pre-softmax projection = target embedding
+
+    def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_valid (B, S) (True on non-pad tokens)."""
+        if src_valid is None:
+            src_valid = src != self.pad_id
+        return self.encoder(src, src_valid), src_valid
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_valid: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """tgt (B, T) -> logits (B, T, V) over the next token at each position."""
+        return self.generator(self.decoder(tgt, memory, src_valid, cache))
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder.layers))
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher forcing: src (B, S), tgt (B, T) shifted right -> logits (B, T, V)."""
+        memory, src_valid = self.encode(src)
+        return self.decode(tgt, memory, src_valid)
+
+
+def make_model(
+    cfg: ModelConfig,
+    *,
+    src_vocab_size: int,
+    tgt_vocab_size: int | None = None,
+    pad_id: int = 0,
+) -> Transformer:
+    """Build a Transformer. With ``tgt_vocab_size`` None the vocabulary is shared and source
+    embedding, target embedding and pre-softmax projection are one matrix (``tie_embeddings``)."""
+    shared = tgt_vocab_size is None
+    return Transformer(
+        cfg,
+        src_vocab_size=src_vocab_size,
+        tgt_vocab_size=src_vocab_size if shared else tgt_vocab_size,
+        shared_vocab=shared,
+        pad_id=pad_id,
+    )
+
+
+def parameter_breakdown(model: Transformer) -> dict[str, int]:
+    """Parameters by part, each shared tensor counted once (under the first part that owns it)."""
+    seen: set[int] = set()
+    parts: dict[str, int] = {}
+    groups = {
+        "embeddings": [model.encoder.embed, model.decoder.embed, model.generator],
+        "positions": [model.encoder.positions, model.decoder.positions],
+        "encoder": [model.encoder.layers, model.encoder.final_norm],
+        "decoder": [model.decoder.layers, model.decoder.final_norm],
+    }
+    for part, modules in groups.items():
+        n = 0
+        for m in modules:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    n += p.numel()
+        parts[part] = n
+    parts["total"] = sum(parts.values())
+    return parts
