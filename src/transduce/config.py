@@ -264,6 +264,8 @@ def validate(cfg: Config) -> None:
                        "label_smoothing": t.label_smoothing}.items():  # fmt: skip
         if not 0.0 <= value < 1.0:
             raise UserError(f"{key} must be in [0, 1); got {value}")
+    if t.average_last > t.keep_last:
+        raise UserError(f"average_last ({t.average_last}) exceeds keep_last ({t.keep_last})")
     if k.max_digits < k.min_digits:
         raise UserError(f"max_digits ({k.max_digits}) is below min_digits ({k.min_digits})")
     if k.max_length < k.min_length:

@@ -47,4 +47,8 @@ def vocab_from_dict(data: dict[str, Any]) -> Vocab:
     kind = data.get("kind")
     if kind == "char":
         return CharVocab(list(data["symbols"]))
+    if kind == "sentencepiece":
+        from transduce.data.subword import SentencePieceVocab  # imports sentencepiece: lazily
+
+        return SentencePieceVocab.from_dict(data)
     raise ValueError(f"unknown vocabulary kind {kind!r}")

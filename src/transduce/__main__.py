@@ -1,0 +1,5 @@
+import sys
+
+from transduce.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ``transduce`` command: a thin shell over the Python API."""

@@ -1,0 +1,134 @@
+"""``transduce`` entry point: one command, subcommands, no logic beyond argument handling.
+
+User errors (``UserError``) print one line ``transduce: error: ...`` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transduce.errors import UserError
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
+    )  # fmt: skip
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from transduce.config import parse_overrides
+    from transduce.demo import run_demo
+
+    summary = run_demo(args.out, parse_overrides(args.overrides), show_progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from transduce.config import load_config, parse_overrides, update
+    from transduce.training.run import train_synthetic
+
+    cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    summary = train_synthetic(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_params(args: argparse.Namespace) -> int:
+    import torch
+
+    from transduce.config import parse_overrides, update
+    from transduce.model.transformer import make_model, parameter_breakdown
+    from transduce.presets import preset_config
+
+    if args.vocab_size <= 0:
+        raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
+    cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
+    with torch.device("meta"):  # counts need shapes only; no memory, no init time
+        model = make_model(cfg.model, src_vocab_size=args.vocab_size)
+    parts = parameter_breakdown(model)
+    print(json.dumps({"preset": args.preset, "vocab_size": args.vocab_size,
+                      "parameters": parts["total"], "breakdown": parts}))  # fmt: skip
+    return 0
+
+
+def _cmd_average(args: argparse.Namespace) -> int:
+    from transduce.training import checkpoint
+
+    if args.checkpoints:
+        paths = [Path(p) for p in args.checkpoints]
+    else:
+        found = checkpoint.step_checkpoints(Path(args.run) / "checkpoints")
+        if not found:
+            raise UserError(f"no checkpoints/step_*.pt in run folder {args.run}")
+        paths = found[-args.last :]
+    checkpoint.save_atomic(checkpoint.average(paths), args.output)
+    print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="transduce", description="The Transformer of 'Attention Is All You Need'."
+    )
+    parser.add_argument(
+        "--no-malloc-tuning", action="store_true",
+        help="leave glibc malloc as it is (see transduce.runtime.tune_malloc)",
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="train a small Transformer on addition (CPU, minutes)")
+    p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_set(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("train", help="train from a YAML config")
+    p.add_argument("--config", required=True, help="YAML file (see configs/)")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_set(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("params", help="count a preset's parameters")
+    p.add_argument("--preset", default="base", help="base, big or a Table 3 row (A1 .. E)")
+    p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size")
+    _add_set(p)
+    p.set_defaults(func=_cmd_params)
+
+    p = sub.add_parser("average", help="average the last K checkpoints of a run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="run folder whose checkpoints/ to average")
+    src.add_argument("--checkpoints", nargs="+", help="explicit checkpoint files")
+    p.add_argument("--last", type=int, default=5, help="how many of the run's last (default 5)")
+    p.add_argument("--output", required=True, help="file to write the averaged model to")
+    p.set_defaults(func=_cmd_average)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.no_malloc_tuning:
+        from transduce.runtime import tune_malloc
+
+        tune_malloc()
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"transduce: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("transduce: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: corpus BLEU and chrF with sacreBLEU, exact-match and token accuracy."""

@@ -1,0 +1,161 @@
+"""Beam search with the GNMT length penalty, batched over (sentences x beam) on the cache.
+
+The algorithm, per sentence, with a beam of W slots:
+
+- Scores are sums of ``log_softmax`` log-probabilities; hypotheses are ranked by this raw score
+  while they grow. A finished hypothesis (its last token is EOS) scores ``log P / lp(|Y|)``,
+  with ``|Y|`` its token count including EOS (``length_penalty``).
+- Each step, the candidates are all one-token extensions of the live hypotheses: a ``topk`` over
+  the W*V flattened scores of each sentence (as in fairseq). Only the best ``W - finished``
+  candidates enter the beam: those ending in EOS are finished, the others stay live. A finished
+  hypothesis thus keeps its beam slot, and the beam shrinks as hypotheses finish (as in Nematus
+  and Marian), which is why ``beam=1`` is exactly greedy search.
+- A sentence is done when no live hypothesis can still get into its n-best list, by the bound
+  below; in particular when no live hypothesis is left, or after step ``max_len``, where EOS is
+  forced on all live ones (``transduce.inference.common``).
+
+The bound. A live hypothesis with t tokens and log-probability s <= 0 finishes with
+``|Y| = n`` tokens, ``t + 1 <= n <= max_len + 1``, and a log-probability f <= s (log-probs are
+never positive). Its final score is ``f / lp(n) <= s / lp(n) <= s / max_n lp(n)``, the last
+step because s <= 0 and lp > 0. lp is monotonic in n, so ``max_n lp(n) = max(lp(t + 1),
+lp(max_len + 1))``: ``lp(max_len + 1)`` for alpha >= 0. A sentence is done once
+``max(s) / max_n lp(n)`` over its live hypotheses is at most the n-th best finished score (-inf
+while fewer than n are finished, so the search goes on then). The bound holds exactly, so the
+search never stops while a live hypothesis could still enter the n-best list: it returns what an
+unbounded run of the same beam would return (ties apart). Sentences that are done are dropped
+from the batch and the cache, so they cost nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transduce.data.vocab import BOS, EOS
+from transduce.inference.common import check_eval_mode, max_output_lengths, next_token_log_probs
+from transduce.inference.length_penalty import length_penalty
+
+
+@dataclass
+class Hypothesis:
+    """A finished output: ``tokens`` without BOS/EOS, ``log_prob`` the sum of the token
+    log-probabilities including EOS, ``score = log_prob / length_penalty(len(tokens) + 1)``."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def beam_search(
+    model,
+    src: Tensor,
+    *,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    max_len: int | None = None,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """src (B, S) right-padded token ids -> for each sentence its ``nbest`` best hypotheses,
+    best score first (fewer only if fewer distinct outputs exist).
+
+    Outputs have at most ``max_len`` tokens, EOS not counted: by default each sentence's non-pad
+    source length + ``max_len_offset``. Only ``model.encode``, ``model.new_cache``,
+    ``model.decode`` and ``cache.reorder`` are used. Call ``model.eval()`` first.
+    """
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be between 1 and beam ({beam}), got {nbest}")
+    max_lens = max_output_lengths(src, max_len_offset, max_len)
+    return _beam_search(model, src, max_lens=max_lens, beam=beam, alpha=alpha, nbest=nbest)
+
+
+@torch.no_grad()
+def _beam_search(
+    model, src: Tensor, *, max_lens: Tensor, beam: int, alpha: float, nbest: int
+) -> list[list[Hypothesis]]:
+    check_eval_mode(model)
+    batch, width, device = src.size(0), beam, src.device
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    if batch == 0:
+        return finished
+    memory, src_valid = model.encode(src)  # (B, S, D), (B, S)
+    cache = model.new_cache()
+
+    # Step 0 runs on B rows: every beam of a sentence starts from the same BOS, and the cache
+    # projects the encoder output for cross-attention once per sentence. Then the cache, memory
+    # and mask are expanded to B*W rows (row i*W + w is beam w of sentence i) once.
+    bos = src.new_full((batch, 1), BOS)
+    logits = model.decode(bos, memory, src_valid, cache)[:, -1]  # (B, V)
+    lprobs = next_token_log_probs(logits, max_lens <= 0)
+    vocab = lprobs.size(-1)
+    expand = torch.arange(batch, device=device).repeat_interleave(width)  # (B*W,)
+    cache.reorder(expand)
+    memory, src_valid = memory.index_select(0, expand), src_valid.index_select(0, expand)
+    lprobs = lprobs.index_select(0, expand)  # (B*W, V)
+    # The W beams are identical at step 0: only beam 0 may expand, or the beam would fill with
+    # copies of the same hypothesis.
+    scores = torch.full((batch, width), float("-inf"), device=device)  # (B, W) live log-probs
+    scores[:, 0] = 0.0
+
+    tokens = src.new_empty((batch * width, 0))  # (B*W, t) tokens of each live hypothesis
+    sent = torch.arange(batch, device=device)  # original index of each active sentence
+    n_finished = torch.zeros(batch, dtype=torch.long, device=device)
+    # Normalised scores of the finished hypotheses, best first, -inf where none (at most W are
+    # ever finished, one per slot).
+    finished_scores = torch.full((batch, width), float("-inf"), device=device)
+    slot = torch.arange(width, device=device)  # (W,)
+    lp_max_len = length_penalty(max_lens + 1, alpha)  # (B,) lp of the longest possible output
+    step = 0  # tokens in every live hypothesis
+    while True:
+        n = sent.numel()
+        cand = (scores[:, :, None] + lprobs.view(n, width, vocab)).view(n, width * vocab)
+        top, flat = cand.topk(width, dim=1)  # (n, W), best first
+        parent = torch.div(flat, vocab, rounding_mode="floor")  # beam each candidate extends
+        tok = flat % vocab
+        entered = (slot < (width - n_finished)[:, None]) & (top > float("-inf"))
+        is_eos = tok == EOS
+        ended = entered & is_eos
+        if bool(ended.any()):
+            normalised = top / length_penalty(step + 1, alpha)  # |Y| = step tokens + EOS
+            i, k = ended.nonzero(as_tuple=True)
+            toks = tokens.index_select(0, i * width + parent[i, k]).tolist()
+            for s, t, sc, lp in zip(
+                sent[i].tolist(), toks, normalised[i, k].tolist(), top[i, k].tolist(), strict=True
+            ):
+                finished[s].append(Hypothesis(tokens=t, score=sc, log_prob=lp))
+            new = normalised.masked_fill(~ended, float("-inf"))
+            finished_scores = torch.cat([finished_scores, new], 1).topk(width, dim=1).values
+            n_finished = n_finished + ended.sum(1)
+        scores = top.masked_fill(~(entered & ~is_eos), float("-inf"))  # live hypotheses
+
+        # Done when the best live hypothesis cannot reach the n-th best finished score (see the
+        # module docstring); this covers "no live hypothesis left" and the forced-EOS step.
+        lp_bound = lp_max_len.clamp(min=length_penalty(step + 2, alpha))
+        bound = scores.max(dim=1).values / lp_bound
+        done = (bound <= finished_scores[:, nbest - 1]) | (max_lens <= step)
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
+        cache.reorder(rows)
+        tokens = torch.cat([tokens.index_select(0, rows), tok.index_select(0, keep).view(-1, 1)], 1)
+        scores = scores.index_select(0, keep)
+        if keep.numel() < n:  # drop the sentences that are done
+            sent_rows = (keep[:, None] * width + slot).view(-1)
+            memory, src_valid = memory.index_select(0, sent_rows), src_valid.index_select(0, sent_rows)
+            sent, n_finished = sent[keep], n_finished[keep]
+            finished_scores, max_lens, lp_max_len = (
+                finished_scores[keep], max_lens[keep], lp_max_len[keep]
+            )
+        step += 1
+        logits = model.decode(tokens[:, -1:], memory, src_valid, cache)[:, -1]  # (n'*W, V)
+        lprobs = next_token_log_probs(logits, (max_lens <= step).repeat_interleave(width))
+
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+__all__ = ["Hypothesis", "beam_search"]

@@ -1,0 +1,55 @@
+"""What greedy and beam search share: output length limits and next-token log-probabilities.
+
+Conventions of both searches:
+
+- the output of a sentence is at most ``max_len`` tokens, EOS not counted, where ``max_len`` is
+  the number of non-pad source tokens plus ``max_len_offset`` (or a fixed ``max_len`` for every
+  sentence). At step ``max_len`` (``max_len`` tokens generated) EOS is forced: every other token
+  gets log-probability -inf, and EOS keeps the model's own log-probability, so every finished
+  hypothesis ends in EOS and its log-probability is that of a complete sequence (fairseq does the
+  same). The output lists never contain BOS or EOS.
+- PAD and BOS are never generated (log-probability -inf); UNK may be. Log-probabilities are
+  ``log_softmax`` over the whole vocabulary, not renormalised after this masking.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.data.vocab import BOS, EOS, PAD
+
+
+def max_output_lengths(src: Tensor, max_len_offset: int, max_len: int | None) -> Tensor:
+    """src (B, S) -> LongTensor (B,): the most tokens (EOS not counted) each output may have."""
+    if src.dim() != 2:
+        raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
+    if max_len is not None:
+        if max_len < 0:
+            raise ValueError(f"max_len must not be negative, got {max_len}")
+        return torch.full((src.size(0),), max_len, dtype=torch.long, device=src.device)
+    if max_len_offset < 0:
+        raise ValueError(f"max_len_offset must not be negative, got {max_len_offset}")
+    return (src != PAD).sum(dim=1) + max_len_offset
+
+
+def next_token_log_probs(logits: Tensor, force_eos: Tensor) -> Tensor:
+    """logits (N, V) of the next token, force_eos (N,) bool -> float32 log-probs (N, V).
+
+    PAD and BOS get -inf; on rows with ``force_eos`` every token but EOS gets -inf.
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1)
+    lprobs[:, PAD] = float("-inf")
+    lprobs[:, BOS] = float("-inf")
+    not_eos = torch.arange(lprobs.size(-1), device=lprobs.device) != EOS  # (V,)
+    return lprobs.masked_fill(force_eos[:, None] & not_eos, float("-inf"))
+
+
+def check_eval_mode(model: object) -> None:
+    """Decoding a model in training mode would apply dropout: refuse rather than decode noise."""
+    if getattr(model, "training", False):
+        raise ValueError("the model is in training mode (dropout on); call model.eval() first")
+
+
+__all__ = ["check_eval_mode", "max_output_lengths", "next_token_log_probs"]

@@ -1,0 +1,73 @@
+"""Greedy decoding: the most probable next token at each step, batched on the key/value cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transduce.data.vocab import BOS, EOS
+from transduce.inference.common import check_eval_mode, max_output_lengths, next_token_log_probs
+
+
+def greedy_search(
+    model, src: Tensor, *, max_len_offset: int = 50, max_len: int | None = None
+) -> list[list[int]]:
+    """Greedy outputs of a batch: src (B, S) right-padded token ids -> B token lists.
+
+    Each list holds the output tokens without BOS/EOS, at most ``max_len`` of them (by default the
+    sentence's non-pad source length + ``max_len_offset``; see ``transduce.inference.common``).
+    Only ``model.encode``, ``model.new_cache``, ``model.decode`` and ``cache.reorder`` are used;
+    sentences that have finished are dropped from the batch (and the cache). Call
+    ``model.eval()`` first.
+    """
+    max_lens = max_output_lengths(src, max_len_offset, max_len)
+    return [tokens for tokens, _ in greedy_decode(model, src, max_lens=max_lens)]
+
+
+@torch.no_grad()
+def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[int], float]]:
+    """Greedy search returning, per sentence, (tokens, log-probability including the final EOS).
+
+    max_lens (B,) LongTensor from ``max_output_lengths``. Behaves exactly like beam search with a
+    beam of 1: EOS is forced at step ``max_len`` and its log-probability counted.
+    """
+    # no_grad rather than inference_mode: a model may replace buffers while decoding (the
+    # sinusoidal table grows), and inference tensors would then leak into later training.
+    check_eval_mode(model)
+    batch = src.size(0)
+    out: list[tuple[list[int], float]] = [([], 0.0)] * batch
+    if batch == 0:
+        return out
+    memory, src_valid = model.encode(src)
+    cache = model.new_cache()
+    sent = torch.arange(batch, device=src.device)  # original index of each active row
+    tokens = src.new_empty((batch, 0))  # (B, t) generated so far
+    log_prob = torch.zeros(batch, device=src.device)
+    last = src.new_full((batch, 1), BOS)
+    step = 0
+    while True:
+        logits = model.decode(last, memory, src_valid, cache)[:, -1]  # (B, V)
+        force = max_lens <= step
+        lprobs = next_token_log_probs(logits, force)
+        tok = lprobs.argmax(dim=-1)  # (B,)
+        tok = tok.masked_fill(force, EOS)  # even if the model gives EOS -inf
+        log_prob = log_prob + lprobs.gather(1, tok[:, None]).squeeze(1)
+        done = tok == EOS
+        if bool(done.any()):
+            for i, toks, lp in zip(
+                sent[done].tolist(), tokens[done].tolist(), log_prob[done].tolist(), strict=True
+            ):
+                out[i] = (toks, lp)
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return out
+            cache.reorder(keep)
+            memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
+            tokens, tok, log_prob = tokens[keep], tok[keep], log_prob[keep]
+            sent, max_lens = sent[keep], max_lens[keep]
+        tokens = torch.cat([tokens, tok[:, None]], dim=1)
+        last = tok[:, None]
+        step += 1
+
+
+__all__ = ["greedy_decode", "greedy_search"]

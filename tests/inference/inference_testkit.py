@@ -1,0 +1,160 @@
+"""Helpers for the decoding tests: a scripted fake model and tiny real models with naive,
+cache-free references. Imported by the test modules of this folder (not collected itself)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.config import ModelConfig
+from transduce.data.vocab import BOS, EOS, PAD
+from transduce.inference import length_penalty
+from transduce.model import DecoderCache, make_model
+
+A, B_ = 4, 5  # the two symbols of the 6-token vocabulary (PAD, BOS, EOS, UNK, A, B_)
+VOCAB = 6
+
+Dist = Mapping[int, float]  # next token -> probability (missing tokens: probability 0)
+Script = Mapping[tuple[int, ...], Dist] | Callable[[tuple[int, ...]], Dist]
+
+
+class ScriptedModel:
+    """A fake model with the decoding contract that replays hand-written next-token tables, in
+    the style of fairseq's test_sequence_generator.
+
+    ``scripts[key]`` gives, for a prefix of generated tokens (no BOS), the next-token
+    distribution; ``key`` is the first token of the source sentence. A prefix missing from a
+    dict script gets ``default``. The prefix of each row is read back from a real
+    ``DecoderCache`` (the tokens fed so far are stored as the layer's ``self_k``), so a search
+    that reorders the cache wrongly reads the wrong tables. The sentence key is stored as
+    ``cross_k`` on the first call only, as the real model does with its cross-attention keys.
+    """
+
+    training = False
+
+    def __init__(self, scripts: Mapping[int, Script], default: Dist | None = None) -> None:
+        self.scripts = scripts
+        self.default = default if default is not None else {EOS: 1.0}
+        self.rows_per_call: list[int] = []
+        self.cross_rows = 0  # rows for which the "cross-attention keys" were computed
+        self.queries: list[tuple[int, tuple[int, ...]]] = []
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return src[:, :, None].float(), src != PAD  # memory (B, S, 1)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(1)
+
+    def dist(self, key: int, prefix: tuple[int, ...]) -> Dist:
+        script = self.scripts[key]
+        if callable(script):
+            return script(prefix)
+        return script.get(prefix, self.default)
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache) -> Tensor:
+        rows = tgt.size(0)
+        assert tgt.shape == (rows, 1), tgt.shape
+        assert memory.size(0) == rows and src_valid.size(0) == rows
+        layer = cache.layers[0]
+        if layer.cross_k is None:
+            assert cache.length == 0
+            layer.cross_k = memory[:, 0, 0].long()
+            self.cross_rows += rows
+        else:
+            assert cache.length > 0
+            assert layer.cross_k.size(0) == rows
+            # memory rows must stay aligned with the cache rows when sentences are dropped
+            assert torch.equal(layer.cross_k, memory[:, 0, 0].long())
+        fed = tgt if layer.self_k is None else torch.cat([layer.self_k, tgt], dim=1)
+        layer.self_k = fed
+        cache.length += 1
+        assert fed.size(1) == cache.length
+        self.rows_per_call.append(rows)
+        logits = torch.full((rows, 1, VOCAB), float("-inf"))
+        for r, (key, toks) in enumerate(zip(layer.cross_k.tolist(), fed.tolist(), strict=True)):
+            assert toks[0] == BOS
+            prefix = tuple(toks[1:])
+            self.queries.append((key, prefix))
+            for token, p in self.dist(key, prefix).items():
+                if p > 0:
+                    logits[r, 0, token] = math.log(p)
+        return logits
+
+
+def tiny_model(seed: int, *, sharpness: float = 3.0):
+    """A 1-layer Transformer on the 6-token vocabulary with random weights, drawn so that the
+    next-token distributions are peaky and depend on position and prefix (the default
+    initialisation gives a model that mostly repeats its last input token): matrices N(0, 0.4),
+    token embeddings N(0, 0.1), an untied pre-softmax projection N(0, sharpness / sqrt(D))."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0)
+    model = make_model(cfg, src_vocab_size=VOCAB)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.4)
+        model.encoder.embed.weight.normal_(0.0, 0.1)  # shared by encoder and decoder
+        projection = torch.randn(VOCAB, cfg.d_model) * sharpness / cfg.d_model**0.5
+    model.generator.weight = torch.nn.Parameter(projection)
+    return model.eval()
+
+
+def random_sources(gen: torch.Generator, lengths: list[int]) -> Tensor:
+    """Right-padded (B, max(lengths)) sources over UNK/A/B_ tokens."""
+    src = torch.full((len(lengths), max(lengths)), PAD, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(3, VOCAB, (n,), generator=gen)
+    return src
+
+
+def no_pad(src_row: Tensor) -> Tensor:
+    return src_row[src_row != PAD][None]
+
+
+def sequence_log_probs(model, src_row: Tensor, outputs: list[list[int]]) -> list[float]:
+    """log P(y + EOS | src) of each output by the full (cache-free) forward pass; PAD and BOS are
+    excluded from generation like in the searches, so their probability mass is just lost."""
+    src1 = no_pad(src_row)
+    longest = max(len(y) for y in outputs) + 1
+    tgt = torch.full((len(outputs), longest), PAD, dtype=torch.long)  # shifted right
+    gold = torch.full((len(outputs), longest), PAD, dtype=torch.long)
+    for i, y in enumerate(outputs):
+        tgt[i, : len(y) + 1] = torch.tensor([BOS, *y])
+        gold[i, : len(y) + 1] = torch.tensor([*y, EOS])
+    with torch.no_grad():
+        logits = model(src1.expand(len(outputs), -1), tgt)  # causal: right padding is harmless
+    lprobs = F.log_softmax(logits.double(), dim=-1).gather(2, gold[:, :, None]).squeeze(2)
+    return [lprobs[i, : len(y) + 1].sum().item() for i, y in enumerate(outputs)]
+
+
+def enumerate_outputs(max_len: int, symbols=(3, A, B_)) -> list[list[int]]:
+    """Every output of at most ``max_len`` tokens (EOS not counted)."""
+    return [list(y) for n in range(max_len + 1) for y in itertools.product(symbols, repeat=n)]
+
+
+def ranked(model, src_row: Tensor, max_len: int, alpha: float) -> list[tuple[float, list[int], float]]:
+    """All outputs as (score, tokens, log_prob), best score first: exhaustive search."""
+    outputs = enumerate_outputs(max_len)
+    lps = sequence_log_probs(model, src_row, outputs)
+    out = [(lp / length_penalty(len(y) + 1, alpha), y, lp) for y, lp in zip(outputs, lps, strict=True)]
+    return sorted(out, key=lambda x: x[0], reverse=True)
+
+
+def naive_greedy(model, src_row: Tensor, max_len: int) -> list[int]:
+    """Greedy search that reruns the full forward pass on the whole prefix at every step."""
+    src1 = no_pad(src_row)
+    out: list[int] = []
+    with torch.no_grad():
+        while len(out) < max_len:
+            logits = model(src1, torch.tensor([[BOS, *out]]))[0, -1]
+            logits[PAD] = logits[BOS] = float("-inf")
+            tok = int(logits.argmax())
+            if tok == EOS:
+                break
+            out.append(tok)
+    return out

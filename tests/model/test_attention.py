@@ -1,0 +1,261 @@
+"""Scaled dot-product attention (eq. 1), masks and multi-head attention (section 3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from transduce.model.attention import (
+    MultiHeadAttention,
+    attention,
+    attention_weights,
+    set_fast_attention,
+)
+from transduce.model.masks import causal_mask, combine, key_padding_mask
+
+B, H, T, S = 2, 3, 4, 5
+
+
+def _qkv(d_k: int, d_v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, d_k, generator=g)
+    k = torch.randn(B, H, S, d_k, generator=g)
+    v = torch.randn(B, H, S, d_v, generator=g)
+    return q, k, v
+
+
+def _reference_attention(q, k, v, mask=None):
+    """softmax(QK^T/sqrt(d_k))V with the softmax written out, masked keys excluded from the sum."""
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) / math.sqrt(q.size(-1))
+    if mask is None:
+        mask = torch.ones_like(scores, dtype=torch.bool)
+    mask = mask.expand_as(scores)
+    e = torch.exp(scores - scores.max(dim=-1, keepdim=True).values) * mask
+    denom = e.sum(dim=-1, keepdim=True)
+    w = torch.where(denom > 0, e / denom.clamp_min(1e-30), torch.zeros_like(e))
+    return torch.einsum("bhts,bhsv->bhtv", w, v), w
+
+
+def _masks() -> dict[str, torch.Tensor | None]:
+    valid = torch.tensor([[True] * S, [True, True, True, False, False]])
+    g = torch.Generator().manual_seed(7)
+    rand = torch.rand(B, H, T, S, generator=g) > 0.4
+    rand[..., 0] = True  # keep at least one key per row
+    return {
+        "none": None,
+        "key_padding": key_padding_mask(valid),
+        "causal": causal_mask(T, S),
+        "random": rand,
+        "combined": combine(key_padding_mask(valid), causal_mask(T, S)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# masks
+
+
+def test_causal_mask_square_is_lower_triangular() -> None:
+    m = causal_mask(4, 4)
+    assert m.shape == (1, 1, 4, 4) and m.dtype == torch.bool
+    assert torch.equal(m[0, 0], torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+
+
+def test_causal_mask_with_cached_prefix() -> None:
+    # 2 new queries at positions 3 and 4 of a 5-key sequence
+    m = causal_mask(2, 5)[0, 0]
+    expected = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(m, expected)
+
+
+def test_key_padding_mask_shape_and_combine() -> None:
+    valid = torch.tensor([[True, True, False]])
+    m = key_padding_mask(valid)
+    assert m.shape == (1, 1, 1, 3)
+    c = combine(None, m, causal_mask(3, 3))
+    assert c is not None and c.shape == (1, 1, 3, 3)
+    assert torch.equal(c[0, 0], torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool))
+    assert combine(None, None) is None
+
+
+# --------------------------------------------------------------------------------------------
+# attention()
+
+
+@pytest.mark.parametrize("mask_name", list(_masks()))
+@pytest.mark.parametrize("d_k,d_v", [(8, 8), (8, 5), (3, 11)])
+def test_attention_fast_equals_formula_and_reference(mask_name: str, d_k: int, d_v: int) -> None:
+    q, k, v = _qkv(d_k, d_v)
+    mask = _masks()[mask_name]
+    fast = attention(q, k, v, mask, fast=True)
+    slow = attention(q, k, v, mask, fast=False)
+    ref, _ = _reference_attention(q, k, v, mask)
+    assert fast.shape == (B, H, T, d_v)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(slow, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fully_masked_row_gives_zeros_not_nan(fast: bool) -> None:
+    q, k, v = _qkv(6, 4)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    mask = torch.ones(B, H, T, S, dtype=torch.bool)
+    mask[0, 1, 2] = False  # one query row sees nothing
+    mask[1, :, 0] = False
+    out = attention(q, k, v, mask, fast=fast)
+    assert not torch.isnan(out).any()
+    assert torch.equal(out[0, 1, 2], torch.zeros(4))
+    assert torch.equal(out[1, :, 0], torch.zeros(H, 4))
+    ref, _ = _reference_attention(q.detach(), k.detach(), v.detach(), mask)
+    torch.testing.assert_close(out.detach(), ref, atol=1e-5, rtol=1e-5)
+    out.square().sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+def test_attention_weights_rows_sum_to_one_and_masked_keys_are_zero() -> None:
+    q, k, _ = _qkv(8, 8)
+    mask = _masks()["random"].clone()
+    mask[1, 2, 3] = False  # fully masked row
+    w = attention_weights(q, k, mask)
+    assert w.shape == (B, H, T, S)
+    assert torch.all(w[~mask] == 0.0)  # exactly zero
+    sums = w.sum(-1)
+    full = mask.any(-1)
+    torch.testing.assert_close(sums[full], torch.ones_like(sums[full]))
+    assert torch.all(sums[~full] == 0.0)
+    _, ref = _reference_attention(q, k, k, mask)
+    torch.testing.assert_close(w, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_attention_weights_scale_by_sqrt_dk() -> None:
+    # two keys, one query: weight of key 0 = sigmoid((s0 - s1) / sqrt(d_k))
+    d_k = 16
+    q = torch.zeros(1, 1, 1, d_k)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 2, d_k)
+    k[0, 0, 0, 0] = 8.0  # s0 = 8, s1 = 0
+    w = attention_weights(q, k)
+    expected = 1.0 / (1.0 + math.exp(-8.0 / math.sqrt(d_k)))
+    assert w[0, 0, 0, 0].item() == pytest.approx(expected, rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# MultiHeadAttention
+
+
+def _copy_from_torch_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
+    d = ref.embed_dim
+    with torch.no_grad():
+        w_q, w_k, w_v = ref.in_proj_weight.split(d, dim=0)
+        b_q, b_k, b_v = ref.in_proj_bias.split(d, dim=0)
+        ours.w_q.weight.copy_(w_q)
+        ours.w_k.weight.copy_(w_k)
+        ours.w_v.weight.copy_(w_v)
+        ours.w_q.bias.copy_(b_q)
+        ours.w_k.bias.copy_(b_k)
+        ours.w_v.bias.copy_(b_v)
+        ours.w_o.weight.copy_(ref.out_proj.weight)
+        ours.w_o.bias.copy_(ref.out_proj.bias)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_multihead_equals_torch_mha_with_key_padding(fast: bool) -> None:
+    torch.manual_seed(0)
+    d_model, h = 32, 4
+    ref = nn.MultiheadAttention(d_model, h, dropout=0.0, batch_first=True)
+    with torch.no_grad():  # non-zero biases so the bias mapping is checked too
+        ref.in_proj_bias.normal_()
+        ref.out_proj.bias.normal_()
+    ours = MultiHeadAttention(d_model=d_model, n_heads=h, d_k=d_model // h, d_v=d_model // h)
+    _copy_from_torch_mha(ours, ref)
+    ours.fast = fast
+    ref.eval()
+    ours.eval()
+    query = torch.randn(3, 4, d_model)
+    memory = torch.randn(3, 6, d_model)
+    valid = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    expected, _ = ref(query, memory, memory, key_padding_mask=~valid, need_weights=False)
+    got = ours(query, memory, key_padding_mask(valid))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_multihead_self_attention_causal_equals_torch_mha() -> None:
+    torch.manual_seed(1)
+    d_model, h, t = 16, 2, 5
+    ref = nn.MultiheadAttention(d_model, h, batch_first=True)
+    ours = MultiHeadAttention(d_model=d_model, n_heads=h, d_k=8, d_v=8)
+    _copy_from_torch_mha(ours, ref)
+    x = torch.randn(2, t, d_model)
+    expected, _ = ref(x, x, x, attn_mask=~causal_mask(t, t)[0, 0], need_weights=False)
+    torch.testing.assert_close(ours(x, x, causal_mask(t, t)), expected, atol=1e-5, rtol=1e-5)
+
+
+def _per_head_loop(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, valid: torch.Tensor):
+    """Each head separately: Attention(x W_i^Q, mem W_i^K, mem W_i^V), concatenated, then W^O."""
+    dk, dv = mha.d_k, mha.d_v
+    heads = []
+    for i in range(mha.n_heads):
+        wq = mha.w_q.weight[i * dk : (i + 1) * dk]
+        bq = mha.w_q.bias[i * dk : (i + 1) * dk]
+        wk = mha.w_k.weight[i * dk : (i + 1) * dk]
+        bk = mha.w_k.bias[i * dk : (i + 1) * dk]
+        wv = mha.w_v.weight[i * dv : (i + 1) * dv]
+        bv = mha.w_v.bias[i * dv : (i + 1) * dv]
+        q = x @ wq.T + bq  # (B, T, dk)
+        k = mem @ wk.T + bk
+        v = mem @ wv.T + bv
+        scores = q @ k.transpose(1, 2) / math.sqrt(dk)
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ v)
+    concat = torch.cat(heads, dim=-1)
+    return concat @ mha.w_o.weight.T + mha.w_o.bias
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("d_k,d_v", [(5, 7), (16, 3), (12, 12)])
+def test_multihead_with_free_head_sizes_equals_per_head_loop(fast: bool, d_k: int, d_v: int) -> None:
+    torch.manual_seed(2)
+    d_model, h = 24, 3
+    mha = MultiHeadAttention(d_model=d_model, n_heads=h, d_k=d_k, d_v=d_v)
+    with torch.no_grad():
+        for lin in (mha.w_q, mha.w_k, mha.w_v, mha.w_o):
+            lin.bias.normal_()
+    mha.fast = fast
+    assert mha.w_q.weight.shape == (h * d_k, d_model)
+    assert mha.w_v.weight.shape == (h * d_v, d_model)
+    assert mha.w_o.weight.shape == (d_model, h * d_v)
+    x = torch.randn(2, 4, d_model)
+    mem = torch.randn(2, 5, d_model)
+    valid = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    got = mha(x, mem, key_padding_mask(valid))
+    with torch.no_grad():
+        expected = _per_head_loop(mha, x, mem, valid)
+    torch.testing.assert_close(got.detach(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_set_fast_attention_switches_every_module() -> None:
+    block = nn.Sequential(
+        MultiHeadAttention(d_model=8, n_heads=2, d_k=4, d_v=4),
+        nn.Sequential(MultiHeadAttention(d_model=8, n_heads=2, d_k=4, d_v=4)),
+    )
+    set_fast_attention(block, False)
+    assert [m.fast for m in block.modules() if isinstance(m, MultiHeadAttention)] == [False, False]
+    set_fast_attention(block, True)
+    assert [m.fast for m in block.modules() if isinstance(m, MultiHeadAttention)] == [True, True]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_attention_dropout_only_in_training(fast: bool) -> None:
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, dropout=0.5)
+    mha.fast = fast
+    x = torch.randn(2, 6, 16)
+    mha.train()
+    assert not torch.allclose(mha(x, x), mha(x, x))
+    mha.eval()
+    assert torch.equal(mha(x, x), mha(x, x))

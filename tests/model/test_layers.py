@@ -1,0 +1,156 @@
+"""Position-wise FFN (eq. 2) and the residual/LayerNorm wiring of the layers (section 3.1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.model.attention import MultiHeadAttention
+from transduce.model.layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward
+
+D, H, DK, DV, DFF = 16, 2, 6, 5, 24
+
+
+def _perturb(module: nn.Module, seed: int = 0) -> None:
+    """Make biases and LayerNorm parameters non-trivial so mis-wiring shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif "norms" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+
+
+def _linear(x: Tensor, lin: nn.Linear) -> Tensor:
+    return x @ lin.weight.T + lin.bias
+
+
+def _ln(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def _ffn(x: Tensor, ffn: PositionwiseFeedForward) -> Tensor:
+    return _linear(torch.clamp(_linear(x, ffn.w_1), min=0.0), ffn.w_2)
+
+
+def _mha(mha: MultiHeadAttention, x: Tensor, mem: Tensor, allowed: Tensor) -> Tensor:
+    """Per-head loop; ``allowed`` (B, T, S) bool."""
+    heads = []
+    for i in range(mha.n_heads):
+        sk, sv = slice(i * mha.d_k, (i + 1) * mha.d_k), slice(i * mha.d_v, (i + 1) * mha.d_v)
+        q = x @ mha.w_q.weight[sk].T + mha.w_q.bias[sk]
+        k = mem @ mha.w_k.weight[sk].T + mha.w_k.bias[sk]
+        v = mem @ mha.w_v.weight[sv].T + mha.w_v.bias[sv]
+        s = (q @ k.transpose(1, 2) / math.sqrt(mha.d_k)).masked_fill(~allowed, float("-inf"))
+        heads.append(s.softmax(-1) @ v)
+    return _linear(torch.cat(heads, -1), mha.w_o)
+
+
+def _layer_kwargs(pre_norm: bool, **extra) -> dict:
+    kw = dict(d_model=D, n_heads=H, d_k=DK, d_v=DV, d_ff=DFF, dropout=0.0, pre_norm=pre_norm)
+    kw.update(extra)
+    return kw
+
+
+def test_ffn_by_hand() -> None:
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(d_model=D, d_ff=DFF)
+    assert ffn.w_1.weight.shape == (DFF, D) and ffn.w_2.weight.shape == (D, DFF)
+    x = torch.randn(2, 3, D)
+    w1, b1, w2, b2 = ffn.w_1.weight.T, ffn.w_1.bias, ffn.w_2.weight.T, ffn.w_2.bias
+    expected = torch.maximum(torch.zeros(()), x @ w1 + b1) @ w2 + b2
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_ffn_activation_dropout_train_only() -> None:
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(d_model=D, d_ff=DFF, activation_dropout=0.5)
+    x = torch.randn(2, 3, D)
+    ffn.train()
+    assert not torch.allclose(ffn(x), ffn(x))
+    ffn.eval()
+    torch.testing.assert_close(ffn(x), _ffn(x, ffn))
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_encoder_layer_by_hand(pre_norm: bool) -> None:
+    torch.manual_seed(1)
+    layer = EncoderLayer(**_layer_kwargs(pre_norm)).eval()
+    _perturb(layer)
+    x = torch.randn(2, 5, D)
+    valid = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    allowed = valid[:, None, :].expand(2, 5, 5)
+    n0, n1 = layer.norms
+    with torch.no_grad():
+        if pre_norm:  # x + Sublayer(LayerNorm(x))
+            h = x + _mha(layer.self_attn, _ln(x, n0), _ln(x, n0), allowed)
+            expected = h + _ffn(_ln(h, n1), layer.ffn)
+        else:  # LayerNorm(x + Sublayer(x))
+            h = _ln(x + _mha(layer.self_attn, x, x, allowed), n0)
+            expected = _ln(h + _ffn(h, layer.ffn), n1)
+        got = layer(x, valid[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_decoder_layer_by_hand(pre_norm: bool) -> None:
+    torch.manual_seed(2)
+    layer = DecoderLayer(**_layer_kwargs(pre_norm)).eval()
+    _perturb(layer, seed=1)
+    t, s = 4, 6
+    x = torch.randn(2, t, D)
+    mem = torch.randn(2, s, D)
+    valid = torch.tensor([[1] * 6, [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool)).expand(2, t, t)
+    cross = valid[:, None, :].expand(2, t, s)
+    n0, n1, n2 = layer.norms
+    with torch.no_grad():
+        if pre_norm:
+            a = _ln(x, n0)
+            h = x + _mha(layer.self_attn, a, a, causal)
+            h = h + _mha(layer.cross_attn, _ln(h, n1), mem, cross)
+            expected = h + _ffn(_ln(h, n2), layer.ffn)
+        else:
+            h = _ln(x + _mha(layer.self_attn, x, x, causal), n0)
+            h = _ln(h + _mha(layer.cross_attn, h, mem, cross), n1)
+            expected = _ln(h + _ffn(h, layer.ffn), n2)
+        got = layer(x, mem, valid[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "which", ["dropout", "attention_dropout", "activation_dropout"]
+)
+@pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
+def test_layer_dropout_train_vs_eval(which: str, cls: type) -> None:
+    torch.manual_seed(3)
+    layer = cls(**_layer_kwargs(False, **{which: 0.3}))
+    x = torch.randn(2, 5, D)
+    args = (x, None) if cls is EncoderLayer else (x, torch.randn(2, 3, D), None)
+    layer.train()
+    assert not torch.allclose(layer(*args), layer(*args))
+    layer.eval()
+    assert torch.equal(layer(*args), layer(*args))
+
+
+def test_residual_dropout_is_applied_to_sublayer_output() -> None:
+    # With all weights of the sub-layers zeroed, residual dropout has nothing to drop: the output
+    # is LayerNorm(x) twice even in train mode (dropout must not touch the residual path).
+    torch.manual_seed(4)
+    layer = EncoderLayer(**_layer_kwargs(False, dropout=0.5)).train()
+    with torch.no_grad():
+        for p in list(layer.self_attn.parameters()) + list(layer.ffn.parameters()):
+            p.zero_()
+    x = torch.randn(2, 5, D)
+    n0, n1 = layer.norms
+    expected = F.layer_norm(F.layer_norm(x, (D,)), (D,))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, None), expected, atol=1e-5, rtol=1e-5)
+        assert n0.weight.shape == (D,) and n1.weight.shape == (D,)

@@ -1,0 +1,202 @@
+"""Typed configuration: keys, types, validation, overrides and YAML files."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Literal, get_args, get_origin
+
+import pytest
+
+from transduce.config import (
+    KEY_SECTION,
+    Config,
+    DecodeConfig,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+    coerce,
+    from_dict,
+    load_config,
+    parse_overrides,
+    resolve_key,
+    update,
+    validate,
+)
+from transduce.errors import UserError
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "task": TaskConfig, "decode": DecodeConfig}
+
+
+def test_sections_of_config_are_the_four_dataclasses() -> None:
+    assert {f.name: f.type for f in dataclasses.fields(Config)} == {
+        name: cls.__name__ for name, cls in SECTIONS.items()
+    }
+
+
+def test_key_names_are_unique_across_sections() -> None:
+    names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    duplicates = {n for n in names if names.count(n) > 1}
+    assert not duplicates, f"keys in more than one section: {duplicates}"
+    assert set(KEY_SECTION) == set(names)
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert KEY_SECTION[f.name] == section
+
+
+def test_defaults_are_the_base_model_and_valid() -> None:
+    cfg = Config()
+    validate(cfg)
+    m = cfg.model
+    assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.d_k, m.d_v) == (6, 512, 2048, 8, 64, 64)
+    assert m.dropout == 0.1 and m.norm == "post" and m.positional == "sinusoidal"
+    assert cfg.train.label_smoothing == 0.1 and cfg.train.warmup == 4000
+    assert (cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps) == (0.9, 0.98, 1e-9)
+    assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_offset) == (4, 0.6, 50)
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().model.d_model = 3  # type: ignore[misc]
+
+
+def test_update_flat_and_dotted_keys() -> None:
+    cfg = update(Config(), {"d_model": 256, "train.warmup": "8000", "model.norm": "pre"})
+    assert cfg.model.d_model == 256
+    assert cfg.train.warmup == 8000 and isinstance(cfg.train.warmup, int)
+    assert cfg.model.norm == "pre"
+    assert Config().model.d_model == 512  # the original is untouched
+    assert cfg.to_dict()["model"]["d_model"] == 256
+
+
+@pytest.mark.parametrize("key", ["d_modle", "model.d_modle", "train.d_model", "decode.beam_size"])
+def test_unknown_key_is_a_user_error_naming_it(key: str) -> None:
+    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+        update(Config(), {key: 1})
+
+
+def test_unknown_section_in_dotted_key() -> None:
+    with pytest.raises(UserError, match="modle"):
+        resolve_key("modle.d_model")
+    assert resolve_key("d_model") == ("model", "d_model")
+    assert resolve_key("decode.beam") == ("decode", "beam")
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("d_model", "abc"), ("model.n_layers", "2.5"), ("warmup", 3.5), ("dropout", "x"),
+     ("tie_embeddings", "maybe"), ("d_ff", True), ("device", 3), ("beam", None)],
+)  # fmt: skip
+def test_wrong_type_is_a_user_error_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(UserError) as e:
+        update(Config(), {key: value})
+    assert key.split(".")[-1] in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "key,text,expected",
+    [("d_model", "256", 256), ("max_steps", "100_000", 100_000), ("dropout", "0.2", 0.2),
+     ("warmup", 4000.0, 4000), ("lr_factor", 2, 2.0), ("tie_embeddings", "false", False),
+     ("tie_embeddings", "Yes", True), ("tie_embeddings", "0", False), ("device", "cuda:1", "cuda:1")],
+)  # fmt: skip
+def test_values_are_coerced(key: str, text: object, expected: object) -> None:
+    value = coerce(KEY_SECTION[key], key, text)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "key,bad", [("norm", "mid"), ("positional", "rotary"), ("precision", "fp16"), ("name", "sort")]
+)
+def test_literal_values_are_validated(key: str, bad: str) -> None:
+    hint = typing.get_type_hints(SECTIONS[KEY_SECTION[key]])[key]
+    assert get_origin(hint) is Literal
+    with pytest.raises(UserError, match=key):
+        update(Config(), {key: bad})
+    for good in get_args(hint):
+        assert getattr(getattr(update(Config(), {key: good}), KEY_SECTION[key]), key) == good
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("d_model", 0), ("n_layers", -1), ("n_heads", 0), ("d_k", 0), ("warmup", 0), ("beam", 0),
+     ("max_positions", 0), ("dropout", -0.1), ("dropout", 1.0), ("label_smoothing", 1.5),
+     ("attention_dropout", -0.5), ("clip_norm", -1.0), ("max_epochs", -1), ("alpha", -0.1),
+     ("max_len_offset", -1), ("patience", -2)],
+)  # fmt: skip
+def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
+    with pytest.raises(UserError, match=key):
+        update(Config(), {key: value})
+
+
+def test_validate_cross_field_checks() -> None:
+    with pytest.raises(UserError, match="max_digits"):
+        update(Config(), {"min_digits": 4, "max_digits": 3})
+    with pytest.raises(UserError, match="max_length"):
+        update(Config(), {"min_length": 5, "max_length": 2})
+    update(Config(), {"min_digits": 3, "max_digits": 3, "max_epochs": 0, "clip_norm": 0.0})
+
+
+def test_parse_overrides() -> None:
+    assert parse_overrides(["d_model=256", " model.norm = pre ", "device=cuda:0=x"]) == {
+        "d_model": "256",
+        "model.norm": "pre",
+        "device": "cuda:0=x",
+    }
+    assert parse_overrides([]) == {}
+    with pytest.raises(UserError, match="d_model"):
+        parse_overrides(["d_model"])
+
+
+def test_from_dict_sections_and_preset() -> None:
+    cfg = from_dict({"preset": "big", "model": {"n_layers": 2}, "decode": {"beam": 1}})
+    assert cfg.model.d_model == 1024 and cfg.model.n_layers == 2 and cfg.decode.beam == 1
+    assert from_dict({}) == Config()
+
+
+def test_from_dict_errors() -> None:
+    with pytest.raises(UserError, match="modle"):
+        from_dict({"modle": {"d_model": 3}})
+    with pytest.raises(UserError, match="model"):
+        from_dict({"model": 3})
+    with pytest.raises(UserError, match="mapping"):
+        from_dict([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="nope"):
+        from_dict({"preset": "nope"})
+    # a key in the wrong section is unknown there
+    with pytest.raises(UserError, match="warmup"):
+        from_dict({"model": {"warmup": 10}})
+    with pytest.raises(UserError, match="d_model") as e:
+        from_dict({"model": {"d_model": "abc"}}, source="my.yaml")
+    assert "my.yaml" in str(e.value)
+
+
+def test_load_config_reads_yaml(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "preset: C4\nmodel:\n  n_layers: 3\n  norm: pre\ntrain:\n  warmup: 100\n"
+        "  lr_factor: 2\ntask:\n  name: copy\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(path)
+    assert cfg.model.d_model == 256 and cfg.model.d_k == 32  # from the preset
+    assert cfg.model.n_layers == 3 and cfg.model.norm == "pre"
+    assert cfg.train.warmup == 100 and cfg.train.lr_factor == 2.0
+    assert cfg.task.name == "copy"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("", encoding="utf-8")
+    assert load_config(str(empty)) == Config()
+
+
+def test_load_config_errors(tmp_path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(UserError, match="missing.yaml"):
+        load_config(missing)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n", encoding="utf-8")
+    with pytest.raises(UserError, match="bad.yaml"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("model:\n  d_modle: 3\n", encoding="utf-8")
+    with pytest.raises(UserError, match="d_modle") as e:
+        load_config(wrong)
+    assert "wrong.yaml" in str(e.value)
