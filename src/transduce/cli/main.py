@@ -6,71 +6,14 @@ User errors (``UserError``) print one line ``transduce: error: ...`` and exit wi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from transduce.cli import training_commands, translation_commands
 from transduce.errors import UserError
 
-
-def _add_set(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
-    )  # fmt: skip
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from transduce.config import parse_overrides
-    from transduce.demo import run_demo
-
-    summary = run_demo(args.out, parse_overrides(args.overrides), show_progress=not args.quiet)
-    print(json.dumps(summary))
-    return 0
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from transduce.config import load_config, parse_overrides, update
-    from transduce.training.run import train_synthetic
-
-    cfg = update(load_config(args.config), parse_overrides(args.overrides))
-    summary = train_synthetic(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
-    print(json.dumps(summary))
-    return 0
-
-
-def _cmd_params(args: argparse.Namespace) -> int:
-    import torch
-
-    from transduce.config import parse_overrides, update
-    from transduce.model.transformer import make_model, parameter_breakdown
-    from transduce.presets import preset_config
-
-    if args.vocab_size <= 0:
-        raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
-    cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
-    with torch.device("meta"):  # counts need shapes only; no memory, no init time
-        model = make_model(cfg.model, src_vocab_size=args.vocab_size)
-    parts = parameter_breakdown(model)
-    print(json.dumps({"preset": args.preset, "vocab_size": args.vocab_size,
-                      "parameters": parts["total"], "breakdown": parts}))  # fmt: skip
-    return 0
-
-
-def _cmd_average(args: argparse.Namespace) -> int:
-    from transduce.training import checkpoint
-
-    if args.checkpoints:
-        paths = [Path(p) for p in args.checkpoints]
-    else:
-        found = checkpoint.step_checkpoints(Path(args.run) / "checkpoints")
-        if not found:
-            raise UserError(f"no checkpoints/step_*.pt in run folder {args.run}")
-        paths = found[-args.last :]
-    checkpoint.save_atomic(checkpoint.average(paths), args.output)
-    print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
-    return 0
+# Each module adds its subcommands with register(subparsers).
+COMMAND_MODULES = [training_commands, translation_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,34 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave glibc malloc as it is (see transduce.runtime.tune_malloc)",
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("demo", help="train a small Transformer on addition (CPU, minutes)")
-    p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_set(p)
-    p.set_defaults(func=_cmd_demo)
-
-    p = sub.add_parser("train", help="train from a YAML config")
-    p.add_argument("--config", required=True, help="YAML file (see configs/)")
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_set(p)
-    p.set_defaults(func=_cmd_train)
-
-    p = sub.add_parser("params", help="count a preset's parameters")
-    p.add_argument("--preset", default="base", help="base, big or a Table 3 row (A1 .. E)")
-    p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size")
-    _add_set(p)
-    p.set_defaults(func=_cmd_params)
-
-    p = sub.add_parser("average", help="average the last K checkpoints of a run")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", help="run folder whose checkpoints/ to average")
-    src.add_argument("--checkpoints", nargs="+", help="explicit checkpoint files")
-    p.add_argument("--last", type=int, default=5, help="how many of the run's last (default 5)")
-    p.add_argument("--output", required=True, help="file to write the averaged model to")
-    p.set_defaults(func=_cmd_average)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 

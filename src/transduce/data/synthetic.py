@@ -2,7 +2,8 @@
 
 Addition writes integers as digit tokens: source ``"123+4589"``, target ``"4712"``. Operand
 lengths are drawn uniformly from [min_digits, max_digits], then the value uniformly among numbers
-of that many digits. Held-out examples never occur in the training split.
+of that many digits. The held-out splits (valid and test, ``valid_size`` each) never share a source with each other
+or with the training split.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ TextPair = tuple[str, str]
 class SyntheticTask:
     vocab: CharVocab
     train: list[TextPair]
-    valid: list[TextPair]
+    valid: list[TextPair]  # model selection and early stopping
+    test: list[TextPair]  # reported at the end; as large as valid, disjoint from both
 
 
 def _number(rng: random.Random, cfg: TaskConfig) -> int:
@@ -61,11 +63,11 @@ def make_task(cfg: TaskConfig) -> SyntheticTask:
         if cfg.n_symbols > 52:
             raise UserError(f"n_symbols must be at most 52; got {cfg.n_symbols}")
         vocab = CharVocab(list(string.ascii_letters[: cfg.n_symbols]))
-    wanted = cfg.train_size + cfg.valid_size
+    wanted = cfg.train_size + 2 * cfg.valid_size
     if _space_size(cfg) < 2 * wanted:
         raise UserError(
             f"task {cfg.name} can make only {_space_size(cfg)} distinct examples, too few for "
-            f"train_size + valid_size = {wanted}; widen max_digits / max_length or n_symbols"
+            f"train_size + 2 * valid_size = {wanted}; widen max_digits / max_length or n_symbols"
         )
     rng = random.Random(cfg.data_seed)
     symbols = "".join(vocab.symbols)
@@ -75,17 +77,17 @@ def make_task(cfg: TaskConfig) -> SyntheticTask:
             return _addition(rng, cfg)
         return _sequence(rng, cfg, symbols, reverse=cfg.name == "reverse")
 
-    valid_set: dict[str, str] = {}
-    while len(valid_set) < cfg.valid_size:
+    held_out: dict[str, str] = {}
+    while len(held_out) < 2 * cfg.valid_size:
         src, tgt = draw()
-        valid_set[src] = tgt
+        held_out[src] = tgt
     train = []
     while len(train) < cfg.train_size:
         src, tgt = draw()
-        if src not in valid_set:
+        if src not in held_out:
             train.append((src, tgt))
-    valid = list(valid_set.items())
+    pairs = list(held_out.items())
+    valid, test = pairs[: cfg.valid_size], pairs[cfg.valid_size :]
     if cfg.reverse_input:
-        train = [(s[::-1], t) for s, t in train]
-        valid = [(s[::-1], t) for s, t in valid]
-    return SyntheticTask(vocab=vocab, train=train, valid=valid)
+        train, valid, test = ([(s[::-1], t) for s, t in split] for split in (train, valid, test))
+    return SyntheticTask(vocab=vocab, train=train, valid=valid, test=test)

@@ -1,0 +1,98 @@
+"""Subcommands about training: demo, train, params, average."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from transduce.errors import UserError
+
+
+def add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
+    )  # fmt: skip
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from transduce.config import parse_overrides
+    from transduce.demo import run_demo
+
+    summary = run_demo(args.out, parse_overrides(args.overrides), show_progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from transduce.config import load_config, parse_overrides, update
+    from transduce.training.run import train
+
+    cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_params(args: argparse.Namespace) -> int:
+    import torch
+
+    from transduce.config import parse_overrides, update
+    from transduce.model.transformer import make_model, parameter_breakdown
+    from transduce.presets import preset_config
+
+    if args.vocab_size <= 0:
+        raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
+    cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
+    with torch.device("meta"):  # counts need shapes only; no memory, no init time
+        model = make_model(cfg.model, src_vocab_size=args.vocab_size)
+    parts = parameter_breakdown(model)
+    print(json.dumps({"preset": args.preset, "vocab_size": args.vocab_size,
+                      "parameters": parts["total"], "breakdown": parts}))  # fmt: skip
+    return 0
+
+
+def _cmd_average(args: argparse.Namespace) -> int:
+    from transduce.training import checkpoint
+
+    if args.checkpoints:
+        paths = [Path(p) for p in args.checkpoints]
+    else:
+        found = checkpoint.step_checkpoints(Path(args.run) / "checkpoints")
+        if not found:
+            raise UserError(f"no checkpoints/step_*.pt in run folder {args.run}")
+        paths = found[-args.last :]
+    checkpoint.save_atomic(checkpoint.average(paths), args.output)
+    print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="train a small Transformer on addition (CPU, minutes)")
+    p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_set(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("train", help="train from a YAML config")
+    p.add_argument("--config", required=True, help="YAML file (see configs/)")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_set(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("params", help="count a preset's parameters")
+    p.add_argument("--preset", default="base", help="base, big or a Table 3 row (A1 .. E)")
+    p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size")
+    add_set(p)
+    p.set_defaults(func=_cmd_params)
+
+    p = sub.add_parser("average", help="average the last K checkpoints of a run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="run folder whose checkpoints/ to average")
+    src.add_argument("--checkpoints", nargs="+", help="explicit checkpoint files")
+    p.add_argument("--last", type=int, default=5, help="how many of the run's last (default 5)")
+    p.add_argument("--output", required=True, help="file to write the averaged model to")
+    p.set_defaults(func=_cmd_average)
