@@ -65,13 +65,21 @@ class TrainConfig:
     device: str = "cpu"
     precision: Literal["fp32", "bf16"] = "fp32"
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
+    valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)
+    tensorboard: bool = True  # also log metrics to run_dir/tensorboard (needs tensorboard)
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """What to learn: a synthetic task generated in code (``copy``, ``reverse``, ``addition``)."""
+    """What to learn: a synthetic task generated in code (``copy``, ``reverse``, ``addition``)
+    or ``translation`` between sentence-aligned text files.
 
-    name: Literal["copy", "reverse", "addition"] = "addition"
+    Translation file paths may hold environment variables (``${TRANSDUCE_DATA}/...``), expanded
+    when training starts; relative paths are relative to the current directory. Files may be
+    gzip-compressed (``.gz``).
+    """
+
+    name: Literal["copy", "reverse", "addition", "translation"] = "addition"
     train_size: int = 50_000
     valid_size: int = 1_000
     min_digits: int = 1  # addition: operand lengths
@@ -81,6 +89,12 @@ class TaskConfig:
     max_length: int = 10
     n_symbols: int = 10  # copy / reverse: alphabet size
     data_seed: int = 1234
+    train_src: str = ""  # translation: training source file, one sentence per line
+    train_tgt: str = ""  # translation: its line-aligned target file
+    valid_src: str = ""  # translation: validation files (loss, BLEU, best.pt); optional
+    valid_tgt: str = ""
+    vocab_size: int = 8000  # translation: shared source+target SentencePiece BPE pieces
+    max_valid_sentences: int = 0  # translation: validate on the first N pairs only (0 = all)
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class DecodeConfig:
     alpha: float = 0.6  # GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha
     max_len_offset: int = 50
     decode_batch: int = 256  # sentences per decoding batch
+    batch_tokens: int = 4000  # translation: padded source tokens per batch (sorted by length)
 
 
 @dataclass(frozen=True)
@@ -254,7 +269,8 @@ def validate(cfg: Config) -> None:
         "max_steps": t.max_steps, "keep_last": t.keep_last, "log_every": t.log_every,
         "save_every": t.save_every, "train_size": k.train_size, "valid_size": k.valid_size,
         "beam": d.beam, "decode_batch": d.decode_batch, "n_symbols": k.n_symbols,
-        "min_digits": k.min_digits, "min_length": k.min_length,
+        "min_digits": k.min_digits, "min_length": k.min_length, "vocab_size": k.vocab_size,
+        "valid_beam": t.valid_beam, "batch_tokens": d.batch_tokens,
     }  # fmt: skip
     for key, value in positive.items():
         if value <= 0:
@@ -273,6 +289,12 @@ def validate(cfg: Config) -> None:
     for key, value in {"max_epochs": t.max_epochs, "max_minutes": t.max_minutes,
                        "eval_every": t.eval_every, "patience": t.patience,
                        "average_last": t.average_last, "max_len_offset": d.max_len_offset,
-                       "clip_norm": t.clip_norm, "alpha": d.alpha}.items():  # fmt: skip
+                       "clip_norm": t.clip_norm, "alpha": d.alpha,
+                       "max_valid_sentences": k.max_valid_sentences}.items():  # fmt: skip
         if value < 0:
             raise UserError(f"{key} must not be negative; got {value}")
+    if bool(k.valid_src) != bool(k.valid_tgt):
+        given, missing = ("valid_src", "valid_tgt") if k.valid_src else ("valid_tgt", "valid_src")
+        raise UserError(
+            f"{given} is set but {missing} is not; give both validation files or neither"
+        )

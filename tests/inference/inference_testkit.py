@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.config import ModelConfig
-from transduce.data.vocab import BOS, EOS, PAD
+from transduce.data.vocab import BOS, EOS, PAD, UNK
 from transduce.inference import length_penalty
 from transduce.model import DecoderCache, make_model
 
@@ -132,16 +132,22 @@ def sequence_log_probs(model, src_row: Tensor, outputs: list[list[int]]) -> list
     return [lprobs[i, : len(y) + 1].sum().item() for i, y in enumerate(outputs)]
 
 
-def enumerate_outputs(max_len: int, symbols=(3, A, B_)) -> list[list[int]]:
-    """Every output of at most ``max_len`` tokens (EOS not counted)."""
+def enumerate_outputs(max_len: int) -> list[list[int]]:
+    """Every output over the generable symbols (UNK, A, B_) of at most ``max_len`` tokens."""
+    symbols = (UNK, A, B_)
     return [list(y) for n in range(max_len + 1) for y in itertools.product(symbols, repeat=n)]
 
 
-def ranked(model, src_row: Tensor, max_len: int, alpha: float) -> list[tuple[float, list[int], float]]:
-    """All outputs as (score, tokens, log_prob), best score first: exhaustive search."""
+def ranked(
+    model, src_row: Tensor, max_len: int, alpha: float
+) -> list[tuple[float, list[int], float]]:
+    """Exhaustive search: all outputs as (score, tokens, log_prob), best score first."""
     outputs = enumerate_outputs(max_len)
-    lps = sequence_log_probs(model, src_row, outputs)
-    out = [(lp / length_penalty(len(y) + 1, alpha), y, lp) for y, lp in zip(outputs, lps, strict=True)]
+    log_probs = sequence_log_probs(model, src_row, outputs)
+    out = [
+        (lp / length_penalty(len(y) + 1, alpha), y, lp)
+        for y, lp in zip(outputs, log_probs, strict=True)
+    ]
     return sorted(out, key=lambda x: x[0], reverse=True)
 
 

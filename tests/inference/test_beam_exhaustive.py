@@ -22,8 +22,8 @@ def test_output_count():
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_wide_beam_is_exact(alpha):
-    nbest, found_long, greedy_like_misses = 5, 0, 0
-    for seed in (0, 4, 8):  # models whose best outputs have varied lengths
+    nbest, found_long, narrow_misses = 5, 0, 0
+    for seed in (0, 4, 8, 9):  # models whose best outputs have varied lengths
         model = tiny_model(seed)
         src = random_sources(torch.Generator().manual_seed(300 + seed), [3, 1, 4])
         out = beam_search(model, src, beam=N_OUTPUTS, alpha=alpha, max_len=L, nbest=nbest)
@@ -35,7 +35,9 @@ def test_wide_beam_is_exact(alpha):
                 assert h.score == pytest.approx(score, abs=1e-5)
                 assert h.log_prob == pytest.approx(log_prob, abs=1e-5)
             found_long += len(hyps[0].tokens) > 0
-            greedy_like_misses += small[0].tokens != hyps[0].tokens
+            top1 = beam_search(model, row[None], beam=N_OUTPUTS, alpha=alpha, max_len=L)[0]
+            assert [h.tokens for h in top1] == [exact[0][1]]
+            narrow_misses += small[0].tokens != hyps[0].tokens
     # The cases are not trivial: some best outputs are non-empty, and a beam of 2 misses some.
     assert found_long > 0
-    assert greedy_like_misses > 0
+    assert narrow_misses > 0

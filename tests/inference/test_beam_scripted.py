@@ -82,7 +82,9 @@ def test_nbest_sorted_by_normalised_score_not_log_prob():
 
 
 # Greedy takes A (.5) then A (.4) then EOS: [A, A], p = .2. The best is [B], p = .4 * .9 = .36.
-GREEDY_TRAP = {4: {(): {A: 0.5, B: 0.4, EOS: 0.1}, (A,): {A: 0.4, B: 0.3, EOS: 0.3}, (B,): {EOS: 0.9, A: 0.1}}}
+GREEDY_TRAP = {
+    4: {(): {A: 0.5, B: 0.4, EOS: 0.1}, (A,): {A: 0.4, B: 0.3, EOS: 0.3}, (B,): {EOS: 0.9, A: 0.1}}
+}
 
 
 def test_beam_finds_what_greedy_misses_and_stops_early():
@@ -140,13 +142,19 @@ def test_bound_uses_the_longest_possible_length():
     # score ln .5 = -0.69315; A (ln .3 = -1.20397) lives. An upper bound with the live
     # hypothesis's next length, -1.20397 / lp(2) = -1.20397 / (7/6)**2 = -0.88455, would stop
     # here. But A can grow to [A, A, A] (p .3, |Y| = 4): -1.20397 / (9/6)**2 = -0.53510, the best.
-    script = {4: {(): {EOS: 0.5, A: 0.3, B: 0.2}, (A,): {A: 1.0}, (A, A): {A: 1.0}, (A, A, A): {EOS: 1.0}}}
-    out = beam_search(ScriptedModel(script), src_for(4), beam=2, alpha=2.0, max_len_offset=2, nbest=2)
+    script = {
+        4: {(): {EOS: 0.5, A: 0.3, B: 0.2}, (A,): {A: 1.0}, (A, A): {A: 1.0}, (A, A, A): {EOS: 1.0}}
+    }
+    out = beam_search(ScriptedModel(script), src_for(4), beam=2, alpha=2.0, max_len_offset=2)
+    assert_hyps(out[0], [([A, A, A], math.log(0.3) / 2.25, math.log(0.3))])
+    assert out[0][0].score == pytest.approx(-0.5350990, abs=1e-6)
+    out = beam_search(
+        ScriptedModel(script), src_for(4), beam=2, alpha=2.0, max_len_offset=2, nbest=2
+    )
     assert_hyps(
         out[0],
         [([A, A, A], math.log(0.3) / 2.25, math.log(0.3)), ([], math.log(0.5), math.log(0.5))],
     )
-    assert out[0][0].score == pytest.approx(-0.5350990, abs=1e-6)
 
 
 def test_max_length_forces_eos_with_its_probability():
@@ -161,10 +169,10 @@ def test_max_length_forces_eos_with_its_probability():
     assert len(model.rows_per_call) == 6  # steps 0..5
     # alpha 0: [] is best, but the search must still run to the cut-off (a live hypothesis has
     # a higher log-prob than ln .1 until step 5) and then stops.
-    out = beam_search(ScriptedModel({4: lambda p: {A: 0.9, EOS: 0.1}}), src_for(4, length=2), beam=2, alpha=0.0, max_len_offset=3, nbest=2)
+    model = ScriptedModel({4: lambda prefix: {A: 0.9, EOS: 0.1}})
+    out = beam_search(model, src_for(4, length=2), beam=2, alpha=0.0, max_len_offset=3, nbest=2)
     assert_hyps(out[0], [([], math.log(0.1), math.log(0.1)), ([A] * 5, lp5, lp5)])
-    greedy = greedy_search(ScriptedModel({4: lambda p: {A: 0.9, EOS: 0.1}}), src_for(4, length=2), max_len_offset=3)
-    assert greedy == [[A] * 5]
+    assert greedy_search(model, src_for(4, length=2), max_len_offset=3) == [[A] * 5]
 
 
 def test_max_len_counts_non_pad_source_tokens():

@@ -36,7 +36,9 @@ def _read_stdin() -> list[str]:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise UserError(f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+            raise UserError(
+                f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
+            ) from None
         if lineno == 1 and text.startswith("\ufeff"):
             text = text[1:]
         lines.append(text.strip())
@@ -79,8 +81,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
     if args.nbest < 1:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
+    translator = Translator.load(args.model, device=args.device)  # a bad --model: before stdin
     sentences = _read_input(args.input)
-    translator = Translator.load(args.model, device=args.device)
     options = {
         "beam": args.beam, "alpha": args.alpha, "batch_tokens": args.batch_tokens,
         "max_len_offset": args.max_len_offset, "show_progress": None if not args.quiet else False,
@@ -108,7 +110,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.output:
         _write_output(args.output, [_one_line(h) for h in hyps])
-    print(json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref), **scores}))
+    print(json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref),
+                      **scores}))  # fmt: skip
     return 0
 
 
@@ -128,9 +131,16 @@ def _cmd_data_multi30k(args: argparse.Namespace) -> int:
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder")
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, 4)")
-    p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: the model's, 0.6)")
+    p.add_argument(
+        "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
+    )
+    p.add_argument(
+        "--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, 4)"
+    )
+    p.add_argument(
+        "--alpha", type=float, default=None,
+        help="length penalty alpha (default: the model's, 0.6)",
+    )  # fmt: skip
     p.add_argument(
         "--batch-tokens", type=int, default=None, metavar="N",
         help="padded source tokens per batch (default: the model's decode.batch_tokens, 4000)",
@@ -149,8 +159,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "copied from a local mirror (--from) or downloaded; every file is checked.",
     )
     m.add_argument("--dest", required=True, help="folder to put the files in (e.g. data/multi30k)")
-    m.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
-                   help="local mirror holding the .gz files (or a multi30k/ folder of them)")  # fmt: skip
+    m.add_argument(
+        "--from", dest="from_dir", default=None, metavar="DIR",
+        help="local mirror holding the .gz files (or a multi30k/ folder of them)",
+    )  # fmt: skip
     m.add_argument("--src", default="en", help="source language: en, de, fr or cs (default: en)")
     m.add_argument("--tgt", default="de", help="target language: en, de, fr or cs (default: de)")
     m.add_argument("--force", action="store_true", help="fetch again files already there")
@@ -168,9 +180,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_decoding(p)
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
-    p.add_argument("--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam)")
-    p.add_argument("--max-len-offset", type=int, default=None, metavar="N",
-                   help="outputs have at most source tokens + N tokens (default: the model's, 50)")  # fmt: skip
+    p.add_argument(
+        "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam)"
+    )
+    p.add_argument(
+        "--max-len-offset", type=int, default=None, metavar="N",
+        help="outputs have at most source tokens + N tokens (default: the model's, 50)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser(

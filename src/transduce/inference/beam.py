@@ -146,7 +146,8 @@ def _beam_search(
         scores = scores.index_select(0, keep)
         if keep.numel() < n:  # drop the sentences that are done
             sent_rows = (keep[:, None] * width + slot).view(-1)
-            memory, src_valid = memory.index_select(0, sent_rows), src_valid.index_select(0, sent_rows)
+            memory = memory.index_select(0, sent_rows)
+            src_valid = src_valid.index_select(0, sent_rows)
             sent, n_finished = sent[keep], n_finished[keep]
             finished_scores, max_lens, lp_max_len = (
                 finished_scores[keep], max_lens[keep], lp_max_len[keep]

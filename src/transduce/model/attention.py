@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import math
 
-
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+# Measured switches for benchmarks/train_step.py A/B runs (temporary).
+FUSE_PROJECTIONS = True
+FP32_ATTENTION_ON_CPU = True
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -36,11 +43,29 @@ def attention(
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
 
     query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
-    (B, H, T, T') with True = may attend. Returns (B, H, T, Dv). ``dropout_p`` drops attention
-    weights (not in the paper; 0 by default). ``fast`` uses PyTorch's fused kernel, which computes
-    the same function (see tests/model/test_attention.py).
+    (B, H, T, T') with True = may attend. Returns (B, H, T, Dv) in the dtype of ``query``.
+    ``dropout_p`` drops attention weights (not in the paper; 0 by default). ``fast`` uses
+    PyTorch's fused kernel, which computes the same function (see tests/model/test_attention.py).
+
+    On the CPU the fused kernel runs in float32 even for bfloat16/float16 inputs (and under
+    autocast): PyTorch's CPU flash-attention backward is several times slower in bfloat16 than in
+    float32 at these head sizes (measured in benchmarks/train_step.py), and float32 is the more
+    accurate of the two. The projections around it stay in low precision.
     """
     if fast:
+        dtype = query.dtype
+        if FP32_ATTENTION_ON_CPU and query.device.type == "cpu" and dtype in _LOW_PRECISION:
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    query.float(), key.float(), value.float(), attn_mask=mask, dropout_p=dropout_p
+                )
+            return out.to(dtype)
+        if FP32_ATTENTION_ON_CPU and query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # autocast would run the kernel in bfloat16; keep it in the inputs' float32
+            with torch.autocast("cpu", enabled=False):
+                return F.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, dropout_p=dropout_p
+                )
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
     weights = attention_weights(query, key, mask)
     if dropout_p > 0.0:
@@ -75,8 +100,21 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(n_heads * d_v, d_model, bias=bias)
 
     def _split(self, x: Tensor, size: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, size).transpose(1, 2)  # (B, T, H*size) -> (B, H, T, size)
+        # (B, T, H*size) -> (B, H, T, size); a view, also of a column slice of a fused projection
+        return x.unflatten(-1, (self.n_heads, size)).transpose(1, 2)
+
+    def _project(self, x: Tensor, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+        """x (B, T, D) through the given projections as one matmul against their stacked weights
+        (one GEMM, one input cast under autocast, one backward GEMM per operand instead of
+        ``len(linears)``); returns each projection's (B, H, T, size) heads."""
+        sizes = [lin.out_features for lin in linears]
+        if FUSE_PROJECTIONS and len(linears) > 1:
+            weight = torch.cat([lin.weight for lin in linears])  # (sum(sizes), D)
+            bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+            parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # each (B, T, size)
+        else:
+            parts = tuple(lin(x) for lin in linears)
+        return tuple(self._split(p, s // self.n_heads) for p, s in zip(parts, sizes))
 
     def project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, K)."""
@@ -84,7 +122,14 @@ class MultiHeadAttention(nn.Module):
 
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T', D) -> keys (B, H, T', K), values (B, H, T', Dv)."""
-        return self._split(self.w_k(x), self.d_k), self._split(self.w_v(x), self.d_v)
+        k, v = self._project(x, (self.w_k, self.w_v))
+        return k, v
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention: (B, T, D) -> queries (B, H, T, K), keys (B, H, T, K), values
+        (B, H, T, Dv), as one matmul."""
+        q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))
+        return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Projected heads -> (B, T, D): attention per head, concatenation, W^O."""
@@ -96,6 +141,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
         """query (B, T, D) attends over memory (B, T', D); mask broadcastable to (B, H, T, T')."""
+        if query is memory:  # self-attention: one fused projection
+            return self.attend(*self.project_qkv(query), mask)
         k, v = self.project_key_value(memory)
         return self.attend(self.project_query(query), k, v, mask)
 

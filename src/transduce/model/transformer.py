@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings, make_positions
-from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.layers import DecoderLayer, EncoderLayer, dropout
 from transduce.model.masks import key_padding_mask
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
-        x = self.dropout(self.positions(self.embed(src)))
+        x = dropout(self.positions(self.embed(src)), self.dropout.p, self.training)
         mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
         for layer in self.layers:
             x = layer(x, mask)
@@ -72,7 +72,7 @@ class Decoder(nn.Module):
         With a cache, ``tgt`` holds only the positions after ``cache.length``; the cache grows.
         """
         offset = 0 if cache is None else cache.length
-        x = self.dropout(self.positions(self.embed(tgt), offset))
+        x = dropout(self.positions(self.embed(tgt), offset), self.dropout.p, self.training)
         mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, mask, None if cache is None else cache.layers[i])

@@ -69,8 +69,9 @@ def step_path(directory: str | Path, step: int) -> Path:
 
 
 def prune(directory: str | Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` step checkpoints."""
-    for p in step_checkpoints(directory)[:-keep_last]:
+    """Delete all but the newest ``keep_last`` step checkpoints (all of them when it is 0)."""
+    found = step_checkpoints(directory)
+    for p in found[: max(len(found) - keep_last, 0)]:
         p.unlink(missing_ok=True)
 
 
@@ -92,6 +93,10 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
         elif set(last["model"]) != keys:
             raise UserError(f"{p}: holds different parameters from {paths[0]}")
         for k, v in last["model"].items():
+            if k in sums and v.shape != sums[k].shape:
+                raise UserError(
+                    f"{p}: {k} has shape {tuple(v.shape)}, not {tuple(sums[k].shape)} as in {paths[0]}"
+                )
             if v.is_floating_point():
                 sums[k] = sums[k] + v.double() if k in sums else v.double()
     model = {

@@ -1,22 +1,38 @@
-"""From a Config to a trained run folder: the task's data, the model, the Trainer."""
+"""From a Config to a trained run folder: the task's data, the model, the Trainer.
+
+``train`` picks by ``task.name``: a synthetic task (``train_synthetic``) or ``translation``
+(``train_translation``): parallel text files -> a shared SentencePiece BPE vocabulary ->
+a Transformer trained with validation loss, perplexity and BLEU.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Sequence
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from transduce.config import Config
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab
+from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference import greedy_search
 from transduce.model.transformer import Transformer, make_model
 from transduce.training.batching import Pair, collate
 from transduce.training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from transduce.data.parallel import ParallelText
+    from transduce.data.subword import SentencePieceVocab
+
+Log = Callable[[str], None]
 
 
 def encode_pairs(vocab: Vocab, pairs: Sequence[TextPair]) -> list[Pair]:
@@ -80,3 +96,177 @@ def train_synthetic(
         show_progress=show_progress,
     )
     return trainer.train()
+
+
+# --- translation ----------------------------------------------------------------------------------
+
+
+def _stderr(message: str) -> None:
+    print(f"transduce: {message}", file=sys.stderr, flush=True)
+
+
+_UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def resolve_data_path(value: str, key: str) -> Path:
+    """A config path with ``$VAR`` / ``${VAR}`` and ``~`` expanded (relative paths stay relative
+    to the current directory); an unset variable is a UserError naming the key."""
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    m = _UNSET_VARIABLE.search(expanded)
+    if m:
+        name = m.group(1).strip("{}")
+        raise UserError(f"task.{key} = {value!r}: environment variable {name} is not set")
+    return Path(expanded)
+
+
+def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
+    from transduce.data.parallel import read_parallel
+
+    src_key, tgt_key = f"{split}_src", f"{split}_tgt"
+    src_value, tgt_value = getattr(cfg.task, src_key), getattr(cfg.task, tgt_key)
+    if not src_value and not tgt_value:
+        return None
+    for key, value in ((src_key, src_value), (tgt_key, tgt_value)):
+        if not value:
+            raise UserError(f"task.{key} is not set; name the {split} {key[-3:]} file")
+    src, tgt = resolve_data_path(src_value, src_key), resolve_data_path(tgt_value, tgt_key)
+    text = read_parallel(src, tgt)
+    log(
+        f"{split}: {len(text)} sentence pairs from {src} and {tgt}"
+        + (f" ({text.skipped} with an empty side skipped)" if text.skipped else "")
+    )
+    if not len(text):
+        raise UserError(f"{src} and {tgt}: no sentence pairs with both sides non-empty")
+    return text
+
+
+def _vocabulary(
+    cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log
+) -> SentencePieceVocab:
+    """The run's shared vocabulary: ``vocab.model`` of the run when resuming, else learned on
+    the training source and target sentences and saved as ``vocab.model``."""
+    from transduce.data.subword import SentencePieceVocab, train_sentencepiece
+
+    path = run_dir / "vocab.model"
+    if resume and path.is_file():
+        vocab = SentencePieceVocab.load(path)
+        log(f"vocabulary: {len(vocab)} pieces from {path} (resumed run)")
+        return vocab
+    vocab = train_sentencepiece(
+        itertools.chain(train.source, train.target), cfg.task.vocab_size, seed=cfg.train.seed
+    )
+    vocab.save(path)
+    log(f"vocabulary: {len(vocab)} shared BPE pieces learned on the training text -> {path}")
+    return vocab
+
+
+def bleu_validator(
+    cfg: Config, vocab: Vocab, sources: Sequence[str], references: Sequence[str]
+):  # noqa: ANN201 - returns Validator
+    """sacreBLEU BLEU and chrF of the model's translations of ``sources`` (beam
+    ``train.valid_beam``; 1 = greedy) against ``references``."""
+    from transduce.evaluation.bleu import corpus_scores
+    from transduce.inference.translator import Translator
+
+    def validate(model: Transformer) -> dict[str, float]:
+        hyps = Translator(model, vocab, cfg).translate(sources, beam=cfg.train.valid_beam)
+        scores = corpus_scores(hyps, references)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return validate
+
+
+def train_translation(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    show_progress: bool | None = None,
+    log: Log | None = None,
+) -> dict[str, Any]:
+    """Train a translation model on the files of ``cfg.task`` into ``out_dir``.
+
+    Reads the training (and, if named, validation) files, reporting how many pairs were skipped
+    for an empty side; learns the shared vocabulary (``vocab.model``; reused with ``resume``);
+    trains with validation BLEU as the score that picks ``best.pt``. ``log`` receives one-line
+    reports (default: stderr). Returns the Trainer's summary plus the data counts.
+    """
+    log = log or _stderr
+    if cfg.task.name != "translation":
+        raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
+    if not cfg.task.train_src or not cfg.task.train_tgt:
+        raise UserError(
+            "task translation needs task.train_src and task.train_tgt (the training files)"
+        )
+    out = Path(out_dir)
+    train_text = _read_split(cfg, "train", log)
+    valid_text = _read_split(cfg, "valid", log)
+    assert train_text is not None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot create the run folder ({e.strerror or e})") from None
+    vocab = _vocabulary(cfg, out, train_text, resume=resume, log=log)
+    train_pairs = list(
+        zip(
+            vocab.encode_batch(train_text.source), vocab.encode_batch(train_text.target),
+            strict=True,
+        )
+    )
+    if not any(max(len(a), len(b)) + 1 <= cfg.train.max_len for a, b in train_pairs):
+        raise UserError(
+            f"every training pair is longer than max_len={cfg.train.max_len} tokens "
+            "(with EOS); raise max_len"
+        )
+    valid_pairs: list[Pair] = []
+    validator = None
+    summary_data: dict[str, Any] = {
+        "train_pairs": len(train_text), "train_skipped_empty": train_text.skipped,
+        "vocab_size": len(vocab),
+    }  # fmt: skip
+    if valid_text is not None:
+        n = cfg.task.max_valid_sentences or len(valid_text)
+        sources, references = valid_text.source[:n], valid_text.target[:n]
+        valid_pairs = list(
+            zip(vocab.encode_batch(sources), vocab.encode_batch(references), strict=True)
+        )
+        validator = bleu_validator(cfg, vocab, sources, references)
+        summary_data.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
+        if n < len(valid_text):
+            log(f"valid: validating on the first {n} pairs (max_valid_sentences)")
+    else:
+        log(
+            "no validation files (task.valid_src, task.valid_tgt): "
+            "no BLEU, best.pt or early stopping"
+        )
+    torch.manual_seed(cfg.train.seed)
+    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    trainer = Trainer(
+        cfg,
+        model,
+        vocab,
+        train_pairs,
+        run_dir=out,
+        valid_pairs=valid_pairs,
+        validator=validator,
+        score_key="bleu",
+        resume=resume,
+        show_progress=show_progress,
+    )
+    if trainer.n_filtered:
+        log(
+            f"train: {trainer.n_filtered} pairs longer than max_len={cfg.train.max_len} "
+            "tokens left out"
+        )
+    summary = trainer.train()
+    return {**summary, **summary_data}
+
+
+def train(
+    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None
+) -> dict[str, Any]:
+    """Train whatever ``cfg.task`` names: translation files or a synthetic task."""
+    if cfg.task.name == "translation":
+        return train_translation(cfg, out_dir, resume=resume, show_progress=show_progress)
+    return train_synthetic(cfg, out_dir, resume=resume, show_progress=show_progress)

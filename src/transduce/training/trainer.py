@@ -3,7 +3,13 @@
 A run folder holds ``metrics.jsonl`` (one JSON object per logged step or validation),
 ``checkpoints/step_N.pt`` (full state for ``--resume``; the last ``keep_last`` are kept),
 ``best.pt`` (best validation score) and ``model.pt`` (the final model, averaged when
-``average_last`` > 0).
+``average_last`` > 0). With ``tensorboard`` on (the default) and the ``tensorboard`` package
+installed, the same numbers go to TensorBoard event files in ``tensorboard/`` (``train/loss``,
+``valid/bleu``, ...); without the package a one-line notice says so and training goes on.
+
+The progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for ``max_steps``)
+and shows the loss, learning rate, target tokens per second and, under a ``max_minutes`` budget,
+the minutes left before it stops the run (``left``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +39,25 @@ from transduce.training.loss import label_smoothed_nll
 from transduce.training.schedule import rate
 
 Validator = Callable[[Transformer], dict[str, float]]
+
+_tensorboard_notice_shown = False
+
+
+def _summary_writer(log_dir: Path, purge_step: int | None):  # noqa: ANN202 - SummaryWriter | None
+    """A TensorBoard SummaryWriter, or None (with a one-time notice) without tensorboard."""
+    global _tensorboard_notice_shown
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        if not _tensorboard_notice_shown:
+            _tensorboard_notice_shown = True
+            print(
+                "transduce: note: tensorboard is not installed, metrics go to metrics.jsonl only "
+                "(pip install 'transduce[tensorboard]' to get event files)",
+                file=sys.stderr,
+            )
+        return None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
 
 @dataclass
@@ -101,6 +127,7 @@ class Trainer:
             weight_decay=t.weight_decay,
         )
         self.progress = Progress()
+        self._writer = None  # TensorBoard, opened by train()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(t.seed)
         random.seed(t.seed)
@@ -154,6 +181,24 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            group = record.get("split", "train")
+            step = record.get("step", self.progress.step)
+            for key, value in record.items():
+                if key not in ("step", "split", "epoch") and isinstance(value, int | float):
+                    self._writer.add_scalar(f"{group}/{key}", value, step)
+
+    def _open_tensorboard(self) -> None:
+        if self.cfg.train.tensorboard and self._writer is None:
+            # purge_step: a resumed run redoes the steps after its checkpoint; TensorBoard drops
+            # the events the killed run had written for them, as metrics.jsonl does.
+            step = self.progress.step
+            self._writer = _summary_writer(self.run_dir / "tensorboard", step + 1 if step else None)
+
+    def _close_tensorboard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     # --- one update -----------------------------------------------------------------------------
 
@@ -243,8 +288,15 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run until a stopping condition; always leaves ``model.pt``. Returns a summary."""
+        started, base_elapsed = time.monotonic(), self.progress.elapsed
+        self._open_tensorboard()
+        try:
+            return self._train(started, base_elapsed)
+        finally:
+            self._close_tensorboard()
+
+    def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
-        started, base_elapsed = time.monotonic(), p.elapsed
         fault_step = int(os.environ.get("TRANSDUCE_FAULT_AT_STEP", "0"))
         bar = tqdm(
             total=t.max_steps, initial=p.step, disable=self.show_progress is False or None,
@@ -272,11 +324,19 @@ class Trainer:
                     self._log({"step": p.step, "epoch": p.epoch, "loss": loss, "nll": nll,
                                "ppl": math.exp(min(nll, 50.0)), "lr": lr, "tokens_per_s": tps,
                                "elapsed": p.elapsed})  # fmt: skip
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+                    postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{tps:.0f}"}
+                    if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
+                        left = max(t.max_minutes - p.elapsed / 60, 0.0)
+                        postfix["left"] = f"{left:.1f}m"
+                    bar.set_postfix(postfix)
                 bar.update(1)
                 if t.eval_every and p.step % t.eval_every == 0:
+                    paused = time.monotonic()
                     last_metrics, validated_at = self.validate(), p.step
-                    self._log({"step": p.step, "split": "valid", **last_metrics})
+                    seconds = time.monotonic() - paused
+                    window_start += seconds  # tokens_per_s measures training alone
+                    self._log({"step": p.step, "split": "valid", **last_metrics,
+                               "valid_seconds": round(seconds, 2)})  # fmt: skip
                     reason = self._after_validation(last_metrics)
                 if p.step % t.save_every == 0:
                     self.save()
@@ -288,8 +348,10 @@ class Trainer:
                 reason = reason or self._should_stop(started, base_elapsed)
         bar.close()
         if validated_at != p.step:
+            paused = time.monotonic()
             last_metrics = self.validate()
-            self._log({"step": p.step, "split": "valid", **last_metrics})
+            self._log({"step": p.step, "split": "valid", **last_metrics,
+                       "valid_seconds": round(time.monotonic() - paused, 2)})  # fmt: skip
             self._after_validation(last_metrics)
         return self._finish(reason, last_metrics)
 

@@ -1,0 +1,243 @@
+"""Raw text in, detokenized text out: ``Translator``, the Python API behind ``transduce translate``
+and ``transduce evaluate``.
+
+A checkpoint carries its configuration and its vocabulary (the SentencePiece model), so a model
+file alone translates::
+
+    from transduce import Translator
+    t = Translator.load("runs/m30k/model.pt")
+    t.translate(["A man is riding a bike.", ""], beam=4, alpha=0.6)  # -> ["Ein Mann ...", ""]
+
+How sentences are decoded:
+
+* Each line is stripped; an empty line translates to ``""`` without running the model, so
+  outputs stay line-aligned with inputs.
+* Sentences are sorted by length and cut into batches of at most ``batch_tokens`` padded source
+  tokens (longest batch first, so an out-of-memory error shows at once, not at the end); outputs
+  come back in input order. Padding is masked, so a sentence's translation does not depend on the
+  batch it lands in (up to floating-point rounding): ``batch_tokens`` changes speed, not output.
+* Greedy search when ``beam`` is 1, else beam search with the GNMT length penalty ``alpha``
+  (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
+  tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from transduce.config import Config, DecodeConfig
+from transduce.data.vocab import Vocab
+from transduce.errors import UserError
+from transduce.inference.search import generate
+from transduce.training.batching import collate
+
+__all__ = ["Translation", "Translator", "evaluate_files", "length_batches", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis: detokenized ``text``; ``score`` = ``log_prob / lp(|Y|)`` (what the beam
+    ranks by, ``alpha`` included); ``log_prob`` = sum of token log-probabilities, EOS included."""
+
+    text: str
+    score: float
+    log_prob: float
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` in batches of at most ``batch_tokens`` padded tokens
+    (n_sentences * longest), longest sentences first; a sentence longer than the budget gets a
+    batch of its own. Stable: equal lengths keep input order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        # Sorted longest first, so the batch's first sentence sets its padded length.
+        longest = max(longest, lengths[i])
+        if current and (len(current) + 1) * longest > batch_tokens:
+            batches.append(current)
+            current, longest = [], lengths[i]
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``torch.device`` of a user's string, or a UserError saying what is wrong with it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UserError(f"unknown device {device!r} ({e}); use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {device!r} requested but MPS is not available; use --device cpu")
+    return dev
+
+
+class Translator:
+    """A trained model with its vocabulary and decoding defaults (the checkpoint's ``decode``
+    section: beam 4, alpha 0.6 unless the run's config said otherwise)."""
+
+    def __init__(self, model: torch.nn.Module, vocab: Vocab, cfg: Config) -> None:
+        self.model = model
+        self.vocab = vocab
+        self.cfg = cfg
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> Translator:
+        """From a checkpoint file (``model.pt``, ``best.pt``, an average) or a run folder (its
+        ``model.pt``). A missing or unreadable file is a UserError naming it."""
+        from transduce.training.checkpoint import load_model
+
+        dev = resolve_device(device)
+        model, vocab, cfg = load_model(path, device=dev)
+        return cls(model, vocab, cfg)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def decode_config(
+        self,
+        *,
+        beam: int | None = None,
+        alpha: float | None = None,
+        batch_tokens: int | None = None,
+        max_len_offset: int | None = None,
+    ) -> DecodeConfig:
+        """The model's decoding defaults with the given settings replaced (None keeps one)."""
+        changes: dict[str, Any] = {
+            key: value
+            for key, value in {"beam": beam, "alpha": alpha, "batch_tokens": batch_tokens,
+                               "max_len_offset": max_len_offset}.items()  # fmt: skip
+            if value is not None
+        }
+        for key in ("beam", "batch_tokens"):
+            if key in changes and changes[key] < 1:
+                raise UserError(f"{key} must be at least 1; got {changes[key]}")
+        for key in ("alpha", "max_len_offset"):
+            if key in changes and changes[key] < 0:
+                raise UserError(f"{key} must not be negative; got {changes[key]}")
+        return replace(self.cfg.decode, **changes)
+
+    def translate(
+        self,
+        sentences: Sequence[str],
+        *,
+        beam: int | None = None,
+        alpha: float | None = None,
+        batch_tokens: int | None = None,
+        max_len_offset: int | None = None,
+        show_progress: bool | None = False,
+    ) -> list[str]:
+        """One detokenized translation per sentence, in order (``""`` for an empty one)."""
+        cfg = self.decode_config(
+            beam=beam, alpha=alpha, batch_tokens=batch_tokens, max_len_offset=max_len_offset
+        )
+        return [hyps[0].text for hyps in self._decode(sentences, cfg, 1, show_progress)]
+
+    def translate_nbest(
+        self,
+        sentences: Sequence[str],
+        nbest: int,
+        *,
+        beam: int | None = None,
+        alpha: float | None = None,
+        batch_tokens: int | None = None,
+        max_len_offset: int | None = None,
+        show_progress: bool | None = False,
+    ) -> list[list[Translation]]:
+        """For each sentence its ``nbest`` best translations, best first (fewer when the beam
+        finds fewer distinct ones). ``nbest`` must not exceed the beam. An empty sentence gets
+        the single translation ``""`` with score and log-probability 0."""
+        cfg = self.decode_config(
+            beam=beam, alpha=alpha, batch_tokens=batch_tokens, max_len_offset=max_len_offset
+        )
+        if nbest < 1:
+            raise UserError(f"nbest must be at least 1; got {nbest}")
+        if nbest > cfg.beam:
+            raise UserError(f"nbest ({nbest}) must not exceed the beam size ({cfg.beam})")
+        return self._decode(sentences, cfg, nbest, show_progress)
+
+    def _decode(
+        self, sentences: Sequence[str], cfg: DecodeConfig, nbest: int, show_progress: bool | None
+    ) -> list[list[Translation]]:
+        if isinstance(sentences, str):
+            raise TypeError("translate takes a list of sentences, not one string")
+        texts = [s.strip() for s in sentences]
+        out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
+        todo = [i for i, t in enumerate(texts) if t]
+        encode_batch = getattr(self.vocab, "encode_batch", None)
+        if encode_batch is not None:
+            ids = encode_batch([texts[i] for i in todo])
+        else:
+            ids = [self.vocab.encode(texts[i]) for i in todo]
+        self.model.eval()
+        device = self.device
+        # +1: the EOS every source gets (collate), as in training.
+        batches = length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
+        with tqdm(
+            total=len(todo), unit="sent", desc="translate", disable=show_progress is False or None,
+            leave=False,
+        ) as bar:  # fmt: skip
+            for batch in batches:
+                src = collate([(ids[j], []) for j in batch]).src.to(device)
+                step_cfg = replace(cfg, decode_batch=len(batch))  # one generate call per batch
+                for j, hyps in zip(batch, generate(self.model, src, step_cfg, nbest), strict=True):
+                    out[todo[j]] = [
+                        Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
+                    ]
+                bar.update(len(batch))
+        return out
+
+
+def evaluate_files(
+    translator: Translator,
+    src_path: str | Path,
+    ref_path: str | Path,
+    *,
+    beam: int | None = None,
+    alpha: float | None = None,
+    batch_tokens: int | None = None,
+    lowercase: bool = False,
+    show_progress: bool | None = False,
+) -> tuple[dict[str, Any], list[str]]:
+    """Translate ``src_path`` and score it against ``ref_path`` with sacreBLEU.
+
+    Returns (scores, translations). Scores: ``bleu``, ``chrf`` (cased unless ``lowercase``) with
+    their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
+    the ``beam`` and ``alpha`` used. Files of different line counts are a UserError naming both.
+    """
+    from transduce.data.parallel import read_lines
+    from transduce.evaluation.bleu import corpus_scores
+
+    sources = read_lines(src_path)
+    references = read_lines(ref_path)
+    if len(sources) != len(references):
+        raise UserError(
+            f"source and reference differ in length: {src_path} has {len(sources)} lines, "
+            f"{ref_path} has {len(references)} lines"
+        )
+    if not sources:
+        raise UserError(f"{src_path}: no lines to translate")
+    cfg = translator.decode_config(beam=beam, alpha=alpha, batch_tokens=batch_tokens)
+    hyps = translator.translate(
+        sources, beam=cfg.beam, alpha=cfg.alpha, batch_tokens=cfg.batch_tokens,
+        show_progress=show_progress,
+    )  # fmt: skip
+    scores = corpus_scores(hyps, references, lowercase=lowercase)
+    lower = corpus_scores(hyps, references, lowercase=True)
+    scores["bleu_lowercase"] = lower["bleu"]
+    scores["bleu_lowercase_signature"] = lower["bleu_signature"]
+    scores["beam"] = cfg.beam
+    scores["alpha"] = cfg.alpha
+    return scores, hyps

@@ -1,0 +1,82 @@
+"""Distributed data parallel training on PyTorch's own engine (torchrun + DDP).
+
+``torchrun --nproc_per_node N -m transduce train ...`` starts N processes with RANK, WORLD_SIZE,
+LOCAL_RANK and MASTER_ADDR/PORT in the environment; ``init_from_env`` joins them into one process
+group (NCCL on GPUs, gloo on CPUs). Every rank reads its own shard of the same token-bucketed
+batches; gradients are averaged by DistributedDataParallel; only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def init_from_env(device: str) -> tuple[World, torch.device]:
+    """Join the process group torchrun describes (if any); return the world and this rank's
+    device (``cuda`` becomes ``cuda:LOCAL_RANK``)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World(), torch.device(device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return World(rank=rank, size=size, local_rank=local_rank), dev
+
+
+def shard(batches: Sequence[T], world: World) -> list[T]:
+    """This rank's share of ``batches``: every ``size``-th one, after dropping the remainder so
+    that all ranks take the same number of steps (a rank with fewer would hang the others)."""
+    if not world.distributed:
+        return list(batches)
+    usable = len(batches) - len(batches) % world.size
+    return list(batches[world.rank : usable : world.size])
+
+
+def all_reduce_sum(values: Sequence[float], world: World, device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks (identity when not distributed)."""
+    if not world.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_gather_objects(obj: T, world: World) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` when not distributed."""
+    if not world.distributed:
+        return [obj]
+    out: list[T] = [None] * world.size  # type: ignore[list-item]
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()

@@ -1,0 +1,152 @@
+"""Translator: raw text in, detokenized text out, in order, whatever the batching.
+
+These tests need no corpus: an untrained tiny model with a SentencePiece vocabulary learned on
+generated sentences gives deterministic (meaningless) translations, which is all that order,
+batching and format checks need. Learning to translate is tested in tests/cli.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from transduce.config import Config, from_dict
+from transduce.data.subword import train_sentencepiece
+from transduce.errors import UserError
+from transduce.inference.translator import (
+    Translation,
+    Translator,
+    length_batches,
+    resolve_device,
+)
+from transduce.model.transformer import make_model
+from transduce.training import checkpoint
+
+WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+
+
+def toy_sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    """A checkpoint file holding an untrained tiny model and its vocabulary, alone in a folder
+    (no vocab.model next to it: the checkpoint must be enough)."""
+    vocab = train_sentencepiece(toy_sentences(300), 60)
+    cfg: Config = from_dict({
+        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
+        "decode": {"max_len_offset": 4},
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    checkpoint.save_atomic(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def translator(model_file) -> Translator:
+    return Translator.load(model_file)
+
+
+def test_import_from_package() -> None:
+    from transduce import Translator as Exported
+
+    assert Exported is Translator
+
+
+def test_load_missing_file_is_user_error(tmp_path) -> None:
+    with pytest.raises(UserError, match="not found"):
+        Translator.load(tmp_path / "nope.pt")
+    with pytest.raises(UserError, match="not found"):
+        Translator.load(tmp_path)  # a folder without model.pt
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="bad.pt"):
+        Translator.load(bad)
+
+
+def test_load_run_folder_and_defaults(model_file, tmp_path) -> None:
+    shutil.copy(model_file, tmp_path / "model.pt")
+    t = Translator.load(tmp_path)
+    assert not t.model.training
+    assert (t.cfg.decode.beam, t.cfg.decode.alpha) == (4, 0.6)
+    assert t.device == torch.device("cpu")
+
+
+def test_empty_lines_order_and_one_output_per_line(translator) -> None:
+    sentences = toy_sentences(12, seed=1)
+    lines = sentences[:4] + ["", "   "] + sentences[4:] + [""]
+    out = translator.translate(lines, beam=2)
+    assert len(out) == len(lines)
+    assert [o for line, o in zip(lines, out, strict=True) if not line.strip()] == ["", "", ""]
+    alone = [translator.translate([s], beam=2)[0] for s in sentences]
+    assert [o for line, o in zip(lines, out, strict=True) if line.strip()] == alone
+    assert len(set(alone)) > 1  # different inputs, different outputs: order is really checked
+    assert all("\n" not in o for o in out)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batching_does_not_change_translations(translator, beam) -> None:
+    sentences = toy_sentences(25, seed=2)
+    big = translator.translate(sentences, beam=beam, batch_tokens=100_000)
+    small = translator.translate(sentences, beam=beam, batch_tokens=12)
+    reversed_back = translator.translate(sentences[::-1], beam=beam, batch_tokens=30)[::-1]
+    assert big == small == reversed_back
+
+
+def test_nbest(translator) -> None:
+    sentences = ["the dog runs", "", "a big red ball in the park"]
+    nbest = translator.translate_nbest(sentences, 3, beam=3)
+    assert len(nbest) == 3
+    assert nbest[1] == [Translation("", 0.0, 0.0)]
+    for hyps in (nbest[0], nbest[2]):
+        assert 1 <= len(hyps) <= 3
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert all(h.log_prob <= 0 for h in hyps)
+    assert [h[0].text for h in nbest] == translator.translate(sentences, beam=3)
+    with pytest.raises(UserError, match="beam"):
+        translator.translate_nbest(sentences, 4, beam=3)
+    with pytest.raises(UserError, match="nbest"):
+        translator.translate_nbest(sentences, 0)
+
+
+def test_bad_options(translator) -> None:
+    with pytest.raises(UserError, match="beam"):
+        translator.translate(["the dog"], beam=0)
+    with pytest.raises(UserError, match="alpha"):
+        translator.translate(["the dog"], alpha=-1.0)
+    with pytest.raises(UserError, match="batch_tokens"):
+        translator.translate(["the dog"], batch_tokens=0)
+    with pytest.raises(TypeError):
+        translator.translate("the dog")  # type: ignore[arg-type]
+    assert translator.translate([]) == []
+
+
+def test_length_batches() -> None:
+    lengths = [3, 9, 1, 4, 4, 12, 2, 7]
+    batches = length_batches(lengths, 10)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 10
+    firsts = [lengths[b[0]] for b in batches]
+    assert firsts == sorted(firsts, reverse=True)  # longest batch first
+    assert batches[0] == [5]  # 12 tokens > budget: a batch of its own
+    assert length_batches([], 10) == []
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="unknown device"):
+        resolve_device("toaster")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA is not available"):
+            resolve_device("cuda")

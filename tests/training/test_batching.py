@@ -1,0 +1,130 @@
+"""Token batching (coverage, budget, determinism, low padding) and collation."""
+
+import random
+
+import pytest
+import torch
+
+from transduce.data.vocab import BOS, EOS, PAD
+from transduce.training.batching import Batch, collate, model_lengths, token_batches
+
+
+def _lengths(n: int = 400, seed: int = 0) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randint(2, 30), rng.randint(2, 30)) for _ in range(n)]
+
+
+def _cost(batch: list[int], lengths: list[tuple[int, int]]) -> int:
+    return len(batch) * max(max(lengths[i]) for i in batch)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_example_once_and_within_budget(shuffle: bool) -> None:
+    lengths = _lengths()
+    lengths[5] = (200, 3)  # longer than the budget: a batch of its own
+    max_tokens = 120
+    for epoch in range(3):
+        batches = token_batches(lengths, max_tokens, seed=7, epoch=epoch, shuffle=shuffle)
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(len(lengths)))
+        for b in batches:
+            assert b, "empty batch"
+            assert _cost(b, lengths) <= max_tokens or len(b) == 1
+        assert [5] in batches
+
+
+def test_batches_are_reasonably_full() -> None:
+    lengths = _lengths()
+    batches = token_batches(lengths, 200, seed=1, epoch=0)
+    # Sorted by length, most batches could not take one more example of their length.
+    avg_cost = sum(_cost(b, lengths) for b in batches) / len(batches)
+    assert avg_cost > 0.7 * 200
+
+
+def test_same_seed_and_epoch_same_batches() -> None:
+    lengths = _lengths()
+    a = token_batches(lengths, 150, seed=3, epoch=2)
+    b = token_batches(lengths, 150, seed=3, epoch=2)
+    assert a == b
+    c = token_batches(lengths, 150, seed=3, epoch=3)
+    assert c != a
+    d = token_batches(lengths, 150, seed=4, epoch=2)
+    assert d != a
+
+
+def test_no_shuffle_is_sorted_and_epoch_independent() -> None:
+    lengths = _lengths()
+    a = token_batches(lengths, 150, seed=3, epoch=0, shuffle=False)
+    assert a == token_batches(lengths, 150, seed=9, epoch=5, shuffle=False)
+    keys = [(lengths[i][1], lengths[i][0]) for b in a for i in b]
+    assert keys == sorted(keys)
+
+
+def _padding_fraction(batches: list[list[int]], lengths: list[tuple[int, int]]) -> float:
+    real = padded = 0
+    for b in batches:
+        s, t = max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)
+        real += sum(lengths[i][0] + lengths[i][1] for i in b)
+        padded += len(b) * (s + t)
+    return 1 - real / padded
+
+
+def test_less_padding_than_random_batches() -> None:
+    lengths = _lengths(n=1000, seed=5)
+    batches = token_batches(lengths, 240, seed=0, epoch=0)
+    rng = random.Random(0)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    sizes = [len(b) for b in batches]
+    random_batches, start = [], 0
+    for size in sizes:  # same batch sizes, random membership
+        random_batches.append(order[start : start + size])
+        start += size
+    ours, theirs = _padding_fraction(batches, lengths), _padding_fraction(random_batches, lengths)
+    assert ours < 0.5 * theirs, (ours, theirs)
+
+
+def test_collate() -> None:
+    pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14]), ([4, 4], [])]
+    b = collate(pairs)
+    assert isinstance(b, Batch)
+    assert b.src.tolist() == [[5, 6, 7, EOS], [10, EOS, PAD, PAD], [4, 4, EOS, PAD]]
+    assert b.tgt_in.tolist() == [
+        [BOS, 8, 9, PAD, PAD], [BOS, 11, 12, 13, 14], [BOS, PAD, PAD, PAD, PAD],
+    ]  # fmt: skip
+    assert b.tgt_out.tolist() == [
+        [8, 9, EOS, PAD, PAD], [11, 12, 13, 14, EOS], [EOS, PAD, PAD, PAD, PAD],
+    ]  # fmt: skip
+    assert b.n_tokens == 3 + 5 + 1
+    assert b.n_tokens == int((b.tgt_out != PAD).sum())
+    for t in (b.src, b.tgt_in, b.tgt_out):
+        assert t.dtype == torch.long
+
+
+def test_collate_properties_random() -> None:
+    rng = random.Random(11)
+    pairs = [
+        ([rng.randint(4, 20) for _ in range(rng.randint(0, 9))],
+         [rng.randint(4, 20) for _ in range(rng.randint(0, 9))])
+        for _ in range(17)
+    ]  # fmt: skip
+    b = collate(pairs)
+    assert b.src.shape == (17, max(len(s) for s, _ in pairs) + 1)
+    assert b.tgt_in.shape == b.tgt_out.shape == (17, max(len(t) for _, t in pairs) + 1)
+    for row, (s, t) in enumerate(pairs):
+        src = b.src[row].tolist()
+        assert src[: len(s) + 1] == [*s, EOS] and set(src[len(s) + 1 :]) <= {PAD}
+        tin, tout = b.tgt_in[row].tolist(), b.tgt_out[row].tolist()
+        n = len(t) + 1
+        assert tin[0] == BOS and tout[n - 1] == EOS
+        assert tin[1:n] == tout[: n - 1] == t
+        assert set(tin[n:]) <= {PAD} and set(tout[n:]) <= {PAD}
+    assert b.n_tokens == sum(len(t) + 1 for _, t in pairs)
+    assert model_lengths(pairs) == [(len(s) + 1, len(t) + 1) for s, t in pairs]
+
+
+def test_batch_to_keeps_n_tokens() -> None:
+    b = collate([([5], [6, 7])])
+    moved = b.to("cpu")
+    assert moved.n_tokens == b.n_tokens == 3
+    assert torch.equal(moved.src, b.src)

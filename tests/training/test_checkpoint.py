@@ -1,0 +1,221 @@
+"""Checkpoints: atomic writes, clear load errors, step files, pruning, averaging, load_model."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from transduce.config import Config, update
+from transduce.data.vocab import CharVocab
+from transduce.errors import UserError
+from transduce.model.transformer import make_model
+from transduce.training import checkpoint
+
+TINY = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8, "dropout": 0.0}
+
+
+def _cfg() -> Config:
+    return update(Config(), TINY)
+
+
+def _ckpt(seed: int, **extra) -> dict:
+    torch.manual_seed(seed)
+    vocab = CharVocab(list("abcde"))
+    model = make_model(_cfg().model, src_vocab_size=len(vocab))
+    return {"config": _cfg().to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict(), **extra}
+
+
+def test_save_atomic_writes_and_leaves_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "x.pt"
+    checkpoint.save_atomic({"a": torch.arange(3)}, path)
+    checkpoint.save_atomic({"a": torch.arange(4)}, path)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.pt"]
+    assert torch.equal(torch.load(path)["a"], torch.arange(4))
+
+
+def test_failed_save_keeps_old_file_and_removes_temp(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "model.pt"
+    checkpoint.save_atomic({"v": torch.ones(2)}, path)
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def broken_save(obj, f, *args, **kwargs):  # writes part of a file, then fails
+        real_save({"v": torch.zeros(1000)}, f, *args, **kwargs)
+        f.flush()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_atomic({"v": torch.zeros(2)}, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+    def interrupted(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_atomic({"v": torch.zeros(2)}, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not found"):
+        checkpoint.load(tmp_path / "missing.pt")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint at all" * 10)
+    with pytest.raises(UserError, match="garbage.pt"):
+        checkpoint.load(garbage)
+    no_model = tmp_path / "no_model.pt"
+    torch.save({"config": {}, "weights": {}}, no_model)
+    with pytest.raises(UserError, match="no_model.pt"):
+        checkpoint.load(no_model)
+    a_list = tmp_path / "list.pt"
+    torch.save([1, 2, 3], a_list)
+    with pytest.raises(UserError, match="list.pt"):
+        checkpoint.load(a_list)
+    with pytest.raises(UserError, match="not found"):
+        checkpoint.load(tmp_path)  # a folder without model.pt
+
+
+def test_load_run_folder_reads_model_pt(tmp_path: Path) -> None:
+    checkpoint.save_atomic(_ckpt(0), tmp_path / "model.pt")
+    data = checkpoint.load(tmp_path)
+    assert set(data) >= {"config", "vocab", "model"}
+
+
+def test_step_checkpoints_numeric_order(tmp_path: Path) -> None:
+    assert checkpoint.step_checkpoints(tmp_path / "nowhere") == []
+    for step in (10, 9, 100, 1):
+        checkpoint.step_path(tmp_path, step).write_bytes(b"")
+    (tmp_path / "step_5.pt").write_bytes(b"")  # unpadded names still compare numerically
+    (tmp_path / "step_00000007.pt.tmp").write_bytes(b"")
+    (tmp_path / ".step_00000011.pt.abc.tmp").write_bytes(b"")
+    (tmp_path / "model.pt").write_bytes(b"")
+    names = [p.name for p in checkpoint.step_checkpoints(tmp_path)]
+    assert names == [
+        "step_00000001.pt", "step_5.pt", "step_00000009.pt", "step_00000010.pt", "step_00000100.pt",
+    ]  # fmt: skip
+    assert checkpoint.step_path(tmp_path, 10).name == "step_00000010.pt"
+
+
+def test_prune_keeps_last(tmp_path: Path) -> None:
+    for step in range(1, 13):
+        checkpoint.step_path(tmp_path, step).write_bytes(b"")
+    (tmp_path / "best.pt").write_bytes(b"")
+    checkpoint.prune(tmp_path, 3)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
+        "step_00000010.pt", "step_00000011.pt", "step_00000012.pt",
+    ]  # fmt: skip
+    assert (tmp_path / "best.pt").exists()
+    checkpoint.prune(tmp_path, 5)  # fewer than K: nothing goes
+    assert len(checkpoint.step_checkpoints(tmp_path)) == 3
+    checkpoint.prune(tmp_path, 0)
+    assert checkpoint.step_checkpoints(tmp_path) == []
+
+
+def test_average_is_mean_of_state_dicts(tmp_path: Path) -> None:
+    ckpts = []
+    for seed in range(3):
+        c = _ckpt(seed)
+        c["model"]["counter"] = torch.tensor([seed, 10 * seed], dtype=torch.long)  # an int buffer
+        c["model"]["half"] = torch.randn(4).to(torch.bfloat16)
+        c["vocab"] = {"kind": "char", "symbols": "abcde"[: 3 + seed]}
+        ckpts.append(c)
+    paths = []
+    for i, c in enumerate(ckpts):
+        paths.append(tmp_path / f"c{i}.pt")
+        torch.save(c, paths[-1])
+    out = checkpoint.average(paths)
+    assert set(out["model"]) == set(ckpts[0]["model"])
+    for k, v in out["model"].items():
+        if k == "counter":
+            assert v.dtype == torch.long and v.tolist() == [2, 20]  # the newest one's, not a mean
+            continue
+        expected = sum(c["model"][k].double() for c in ckpts) / 3
+        assert v.dtype == ckpts[0]["model"][k].dtype
+        torch.testing.assert_close(v, expected.to(v.dtype), rtol=0, atol=0)
+    assert out["vocab"] == ckpts[-1]["vocab"]
+    assert out["config"] == ckpts[-1]["config"]
+    assert out["averaged"] == [str(p) for p in paths]
+
+
+def test_average_result_loads_as_model(tmp_path: Path) -> None:
+    paths = []
+    for seed in range(2):
+        paths.append(tmp_path / f"c{seed}.pt")
+        checkpoint.save_atomic(_ckpt(seed, optimizer={"state": {}}, step=seed), paths[-1])
+    out = checkpoint.average(paths)
+    assert "optimizer" not in out and "step" not in out
+    checkpoint.save_atomic(out, tmp_path / "avg.pt")
+    model, _, cfg = checkpoint.load_model(tmp_path / "avg.pt")
+    assert cfg == _cfg()
+    expected = (_ckpt(0)["model"]["decoder.embed.weight"] + _ckpt(1)["model"]["decoder.embed.weight"]) / 2
+    torch.testing.assert_close(model.state_dict()["decoder.embed.weight"], expected)
+
+
+def test_average_of_one_is_identity(tmp_path: Path) -> None:
+    c = _ckpt(4)
+    torch.save(c, tmp_path / "a.pt")
+    out = checkpoint.average([tmp_path / "a.pt"])
+    for k, v in c["model"].items():
+        assert torch.equal(out["model"][k], v)
+
+
+def test_average_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError):
+        checkpoint.average([])
+    a, b = _ckpt(0), _ckpt(1)
+    b["model"]["extra"] = torch.zeros(1)
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    with pytest.raises(UserError, match="b.pt"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+    del b["model"]["extra"]
+    b["model"]["encoder.embed.weight"] = torch.zeros(3, 3)  # same keys, another shape
+    torch.save(b, tmp_path / "b.pt")
+    with pytest.raises(UserError, match="b.pt"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+    with pytest.raises(UserError, match="not found"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "missing.pt"])
+
+
+def test_load_model_round_trip(tmp_path: Path) -> None:
+    cfg = update(Config(), {**TINY, "dropout": 0.3})
+    vocab = CharVocab(list("abcdef"))
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab)).eval()
+    checkpoint.save_atomic(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()},
+        tmp_path / "model.pt",
+    )
+    for where in (tmp_path / "model.pt", tmp_path):
+        loaded, loaded_vocab, loaded_cfg = checkpoint.load_model(where)
+        assert not loaded.training
+        assert loaded_cfg == cfg
+        assert loaded_vocab.to_dict() == vocab.to_dict()
+        src = torch.tensor([[4, 5, 6, 2], [7, 2, 0, 0]])
+        tgt = torch.tensor([[1, 4, 5], [1, 7, 0]])
+        with torch.no_grad():
+            assert torch.equal(loaded(src, tgt), model(src, tgt))
+
+
+def test_save_atomic_is_a_rename(tmp_path: Path, monkeypatch) -> None:
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        seen.append((Path(src).parent, Path(src).name, Path(dst)))
+        assert Path(dst).read_bytes() == b"old"  # old file untouched until the rename
+        return real_replace(src, dst)
+
+    path = tmp_path / "x.pt"
+    path.write_bytes(b"old")
+    monkeypatch.setattr(os, "replace", spy)
+    checkpoint.save_atomic({"a": 1}, path)
+    (parent, name, dst), = seen
+    assert parent == tmp_path and name != "x.pt" and dst == path
+    assert torch.load(path) == {"a": 1}

@@ -1,0 +1,235 @@
+"""train_translation / train: files -> vocabulary -> Trainer, reports, resume, TensorBoard.
+
+A toy parallel corpus generated here (source words -> the same words upper-cased, in reverse
+order) keeps these tests independent of any data set; learning real translation is tested end
+to end on Multi30k in tests/cli/test_translation_cli.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from transduce.config import from_dict
+from transduce.data.subword import SentencePieceVocab
+from transduce.errors import UserError
+from transduce.training import checkpoint, run
+from transduce.training.run import resolve_data_path, train, train_translation
+
+WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+
+
+def write_corpus(folder: Path, n: int = 200, seed: int = 0, *, gz: bool = False) -> dict[str, str]:
+    """Toy parallel files; line 5 of the source is empty (that pair must be skipped)."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 6))]
+        src.append(" ".join(words))
+        tgt.append(" ".join(w.upper() for w in reversed(words)))
+    src[4] = ""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, lines in {"train.src": src, "train.tgt": tgt,
+                        "valid.src": src[:20], "valid.tgt": tgt[:20]}.items():  # fmt: skip
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        path = folder / (name + (".gz" if gz else ""))
+        path.write_bytes(gzip.compress(data) if gz else data)
+        paths[name.replace(".", "_")] = str(path)
+    return paths
+
+
+def tiny_config(paths: dict[str, str], **train_overrides):  # noqa: ANN201
+    train_cfg = {
+        "max_steps": 12, "warmup": 10, "max_tokens": 400, "eval_every": 6, "save_every": 6,
+        "keep_last": 2, "average_last": 2, "log_every": 3, "valid_beam": 1,
+    }  # fmt: skip
+    train_cfg.update(train_overrides)
+    return from_dict({
+        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
+                  "dropout": 0.0},
+        "train": train_cfg,
+        "task": {"name": "translation", "train_src": paths["train_src"],
+                 "train_tgt": paths["train_tgt"], "valid_src": paths["valid_src"],
+                 "valid_tgt": paths["valid_tgt"], "vocab_size": 60},
+        "decode": {"max_len_offset": 5},
+    })  # fmt: skip
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_folder_vocab_metrics_and_report(tmp_path) -> None:
+    paths = write_corpus(tmp_path / "data", gz=True)
+    logged: list[str] = []
+    out = tmp_path / "run"
+    summary = train_translation(tiny_config(paths), out, show_progress=False, log=logged.append)
+
+    assert summary["step"] == 12 and summary["stopped_by"] == "max_steps"
+    assert summary["train_pairs"] == 199 and summary["train_skipped_empty"] == 1
+    assert summary["valid_pairs"] == 19 and summary["valid_skipped_empty"] == 1
+    assert summary["vocab_size"] == 60 and "bleu" in summary and "chrf" in summary
+    report = "\n".join(logged)
+    assert "train: 199 sentence pairs" in report and "1 with an empty side skipped" in report
+    assert paths["train_src"] in report and "vocabulary: 60" in report
+
+    vocab = SentencePieceVocab.load(out / "vocab.model")
+    for name in ("model.pt", "best.pt"):
+        data = checkpoint.load(out / name)
+        assert data["vocab"] == vocab.to_dict()  # the checkpoint alone can translate
+        assert data["config"]["task"]["name"] == "translation"
+    valid = [r for r in records(out) if r.get("split") == "valid"]
+    assert [r["step"] for r in valid] == [6, 12]
+    for r in valid:
+        assert {"bleu", "chrf", "valid_loss", "valid_ppl"} <= set(r)
+        assert 0.0 <= r["bleu"] <= 100.0 and r["valid_ppl"] > 1.0
+    assert json.loads((out / "config.json").read_text())["task"]["vocab_size"] == 60
+
+
+def test_resume_reuses_vocab_model(tmp_path, monkeypatch) -> None:
+    paths = write_corpus(tmp_path / "data")
+    out = tmp_path / "run"
+    train_translation(tiny_config(paths, max_steps=6), out, show_progress=False, log=lambda _: None)
+    saved = (out / "vocab.model").read_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("resume must reuse vocab.model, not learn a new vocabulary")
+
+    monkeypatch.setattr("transduce.data.subword.train_sentencepiece", refuse)
+    logged: list[str] = []
+    summary = train_translation(
+        tiny_config(paths, max_steps=12), out, resume=True, show_progress=False, log=logged.append
+    )
+    assert summary["step"] == 12
+    assert (out / "vocab.model").read_bytes() == saved
+    assert any("resumed run" in line for line in logged)
+    steps = [r["step"] for r in records(out) if "loss" in r]
+    assert steps == sorted(steps) and steps[-1] == 12
+
+
+def test_paths_expand_environment_variables(tmp_path, monkeypatch) -> None:
+    write_corpus(tmp_path / "data")
+    monkeypatch.setenv("TOY_CORPUS", str(tmp_path))
+    assert resolve_data_path("${TOY_CORPUS}/data/train.src", "train_src") == (
+        tmp_path / "data" / "train.src"
+    )
+    monkeypatch.delenv("TOY_CORPUS")
+    with pytest.raises(UserError, match="TOY_CORPUS is not set") as e:
+        resolve_data_path("${TOY_CORPUS}/data/train.src", "train_src")
+    assert "train_src" in str(e.value)
+
+
+def test_relative_paths_are_relative_to_the_current_directory(tmp_path, monkeypatch) -> None:
+    write_corpus(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    keys = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+    rel = {k: f"data/{k.replace('_', '.')}" for k in keys}
+    summary = train_translation(
+        tiny_config(rel, max_steps=3, eval_every=0, average_last=0), "run",
+        show_progress=False, log=lambda _: None,
+    )  # fmt: skip
+    assert summary["train_pairs"] == 199 and (tmp_path / "run" / "model.pt").is_file()
+
+
+def test_corpus_errors_name_file_and_line(tmp_path) -> None:
+    paths = write_corpus(tmp_path / "data")
+    with open(paths["train_tgt"], "a", encoding="utf-8") as f:
+        f.write("ONE MORE\n")
+    with pytest.raises(UserError, match="200 lines.*201 lines") as e:
+        train_translation(tiny_config(paths), tmp_path / "run", log=lambda _: None)
+    assert paths["train_src"] in str(e.value) and paths["train_tgt"] in str(e.value)
+
+    paths = write_corpus(tmp_path / "data2")
+    raw = Path(paths["valid_src"]).read_bytes().split(b"\n")
+    raw[2] = b"caf\xe9"  # Latin-1, not UTF-8
+    Path(paths["valid_src"]).write_bytes(b"\n".join(raw))
+    with pytest.raises(UserError, match="line 3: invalid UTF-8") as e:
+        train_translation(tiny_config(paths), tmp_path / "run", log=lambda _: None)
+    assert paths["valid_src"] in str(e.value)
+
+    missing = dict(paths, train_tgt=str(tmp_path / "nope.tgt"))
+    with pytest.raises(UserError, match="nope.tgt: no such file"):
+        train_translation(tiny_config(missing), tmp_path / "run", log=lambda _: None)
+
+
+def test_missing_settings(tmp_path) -> None:
+    paths = write_corpus(tmp_path / "data")
+    with pytest.raises(UserError, match="train_src"):
+        train_translation(tiny_config(dict(paths, train_src="")), tmp_path / "run")
+    with pytest.raises(UserError, match="valid_tgt"):
+        from_dict({"task": {"name": "translation", "valid_src": "x"}})
+    with pytest.raises(UserError, match="vocab_size"):
+        from_dict({"task": {"vocab_size": 0}})
+    with pytest.raises(UserError, match="valid_beam"):
+        from_dict({"train": {"valid_beam": 0}})
+    too_big = from_dict({**tiny_config(paths).to_dict(), "task": {
+        **tiny_config(paths).to_dict()["task"], "vocab_size": 5000}})  # fmt: skip
+    with pytest.raises(UserError, match="vocab_size 5000 is too large"):
+        train_translation(too_big, tmp_path / "run", log=lambda _: None)
+    with pytest.raises(UserError, match="longer than max_len=2"):
+        train_translation(tiny_config(paths, max_len=2), tmp_path / "run", log=lambda _: None)
+
+
+def test_without_validation_files(tmp_path) -> None:
+    paths = dict(write_corpus(tmp_path / "data"), valid_src="", valid_tgt="")
+    logged: list[str] = []
+    summary = train_translation(
+        tiny_config(paths, max_steps=3, average_last=0), tmp_path / "run", show_progress=False,
+        log=logged.append,
+    )  # fmt: skip
+    assert summary["step"] == 3 and (tmp_path / "run" / "model.pt").is_file()
+    assert any("no validation files" in line for line in logged)
+
+
+def test_train_dispatches_by_task(tmp_path, monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(run, "train_synthetic", lambda cfg, out, **kw: calls.append("synthetic"))
+    monkeypatch.setattr(run, "train_translation", lambda cfg, out, **kw: calls.append("translate"))
+    train(from_dict({"task": {"name": "copy"}}), tmp_path)
+    train(from_dict({"task": {"name": "translation"}}), tmp_path)
+    assert calls == ["synthetic", "translate"]
+
+
+def test_tensorboard_event_files(tmp_path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional dependency")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    paths = write_corpus(tmp_path / "data")
+    out = tmp_path / "run"
+    train_translation(tiny_config(paths), out, show_progress=False, log=lambda _: None)
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tokens_per_s", "valid/bleu", "valid/valid_ppl"} <= tags
+    assert [e.step for e in events.Scalars("valid/bleu")] == [6, 12]
+
+
+def test_without_tensorboard_a_notice_and_training_goes_on(tmp_path, monkeypatch, capsys) -> None:
+    from transduce.training import trainer
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    monkeypatch.setattr(trainer, "_tensorboard_notice_shown", False)
+    paths = write_corpus(tmp_path / "data")
+    for name in ("run1", "run2"):
+        summary = train_translation(
+            tiny_config(paths, max_steps=3, average_last=0), tmp_path / name, show_progress=False,
+            log=lambda _: None,
+        )  # fmt: skip
+        assert summary["step"] == 3
+        assert not (tmp_path / name / "tensorboard").exists()
+    assert capsys.readouterr().err.count("tensorboard is not installed") == 1
+
+
+def test_tensorboard_can_be_switched_off(tmp_path) -> None:
+    paths = write_corpus(tmp_path / "data")
+    train_translation(
+        tiny_config(paths, max_steps=2, average_last=0, tensorboard=False), tmp_path / "run",
+        show_progress=False, log=lambda _: None,
+    )  # fmt: skip
+    assert not (tmp_path / "run" / "tensorboard").exists()
