@@ -329,7 +329,6 @@ def test_long_pairs_are_filtered(tmp_path: Path) -> None:
     assert trainer.train()["filtered_pairs"] == trainer.n_filtered
 
 
-@pytest.mark.xfail(strict=True, reason="trainer.py raises ValueError, not UserError (reported)")
 def test_nothing_left_after_filtering_is_a_user_error(tmp_path: Path) -> None:
     from transduce.errors import UserError
 

@@ -211,10 +211,10 @@ def test_tensorboard_event_files(tmp_path) -> None:
 
 
 def test_without_tensorboard_a_notice_and_training_goes_on(tmp_path, monkeypatch, capsys) -> None:
-    from transduce.training import trainer
+    from transduce.training import metrics_log
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
-    monkeypatch.setattr(trainer, "_tensorboard_notice_shown", False)
+    monkeypatch.setattr(metrics_log, "_tensorboard_notice_shown", False)
     paths = write_corpus(tmp_path / "data")
     for name in ("run1", "run2"):
         summary = train_translation(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from transduce.errors import UserError
@@ -27,11 +28,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from transduce.config import load_config, parse_overrides, update
-    from transduce.training.run import train
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    from transduce.training.run import train  # imports torch: after the config is known good
+
     summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
-    print(json.dumps(summary))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, from rank 0
+        print(json.dumps(summary))
     return 0
 
 
@@ -62,6 +65,8 @@ def _cmd_average(args: argparse.Namespace) -> int:
         found = checkpoint.step_checkpoints(Path(args.run) / "checkpoints")
         if not found:
             raise UserError(f"no checkpoints/step_*.pt in run folder {args.run}")
+        if args.last <= 0:
+            raise UserError(f"--last must be positive; got {args.last}")
         paths = found[-args.last :]
     checkpoint.save_atomic(checkpoint.average(paths), args.output)
     print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))

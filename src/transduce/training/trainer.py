@@ -7,6 +7,12 @@ A run folder holds ``metrics.jsonl`` (one JSON object per logged step or validat
 installed, the same numbers go to TensorBoard event files in ``tensorboard/`` (``train/loss``,
 ``valid/bleu``, ...); without the package a one-line notice says so and training goes on.
 
+Distributed: under ``torchrun`` every rank trains on its own shard of the batches with
+DistributedDataParallel (see ``training/distributed.py``); the loss of each update is normalised by
+the target tokens of all ranks together, so N ranks with update_freq k take the same steps as one
+process with update_freq N*k. Only rank 0 writes files; resuming reads the run folder, which must
+be on storage that every rank sees.
+
 The progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for ``max_steps``)
 and shows the loss, learning rate, target tokens per second and, under a ``max_minutes`` budget,
 the minutes left before it stops the run (``left``).
@@ -14,50 +20,35 @@ the minutes left before it stops the run (``left``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from transduce.config import Config
 from transduce.data.vocab import PAD, Vocab
+from transduce.errors import UserError
 from transduce.model.transformer import Transformer
-from transduce.training import checkpoint
+from transduce.training import checkpoint, distributed
 from transduce.training.batching import Batch, Pair, collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
+from transduce.training.metrics_log import MetricsLog
 from transduce.training.schedule import rate
 
 Validator = Callable[[Transformer], dict[str, float]]
-
-_tensorboard_notice_shown = False
-
-
-def _summary_writer(log_dir: Path, purge_step: int | None):  # noqa: ANN202 - SummaryWriter | None
-    """A TensorBoard SummaryWriter, or None (with a one-time notice) without tensorboard."""
-    global _tensorboard_notice_shown
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        if not _tensorboard_notice_shown:
-            _tensorboard_notice_shown = True
-            print(
-                "transduce: note: tensorboard is not installed, metrics go to metrics.jsonl only "
-                "(pip install 'transduce[tensorboard]' to get event files)",
-                file=sys.stderr,
-            )
-        return None
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
 
 @dataclass
@@ -66,10 +57,11 @@ class Progress:
 
     step: int = 0  # optimizer updates done
     epoch: int = 0  # current epoch (0-based)
-    batch_index: int = 0  # next batch of the current epoch's batch list
+    batch_index: int = 0  # next batch of this rank's share of the current epoch
     elapsed: float = 0.0  # seconds of training so far, across resumes
     best_score: float = -math.inf
     bad_evals: int = 0  # validations since the best one (early stopping)
+    last_valid_step: int = -1  # step of the latest validation
 
 
 def _rng_state() -> dict[str, Any]:
@@ -106,19 +98,23 @@ class Trainer:
     ) -> None:
         self.cfg, self.model, self.vocab = cfg, model, vocab
         t = cfg.train
-        self.device = torch.device(t.device)
+        self.world, self.device = distributed.init_from_env(t.device)
         self.model.to(self.device)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.pairs = [p for p in train_pairs if max(len(p[0]), len(p[1])) + 1 <= t.max_len]
         self.n_filtered = len(train_pairs) - len(self.pairs)
         if not self.pairs:
-            raise ValueError(f"no training pairs within max_len={t.max_len}")
+            raise UserError(
+                f"no training pairs are within max_len={t.max_len} tokens "
+                f"(all {len(train_pairs)} are longer); raise max_len"
+            )
         self.lengths = model_lengths(self.pairs)
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
-        self.show_progress = show_progress
+        # None: a bar when stderr is a terminal; False: never. Only rank 0 shows one.
+        self.bar_disabled = True if show_progress is False or not self.world.is_main else None
         self.optimizer = torch.optim.Adam(
             model.parameters(),
             lr=0.0,
@@ -127,15 +123,24 @@ class Trainer:
             weight_decay=t.weight_decay,
         )
         self.progress = Progress()
-        self._writer = None  # TensorBoard, opened by train()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(t.seed)
-        random.seed(t.seed)
-        np.random.seed(t.seed % 2**32)
-        if resume:
+        self.log = MetricsLog(self.run_dir, tensorboard=t.tensorboard and self.world.is_main)
+        if self.world.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Dropout differs between ranks; rank 0 draws exactly what a single process would.
+        torch.manual_seed(t.seed + self.world.rank)
+        random.seed(t.seed + self.world.rank)
+        np.random.seed((t.seed + self.world.rank) % 2**32)
+        if resume and checkpoint.step_checkpoints(self.ckpt_dir):
             self._resume()
-        else:
-            (self.run_dir / "metrics.jsonl").write_text("")
+        elif self.world.is_main:
+            self.log.reset()
+        self.ddp = None
+        if self.world.distributed:
+            # The only buffers (sinusoid tables) are equal on every rank: no need to sync them
+            # each step. Newer torch renames the option; the old name still works there.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                self.ddp = DistributedDataParallel(self.model, broadcast_buffers=False)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -147,84 +152,83 @@ class Trainer:
         }
 
     def save(self) -> Path:
-        """Write ``checkpoints/step_N.pt`` with everything needed to resume; prune old ones."""
-        state = self._model_state()
-        state.update(
-            optimizer=self.optimizer.state_dict(),
-            progress=vars(self.progress).copy(),
-            rng=_rng_state(),
-        )
+        """Write ``checkpoints/step_N.pt`` with everything needed to resume; prune old ones.
+
+        Every rank must call it (the RNG states of all ranks are gathered); rank 0 writes.
+        """
+        rngs = distributed.all_gather_objects(_rng_state(), self.world)
         path = checkpoint.step_path(self.ckpt_dir, self.progress.step)
-        checkpoint.save_atomic(state, path)
-        checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
+        if self.world.is_main:
+            state = self._model_state()
+            state.update(
+                optimizer=self.optimizer.state_dict(),
+                progress=vars(self.progress).copy(),
+                rng=rngs[0],
+                rng_ranks=rngs,
+            )
+            checkpoint.save_atomic(state, path)
+            checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
+        distributed.barrier(self.world)
         return path
 
     def _resume(self) -> None:
-        found = checkpoint.step_checkpoints(self.ckpt_dir)
-        if not found:
-            (self.run_dir / "metrics.jsonl").write_text("")
-            return
-        state = checkpoint.load(found[-1])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
+        state = checkpoint.load(path)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError) as e:
+            first = str(e).strip().splitlines()[-1].strip()
+            raise UserError(
+                f"{path} does not fit the configured model (was the config changed since the "
+                f"run started?): {first}"
+            ) from None
         self.progress = Progress(**state["progress"])
-        _set_rng_state(state["rng"])
-        # Lines written after the checkpoint belong to steps that will be redone.
-        metrics = self.run_dir / "metrics.jsonl"
-        kept = []
-        if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                if line.strip() and json.loads(line).get("step", 0) <= self.progress.step:
-                    kept.append(line)
-        metrics.write_text("".join(line + "\n" for line in kept))
+        rngs = state.get("rng_ranks") or [state["rng"]]
+        _set_rng_state(rngs[self.world.rank] if len(rngs) == self.world.size else state["rng"])
+        if self.world.is_main:
+            self.log.truncate_after(self.progress.step)
 
     def _log(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            group = record.get("split", "train")
-            step = record.get("step", self.progress.step)
-            for key, value in record.items():
-                if key not in ("step", "split", "epoch") and isinstance(value, int | float):
-                    self._writer.add_scalar(f"{group}/{key}", value, step)
-
-    def _open_tensorboard(self) -> None:
-        if self.cfg.train.tensorboard and self._writer is None:
-            # purge_step: a resumed run redoes the steps after its checkpoint; TensorBoard drops
-            # the events the killed run had written for them, as metrics.jsonl does.
-            step = self.progress.step
-            self._writer = _summary_writer(self.run_dir / "tensorboard", step + 1 if step else None)
-
-    def _close_tensorboard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self.world.is_main:
+            self.log.write(record)
 
     # --- one update -----------------------------------------------------------------------------
 
     def _update(self, group: list[Batch]) -> tuple[float, float, int]:
         """Forward/backward over ``group`` (update_freq batches), then one Adam step.
 
-        The loss is normalised by the target tokens of the whole group, so accumulating k
-        batches gives the same update as one batch holding all of them.
+        The loss is normalised by the target tokens of the whole group on all ranks, so
+        accumulating k batches, or spreading them over k ranks, gives the same update as one
+        batch holding all of them. Returns the update's mean loss and NLL per token (over all
+        ranks) and the number of target tokens.
         """
         t = self.cfg.train
         self.model.train()
-        n_tokens = sum(b.n_tokens for b in group)
+        net = self.ddp if self.ddp is not None else self.model
+        (n_tokens,) = distributed.all_reduce_sum(
+            [sum(b.n_tokens for b in group)], self.world, self.device
+        )
+        # DDP averages gradients over ranks; scaling by the world size makes that a sum.
+        scale = self.world.size / n_tokens
         loss_sum = nll_sum = 0.0
         autocast = torch.autocast(
             device_type=self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16"
         )
-        for batch in group:
+        for i, batch in enumerate(group):
             batch = batch.to(self.device)
-            with autocast:
-                logits = self.model(batch.src, batch.tgt_in)
-            sums = label_smoothed_nll(
-                logits, batch.tgt_out, epsilon=t.label_smoothing, ignore_index=PAD
-            )
-            (sums.loss / n_tokens).backward()
+            last = i == len(group) - 1
+            sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
+            with sync:
+                with autocast:
+                    logits = net(batch.src, batch.tgt_in)
+                sums = label_smoothed_nll(
+                    logits, batch.tgt_out, epsilon=t.label_smoothing, ignore_index=PAD
+                )
+                (sums.loss * scale).backward()
             loss_sum += sums.loss.item()
             nll_sum += sums.nll.item()
+        loss_sum, nll_sum = distributed.all_reduce_sum([loss_sum, nll_sum], self.world, self.device)
         if t.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
         lr = rate(
@@ -234,7 +238,7 @@ class Trainer:
             g["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum / n_tokens, nll_sum / n_tokens, n_tokens
+        return loss_sum / n_tokens, nll_sum / n_tokens, int(n_tokens)
 
     # --- validation -----------------------------------------------------------------------------
 
@@ -260,6 +264,21 @@ class Trainer:
             out.update(self.validator(self.model))
         return out
 
+    def _validate_and_decide(self) -> tuple[dict[str, float], str | None]:
+        """Rank 0 validates, logs, keeps best.pt and decides on early stopping; all ranks
+        learn the decision (validating on every rank could disagree on a GPU and hang)."""
+        metrics: dict[str, float] = {}
+        reason = None
+        if self.world.is_main:
+            started = time.monotonic()
+            metrics = self.validate()
+            self._log({"step": self.progress.step, "split": "valid", **metrics,
+                       "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
+            reason = self._after_validation(metrics)
+        self.progress.last_valid_step = self.progress.step
+        metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
+        return metrics, reason
+
     # --- the loop -------------------------------------------------------------------------------
 
     def _should_stop(self, started: float, base_elapsed: float) -> str | None:
@@ -268,8 +287,12 @@ class Trainer:
             return "max_steps"
         if t.max_epochs and p.epoch >= t.max_epochs:
             return "max_epochs"
-        if t.max_minutes and base_elapsed + time.monotonic() - started >= 60 * t.max_minutes:
-            return "max_minutes"
+        if t.max_minutes:
+            # Clocks differ between ranks: stop when any rank's budget is spent, all together.
+            spent = base_elapsed + time.monotonic() - started >= 60 * t.max_minutes
+            (n_spent,) = distributed.all_reduce_sum([float(spent)], self.world, self.device)
+            if n_spent > 0:
+                return "max_minutes"
         return None
 
     def _after_validation(self, metrics: dict[str, float]) -> str | None:
@@ -286,33 +309,48 @@ class Trainer:
             return "target_seq_accuracy"
         return None
 
+    def _announce(self) -> None:
+        t = self.cfg.train
+        if self.world.is_main:
+            print(
+                f"transduce: training on {self.world.size} process(es), device {self.device}: "
+                f"up to {t.max_tokens} tokens per batch x update_freq {t.update_freq} x "
+                f"{self.world.size} = {t.max_tokens * t.update_freq * self.world.size} tokens "
+                f"per update; {len(self.pairs)} training pairs"
+                + (f" ({self.n_filtered} longer than max_len dropped)" if self.n_filtered else ""),
+                file=sys.stderr,
+            )
+
     def train(self) -> dict[str, Any]:
         """Run until a stopping condition; always leaves ``model.pt``. Returns a summary."""
         started, base_elapsed = time.monotonic(), self.progress.elapsed
-        self._open_tensorboard()
+        self._announce()
+        if self.world.is_main:
+            self.log.open(self.progress.step)
         try:
             return self._train(started, base_elapsed)
         finally:
-            self._close_tensorboard()
+            self.log.close()
+
+    def _epoch_batches(self) -> list[list[int]]:
+        t = self.cfg.train
+        batches = token_batches(self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch)
+        return distributed.shard(batches, self.world)
 
     def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
         fault_step = int(os.environ.get("TRANSDUCE_FAULT_AT_STEP", "0"))
-        bar = tqdm(
-            total=t.max_steps, initial=p.step, disable=self.show_progress is False or None,
-            dynamic_ncols=True, desc="train",
-        )  # fmt: skip
+        bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
+                   dynamic_ncols=True, desc="train")  # fmt: skip
         last_metrics: dict[str, float] = {}
-        validated_at = -1
         window_tokens, window_start = 0, time.monotonic()
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
-            batches = token_batches(self.lengths, t.max_tokens, seed=t.seed, epoch=p.epoch)
+            batches = self._epoch_batches()
             while reason is None and p.batch_index < len(batches):
                 idx = batches[p.batch_index : p.batch_index + t.update_freq]
                 p.batch_index += len(idx)
-                group = [collate([self.pairs[i] for i in b]) for b in idx]
-                loss, nll, n_tokens = self._update(group)
+                loss, nll, n_tokens = self._update([collate([self.pairs[i] for i in b]) for b in idx])
                 p.step += 1
                 p.elapsed = base_elapsed + time.monotonic() - started
                 window_tokens += n_tokens
@@ -326,18 +364,13 @@ class Trainer:
                                "elapsed": p.elapsed})  # fmt: skip
                     postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{tps:.0f}"}
                     if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
-                        left = max(t.max_minutes - p.elapsed / 60, 0.0)
-                        postfix["left"] = f"{left:.1f}m"
+                        postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
                     bar.set_postfix(postfix)
                 bar.update(1)
                 if t.eval_every and p.step % t.eval_every == 0:
                     paused = time.monotonic()
-                    last_metrics, validated_at = self.validate(), p.step
-                    seconds = time.monotonic() - paused
-                    window_start += seconds  # tokens_per_s measures training alone
-                    self._log({"step": p.step, "split": "valid", **last_metrics,
-                               "valid_seconds": round(seconds, 2)})  # fmt: skip
-                    reason = self._after_validation(last_metrics)
+                    last_metrics, reason = self._validate_and_decide()
+                    window_start += time.monotonic() - paused  # tokens_per_s: training alone
                 if p.step % t.save_every == 0:
                     self.save()
                 if fault_step and p.step == fault_step:  # tests: die like a killed process
@@ -347,23 +380,21 @@ class Trainer:
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)
         bar.close()
-        if validated_at != p.step:
-            paused = time.monotonic()
-            last_metrics = self.validate()
-            self._log({"step": p.step, "split": "valid", **last_metrics,
-                       "valid_seconds": round(time.monotonic() - paused, 2)})  # fmt: skip
-            self._after_validation(last_metrics)
+        if p.last_valid_step != p.step:
+            last_metrics, _ = self._validate_and_decide()
         return self._finish(reason, last_metrics)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
         self.save()  # the final state, best score included, for --resume with a larger budget
-        if t.average_last > 1:
-            paths = checkpoint.step_checkpoints(self.ckpt_dir)[-t.average_last :]
-            final = checkpoint.average(paths)
-        else:
-            final = self._model_state()
-        checkpoint.save_atomic(final, self.run_dir / "model.pt")
+        if self.world.is_main:
+            if t.average_last > 1:
+                paths = checkpoint.step_checkpoints(self.ckpt_dir)[-t.average_last :]
+                final = checkpoint.average(paths)
+            else:
+                final = self._model_state()
+            checkpoint.save_atomic(final, self.run_dir / "model.pt")
+        distributed.barrier(self.world)
         return {
             "stopped_by": reason,
             "step": p.step,

@@ -1,0 +1,93 @@
+"""Distributed training: torchrun with 2 CPU processes (gloo) against one process.
+
+Two ranks with update_freq 1 must take the same steps as one process with update_freq 2: the same
+batches, the loss normalised by the tokens of both, so the logged losses agree to float rounding
+and every rank ends with the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transduce.training.distributed import World, shard
+
+CONFIG = """
+model: {n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, d_k: 16, d_v: 16, dropout: 0.0}
+train: {max_tokens: 200, warmup: 20, max_steps: 8, log_every: 1, save_every: 4, eval_every: 0,
+        keep_last: 2, label_smoothing: 0.1, tensorboard: false, update_freq: UPDATE_FREQ}
+task: {name: copy, train_size: 1500, valid_size: 20, max_length: 6, n_symbols: 6}
+decode: {beam: 1}
+"""
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TRANSDUCE_MALLOC_TUNING": "0"}
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r and r.get("split") != "valid"]
+
+
+def test_shard_gives_disjoint_equal_shares() -> None:
+    batches = list(range(11))
+    shares = [shard(batches, World(rank=r, size=3)) for r in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 3]
+    assert sorted(sum(shares, [])) == list(range(9))
+    assert shard(batches, World()) == batches
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path) -> None:
+    for name, freq in (("ddp", 1), ("single", 2)):
+        (tmp_path / f"{name}.yaml").write_text(CONFIG.replace("UPDATE_FREQ", str(freq)))
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "import transduce.training.trainer as tr\n"
+        "from transduce.cli.main import main\n"
+        "finish = tr.Trainer._finish\n"
+        "def keep_params(self, *args):  # each rank leaves its parameters for the test\n"
+        "    out = finish(self, *args)\n"
+        "    torch.save(self.model.state_dict(),\n"
+        "               os.path.join(sys.argv[2], 'rank%d.pt' % self.world.rank))\n"
+        "    return out\n"
+        "tr.Trainer._finish = keep_params\n"
+        "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
+    )
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--standalone", str(script), str(tmp_path / "ddp.yaml"), str(tmp_path / "ddp")],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "on 2 process(es)" in ddp.stderr and "x 2 = 400 tokens per update" in ddp.stderr
+    single = subprocess.run(
+        [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml"),
+         "--out", str(tmp_path / "single"), "--quiet"],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    ddp_losses, single_losses = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
+    assert len(ddp_losses) == len(single_losses) == 8
+    assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
+    assert ddp_losses[0] != pytest.approx(ddp_losses[-1], rel=1e-3)  # it trained
+
+    rank0 = torch.load(tmp_path / "ddp" / "rank0.pt")
+    rank1 = torch.load(tmp_path / "ddp" / "rank1.pt")
+    for key in rank0:
+        assert torch.equal(rank0[key], rank1[key]), key
+    final = torch.load(tmp_path / "single" / "model.pt", weights_only=False)["model"]
+    for key in rank0:
+        torch.testing.assert_close(rank0[key], final[key], rtol=1e-4, atol=1e-5)
+    # Only rank 0 wrote the run folder's files, once.
+    assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == [
+        "step_00000004.pt", "step_00000008.pt",
+    ]  # fmt: skip
