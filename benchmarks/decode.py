@@ -1,0 +1,393 @@
+"""Decoding speed: transduce against Hugging Face MarianMTModel and CTranslate2, same weights.
+
+    python benchmarks/decode.py [--threads 2] [--repeats 3] [--quick]
+
+Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with random weights
+(seeded), copied into the other two systems:
+
+    SMALL  d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared vocabulary 8000
+    BASE   the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048), vocabulary 37000
+
+    transduce  ``greedy_search`` / ``beam_search`` (alpha 0.6) on the model's key/value cache
+    hf         ``MarianMTModel`` (post-norm, ReLU, scaled embeddings, tied embeddings, our
+               interleaved sinusoidal table written into its position embeddings) ``generate``
+    ct2        the folder of ``transduce export ctranslate2`` (float32), ``translate_batch``, in
+               a process of its own that imports only ctranslate2 and numpy, with
+               CT2_FORCE_CPU_ISA set to the fastest ISA that works here (AVX512, AVX2, AVX, ...)
+
+Work, the same for every system, on ``--threads`` CPU threads (torch.set_num_threads /
+CTranslate2 intra_threads): a batch of 32 sources of 20 tokens (19 random + EOS), and exactly 30
+decoder steps per sentence: EOS is suppressed before that (transduce: a logits mask wrapped
+around the model's ``decode``, then 29 tokens + the forced final EOS; hf: min_new_tokens =
+max_new_tokens = 30; ct2: min_decoding_length = max_decoding_length = 30), PAD and BOS are never
+generated (ours and ct2 mask both, Marian masks PAD). Timed: greedy and beam 4 on the batch, and
+greedy on one sentence (latency). Each figure is the median of ``--repeats`` runs after one
+warm-up run. Before timing, hf's and ct2's per-token log-probabilities on a fixed pair are checked
+against ours, so the three really run the same model.
+
+Prints a table per model and ends with one JSON line: per system sentences/s and tokens/s
+(sentences x 30 / seconds) and latency, and the ratios ``small_beam4_vs_hf``,
+``small_beam4_vs_ct2``, ``base_beam4_vs_hf``, ``base_beam4_vs_ct2``, ``*_greedy_vs_*`` (our
+throughput over theirs: > 1 means transduce is faster) and ``small_b1_latency_vs_ct2``,
+``small_b1_latency_vs_hf`` (our latency over theirs: < 1 means transduce is faster).
+``--quick`` times SMALL only (one repeat) and leaves the BASE ratios null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BATCH, SRC_LEN, STEPS, BEAM, ALPHA = 32, 20, 30, 4, 0.6
+SIZES = {
+    "small": {"n_layers": 3, "d_model": 256, "n_heads": 4, "d_k": 64, "d_v": 64, "d_ff": 1024,
+              "vocab": 8000},
+    "base": {"n_layers": 6, "d_model": 512, "n_heads": 8, "d_k": 64, "d_v": 64, "d_ff": 2048,
+             "vocab": 37000},
+}  # fmt: skip
+ISAS = ("AVX512", "AVX2", "AVX", "GENERIC")
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# -- CTranslate2, in its own process (no torch) -----------------------------------------------
+
+
+def ct2_worker(spec_path: str) -> None:
+    """Time CTranslate2 on the job in ``spec_path``; print one JSON line."""
+    import ctranslate2
+
+    job = json.loads(Path(spec_path).read_text())
+    translator = ctranslate2.Translator(
+        job["model_dir"], device="cpu", intra_threads=job["threads"], inter_threads=1
+    )
+    options = {"min_decoding_length": STEPS, "max_decoding_length": STEPS,
+               "length_penalty": ALPHA, "suppress_sequences": [["<pad>"], ["<s>"]]}  # fmt: skip
+    batch, single = job["batch"], job["batch"][:1]
+    out: dict[str, Any] = {}
+    lengths: set[int] = set()
+
+    def run(tokens, beam):
+        def go():
+            for r in translator.translate_batch(tokens, beam_size=beam, **options):
+                lengths.add(len(r.hypotheses[0]))
+
+        return go
+
+    out["greedy_s"] = median_time(run(batch, 1), job["repeats"])
+    out["beam4_s"] = median_time(run(batch, BEAM), job["repeats"])
+    out["b1_s"] = median_time(run(single, 1), job["latency_repeats"])
+    out["lengths"] = sorted(lengths)
+    check = translator.score_batch([job["check"]["source"]], [job["check"]["target"]])[0]
+    out["check_log_probs"] = list(check.log_probs)
+    out["torch_imported"] = "torch" in sys.modules
+    out["ctranslate2"] = ctranslate2.__version__
+    print(json.dumps(out))
+
+
+def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse.Namespace) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"model_dir": model_dir, "threads": args.threads, "batch": tokens,
+                   "check": check, "repeats": args.repeats,
+                   "latency_repeats": args.latency_repeats}, f)  # fmt: skip
+    try:
+        for isa in ISAS:
+            env = {**os.environ, "CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
+            proc = subprocess.run(
+                [sys.executable, __file__, "--ct2-worker", f.name], env=env, capture_output=True,
+                text=True, timeout=args.timeout,
+            )  # fmt: skip
+            if proc.returncode == 0:
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                res["isa"] = isa
+                return res
+            print(f"ct2 with CT2_FORCE_CPU_ISA={isa} failed ({proc.returncode}): "
+                  f"{proc.stderr.strip()[-300:]}", file=sys.stderr)  # fmt: skip
+        raise RuntimeError("CTranslate2 failed with every ISA")
+    finally:
+        os.unlink(f.name)
+
+
+# -- transduce and Hugging Face (this process) --------------------------------------------------
+
+
+class SuppressEarlyEOS:
+    """Our model with EOS masked at output positions before ``min_len``: a logits processor on
+    the decoding contract (encode / new_cache / decode), as HF's min_new_tokens is."""
+
+    training = False
+
+    def __init__(self, model, min_len: int) -> None:
+        self.model, self.min_len = model, min_len
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def new_cache(self):
+        return self.model.new_cache()
+
+    def decode(self, tgt, memory, src_valid, cache):
+        from transduce.data.vocab import EOS
+
+        position = cache.length  # the output position these logits are for
+        logits = self.model.decode(tgt, memory, src_valid, cache)
+        if position < self.min_len:
+            logits[..., EOS] = float("-inf")
+        return logits
+
+
+def build_ours(size: dict):
+    import torch
+
+    from transduce.config import from_dict
+    from transduce.model.transformer import make_model
+
+    cfg = from_dict({"model": {k: v for k, v in size.items() if k != "vocab"} | {"dropout": 0.0}})
+    torch.manual_seed(0)
+    return make_model(cfg.model, src_vocab_size=size["vocab"]).eval()
+
+
+def build_hf(ours, size: dict):
+    """MarianMTModel holding exactly our weights."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from transduce.model.embedding import positional_table
+
+    d, h = size["d_model"], size["n_heads"]
+    if size["d_k"] * h != d or size["d_v"] != size["d_k"]:
+        raise ValueError("Marian needs d_k = d_v = d_model / n_heads")
+    cfg = MarianConfig(
+        vocab_size=size["vocab"], d_model=d, encoder_layers=size["n_layers"],
+        decoder_layers=size["n_layers"], encoder_attention_heads=h, decoder_attention_heads=h,
+        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="relu",
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        forced_eos_token_id=None,
+    )  # fmt: skip
+    hf = MarianMTModel(cfg).eval()
+
+    def copy_linear(dst, src) -> None:
+        dst.weight.copy_(src.weight)
+        dst.bias.copy_(src.bias)
+
+    def copy_attention(dst, src) -> None:
+        for a, b in (("q_proj", "w_q"), ("k_proj", "w_k"), ("v_proj", "w_v"), ("out_proj", "w_o")):
+            copy_linear(getattr(dst, a), getattr(src, b))
+
+    with torch.no_grad():
+        hf.model.shared.weight.copy_(ours.encoder.embed.weight)
+        table = positional_table(1024, d)
+        for side in (hf.model.encoder, hf.model.decoder):
+            side.embed_positions.weight.copy_(table)
+        for dst, src in zip(hf.model.encoder.layers, ours.encoder.layers, strict=True):
+            copy_attention(dst.self_attn, src.self_attn)
+            copy_linear(dst.self_attn_layer_norm, src.norms[0])
+            copy_linear(dst.fc1, src.ffn.w_1)
+            copy_linear(dst.fc2, src.ffn.w_2)
+            copy_linear(dst.final_layer_norm, src.norms[1])
+        for dst, src in zip(hf.model.decoder.layers, ours.decoder.layers, strict=True):
+            copy_attention(dst.self_attn, src.self_attn)
+            copy_linear(dst.self_attn_layer_norm, src.norms[0])
+            copy_attention(dst.encoder_attn, src.cross_attn)
+            copy_linear(dst.encoder_attn_layer_norm, src.norms[1])
+            copy_linear(dst.fc1, src.ffn.w_1)
+            copy_linear(dst.fc2, src.ffn.w_2)
+            copy_linear(dst.final_layer_norm, src.norms[2])
+        hf.final_logits_bias.zero_()
+        if hf.lm_head.weight.data_ptr() != hf.model.shared.weight.data_ptr():
+            hf.lm_head.weight.copy_(ours.generator.weight)
+        for emb in (hf.model.encoder.embed_tokens, hf.model.decoder.embed_tokens):
+            if emb.weight.data_ptr() != hf.model.shared.weight.data_ptr():
+                emb.weight.copy_(ours.encoder.embed.weight)
+    return hf
+
+
+def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from transduce.data.vocab import BOS, EOS, SPECIALS
+    from transduce.export.ctranslate2 import export_model
+    from transduce.inference import beam_search, greedy_search
+
+    size = SIZES[size_name]
+    ours = build_ours(size)
+    hf = build_hf(ours, size)
+    g = torch.Generator().manual_seed(1)
+    body = torch.randint(4, size["vocab"], (BATCH, SRC_LEN - 1), generator=g)
+    src = torch.cat([body, torch.full((BATCH, 1), EOS)], 1)  # (32, 20), no padding
+    single = src[:1]
+    tokens = [*SPECIALS, *(f"t{i}" for i in range(4, size["vocab"]))]
+
+    # The same model three times: per-token log-probabilities of a fixed pair.
+    tgt = torch.randint(4, size["vocab"], (12,), generator=g).tolist()
+    with torch.no_grad():
+        logits = ours(single, torch.tensor([[BOS, *tgt]]))[0]
+        ref = logits.log_softmax(-1)[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])]
+        hf_logits = hf(input_ids=single, decoder_input_ids=torch.tensor([[BOS, *tgt]])).logits[0]
+        hf_lp = hf_logits.log_softmax(-1)[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])]
+    check = {"source": [tokens[i] for i in body[0].tolist()], "target": [tokens[i] for i in tgt]}
+
+    torch.set_num_threads(args.threads)
+    wrapped = SuppressEarlyEOS(ours, STEPS - 1)
+    lengths: set[int] = set()
+
+    def ours_run(x, beam):
+        def go():
+            if beam == 1:
+                out = greedy_search(wrapped, x, max_len=STEPS - 1)
+            else:
+                out = [h[0].tokens for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA,
+                                                       max_len=STEPS - 1)]  # fmt: skip
+            lengths.update(len(t) + 1 for t in out)  # + the final EOS
+
+        return go
+
+    def hf_run(x, beam):
+        def go():
+            with torch.no_grad():
+                out = hf.generate(
+                    input_ids=x, attention_mask=x.ne(0), num_beams=beam, do_sample=False,
+                    min_new_tokens=STEPS, max_new_tokens=STEPS, length_penalty=ALPHA,
+                    early_stopping=False, decoder_start_token_id=BOS, pad_token_id=0,
+                    eos_token_id=EOS, forced_eos_token_id=None,
+                )  # fmt: skip
+            hf_lengths.add(out.size(1) - 1)  # minus the decoder start token
+
+        return go
+
+    hf_lengths: set[int] = set()
+    results: dict[str, dict] = {}
+    print(f"[{size_name}] timing transduce ...", file=sys.stderr, flush=True)
+    results["transduce"] = {
+        "greedy_s": median_time(ours_run(src, 1), args.repeats),
+        "beam4_s": median_time(ours_run(src, BEAM), args.repeats),
+        "b1_s": median_time(ours_run(single, 1), args.latency_repeats),
+        "lengths": sorted(lengths),
+    }
+    print(f"[{size_name}] timing hf ...", file=sys.stderr, flush=True)
+    results["hf"] = {
+        "greedy_s": median_time(hf_run(src, 1), args.repeats),
+        "beam4_s": median_time(hf_run(src, BEAM), args.repeats),
+        "b1_s": median_time(hf_run(single, 1), args.latency_repeats),
+        "lengths": sorted(hf_lengths),
+        "check_max_abs_diff": float((hf_lp - ref).abs().max()),
+    }
+    del hf
+    print(f"[{size_name}] exporting and timing ct2 ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_model(ours, tokens, Path(tmp) / "ct2", max_positions=1024)
+        ct2 = run_ct2(str(Path(tmp) / "ct2"), [[tokens[i] for i in row] for row in body.tolist()],
+                      check, args)  # fmt: skip
+    ct2["check_max_abs_diff"] = float((torch.tensor(ct2.pop("check_log_probs")) - ref).abs().max())
+    results["ct2"] = ct2
+    for name, r in results.items():
+        if r["lengths"] != [STEPS]:
+            raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
+        if r.get("check_max_abs_diff", 0.0) > 1e-3:
+            raise RuntimeError(f"{name} does not compute our model: {r['check_max_abs_diff']}")
+        r["greedy_sent_s"] = BATCH / r["greedy_s"]
+        r["greedy_tok_s"] = BATCH * STEPS / r["greedy_s"]
+        r["beam4_sent_s"] = BATCH / r["beam4_s"]
+        r["beam4_tok_s"] = BATCH * STEPS / r["beam4_s"]
+        r["b1_latency_ms"] = 1000 * r["b1_s"]
+    return {"size": size, "systems": results}
+
+
+def print_table(name: str, res: dict, threads: int) -> None:
+    s = res["size"]
+    print(f"\n{name.upper()}: d_model {s['d_model']}, {s['n_layers']}+{s['n_layers']} layers, "
+          f"{s['n_heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; batch {BATCH} x "
+          f"{SRC_LEN} source tokens, {STEPS} steps, {threads} threads")  # fmt: skip
+    print(f"{'system':10} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
+          f"{'b1 greedy ms':>13}")  # fmt: skip
+    for system, r in res["systems"].items():
+        print(f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
+              f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}")  # fmt: skip
+
+
+def ratios(name: str, res: dict) -> dict[str, float]:
+    sys_ = res["systems"]
+    ours = sys_["transduce"]
+    out = {}
+    for other in ("hf", "ct2"):
+        out[f"{name}_beam4_vs_{other}"] = ours["beam4_sent_s"] / sys_[other]["beam4_sent_s"]
+        out[f"{name}_greedy_vs_{other}"] = ours["greedy_sent_s"] / sys_[other]["greedy_sent_s"]
+        out[f"{name}_b1_latency_vs_{other}"] = ours["b1_s"] / sys_[other]["b1_s"]
+    return out
+
+
+def _round(v: Any) -> Any:
+    return float(f"{v:.4g}") if isinstance(v, float) else v
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    parser.add_argument("--latency-repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="SMALL only, one repeat")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the ct2 process")
+    parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ct2_worker:
+        ct2_worker(args.ct2_worker)
+        return
+    if args.quick:
+        args.repeats, args.latency_repeats = 1, 3
+
+    import torch
+    import transformers
+
+    from transduce.runtime import tune_malloc
+
+    tune_malloc()
+    transformers.logging.set_verbosity_error()
+    sizes = ["small"] if args.quick else ["small", "base"]
+    all_res = {name: bench_size(name, args) for name in sizes}
+    summary: dict[str, Any] = {"benchmark": "decode", "quick": args.quick, "threads": args.threads}
+    for name in ("small", "base"):
+        if name in all_res:
+            print_table(name, all_res[name], args.threads)
+            summary.update(ratios(name, all_res[name]))
+        else:
+            summary.update({f"{name}_beam4_vs_hf": None, f"{name}_beam4_vs_ct2": None})
+    print()
+    for key in ("small_beam4_vs_hf", "small_beam4_vs_ct2", "base_beam4_vs_hf",
+                "base_beam4_vs_ct2", "small_b1_latency_vs_ct2"):  # fmt: skip
+        v = summary.get(key)
+        print(f"{key:28} {'-' if v is None else f'{v:.2f}'}")
+    ct2_any = next(iter(all_res.values()))["systems"]["ct2"]
+    summary.update({
+        "systems": {name: {s: {k: _round(v)
+                               for k, v in r.items() if k != "lengths"}
+                           for s, r in res["systems"].items()}
+                    for name, res in all_res.items()},
+        "ct2_isa": ct2_any["isa"], "ct2_torch_imported": ct2_any["torch_imported"],
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "ctranslate2": ct2_any["ctranslate2"], "machine": platform.processor() or platform.machine(),
+        "repeats": args.repeats,
+    })  # fmt: skip
+    print(json.dumps({k: _round(v) for k, v in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()

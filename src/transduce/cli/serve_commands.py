@@ -1,0 +1,142 @@
+"""Subcommands for deploying a trained model: ``serve`` (HTTP with dynamic batching) and
+``export ctranslate2``.
+
+``transduce serve --model CKPT [--host 127.0.0.1] [--port 8000]`` answers ``POST /translate``
+with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}`` and ``GET
+/health`` (see ``transduce.inference.server``). Once the socket listens it prints one line
+``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the real port when ``--port 0``).
+Needs ``pip install 'transduce[serve]'``.
+
+``transduce export ctranslate2 --model CKPT --output DIR`` writes a CTranslate2 model folder
+(see ``transduce.export.ctranslate2``) and prints one JSON line describing it. Needs ``pip install
+'transduce[export]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from transduce.errors import UserError
+
+
+def _require(modules: tuple[str, ...], extra: str, what: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(
+            f"{what} needs {', '.join(missing)}: pip install 'transduce[{extra}]'"
+        )
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise UserError(f"{name} must be {kind}; got {value}")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    _require(("fastapi", "uvicorn"), "serve", "transduce serve")
+    import torch
+
+    from transduce.inference.server import BatchingConfig, ServerLimits, create_app, serve
+    from transduce.inference.translator import Translator
+
+    _positive("--max-batch-sentences", args.max_batch_sentences)
+    _positive("--batch-wait-ms", args.batch_wait_ms, allow_zero=True)
+    for name in ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_queue"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535; got {args.port}")
+    if args.threads is not None:
+        _positive("--threads", args.threads)
+        torch.set_num_threads(args.threads)
+    limits = ServerLimits(
+        max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,
+        max_chars=args.max_chars, max_beam=args.max_beam, max_queue_sentences=args.max_queue,
+    )  # fmt: skip
+    batching = BatchingConfig(
+        max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
+    )
+    translator = Translator.load(args.model, device=args.device)
+    app = create_app(translator, limits=limits, batching=batching, model_name=str(args.model))
+
+    def listening(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"transduce: serving {args.model} on http://{shown}:{port}", flush=True)
+
+    try:
+        serve(app, args.host, args.port, log_level=args.log_level, on_listening=listening)
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
+    return 0
+
+
+def _cmd_export_ctranslate2(args: argparse.Namespace) -> int:
+    _require(("ctranslate2",), "export", "transduce export ctranslate2")
+    from transduce.export.ctranslate2 import export_checkpoint
+
+    quantization = None if args.quantization == "none" else args.quantization
+    info = export_checkpoint(args.model, args.output, quantization=quantization, force=args.force)
+    print(json.dumps(info))
+    sys.stdout.flush()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (POST /translate, GET /health) with dynamic batching",
+        description="Serve a trained model over HTTP: POST /translate with "
+        '{"text": [...], "beam": 4, "alpha": 0.6} returns {"translations": [...]}; GET /health '
+        "returns status, model and counters. Concurrent requests are batched together.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint file or run folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--max-batch-sentences", type=int, default=64, metavar="N",
+        help="sentences per batch of requests (default: 64; 1 = one request at a time)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-wait-ms", type=float, default=5.0, metavar="M",
+        help="how long a batch waits for more requests after its first (default: 5; 0 = only "
+        "take what is already waiting)",
+    )  # fmt: skip
+    p.add_argument("--max-sentences", type=int, default=256, metavar="N",
+                   help="sentences per request (default: 256)")  # fmt: skip
+    p.add_argument("--max-chars", type=int, default=2000, metavar="N",
+                   help="characters per sentence (default: 2000)")  # fmt: skip
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N",
+                   help="request body size (default: 1000000)")  # fmt: skip
+    p.add_argument("--max-beam", type=int, default=16, metavar="N",
+                   help="largest beam a request may ask for (default: 16)")  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=8192, metavar="N",
+                   help="sentences waiting before requests get 503 (default: 8192)")  # fmt: skip
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("export", help="export a model for other inference engines")
+    export_sub = p.add_subparsers(dest="export_format", required=True, metavar="FORMAT")
+    c = export_sub.add_parser(
+        "ctranslate2",
+        help="a CTranslate2 model folder (model.bin, config.json, vocabulary, sentencepiece.model)",
+        description="Convert a checkpoint to a CTranslate2 Transformer model folder, with the "
+        "SentencePiece model beside it. Translate with ctranslate2.Translator(DIR) on the "
+        "SentencePiece pieces of each sentence.",
+    )
+    c.add_argument("--model", required=True, help="checkpoint file or run folder")
+    c.add_argument("--output", required=True, help="folder to write (new unless --force)")
+    c.add_argument(
+        "--quantization", default="none",
+        choices=["none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16", "float32"],
+        help="weight type in the exported model (default: none = as trained, float32)",
+    )  # fmt: skip
+    c.add_argument("--force", action="store_true", help="replace --output if it exists")
+    c.set_defaults(func=_cmd_export_ctranslate2)

@@ -1,0 +1,347 @@
+"""Export to CTranslate2 (https://github.com/OpenNMT/CTranslate2), a C++ inference engine for
+Transformers, through its Python converter API: ``pip install 'transduce[export]'``.
+
+The folder written holds ``model.bin`` and ``config.json`` (CTranslate2's), the vocabulary
+(``shared_vocabulary.json``: our pieces in our id order, so PAD 0 ``<pad>``, BOS 1 ``<s>``, EOS 2
+``</s>``, UNK 3 ``<unk>``), ``sentencepiece.model`` (the checkpoint's vocabulary, to split text
+into those pieces and join them back) and ``transduce.json`` (where it came from and the model's
+decoding defaults). Translate with::
+
+    import ctranslate2, sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=f"{out}/sentencepiece.model")
+    tr = ctranslate2.Translator(out)
+    res = tr.translate_batch([sp.encode(s, out_type=str) for s in sentences], beam_size=1)
+    [sp.decode(r.hypotheses[0]) for r in res]
+
+or with ``translate_with_ctranslate2`` below, which does just that.
+
+How our model maps onto CTranslate2's ``TransformerSpec``:
+
+* post-norm (the paper's ``LayerNorm(x + Sublayer(x))``): ``pre_norm=False``, which has no final
+  layer norm; pre-norm models get ``pre_norm=True`` with our final norms. LayerNorm epsilon is
+  written into the config (ours 1e-5; CTranslate2 would otherwise assume its own default).
+* embeddings times sqrt(d_model): ``scale_embeddings``; ReLU FFN; biases on every projection.
+* sinusoidal positions: CTranslate2's built-in table puts the sines in the first half and the
+  cosines in the second (as fairseq and Marian do), while the paper (and ``positional_table``)
+  interleaves them, so our table is written explicitly into ``position_encodings``
+  (``max_positions`` rows, 1024 by default: longer inputs or outputs are an error in
+  CTranslate2). Learned positions are written as they are.
+* the source gets EOS appended (``add_source_eos``), the target starts from ``<s>``, as in
+  training; the shared embedding / pre-softmax matrix is stored once (CTranslate2 aliases equal
+  weights).
+* d_k must equal d_v; d_k other than d_model / n_heads is passed as CTranslate2's ``head_dim``.
+
+Decoding differences. CTranslate2's beam search normalises scores by ``length **
+length_penalty`` rather than the GNMT penalty ``((5 + length) / 6) ** alpha``, so beam outputs can
+differ from ``Translator``'s. Its outputs are capped at one ``max_decoding_length`` per call
+(default 256) where ours are capped per sentence at source length + ``max_len_offset``, and it may
+generate ``<pad>`` and ``<s>``, which ours never do. ``translate_with_ctranslate2`` closes both
+gaps (one call per source length, ``suppress_sequences``), and with ``beam_size=1`` gives our
+greedy translations (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from transduce.errors import UserError
+
+__all__ = [
+    "QUANTIZATIONS",
+    "build_spec",
+    "export_checkpoint",
+    "export_model",
+    "translate_with_ctranslate2",
+]
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16", "float32")  # fmt: skip
+SENTENCEPIECE_FILE = "sentencepiece.model"
+INFO_FILE = "transduce.json"
+DEFAULT_MAX_POSITIONS = 1024
+
+
+def _ct2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError(
+            "exporting to CTranslate2 needs the ctranslate2 package: pip install "
+            "'transduce[export]'"
+        ) from None
+    return ctranslate2
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
+
+
+def _set_linear(spec: Any, linears: Sequence[nn.Linear]) -> None:
+    """One CTranslate2 linear from one or more of ours (stacked along the output dimension, as
+    CTranslate2 fuses Q/K/V and K/V)."""
+    spec.weight = _array(torch.cat([lin.weight for lin in linears]))
+    if linears[0].bias is not None:
+        spec.bias = _array(torch.cat([lin.bias for lin in linears]))
+
+
+def _set_norm(spec: Any, norm: nn.LayerNorm) -> None:
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
+
+
+def _set_attention(spec: Any, mha: nn.Module, norm: nn.LayerNorm, *, self_attention: bool) -> None:
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        if not isinstance(getattr(mha, name, None), nn.Linear):
+            raise UserError(
+                f"cannot export this attention layer: it has no {name} projection (the exporter "
+                "knows the w_q/w_k/w_v/w_o layout of transduce.model.MultiHeadAttention)"
+            )
+    if self_attention:
+        _set_linear(spec.linear[0], [mha.w_q, mha.w_k, mha.w_v])
+    else:
+        _set_linear(spec.linear[0], [mha.w_q])
+        _set_linear(spec.linear[1], [mha.w_k, mha.w_v])
+    _set_linear(spec.linear[-1], [mha.w_o])
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec: Any, ffn: nn.Module, norm: nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, [ffn.w_1])
+    _set_linear(spec.linear_1, [ffn.w_2])
+    _set_norm(spec.layer_norm, norm)
+
+
+def _positions(module: nn.Module, d_model: int, max_positions: int) -> np.ndarray:
+    from transduce.model.embedding import LearnedPositions, SinusoidalPositions, positional_table
+
+    if isinstance(module, SinusoidalPositions):
+        return _array(positional_table(max_positions, d_model))
+    if isinstance(module, LearnedPositions):
+        return _array(module.weight)
+    raise UserError(f"cannot export positions of type {type(module).__name__}")
+
+
+def _check_tokens(tokens: Sequence[str], vocab_size: int) -> list[str]:
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != vocab_size:
+        raise UserError(f"the vocabulary has {len(tokens)} tokens but the model {vocab_size}")
+    for i in (PAD, BOS, EOS, UNK):
+        if tokens[i] != SPECIALS[i]:
+            raise UserError(
+                f"token {i} is {tokens[i]!r}, the exporter needs {SPECIALS[i]!r} "
+                f"(transduce's special tokens are {', '.join(SPECIALS)})"
+            )
+    seen: set[str] = set()
+    for t in tokens:
+        if t in seen:
+            raise UserError(f"the vocabulary holds {t!r} twice; CTranslate2 needs distinct tokens")
+        seen.add(t)
+    return tokens
+
+
+def build_spec(
+    model: nn.Module, tokens: Sequence[str], *, max_positions: int = DEFAULT_MAX_POSITIONS
+) -> Any:
+    """A filled ``ctranslate2.specs.TransformerSpec`` of ``model`` (a ``transduce.model.
+    Transformer``) with ``tokens`` (the pieces by id) as its source and target vocabulary."""
+    ct2 = _ct2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.config
+    if cfg.d_k != cfg.d_v:
+        raise UserError(
+            f"CTranslate2 needs d_k = d_v; this model has d_k {cfg.d_k} and d_v {cfg.d_v}"
+        )
+    head_dim = None if cfg.d_k * cfg.n_heads == cfg.d_model else cfg.d_k
+    if model.generator.bias is not None:
+        raise UserError("cannot export a pre-softmax projection with a bias")
+    pre_norm = cfg.norm == "pre"
+    common = {"pre_norm": pre_norm, "activation": common_spec.Activation.RELU}
+    if head_dim is not None:
+        common["head_dim"] = head_dim
+    encoder = transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **common)
+    decoder = transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **common)
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+
+    for side_spec, side in ((spec.encoder, model.encoder), (spec.decoder, model.decoder)):
+        embeddings = side_spec.embeddings
+        if isinstance(embeddings, list):  # the encoder may have several source embeddings
+            embeddings = embeddings[0]
+        embeddings.weight = _array(side.embed.weight)
+        side_spec.scale_embeddings = True  # sqrt(d_model), as Embeddings does
+        side_spec.position_encodings.encodings = _positions(
+            side.positions, cfg.d_model, max_positions
+        )
+        if pre_norm:
+            _set_norm(side_spec.layer_norm, side.final_norm)
+    for ls, layer in zip(spec.encoder.layer, model.encoder.layers, strict=True):
+        _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
+        _set_ffn(ls.ffn, layer.ffn, layer.norms[1])
+    for ls, layer in zip(spec.decoder.layer, model.decoder.layers, strict=True):
+        _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
+        _set_attention(ls.attention, layer.cross_attn, layer.norms[1], self_attention=False)
+        _set_ffn(ls.ffn, layer.ffn, layer.norms[2])
+    spec.decoder.projection.weight = _array(model.generator.weight)
+
+    vocab = _check_tokens(tokens, model.generator.weight.size(0))
+    if model.encoder.embed.weight.size(0) != len(vocab):
+        raise UserError("CTranslate2 export needs one shared source/target vocabulary")
+    spec.register_source_vocabulary(vocab)
+    spec.register_target_vocabulary(vocab)
+    config = spec.config
+    config.unk_token = SPECIALS[UNK]
+    config.bos_token = SPECIALS[BOS]
+    config.eos_token = SPECIALS[EOS]
+    config.decoder_start_token = SPECIALS[BOS]
+    config.add_source_bos = False
+    config.add_source_eos = True  # the source ends with EOS, as collate makes it
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    config.layer_norm_epsilon = float(norms[0].eps) if norms else 1e-5
+    del ct2
+    return spec
+
+
+def export_model(
+    model: nn.Module,
+    tokens: Sequence[str],
+    output_dir: str | Path,
+    *,
+    sentencepiece_model: bytes | None = None,
+    quantization: str | None = None,
+    force: bool = False,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+    extra_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``model`` with vocabulary ``tokens`` as a CTranslate2 model folder; returns a dict
+    describing it (also written to ``transduce.json``). ``quantization``: None (float32, as
+    trained) or one of ``QUANTIZATIONS``. An existing ``output_dir`` is an error unless
+    ``force``."""
+    ct2 = _ct2()
+    from ctranslate2.converters.converter import Converter
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise UserError(
+            f"unknown quantization {quantization!r}; use none or one of {', '.join(QUANTIZATIONS)}"
+        )
+    out = Path(output_dir)
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; pass --force (force=True) to replace it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a folder")
+    spec = build_spec(model, tokens, max_positions=max_positions)
+
+    class _Loaded(Converter):
+        def _load(self) -> Any:
+            return spec
+
+    try:
+        _Loaded().convert(str(out), quantization=quantization, force=True)
+    except (ValueError, RuntimeError, OSError) as e:
+        raise UserError(f"CTranslate2 conversion failed: {e}") from None
+    if sentencepiece_model is not None:
+        (out / SENTENCEPIECE_FILE).write_bytes(sentencepiece_model)
+    cfg = model.config
+    info: dict[str, Any] = {
+        "output": str(out),
+        "format": "ctranslate2",
+        "ctranslate2_version": ct2.__version__,
+        "quantization": quantization or "none",
+        "vocab_size": len(tokens),
+        "tokenizer": SENTENCEPIECE_FILE if sentencepiece_model is not None else None,
+        "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+        "max_positions": max_positions if cfg.positional == "sinusoidal" else cfg.max_positions,
+        **(extra_info or {}),
+    }  # fmt: skip
+    tmp = out / (INFO_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out / INFO_FILE)
+    info["files"] = sorted(p.name for p in out.iterdir())
+    return info
+
+
+def export_checkpoint(
+    path: str | Path,
+    output_dir: str | Path,
+    *,
+    quantization: str | None = None,
+    force: bool = False,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+) -> dict[str, Any]:
+    """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
+    _ct2()  # before loading a large checkpoint
+    from transduce.data.subword import SentencePieceVocab
+    from transduce.training.checkpoint import load_model
+
+    model, vocab, cfg = load_model(path, device="cpu")
+    if isinstance(vocab, SentencePieceVocab):
+        tokens = [vocab.id_to_piece(i) for i in range(len(vocab))]
+        sp_model: bytes | None = vocab.model_proto
+    elif hasattr(vocab, "symbols"):  # CharVocab: one token per character
+        tokens = [*SPECIALS, *vocab.symbols]
+        sp_model = None
+    else:
+        raise UserError(f"cannot export a vocabulary of type {type(vocab).__name__}")
+    decode = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha,
+              "max_len_offset": cfg.decode.max_len_offset}  # fmt: skip
+    return export_model(
+        model, tokens, output_dir, sentencepiece_model=sp_model, quantization=quantization,
+        force=force, max_positions=max_positions,
+        extra_info={"source_checkpoint": str(path), "decode": decode},
+    )  # fmt: skip
+
+
+def translate_with_ctranslate2(
+    model_dir: str | Path,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 1,
+    max_len_offset: int | None = None,
+    device: str = "cpu",
+    intra_threads: int = 0,
+    **options: Any,
+) -> list[str]:
+    """Translate raw sentences with an exported folder: SentencePiece pieces in, CTranslate2's
+    ``translate_batch`` (``<pad>`` and ``<s>`` never generated, like ours), pieces joined back.
+    Empty sentences give ``""``. ``options`` go to ``translate_batch``.
+
+    Outputs are capped as ``Translator`` caps them, at (source pieces + EOS + ``max_len_offset``)
+    pieces, by one ``translate_batch`` call per source length; ``max_len_offset`` None takes the
+    checkpoint's (from ``transduce.json``), or leaves CTranslate2's ``max_decoding_length`` when
+    the folder has none.
+    """
+    ct2 = _ct2()
+    import sentencepiece as spm
+
+    model_dir = Path(model_dir)
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE_FILE))
+    translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
+    if max_len_offset is None and "max_decoding_length" not in options:
+        info_path = model_dir / INFO_FILE
+        if info_path.is_file():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            max_len_offset = info.get("decode", {}).get("max_len_offset")
+    texts = [s.strip() for s in sentences]
+    out = [""] * len(texts)
+    pieces = {i: sp.encode(t, out_type=str) for i, t in enumerate(texts) if t}
+    groups: dict[int | None, list[int]] = {}
+    for i, p in pieces.items():  # one call per output cap
+        groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
+    options.setdefault("suppress_sequences", [[SPECIALS[PAD]], [SPECIALS[BOS]]])
+    for length, todo in groups.items():
+        if length is not None:
+            options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
+        results = translator.translate_batch(
+            [pieces[i] for i in todo], beam_size=beam_size, **options
+        )
+        for i, r in zip(todo, results, strict=True):
+            out[i] = sp.decode([p for p in r.hypotheses[0] if p not in SPECIALS])
+    return out

@@ -1,0 +1,172 @@
+"""Export to CTranslate2 (transduce.export.ctranslate2, ``transduce export ctranslate2``).
+
+Two kinds of evidence that the exported model is our model:
+
+* per-token log-probabilities: CTranslate2's ``score_batch`` on random tiny models of every
+  supported shape (post-/pre-norm, sinusoidal/learned positions, d_k != d_model / h, untied
+  embeddings) equals our teacher-forced ``log_softmax``;
+* translations: a tiny model trained here (toy corpus: the source words upper-cased) translates
+  the same under CTranslate2 greedy search as under ``Translator`` greedy search.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from transduce.cli.main import main  # noqa: E402
+from transduce.config import from_dict  # noqa: E402
+from transduce.data.vocab import BOS, EOS, SPECIALS  # noqa: E402
+from transduce.errors import UserError  # noqa: E402
+from transduce.export.ctranslate2 import (  # noqa: E402
+    build_spec,
+    export_checkpoint,
+    export_model,
+    translate_with_ctranslate2,
+)
+from transduce.inference.translator import Translator  # noqa: E402
+from transduce.model.transformer import make_model  # noqa: E402
+from transduce.training.run import train_translation  # noqa: E402
+
+WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+
+
+def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
+    return src, [s.upper() for s in src]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A run folder whose model.pt has learned to upper-case (about 10 s on one CPU thread)."""
+    root = tmp_path_factory.mktemp("ct2")
+    src, tgt = corpus(400, seed=0)
+    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    cfg = from_dict({
+        "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16,
+                  "dropout": 0.0},
+        "train": {"max_steps": 300, "warmup": 60, "max_tokens": 600, "eval_every": 0,
+                  "save_every": 100_000, "keep_last": 1, "log_every": 1000, "tensorboard": False},
+        "task": {"name": "translation", "train_src": str(root / "train.src"),
+                 "train_tgt": str(root / "train.tgt"), "vocab_size": 60},
+        "decode": {"max_len_offset": 20},
+    })  # fmt: skip
+    torch.manual_seed(0)
+    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
+    return root / "run" / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    assert main(["--no-malloc-tuning", "export", "ctranslate2", "--model", str(trained),
+                 "--output", str(out)]) == 0  # fmt: skip
+    return out
+
+
+def test_folder_contents(exported, trained, capsys) -> None:
+    names = {p.name for p in exported.iterdir()}
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model",
+            "transduce.json"} <= names  # fmt: skip
+    vocab = json.loads((exported / "shared_vocabulary.json").read_text())
+    assert vocab[:4] == list(SPECIALS) and len(vocab) == 60
+    config = json.loads((exported / "config.json").read_text())
+    assert config["add_source_eos"] is True and config["add_source_bos"] is False
+    assert config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>"
+    assert config["layer_norm_epsilon"] == pytest.approx(1e-5)
+    info = json.loads((exported / "transduce.json").read_text())
+    assert info["source_checkpoint"] == str(trained) and info["decode"]["max_len_offset"] == 20
+
+
+def test_greedy_translations_equal_ours(exported, trained) -> None:
+    translator = Translator.load(trained)
+    sentences = corpus(40, seed=7)[0] + ["", "the small dog runs in the park", "ball ball"]
+    ours = translator.translate(sentences, beam=1)
+    theirs = translate_with_ctranslate2(exported, sentences, beam_size=1, intra_threads=1)
+    assert theirs == ours
+    # it has really learned something, so equal outputs are not equal garbage
+    src, tgt = corpus(40, seed=7)
+    assert sum(o == t for o, t in zip(ours, tgt, strict=False)) >= 10
+
+
+def test_beam_search_runs(exported, trained) -> None:
+    sentences = corpus(5, seed=3)[0]
+    out = translate_with_ctranslate2(exported, sentences, beam_size=4, intra_threads=1)
+    assert len(out) == 5 and all(isinstance(o, str) and o for o in out)
+
+
+def test_int8_export(trained, tmp_path) -> None:
+    info = export_checkpoint(trained, tmp_path / "int8", quantization="int8")
+    assert info["quantization"] == "int8" and "model.bin" in info["files"]
+    sentences = corpus(20, seed=9)[0]
+    out = translate_with_ctranslate2(tmp_path / "int8", sentences, beam_size=1, intra_threads=1)
+    ours = Translator.load(trained).translate(sentences, beam=1)
+    assert sum(o == t for o, t in zip(out, ours, strict=True)) >= 10  # int8: mostly the same
+
+
+def test_existing_output_needs_force(exported, trained, capsys) -> None:
+    argv = ["--no-malloc-tuning", "export", "ctranslate2", "--model", str(trained), "--output",
+            str(exported)]  # fmt: skip
+    assert main(argv) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["output"] == str(exported)
+    assert main(["--no-malloc-tuning", "export", "ctranslate2", "--model",
+                 str(exported / "nope.pt"), "--output", str(exported / "x")]) == 2  # fmt: skip
+
+
+TOKENS = [*SPECIALS, *(f"w{i}" for i in range(46))]  # 50
+
+
+def random_model(**model_overrides):
+    cfg = from_dict({"model": {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16,
+                               "d_v": 16, "dropout": 0.0, **model_overrides}})  # fmt: skip
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(TOKENS)).eval()
+    with torch.no_grad():  # non-trivial layer norms, so that a mixed-up norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"norm": "pre"}, {"positional": "learned"}, {"d_k": 8, "d_v": 8},
+     {"tie_embeddings": False}],  # fmt: skip
+    ids=["post-norm", "pre-norm", "learned-positions", "head-dim", "untied"],
+)
+def test_log_probs_equal_ours(overrides, tmp_path) -> None:
+    model = random_model(**overrides)
+    export_model(model, TOKENS, tmp_path / "m")
+    scorer = ctranslate2.Translator(str(tmp_path / "m"), intra_threads=1)
+    rng = random.Random(1)
+    for length_s, length_t in [(7, 9), (1, 1), (30, 25)]:
+        s = [rng.randrange(4, len(TOKENS)) for _ in range(length_s)]
+        t = [rng.randrange(4, len(TOKENS)) for _ in range(length_t)]
+        with torch.no_grad():
+            logits = model(torch.tensor([[*s, EOS]]), torch.tensor([[BOS, *t]]))[0]
+        ours = logits.log_softmax(-1)[torch.arange(length_t + 1), torch.tensor([*t, EOS])]
+        res = scorer.score_batch([[TOKENS[i] for i in s]], [[TOKENS[i] for i in t]])[0]
+        np.testing.assert_allclose(res.log_probs, ours.numpy(), atol=1e-4)
+
+
+def test_unsupported_shapes_are_user_errors() -> None:
+    with pytest.raises(UserError, match="d_k = d_v"):
+        build_spec(random_model(d_k=16, d_v=8), TOKENS)
+    with pytest.raises(UserError, match="token 1"):
+        build_spec(random_model(), ["<pad>", "<bos>", *TOKENS[2:]])
+    with pytest.raises(UserError, match="50"):
+        build_spec(random_model(), TOKENS[:-1])
+    with pytest.raises(UserError, match="twice"):
+        build_spec(random_model(), [*TOKENS[:-1], "w0"])

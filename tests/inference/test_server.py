@@ -1,0 +1,381 @@
+"""The HTTP server (transduce.inference.server, ``transduce serve``): a real uvicorn server on a
+free 127.0.0.1 port, talked to over HTTP with urllib.
+
+The model is an untrained tiny one with a SentencePiece vocabulary (as in test_translator.py):
+its translations are meaningless but deterministic, which is all that checking the server
+against ``Translator.translate`` needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import torch  # noqa: E402
+
+from transduce.config import from_dict  # noqa: E402
+from transduce.data.subword import train_sentencepiece  # noqa: E402
+from transduce.inference.server import (  # noqa: E402
+    BatchingConfig,
+    DynamicBatcher,
+    ServerLimits,
+    ServerThread,
+    create_app,
+)
+from transduce.inference.translator import Translator  # noqa: E402
+from transduce.model.transformer import make_model  # noqa: E402
+from transduce.training import checkpoint  # noqa: E402
+
+WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+TIMEOUT = 60.0  # seconds, for every HTTP call
+
+
+def toy_sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> Path:
+    vocab = train_sentencepiece(toy_sentences(300), 60)
+    cfg = from_dict({
+        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
+        "decode": {"max_len_offset": 4, "beam": 3, "alpha": 0.6},
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    checkpoint.save_atomic(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def translator(model_file) -> Translator:
+    return Translator.load(model_file)
+
+
+LIMITS = ServerLimits(max_sentences=20, max_chars=300, max_beam=8, max_body_bytes=100_000)
+
+
+@pytest.fixture(scope="module")
+def server(translator):
+    # A wide wait window so that concurrent requests surely meet in one batch.
+    app = create_app(
+        translator, limits=LIMITS, batching=BatchingConfig(max_batch_sentences=64, batch_wait_ms=50)
+    )
+    with ServerThread(app) as srv:
+        yield srv
+
+
+def request(url: str, body: bytes | dict | None = None, method: str | None = None):
+    """(status, decoded JSON body) of one HTTP call; 4xx/5xx are returned, not raised."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def translate(srv, payload) -> list[str]:
+    status, out = request(srv.url + "/translate", payload)
+    assert status == 200, out
+    return out["translations"]
+
+
+def test_binds_loopback_only(server) -> None:
+    assert server.host == "127.0.0.1" and server.port > 0
+
+
+def test_health(server, translator) -> None:
+    status, out = request(server.url + "/health")
+    assert status == 200 and out["status"] == "ok"
+    assert out["model"]["vocab_size"] == len(translator.vocab) == 60
+    assert out["model"]["d_model"] == 32 and out["model"]["device"] == "cpu"
+    assert out["decode"]["beam"] == 3 and out["decode"]["alpha"] == 0.6
+    assert out["limits"]["max_sentences"] == 20
+    assert {"requests", "sentences", "batches", "max_batch_requests"} <= set(out["stats"])
+
+
+def test_translations_equal_translator(server, translator) -> None:
+    sentences = toy_sentences(10, seed=1)
+    lines = sentences[:3] + ["", "  "] + sentences[3:]
+    assert translate(server, {"text": lines}) == translator.translate(lines)  # model defaults
+    for beam, alpha in [(1, 0.0), (2, 1.0), (4, 0.6)]:
+        got = translate(server, {"text": lines, "beam": beam, "alpha": alpha})
+        assert got == translator.translate(lines, beam=beam, alpha=alpha)
+    assert translate(server, {"text": [], "beam": 2}) == []
+    assert translate(server, {"text": sentences[:2], "alpha": 1}) == translator.translate(
+        sentences[:2], alpha=1.0
+    )
+    assert len(set(translator.translate(sentences))) > 1  # the comparison means something
+
+
+def test_concurrent_requests_are_batched(server, translator) -> None:
+    n_clients = 8
+    sentences = toy_sentences(3 * n_clients, seed=2)
+    payloads = [
+        {"text": sentences[3 * i: 3 * i + 3], "beam": 1 + i % 2} for i in range(n_clients)
+    ]
+    expected = [translator.translate(p["text"], beam=p["beam"]) for p in payloads]
+    for _ in range(3):  # bounded: batching must show within a few rounds
+        results: list = [None] * n_clients
+        barrier = threading.Barrier(n_clients, timeout=TIMEOUT)
+
+        def client(i: int) -> None:
+            barrier.wait()
+            results[i] = request(server.url + "/translate", payloads[i])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert not any(t.is_alive() for t in threads)
+        assert [r[0] for r in results] == [200] * n_clients
+        assert [r[1]["translations"] for r in results] == expected
+        stats = request(server.url + "/health")[1]["stats"]
+        if stats["max_batch_requests"] > 1:
+            break
+    assert stats["max_batch_requests"] > 1
+    assert stats["batches"] < stats["requests"]
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"text": ["a"], "alpha": NaN}', 400, "NaN"),
+    (b"\xff\xfe", 400, "UTF-8"),
+    (b"", 400, "not valid JSON"),
+    (b'["the dog"]', 422, "JSON object"),
+    (b'{"beam": 2}', 422, "missing field 'text'"),
+    (b'{"text": "the dog"}', 422, "'text' must be a list of strings, not a string"),
+    (b'{"text": ["the dog", 3]}', 422, "'text[1]' must be a string, not an integer"),
+    (b'{"text": [null]}', 422, "'text[0]' must be a string, not null"),
+    (b'{"text": ["ok", "\\ud800"]}', 422, "'text[1]' is not valid Unicode"),
+    (b"[" * 50_000 + b"]" * 50_000, 400, "nested too deeply"),
+    (b'{"text": ["a"], "beam": 0}', 422, "'beam' must be between 1 and 8"),
+    (b'{"text": ["a"], "beam": 9}', 422, "'beam' must be between 1 and 8"),
+    (b'{"text": ["a"], "beam": "4"}', 422, "'beam' must be an integer, not a string"),
+    (b'{"text": ["a"], "beam": true}', 422, "'beam' must be an integer, not a boolean"),
+    (b'{"text": ["a"], "beam": 2.5}', 422, "'beam' must be an integer"),
+    (b'{"text": ["a"], "alpha": -1}', 422, "'alpha' must be between 0 and 10"),
+    (b'{"text": ["a"], "alpha": "x"}', 422, "'alpha' must be a number"),
+    (b'{"text": ["a"], "beams": 2}', 422, "unknown field 'beams'"),
+    (json.dumps({"text": ["a"] * 21}).encode(), 413, "too many sentences: 21"),
+    (json.dumps({"text": ["a", "b" * 301]}).encode(), 413, "'text[1]' is too long"),
+    (json.dumps({"text": ["the dog " * 1000] * 20}).encode(), 413, "body is too large"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD_REQUESTS)
+def test_bad_request_then_good_request(server, translator, body, status, message) -> None:
+    got, out = request(server.url + "/translate", body)
+    assert got == status, out
+    assert out["status"] == status and message in out["error"]
+    assert translate(server, {"text": ["the dog runs"]}) == translator.translate(["the dog runs"])
+
+
+def test_huge_body_is_refused_from_its_length(server) -> None:
+    # Content-Length over 8x the limit: answered at once, without reading (or waiting for) it
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
+    try:
+        conn.putrequest("POST", "/translate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(10**9))
+        conn.endheaders()
+        resp = conn.getresponse()
+        assert resp.status == 413 and "too large" in json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+    assert request(server.url + "/health")[0] == 200
+
+
+def test_unknown_routes_are_json(server) -> None:
+    assert request(server.url + "/nope") == (404, {"error": "Not Found", "status": 404})
+    status, out = request(server.url + "/translate", method="GET")
+    assert status == 405 and out["status"] == 405
+
+
+class FlakyTranslator:
+    """Fails on any sentence containing 'boom'; can be paused to hold the worker busy."""
+
+    def __init__(self, inner: Translator) -> None:
+        self.inner = inner
+        self.cfg = inner.cfg
+        self.release = threading.Event()
+        self.release.set()
+        self.entered = threading.Event()
+
+    def translate(self, sentences, *, beam=None, alpha=None):
+        self.entered.set()
+        assert self.release.wait(TIMEOUT)
+        if any("boom" in s for s in sentences):
+            raise RuntimeError("decoder exploded")
+        return self.inner.translate(sentences, beam=beam, alpha=alpha)
+
+
+def test_decoding_error_is_500_and_server_goes_on(translator) -> None:
+    flaky = FlakyTranslator(translator)
+    app = create_app(flaky, batching=BatchingConfig(batch_wait_ms=50))
+    with ServerThread(app) as srv:
+        status, out = request(srv.url + "/translate", {"text": ["boom"]})
+        assert status == 500 and "decoder exploded" in out["error"]
+        # a failing request batched with good ones fails alone
+        results: dict[str, tuple] = {}
+        payloads = {"bad": {"text": ["the boom"]}, "good": {"text": ["the dog", "a cat"]}}
+        def send(key: str) -> None:
+            results[key] = request(srv.url + "/translate", payloads[key])
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in payloads]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert results["bad"][0] == 500
+        expected = translator.translate(["the dog", "a cat"])
+        assert results["good"] == (200, {"translations": expected})
+        assert translate(srv, {"text": ["the dog"]}) == translator.translate(["the dog"])
+        stats = request(srv.url + "/health")[1]["stats"]
+        assert stats["failed_requests"] == 2
+
+
+def test_full_queue_is_503(translator) -> None:
+    flaky = FlakyTranslator(translator)
+    app = create_app(
+        flaky, limits=ServerLimits(max_queue_sentences=3), batching=BatchingConfig(batch_wait_ms=0)
+    )
+    with ServerThread(app) as srv:
+        flaky.release.clear()
+        flaky.entered.clear()
+        first: dict[str, tuple] = {}
+        def send() -> None:
+            first["r"] = request(srv.url + "/translate", {"text": ["a", "b"]})
+
+        t = threading.Thread(target=send)
+        t.start()
+        try:
+            assert flaky.entered.wait(TIMEOUT)  # the worker holds 2 sentences
+            status, out = request(srv.url + "/translate", {"text": ["c", "d"]})
+            assert status == 503 and "busy" in out["error"]
+        finally:
+            flaky.release.set()
+            t.join(TIMEOUT)
+        assert first["r"][0] == 200
+        assert translate(srv, {"text": ["c", "d"]}) == translator.translate(["c", "d"])
+
+
+def test_batcher_groups_by_beam_and_alpha() -> None:
+    calls: list[tuple] = []
+
+    class Recorder:
+        def translate(self, sentences, *, beam=None, alpha=None):
+            calls.append((tuple(sentences), beam, alpha))
+            return [s.upper() for s in sentences]
+
+    batcher = DynamicBatcher(Recorder(), BatchingConfig(max_batch_sentences=5, batch_wait_ms=20))
+
+    async def scenario() -> list:
+        futures = [
+            batcher.submit(["a"], 1, None), batcher.submit(["b", "c"], 2, None),
+            batcher.submit(["d"], 1, None), batcher.submit(["e", "f"], 1, None),
+        ]  # fmt: skip
+        batcher.start()  # all four are queued: they form batches in order
+        return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert results == [["A"], ["B", "C"], ["D"], ["E", "F"]]
+    # batch 1 = a, b c, d (4 sentences; e f would make 6 > 5), grouped by beam; batch 2 = e f
+    assert calls == [(("a", "d"), 1, None), (("b", "c"), 2, None), (("e", "f"), 1, None)]
+    stats = batcher.stats()
+    assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
+    assert stats["pending_sentences"] == 0
+
+
+def test_limits_and_batching_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_sentences"):
+        ServerLimits(max_sentences=0)
+    with pytest.raises(ValueError, match="max_batch_sentences"):
+        BatchingConfig(max_batch_sentences=0)
+    with pytest.raises(ValueError, match="batch_wait_ms"):
+        BatchingConfig(batch_wait_ms=-1)
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not box:
+        raise TimeoutError(f"no output from the server within {timeout} s")
+    return box[0]
+
+
+def test_cli_serve(model_file, translator) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "transduce", "serve", "--model", str(model_file), "--host",
+           "127.0.0.1", "--port", "0", "--threads", "1", "--log-level", "warning",
+           "--batch-wait-ms", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = _read_line(proc, TIMEOUT)
+        assert line.startswith("transduce: serving "), (line, proc.poll())
+        url = line.split(" on ")[-1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # the socket listens before the app has started: wait for /health
+            try:
+                status, health = request(url + "/health")
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the server never became healthy"
+            time.sleep(0.1)
+        assert health["model"]["name"] == str(model_file)
+        sentences = toy_sentences(4, seed=5)
+        status, out = request(url + "/translate", {"text": sentences, "beam": 2})
+        assert status == 200 and out["translations"] == translator.translate(sentences, beam=2)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    assert proc.returncode in (0, -15)
+
+
+def test_cli_serve_bad_options(model_file, capsys) -> None:
+    from transduce.cli.main import main
+
+    serve = ["--no-malloc-tuning", "serve", "--model"]
+    assert main([*serve, str(model_file), "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+    assert main([*serve, str(model_file), "--max-batch-sentences", "0"]) == 2
+    assert "--max-batch-sentences" in capsys.readouterr().err
+    assert main([*serve, "/nonexistent/model.pt", "--port", "0"]) == 2
+    assert "not found" in capsys.readouterr().err
