@@ -259,3 +259,54 @@ def test_attention_dropout_only_in_training(fast: bool) -> None:
     assert not torch.allclose(mha(x, x), mha(x, x))
     mha.eval()
     assert torch.equal(mha(x, x), mha(x, x))
+
+
+# --------------------------------------------------------------------------------------------
+# is_causal, float32 attention for low-precision inputs on the CPU, fused projections
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_is_causal_equals_the_causal_mask(fast: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(B, H, T, 8, generator=g) for _ in range(3))
+    expected = _reference_attention(q, k, v, causal_mask(T, T))[0]
+    torch.testing.assert_close(attention(q, k, v, is_causal=True, fast=fast), expected, atol=1e-5, rtol=1e-5)
+    valid = torch.tensor([[True] * T, [True, True, False, False]])
+    both = combine(key_padding_mask(valid), causal_mask(T, T))
+    got = attention(q, k, v, key_padding_mask(valid), is_causal=True, fast=fast)
+    torch.testing.assert_close(got, _reference_attention(q, k, v, both)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_low_precision_attention_runs_in_float32_on_cpu() -> None:
+    q, k, v = _qkv(8, 8)
+    mask = _masks()["key_padding"]
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    out = attention(*low, mask)
+    assert out.dtype == torch.bfloat16
+    # float32 arithmetic on the rounded inputs, rounded once at the end
+    expected = _reference_attention(*(t.float() for t in low), mask)[0].to(torch.bfloat16)
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = attention(q, k, v, mask)
+    assert inside.dtype == torch.float32  # autocast does not push the kernel to bfloat16
+    torch.testing.assert_close(inside, _reference_attention(q, k, v, mask)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_projections_equal_separate_linears() -> None:
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(d_model=12, n_heads=3, d_k=5, d_v=7)
+    with torch.no_grad():
+        for lin in (mha.w_q, mha.w_k, mha.w_v):
+            lin.bias.normal_()
+    x = torch.randn(2, 4, 12)
+    q, k, v = mha.project_qkv(x)
+    assert (q.shape, k.shape, v.shape) == ((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 7))
+    torch.testing.assert_close(q, mha.w_q(x).view(2, 4, 3, 5).transpose(1, 2))
+    torch.testing.assert_close(k, mha.w_k(x).view(2, 4, 3, 5).transpose(1, 2))
+    torch.testing.assert_close(v, mha.w_v(x).view(2, 4, 3, 7).transpose(1, 2))
+    k2, v2 = mha.project_key_value(x)
+    torch.testing.assert_close(k2, k)
+    torch.testing.assert_close(v2, v)
+    (q.sum() + k.sum() + v.sum()).backward()
+    for lin in (mha.w_q, mha.w_k, mha.w_v):
+        assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0

@@ -10,7 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.model.attention import MultiHeadAttention
-from transduce.model.layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward
+from transduce.model.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    PositionwiseFeedForward,
+    dropout,
+    dropout_add,
+)
 
 D, H, DK, DV, DFF = 16, 2, 6, 5, 24
 
@@ -154,3 +160,49 @@ def test_residual_dropout_is_applied_to_sublayer_output() -> None:
     with torch.no_grad():
         torch.testing.assert_close(layer(x, None), expected, atol=1e-5, rtol=1e-5)
         assert n0.weight.shape == (D,) and n1.weight.shape == (D,)
+
+
+# --------------------------------------------------------------------------------------------
+# dropout on the CPU (integer-threshold masks)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_dropout_rate_scale_and_seed(p: float) -> None:
+    x = torch.ones(200_000)
+    torch.manual_seed(5)
+    out = dropout(x, p, training=True)
+    dropped = (out == 0).float().mean().item()
+    assert dropped == pytest.approx(p, abs=0.005)  # ~7 standard deviations at n = 2e5
+    kept = out[out != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1.0 / (1.0 - p)))
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x, p, training=True), out)  # governed by torch.manual_seed
+    assert not torch.equal(dropout(x, p, training=True), out)
+    assert dropout(x, p, training=False) is x
+
+
+def test_dropout_odd_sizes_bf16_and_edge_rates() -> None:
+    x = torch.randn(3, 5, 7, dtype=torch.bfloat16)  # odd element count
+    out = dropout(x, 0.2, training=True)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    assert torch.all((out == 0) | torch.isclose(out, x * 1.25, rtol=1e-2))
+    assert torch.equal(dropout(x, 1.0, training=True), torch.zeros_like(x))
+    assert dropout(x, 0.0, training=True) is x
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16)])
+def test_dropout_add_is_residual_plus_dropout(dtypes: tuple[torch.dtype, torch.dtype]) -> None:
+    residual = torch.randn(4, 6, 8, dtype=dtypes[0], requires_grad=True)
+    x = torch.randn(4, 6, 8, dtype=dtypes[1], requires_grad=True)
+    torch.manual_seed(7)
+    out = dropout_add(residual, x, 0.4, training=True)
+    torch.manual_seed(7)
+    expected = residual + dropout(x, 0.4, training=True)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert torch.equal(residual.grad, torch.ones_like(residual))
+    grad = x.grad.float()
+    assert torch.all((grad == 0) | torch.isclose(grad, torch.tensor(1 / 0.6), rtol=1e-2))
+    assert 0 < (grad == 0).sum() < grad.numel()
+    assert torch.equal(dropout_add(residual, x, 0.4, training=False), residual + x)

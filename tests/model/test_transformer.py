@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from transduce.config import ModelConfig
 from transduce.model.attention import MultiHeadAttention, set_fast_attention
-from transduce.model.transformer import Transformer, make_model, parameter_breakdown
+from transduce.model.transformer import Transformer, make_model, parameter_breakdown, source_mask
 
 PAD = 0
 V = 13
@@ -382,3 +382,24 @@ def test_dropout_train_differs_eval_identical(which: str) -> None:
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+def test_source_mask_is_none_without_padding() -> None:
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    assert source_mask(valid) is None
+    valid[1, 3] = False
+    assert torch.equal(source_mask(valid), valid[:, None, None, :])
+
+
+def test_bf16_autocast_training_step_is_close_to_float32() -> None:
+    model = _model(dropout=0.0)
+    model.train()
+    src, tgt = _batch()
+    ref = model(src, tgt)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(src, tgt)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, atol=0.1, rtol=0.05)
+    low.float().square().mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

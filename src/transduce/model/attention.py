@@ -8,9 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Measured switches for benchmarks/train_step.py A/B runs (temporary).
-FUSE_PROJECTIONS = True
-FP32_ATTENTION_ON_CPU = True
+from transduce.model.masks import causal_mask, combine
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -32,6 +30,12 @@ def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) ->
     return scores.softmax(dim=-1).masked_fill(~mask, 0.0)
 
 
+def _fp32_on_cpu(x: Tensor) -> bool:
+    """Whether attention on ``x`` runs in float32 although ``x`` is low precision (see
+    ``attention``)."""
+    return x.device.type == "cpu" and x.dtype in _LOW_PRECISION
+
+
 def attention(
     query: Tensor,
     key: Tensor,
@@ -39,38 +43,42 @@ def attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     fast: bool = True,
+    is_causal: bool = False,
 ) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
 
     query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
-    (B, H, T, T') with True = may attend. Returns (B, H, T, Dv) in the dtype of ``query``.
-    ``dropout_p`` drops attention weights (not in the paper; 0 by default). ``fast`` uses
-    PyTorch's fused kernel, which computes the same function (see tests/model/test_attention.py).
+    (B, H, T, T') with True = may attend. ``is_causal`` (needs T == T') adds the causal mask
+    (query i sees keys 0..i) without building it, which lets the fused kernel skip the masked
+    blocks. Returns (B, H, T, Dv) in the dtype of ``query``. ``dropout_p`` drops attention
+    weights (not in the paper; 0 by default). ``fast`` uses PyTorch's fused kernel, which computes
+    the same function (see tests/model/test_attention.py).
 
-    On the CPU the fused kernel runs in float32 even for bfloat16/float16 inputs (and under
-    autocast): PyTorch's CPU flash-attention backward is several times slower in bfloat16 than in
-    float32 at these head sizes (measured in benchmarks/train_step.py), and float32 is the more
+    On the CPU the fused kernel always runs in float32, also for bfloat16/float16 inputs and
+    under autocast: PyTorch's CPU flash-attention backward is several times slower in bfloat16
+    than in float32 at these head sizes (benchmarks/train_step.py), and float32 is the more
     accurate of the two. The projections around it stay in low precision.
     """
-    if fast:
-        dtype = query.dtype
-        if FP32_ATTENTION_ON_CPU and query.device.type == "cpu" and dtype in _LOW_PRECISION:
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(
-                    query.float(), key.float(), value.float(), attn_mask=mask, dropout_p=dropout_p
-                )
-            return out.to(dtype)
-        if FP32_ATTENTION_ON_CPU and query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # autocast would run the kernel in bfloat16; keep it in the inputs' float32
-            with torch.autocast("cpu", enabled=False):
-                return F.scaled_dot_product_attention(
-                    query, key, value, attn_mask=mask, dropout_p=dropout_p
-                )
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
-    weights = attention_weights(query, key, mask)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return weights @ value
+    if is_causal and (mask is not None or not fast):
+        mask = combine(mask, causal_mask(query.size(-2), key.size(-2), device=query.device))
+        is_causal = False
+    if not fast:
+        weights = attention_weights(query, key, mask)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        return weights @ value
+    dtype = query.dtype
+    if query.device.type == "cpu":
+        if dtype in _LOW_PRECISION:
+            query, key, value = query.float(), key.float(), value.float()
+        with torch.autocast("cpu", enabled=False):  # autocast would run it in bfloat16
+            out = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        return out.to(dtype)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+    )
 
 
 class MultiHeadAttention(nn.Module):
@@ -108,17 +116,23 @@ class MultiHeadAttention(nn.Module):
         (one GEMM, one input cast under autocast, one backward GEMM per operand instead of
         ``len(linears)``); returns each projection's (B, H, T, size) heads."""
         sizes = [lin.out_features for lin in linears]
-        if FUSE_PROJECTIONS and len(linears) > 1:
+        if len(linears) > 1:
             weight = torch.cat([lin.weight for lin in linears])  # (sum(sizes), D)
             bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-            parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # each (B, T, size)
+            out = F.linear(x, weight, bias)  # (B, T, sum(sizes))
+            if self.fast and _fp32_on_cpu(out):
+                out = out.float()  # one cast here rather than one per head tensor in attention()
+            parts = out.split(sizes, dim=-1)  # each (B, T, size)
         else:
             parts = tuple(lin(x) for lin in linears)
+            if self.fast and _fp32_on_cpu(parts[0]):
+                parts = tuple(p.float() for p in parts)
         return tuple(self._split(p, s // self.n_heads) for p, s in zip(parts, sizes))
 
     def project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, K)."""
-        return self._split(self.w_q(x), self.d_k)
+        (q,) = self._project(x, (self.w_q,))
+        return q
 
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T', D) -> keys (B, H, T', K), values (B, H, T', Dv)."""
@@ -131,10 +145,13 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Projected heads -> (B, T, D): attention per head, concatenation, W^O."""
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False
+    ) -> Tensor:
+        """Projected heads -> (B, T, D): attention per head, concatenation, W^O. ``is_causal``
+        as in ``attention``."""
         p = self.dropout if self.training else 0.0
-        heads = attention(q, k, v, mask, dropout_p=p, fast=self.fast)  # (B, H, T, Dv)
+        heads = attention(q, k, v, mask, dropout_p=p, fast=self.fast, is_causal=is_causal)
         b, _, t, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H*Dv)
         return self.w_o(concat)

@@ -6,9 +6,8 @@ optionally as ``x + Dropout(Sublayer(LayerNorm(x)))`` (pre-norm, which then need
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,43 +17,49 @@ from transduce.model.attention import MultiHeadAttention
 from transduce.model.cache import LayerCache
 from transduce.model.masks import causal_mask
 
-FAST_DROPOUT = True  # measured switch for benchmarks/train_step.py A/B runs (temporary)
-
 
 def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
-    """Bernoulli(1 - p) booleans of ``shape``: True = keep.
+    """Bernoulli(1 - p) booleans of ``shape``, True = keep.
 
-    Compares uniform 32-bit integers against p * 2^32, so P(drop) = floor(p * 2^32) / 2^32 (the
-    float32 uniforms behind ``torch.bernoulli`` resolve p no finer than 2^-24). Two 32-bit draws
-    come out of each 64-bit integer of the default generator (``torch.manual_seed`` governs it),
-    which on the CPU is several times faster than ``bernoulli_``.
+    Uniform 32-bit integers compared with p * 2^32, so P(drop) = floor(p * 2^32) / 2^32 (the
+    float32 uniforms behind ``bernoulli_`` resolve p no finer than 2^-24). Each 64-bit draw of
+    the default generator (``torch.manual_seed`` governs it) gives two of them, which on the CPU
+    is about twice as fast as ``bernoulli_`` (benchmarks/train_step.py).
     """
     n = math.prod(shape)
     words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device)
     words.random_(-(2**63), 2**63 - 1)  # the full 64-bit range, so both halves are uniform
-    threshold = int(p * 2**32) - 2**31  # uniform int32 below this: dropped
+    threshold = int(p * 2**32) - 2**31  # int32 draws below this are dropped
     return words.view(torch.int32)[:n].view(shape) >= threshold
 
 
+def _use_fast_dropout(x: Tensor, p: float) -> bool:
+    # elsewhere (CUDA) F.dropout is one fused kernel already
+    return x.device.type == "cpu" and p < 1.0
+
+
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout(x, p, training)``: zero each element with probability p, scale the rest by
-    1 / (1 - p)."""
+    """``F.dropout(x, p, training)``: zero each element with probability p and scale the rest by
+    1 / (1 - p); on the CPU with ``_keep_mask``."""
     if not training or p == 0.0:
         return x
-    if not FAST_DROPOUT or p >= 1.0:
+    if not _use_fast_dropout(x, p):
         return F.dropout(x, p, training)
-    scale = _keep_mask(x.shape, p, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * scale
+    return x * _keep_mask(x.shape, p, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
 def dropout_add(residual: Tensor, x: Tensor, p: float, training: bool) -> Tensor:
-    """``residual + dropout(x)`` with one fused multiply-add (``torch.addcmul``)."""
+    """``residual + dropout(x)``. On the CPU one fused multiply-add (``torch.addcmul``) when both
+    have one dtype; under autocast (float32 residual stream, bfloat16 ``x``) a bfloat16 multiply
+    and a mixed add, since ``addcmul`` would first copy its operands to float32."""
     if not training or p == 0.0:
         return residual + x
-    if not FAST_DROPOUT or p >= 1.0:
+    if not _use_fast_dropout(x, p):
         return residual + F.dropout(x, p, training)
     scale = _keep_mask(x.shape, p, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return torch.addcmul(residual, x, scale)
+    if residual.dtype == x.dtype:
+        return torch.addcmul(residual, x, scale)
+    return residual + x * scale
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -69,7 +74,7 @@ class PositionwiseFeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, D)."""
         hidden = F.relu(self.w_1(x))  # (B, T, F)
-        hidden = F.dropout(hidden, self.activation_dropout, self.training)
+        hidden = dropout(hidden, self.activation_dropout, self.training)
         return self.w_2(hidden)
 
 
@@ -155,6 +160,8 @@ class DecoderLayer(_Sublayers):
                 v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
         n_q, n_k = q.size(2), k.size(2)
+        if n_q == n_k:  # no cached prefix: plain causal attention, no mask tensor needed
+            return self.self_attn.attend(q, k, v, None, is_causal=True)
         # A single new query may see every cached key, so no mask is needed then.
         mask = None if n_q == 1 else causal_mask(n_q, n_k, device=h.device)
         return self.self_attn.attend(q, k, v, mask)

@@ -15,6 +15,15 @@ if TYPE_CHECKING:
     from transduce.config import ModelConfig
 
 
+def source_mask(src_valid: Tensor) -> Tensor | None:
+    """(B, S) bool -> the (B, 1, 1, S) key-padding mask, or None when no source position is
+    padding. None lets the fused attention kernel skip masking; the check is only made for CPU
+    tensors, where it costs no device synchronisation."""
+    if src_valid.device.type == "cpu" and bool(src_valid.all()):
+        return None
+    return key_padding_mask(src_valid)
+
+
 def _layer_kwargs(cfg: ModelConfig) -> dict:
     return {
         "d_model": cfg.d_model,
@@ -45,7 +54,7 @@ class Encoder(nn.Module):
     def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
         x = dropout(self.positions(self.embed(src)), self.dropout.p, self.training)
-        mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
+        mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for layer in self.layers:
             x = layer(x, mask)
         return self.final_norm(x)
@@ -73,7 +82,7 @@ class Decoder(nn.Module):
         """
         offset = 0 if cache is None else cache.length
         x = dropout(self.positions(self.embed(tgt), offset), self.dropout.p, self.training)
-        mask = key_padding_mask(src_valid)  # (B, 1, 1, S)
+        mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, mask, None if cache is None else cache.layers[i])
         if cache is not None:

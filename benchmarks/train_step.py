@@ -1,0 +1,383 @@
+"""Training-step speed: transduce against torch.nn.Transformer and Hugging Face MarianMTModel.
+
+One training step is forward + label-smoothed loss + backward + Adam step + zero_grad, on a batch of
+64 sentence pairs of 24 source and 24 target tokens (no padding), on ``--threads`` CPU threads
+(2 by default). Sizes:
+
+    SMALL  d_model 256, 3+3 layers, 4 heads, d_k = d_v = 64, d_ff 1024, shared vocabulary 8000
+    BASE   the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048), vocabulary 37000
+
+Systems, all with dropout 0.1 on the residuals and embeddings, ReLU, post-norm, sinusoidal positions,
+embeddings x sqrt(d_model), one embedding matrix shared by source, target and the pre-softmax
+projection, the same loss (``transduce.training.loss.label_smoothed_nll``, eps 0.1) and the same
+optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9, as ``Trainer`` builds it):
+
+    transduce  ``make_model``
+    torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
+               (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
+    hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
+               sinusoidal positions, scale_embedding, tied embeddings, default SDPA attention)
+
+Each runs in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (float32 master
+weights; the loss is computed outside autocast, as ``Trainer`` does). Timings on a shared machine
+are noisy, so the systems run interleaved in one process (round r runs every system and
+precision, in a rotating order) and the ratios are medians of per-round ratios.
+
+Model FLOPs, counted analytically over the matmuls only (a multiply-add is 2 FLOPs and the
+backward pass costs twice the forward, so 6 FLOPs per multiply-add of the forward pass):
+
+    FLOPs/step = 6 * [ B*S * (N_enc + N_ckv) + B*T * (N_dec - N_ckv) + B*T * D*V
+                       + B * L * H * (K + Dv) * (S*S + T*T + T*S) ]
+
+N_enc / N_dec: weight-matrix entries of all encoder / decoder layers (biases and LayerNorm left
+out); N_ckv: those of the encoder-decoder W^K and W^V, which act on the S source positions;
+D*V: the pre-softmax projection (the embedding lookups are no matmuls); the last term: Q K^T and
+A V of encoder self-, decoder self- (the full T x T, causal not halved) and encoder-decoder
+attention. Divided by the B*T target tokens this is about 6 x (matrix parameters) plus the
+attention term: 46.0 MFLOP per target token for SMALL, 380.6 for BASE. MFU = (FLOPs/step) /
+(seconds/step) / peak, the peak being the best FLOP/s of a 1024^3 and a 2048^3 ``torch.mm`` loop
+measured in the same process before and after the timed steps, with the same threads (the fp32
+peak for fp32 runs, the bf16 peak for bf16 runs).
+
+glibc malloc tuning (``transduce.runtime.tune_malloc``) cannot be undone inside a process, so each
+configuration runs in its own subprocess: ``on`` calls ``tune_malloc()`` first (all three systems
+share the process and so all profit), ``off`` runs with TRANSDUCE_MALLOC_TUNING=0. The headline
+JSON figures are from ``on`` (what ``transduce train`` does); the ``off`` figures sit under
+``"malloc_off"``.
+
+    python benchmarks/train_step.py [--quick] [--malloc both|on|off] [--rounds N] [--threads 2]
+
+Needs ``transformers`` (``pip install -e .[bench]``); it is imported here only, never by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+PAD, BOS, EOS = 0, 2, 3
+BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
+DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
+
+SIZES: dict[str, dict[str, int]] = {
+    "small": {"n_layers": 3, "d_model": 256, "n_heads": 4, "d_k": 64, "d_v": 64, "d_ff": 1024,
+              "vocab": 8000},
+    "base": {"n_layers": 6, "d_model": 512, "n_heads": 8, "d_k": 64, "d_v": 64, "d_ff": 2048,
+             "vocab": 37000},
+}  # fmt: skip
+SYSTEMS = ("transduce", "torch", "hf")
+PRECISIONS = ("fp32", "bf16")
+# (warm-up steps per system and precision, timed steps per round, rounds)
+SCHEDULE = {"small": (2, 2, 7), "base": (1, 1, 5)}
+
+
+# ------------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def flops_per_step(size: dict[str, int], batch: int = BATCH, s: int = SRC_LEN, t: int = TGT_LEN) -> float:
+    """Matmul FLOPs of one training step (forward 2 per multiply-add, backward 2x forward)."""
+    d, f, h, k, dv, n, v = (size[x] for x in ("d_model", "d_ff", "n_heads", "d_k", "d_v",
+                                              "n_layers", "vocab"))  # fmt: skip
+    attn_proj = d * h * k * 2 + d * h * dv + h * dv * d  # W^Q, W^K, W^V, W^O entries
+    ffn = 2 * d * f
+    src_tok, tgt_tok = batch * s, batch * t
+    enc_linear = n * (attn_proj + ffn) * src_tok
+    cross_kv = n * (d * h * k + d * h * dv) * src_tok  # encoder-decoder K/V on the memory
+    dec_linear = n * (attn_proj + (d * h * k + h * dv * d) + ffn) * tgt_tok  # self + cross Q, O
+    out_proj = d * v * tgt_tok
+    attn_scores = batch * n * h * (k + dv) * (s * s + t * t + t * s)  # QK^T + AV (mult-adds)
+    return 6.0 * (enc_linear + cross_kv + dec_linear + out_proj + attn_scores)
+
+
+def measure_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> float:
+    """Best FLOP/s of n x n x n torch.mm loops (``reps`` runs after a warm-up, each n)."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n).to(dtype)
+        b = torch.randn(n, n).to(dtype)
+        torch.mm(a, b)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+# ------------------------------------------------------------------------------------------------
+# the three systems: each returns (model, forward(src, tgt_in) -> logits (B, T, V))
+
+
+Forward = Callable[[Tensor, Tensor], Tensor]
+
+
+def build_transduce(size: dict[str, int]) -> tuple[nn.Module, Forward]:
+    from transduce.config import ModelConfig
+    from transduce.model import make_model
+
+    cfg = ModelConfig(
+        n_layers=size["n_layers"], d_model=size["d_model"], d_ff=size["d_ff"],
+        n_heads=size["n_heads"], d_k=size["d_k"], d_v=size["d_v"], dropout=DROPOUT,
+    )  # fmt: skip
+    model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD)
+    return model, model
+
+
+class TorchSeq2Seq(nn.Module):
+    """``torch.nn.Transformer`` with the paper's embeddings, positions and tied projection."""
+
+    def __init__(self, size: dict[str, int]) -> None:
+        from transduce.model.embedding import positional_table
+
+        super().__init__()
+        d = size["d_model"]
+        self.scale = math.sqrt(d)
+        self.embed = nn.Embedding(size["vocab"], d)
+        nn.init.normal_(self.embed.weight, std=d**-0.5)
+        self.register_buffer("pe", positional_table(1024, d), persistent=False)
+        self.dropout = nn.Dropout(DROPOUT)
+        self.core = nn.Transformer(
+            d_model=d, nhead=size["n_heads"], num_encoder_layers=size["n_layers"],
+            num_decoder_layers=size["n_layers"], dim_feedforward=size["d_ff"], dropout=DROPOUT,
+            activation="relu", batch_first=True,
+        )  # fmt: skip
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        x = self.dropout(self.embed(src) * self.scale + self.pe[: src.size(1)])
+        y = self.dropout(self.embed(tgt) * self.scale + self.pe[: tgt.size(1)])
+        pad = src == PAD  # (B, S), True on padding (nn.Transformer's convention)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
+        h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=pad,
+                      memory_key_padding_mask=pad, tgt_is_causal=True)  # fmt: skip
+        return nn.functional.linear(h, self.embed.weight)  # tied pre-softmax projection
+
+
+def build_torch(size: dict[str, int]) -> tuple[nn.Module, Forward]:
+    model = TorchSeq2Seq(size)
+    return model, model
+
+
+def build_hf(size: dict[str, int]) -> tuple[nn.Module, Forward]:
+    from transformers import MarianConfig, MarianMTModel
+
+    if size["d_k"] * size["n_heads"] != size["d_model"] or size["d_v"] != size["d_k"]:
+        raise ValueError("Marian needs d_k = d_v = d_model / n_heads")
+    cfg = MarianConfig(
+        vocab_size=size["vocab"], decoder_vocab_size=size["vocab"], d_model=size["d_model"],
+        encoder_layers=size["n_layers"], decoder_layers=size["n_layers"],
+        encoder_attention_heads=size["n_heads"], decoder_attention_heads=size["n_heads"],
+        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="relu",
+        dropout=DROPOUT, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
+        pad_token_id=PAD, decoder_start_token_id=BOS, eos_token_id=EOS, forced_eos_token_id=None,
+        max_position_embeddings=1024, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    model = MarianMTModel(cfg)
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
+    assert model.lm_head.weight is model.model.shared.weight
+
+    def forward(src: Tensor, tgt: Tensor) -> Tensor:
+        out = model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt,
+                    use_cache=False)  # fmt: skip
+        return out.logits
+
+    return model, forward
+
+
+BUILDERS = {"transduce": build_transduce, "torch": build_torch, "hf": build_hf}
+
+
+@dataclass
+class Runner:
+    """One system: model, optimizer and a ``step(precision)`` that does one training update."""
+
+    model: nn.Module
+    forward: Forward
+    optimizer: torch.optim.Optimizer
+
+    def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
+        from transduce.training.loss import label_smoothed_nll
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = self.forward(src, tgt_in)
+        sums = label_smoothed_nll(logits, tgt_out, epsilon=LABEL_SMOOTHING, ignore_index=PAD)
+        (sums.loss / sums.n_tokens).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def make_runner(system: str, size: dict[str, int]) -> Runner:
+    torch.manual_seed(0)
+    model, forward = BUILDERS[system](size)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    return Runner(model, forward, opt)
+
+
+def matrix_params(model: nn.Module) -> int:
+    """Trainable parameters with 2+ dims, each shared tensor once (embeddings included)."""
+    seen = {id(p): p for p in model.parameters() if p.requires_grad and p.dim() >= 2}
+    return sum(p.numel() for p in seen.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# worker: measures every system in one process
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    from transduce.runtime import tune_malloc
+
+    tuned = tune_malloc()
+    torch.set_num_threads(args.threads)
+    result: dict = {"malloc_tuning": tuned, "threads": torch.get_num_threads(), "sizes": {}}
+    peaks = {"fp32": measure_peak(torch.float32), "bf16": measure_peak(torch.bfloat16)}
+    g = torch.Generator().manual_seed(1)
+    for size_name in args.sizes:
+        size = SIZES[size_name]
+        v = size["vocab"]
+        src = torch.randint(4, v, (BATCH, SRC_LEN), generator=g)
+        tgt = torch.randint(4, v, (BATCH, TGT_LEN + 1), generator=g)
+        tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+        warmup, steps, rounds = SCHEDULE[size_name]
+        rounds = args.rounds or rounds
+        runners = {s: make_runner(s, size) for s in args.systems}
+        keys = [(s, p) for s in args.systems for p in args.precisions]
+        for s, p in keys:
+            for _ in range(warmup):
+                runners[s].step(src, tgt_in, tgt_out, p)
+        times: dict[str, list[float]] = {f"{s}/{p}": [] for s, p in keys}
+        for r in range(rounds):
+            order = keys[r % len(keys):] + keys[: r % len(keys)]  # rotate who goes first
+            for s, p in order:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    runners[s].step(src, tgt_in, tgt_out, p)
+                times[f"{s}/{p}"].append((time.perf_counter() - t0) / steps)
+            print(f"  [{size_name} round {r + 1}/{rounds}] " + " ".join(
+                f"{k}={v[-1] * 1e3:.0f}ms" for k, v in times.items()), file=sys.stderr, flush=True)
+        # the peak again, after the heavy work: the better of the two is the machine's peak now
+        peaks = {"fp32": max(peaks["fp32"], measure_peak(torch.float32)),
+                 "bf16": max(peaks["bf16"], measure_peak(torch.bfloat16))}  # fmt: skip
+        result["sizes"][size_name] = {
+            "seconds_per_step": times,
+            "flops_per_step": flops_per_step(size),
+            "matrix_params": {s: matrix_params(r.model) for s, r in runners.items()},
+        }
+        del runners
+    result["peak_flops"] = peaks
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# parent: one subprocess per malloc configuration, then the table and the JSON line
+
+
+def summarise(res: dict) -> tuple[list[list[str]], dict]:
+    rows: list[list[str]] = []
+    out: dict = {}
+    tokens = BATCH * TGT_LEN
+    for size_name, sres in res["sizes"].items():
+        times = sres["seconds_per_step"]
+        flops = sres["flops_per_step"]
+        out[f"{size_name}_flops_per_target_token"] = flops / tokens
+        for p in PRECISIONS:
+            if f"transduce/{p}" not in times:
+                continue
+            ours = times[f"transduce/{p}"]
+            for s in SYSTEMS:
+                key = f"{s}/{p}"
+                if key not in times:
+                    continue
+                med = statistics.median(times[key])
+                tps = tokens / med
+                mfu = flops / med / res["peak_flops"][p]
+                ratio = statistics.median(th / us for th, us in zip(times[key], ours))
+                out[f"{size_name}_{p}_{s}_tokens_per_s"] = round(tps, 1)
+                if s == "transduce":
+                    out[f"{size_name}_{p}_mfu"] = round(mfu, 4)
+                else:
+                    out[f"{size_name}_{p}_vs_{s}"] = round(ratio, 3)
+                rows.append([size_name, p, s, f"{tps:,.0f}", f"{med * 1e3:,.0f}",
+                             f"{min(times[key]) * 1e3:,.0f}", f"{mfu:.1%}",
+                             "1.00" if s == "transduce" else f"{ratio:.2f}"])  # fmt: skip
+        if "transduce/fp32" in times and "transduce/bf16" in times:
+            out[f"{size_name}_bf16_over_fp32"] = round(statistics.median(
+                a / b for a, b in zip(times["transduce/fp32"], times["transduce/bf16"])), 3)
+    out["peak_fp32_gflops"] = round(res["peak_flops"]["fp32"] / 1e9, 1)
+    out["peak_bf16_gflops"] = round(res["peak_flops"]["bf16"] / 1e9, 1)
+    return rows, out
+
+
+def print_table(title: str, rows: list[list[str]]) -> None:
+    head = ["size", "prec", "system", "tgt tok/s", "ms/step", "best ms", "MFU", "ours/theirs"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    print(f"\n{title}")
+    for r in [head, *rows]:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="SMALL only")
+    parser.add_argument("--malloc", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--rounds", type=int, default=0, help="0 = the default per size")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sizes is None:
+        args.sizes = ["small"] if args.quick else ["small", "base"]
+    if args.worker:
+        print("RESULT " + json.dumps(run_worker(args)), flush=True)
+        return
+
+    results: dict[str, dict] = {}
+    for setting in (["on", "off"] if args.malloc == "both" else [args.malloc]):
+        env = dict(os.environ, TRANSDUCE_MALLOC_TUNING="1" if setting == "on" else "0")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rounds", str(args.rounds),
+               "--threads", str(args.threads), "--sizes", *args.sizes, "--systems", *args.systems,
+               "--precisions", *args.precisions]  # fmt: skip
+        print(f"malloc tuning {setting}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        results[setting] = json.loads(line[len("RESULT "):])
+
+    summary: dict = {"benchmark": "train_step"}
+    for setting, res in results.items():
+        rows, out = summarise(res)
+        print_table(f"malloc tuning {setting} (applied: {res['malloc_tuning']}), "
+                    f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
+                    f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 {out['peak_bf16_gflops']}"
+                    " GFLOP/s", rows)  # fmt: skip
+        if setting == list(results)[0]:
+            summary.update(malloc_tuning=setting, **out)
+        else:
+            summary[f"malloc_{setting}"] = out
+    for size_name in args.sizes:
+        print(f"{size_name}: {summary.get(f'{size_name}_flops_per_target_token', 0) / 1e6:.1f} "
+              "MFLOP per target token")
+    for key in ("small_fp32_vs_hf", "small_fp32_vs_torch", "small_bf16_vs_hf", "small_bf16_vs_torch",
+                "base_fp32_vs_hf", "base_fp32_vs_torch", "base_bf16_vs_hf", "base_bf16_vs_torch",
+                "small_fp32_mfu"):  # fmt: skip
+        summary.setdefault(key, None)
+    summary.update(torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                   cpus=os.cpu_count())  # fmt: skip
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
