@@ -164,3 +164,36 @@ def naive_greedy(model, src_row: Tensor, max_len: int) -> list[int]:
                 break
             out.append(tok)
     return out
+
+
+# --- a tiny untrained translation checkpoint (Translator and server tests) ---------------------
+
+TOY_WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+
+
+def toy_sentences(n: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(TOY_WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
+
+
+def save_toy_translation_model(path, decode: dict):  # noqa: ANN001, ANN201 - Path in, Path out
+    """Write a checkpoint holding an untrained tiny model and a 60-piece SentencePiece vocabulary
+    learned on ``toy_sentences(300)`` (the checkpoint alone is enough to translate)."""
+    from transduce.config import from_dict
+    from transduce.data.subword import train_sentencepiece
+    from transduce.model.transformer import make_model
+    from transduce.training import checkpoint
+
+    vocab = train_sentencepiece(toy_sentences(300), 60)
+    cfg = from_dict({
+        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
+        "decode": decode,
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    checkpoint.save_atomic(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
+    )
+    return path

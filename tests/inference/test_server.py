@@ -12,7 +12,6 @@ import asyncio
 import http.client
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -26,10 +25,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import torch  # noqa: E402
 
-from transduce.config import from_dict  # noqa: E402
-from transduce.data.subword import train_sentencepiece  # noqa: E402
 from transduce.inference.server import (  # noqa: E402
     BatchingConfig,
     DynamicBatcher,
@@ -38,32 +34,14 @@ from transduce.inference.server import (  # noqa: E402
     create_app,
 )
 from transduce.inference.translator import Translator  # noqa: E402
-from transduce.model.transformer import make_model  # noqa: E402
-from transduce.training import checkpoint  # noqa: E402
+from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
-WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
 TIMEOUT = 60.0  # seconds, for every HTTP call
-
-
-def toy_sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
-    vocab = train_sentencepiece(toy_sentences(300), 60)
-    cfg = from_dict({
-        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
-        "decode": {"max_len_offset": 4, "beam": 3, "alpha": 0.6},
-    })  # fmt: skip
-    torch.manual_seed(0)
-    model = make_model(cfg.model, src_vocab_size=len(vocab))
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    checkpoint.save_atomic(
-        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
-    )
-    return path
+    return save_toy_translation_model(tmp_path_factory.mktemp("model") / "model.pt", {"max_len_offset": 4, "beam": 3, "alpha": 0.6})
 
 
 @pytest.fixture(scope="module")

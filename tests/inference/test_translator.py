@@ -7,14 +7,11 @@ batching and format checks need. Learning to translate is tested in tests/cli.
 
 from __future__ import annotations
 
-import random
 import shutil
 
 import pytest
 import torch
 
-from transduce.config import Config, from_dict
-from transduce.data.subword import train_sentencepiece
 from transduce.errors import UserError
 from transduce.inference.translator import (
     Translation,
@@ -22,33 +19,15 @@ from transduce.inference.translator import (
     length_batches,
     resolve_device,
 )
-from transduce.model.transformer import make_model
-from transduce.training import checkpoint
+from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
-WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
-
-
-def toy_sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
     """A checkpoint file holding an untrained tiny model and its vocabulary, alone in a folder
     (no vocab.model next to it: the checkpoint must be enough)."""
-    vocab = train_sentencepiece(toy_sentences(300), 60)
-    cfg: Config = from_dict({
-        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
-        "decode": {"max_len_offset": 4},
-    })  # fmt: skip
-    torch.manual_seed(0)
-    model = make_model(cfg.model, src_vocab_size=len(vocab))
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    checkpoint.save_atomic(
-        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
-    )
-    return path
+    return save_toy_translation_model(tmp_path_factory.mktemp("model") / "model.pt", {"max_len_offset": 4})
 
 
 @pytest.fixture(scope="module")
