@@ -104,6 +104,17 @@ def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
 
 
+def read_aligned(first: str | Path, second: str | Path, *, what: str) -> tuple[list[str], list[str]]:
+    """The lines of two files that must be line-aligned (empty lines kept); a UserError naming
+    both files and both counts when their lengths differ. ``what`` names the pair in it."""
+    a, b = read_lines(first), read_lines(second)
+    if len(a) != len(b):
+        raise UserError(
+            f"{what} differ in length: {first} has {len(a)} lines, {second} has {len(b)} lines"
+        )
+    return a, b
+
+
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
     """Read a sentence-aligned pair of files (plain or ``.gz``).
 
@@ -111,13 +122,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
     counts). A pair where either side is empty after stripping is skipped as a whole, so the pairs
     stay aligned; how many were skipped is in ``ParallelText.skipped``.
     """
-    src = read_lines(src_path)
-    tgt = read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise UserError(
-            f"parallel files differ in length: {src_path} has {len(src)} lines, "
-            f"{tgt_path} has {len(tgt)} lines"
-        )
+    src, tgt = read_aligned(src_path, tgt_path, what="parallel files")
     source: list[str] = []
     target: list[str] = []
     skipped_lines: list[int] = []

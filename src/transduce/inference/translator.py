@@ -217,16 +217,10 @@ def evaluate_files(
     their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
     the ``beam`` and ``alpha`` used. Files of different line counts are a UserError naming both.
     """
-    from transduce.data.parallel import read_lines
+    from transduce.data.parallel import read_aligned
     from transduce.evaluation.bleu import corpus_scores
 
-    sources = read_lines(src_path)
-    references = read_lines(ref_path)
-    if len(sources) != len(references):
-        raise UserError(
-            f"source and reference differ in length: {src_path} has {len(sources)} lines, "
-            f"{ref_path} has {len(references)} lines"
-        )
+    sources, references = read_aligned(src_path, ref_path, what="source and reference")
     if not sources:
         raise UserError(f"{src_path}: no lines to translate")
     cfg = translator.decode_config(beam=beam, alpha=alpha, batch_tokens=batch_tokens)
