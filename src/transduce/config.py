@@ -44,6 +44,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     warmup: int = 4000
     lr_factor: float = 1.0  # multiplies the schedule of eq. 3
+    cooldown: float = 0.0  # anneal the lr linearly to 0 over this last share of the budget
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -280,6 +281,8 @@ def validate(cfg: Config) -> None:
                        "label_smoothing": t.label_smoothing}.items():  # fmt: skip
         if not 0.0 <= value < 1.0:
             raise UserError(f"{key} must be in [0, 1); got {value}")
+    if not 0.0 <= t.cooldown <= 1.0:
+        raise UserError(f"cooldown must be in [0, 1]; got {t.cooldown}")
     if t.average_last > t.keep_last:
         raise UserError(f"average_last ({t.average_last}) exceeds keep_last ({t.keep_last})")
     if k.max_digits < k.min_digits:

@@ -57,17 +57,17 @@ class ScriptedModel:
         return script.get(prefix, self.default)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache) -> Tensor:
-        rows = tgt.size(0)
+        rows, sentences = tgt.size(0), memory.size(0)
         assert tgt.shape == (rows, 1), tgt.shape
-        assert memory.size(0) == rows and src_valid.size(0) == rows
+        assert src_valid.size(0) == sentences and rows % sentences == 0  # G rows per sentence
         layer = cache.layers[0]
         if layer.cross_k is None:
             assert cache.length == 0
             layer.cross_k = memory[:, 0, 0].long()
-            self.cross_rows += rows
+            self.cross_rows += sentences
         else:
             assert cache.length > 0
-            assert layer.cross_k.size(0) == rows
+            assert layer.cross_k.size(0) == sentences
             # memory rows must stay aligned with the cache rows when sentences are dropped
             assert torch.equal(layer.cross_k, memory[:, 0, 0].long())
         fed = tgt if layer.self_k is None else torch.cat([layer.self_k, tgt], dim=1)
@@ -76,7 +76,8 @@ class ScriptedModel:
         assert fed.size(1) == cache.length
         self.rows_per_call.append(rows)
         logits = torch.full((rows, 1, VOCAB), float("-inf"))
-        for r, (key, toks) in enumerate(zip(layer.cross_k.tolist(), fed.tolist(), strict=True)):
+        keys = layer.cross_k.repeat_interleave(rows // sentences).tolist()  # sentence of each row
+        for r, (key, toks) in enumerate(zip(keys, fed.tolist(), strict=True)):
             assert toks[0] == BOS
             prefix = tuple(toks[1:])
             self.queries.append((key, prefix))

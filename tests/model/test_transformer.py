@@ -277,12 +277,43 @@ def test_cache_reorder_equals_decoding_reordered_batch() -> None:
         for t in range(2):
             model.decode(tgt[:, t : t + 1], memory, valid, cache)
         cache.reorder(index)
+        cache.select_sources(index)
         memory_r, valid_r, tgt_r = memory[index], valid[index], tgt[index]
         rest = [model.decode(tgt_r[:, t : t + 1], memory_r, valid_r, cache) for t in range(2, 5)]
         expected = model(src[index], tgt_r)[:, 2:]
     assert cache.length == 5
     assert cache.layers[0].self_k.size(0) == 4
     torch.testing.assert_close(torch.cat(rest, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_hypotheses_equal_expanded_memory() -> None:
+    # G = 3 hypotheses per sentence on one row of memory each (as beam search decodes) give the
+    # logits of the same rows decoded against memory copied per hypothesis.
+    model = _model()
+    src, _ = _batch()
+    g = 3
+    gen = torch.Generator().manual_seed(5)
+    tgt = torch.randint(4, 11, (src.size(0) * g, 5), generator=gen)  # (B*G, T), all distinct
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        rows = torch.arange(src.size(0)).repeat_interleave(g)  # sentence of each hypothesis
+        expected = model.decode(tgt, memory[rows], valid[rows])
+        torch.testing.assert_close(model.decode(tgt, memory, valid), expected, atol=1e-5, rtol=1e-5)
+        cache = model.new_cache()
+        steps = []
+        for t in range(tgt.size(1)):
+            steps.append(model.decode(tgt[:, t : t + 1], memory, valid, cache))
+        assert cache.layers[0].cross_k.size(0) == src.size(0)  # never copied per hypothesis
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_rows_must_divide() -> None:
+    model = _model()
+    src, tgt = _batch()
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        with pytest.raises(ValueError, match="not a multiple"):
+            model.decode(tgt[:2].repeat(2, 1), memory, valid)  # 4 rows for 3 sentences
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import pytest
 
-from transduce.training.schedule import rate
+from transduce.training.schedule import cooldown, rate
 
 
 def _eq3(step: int, d_model: int, warmup: int) -> float:
@@ -41,3 +41,19 @@ def test_factor_scales() -> None:
     for step in (1, 40, 4000, 9000):
         base = rate(step, d_model=512, warmup=4000)
         assert rate(step, d_model=512, warmup=4000, factor=2.5) == pytest.approx(2.5 * base, rel=1e-12)
+
+
+def test_cooldown_off_is_one() -> None:
+    for done in (0.0, 0.5, 0.99, 1.0):
+        assert cooldown(done, fraction=0.0) == 1.0
+
+
+def test_cooldown_is_linear_over_the_last_fraction() -> None:
+    f = 0.25
+    assert cooldown(0.0, fraction=f) == 1.0
+    assert cooldown(0.75, fraction=f) == pytest.approx(1.0)
+    assert cooldown(0.80, fraction=f) == pytest.approx(0.8)  # (1 - 0.8) / 0.25
+    assert cooldown(0.875, fraction=f) == pytest.approx(0.5)
+    assert cooldown(1.0, fraction=f) == 0.0
+    assert cooldown(1.3, fraction=f) == 0.0  # past the budget: never negative
+    assert cooldown(0.5, fraction=1.0) == pytest.approx(0.5)  # the whole run decays

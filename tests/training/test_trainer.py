@@ -25,6 +25,7 @@ from transduce.training import checkpoint
 from transduce.training.batching import collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.run import encode_pairs, train_synthetic
+from transduce.training.schedule import rate
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
@@ -231,6 +232,36 @@ def test_max_minutes(tmp_path: Path) -> None:
     assert 0 < summary["step"] < 10_000
     assert summary["seconds"] >= 1.0
     assert (tmp_path / "model.pt").exists()
+
+
+def _lrs(run_dir: Path) -> list[float]:
+    return [r["lr"] for r in _records(run_dir) if "lr" in r]
+
+
+def test_cooldown_over_steps(tmp_path: Path) -> None:
+    _trainer(tmp_path, _cfg(max_steps=40, warmup=5, cooldown=0.5)).train()
+    lrs = _lrs(tmp_path)
+    plain = [rate(s, d_model=32, warmup=5) for s in range(1, 41)]
+    # Update s (1-based) happens after s - 1 of 40 steps: multiplier min(1, (1 - (s-1)/40) / 0.5).
+    expected = [lr * min(1.0, (1 - (s - 1) / 40) / 0.5) for s, lr in enumerate(plain, start=1)]
+    assert lrs == pytest.approx(expected, rel=1e-9)
+    assert lrs[19] == pytest.approx(plain[19]) and lrs[-1] == pytest.approx(0.05 * plain[-1])
+
+
+def test_cooldown_over_minutes(tmp_path: Path) -> None:
+    summary = _trainer(tmp_path, _cfg(max_steps=100_000, max_minutes=0.03, warmup=1,
+                                      cooldown=0.5)).train()  # fmt: skip
+    assert summary["stopped_by"] == "max_minutes"
+    records = [r for r in _records(tmp_path) if "lr" in r]
+    plain = [rate(r["step"], d_model=32, warmup=1) for r in records]
+    ratios = [r["lr"] / p for r, p in zip(records, plain)]
+    budget = 0.03 * 60
+    for r, ratio in zip(records, ratios):
+        # The multiplier follows the clock: 1 in the first half, then down to ~0 at the end.
+        if r["elapsed"] < 0.4 * budget:
+            assert ratio == pytest.approx(1.0)
+        assert ratio <= min(1.0, (1 - (r["elapsed"] - 0.2) / budget) / 0.5) + 1e-9
+    assert ratios[-1] < 0.25
 
 
 def test_model_pt_is_final_model(tmp_path: Path) -> None:

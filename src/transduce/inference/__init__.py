@@ -1,8 +1,11 @@
 """Decoding outside the model: greedy and beam search on the model's decoding contract.
 
 Only ``model.encode(src) -> (memory, src_valid)``, ``model.new_cache()``,
-``model.decode(new_tgt, memory, src_valid, cache) -> logits`` and ``cache.reorder(index)`` are
-used, so any object with that contract can be decoded (the tests drive a scripted fake model).
+``model.decode(new_tgt, memory, src_valid, cache) -> logits``, ``cache.reorder(index)``
+(hypothesis rows) and ``cache.select_sources(index)`` (sentence rows) are used, so any object
+with that contract can be decoded (the tests drive a scripted fake model). Beam search passes
+``decode`` B*W target rows (row i*W + w is beam w of sentence i) with B rows of memory: what
+belongs to a source sentence is never copied per beam.
 Conventions shared by both searches (length limits, forced EOS, tokens never generated) are in
 ``transduce.inference.common``; the beam search algorithm and its stopping bound in
 ``transduce.inference.beam``.

@@ -63,7 +63,8 @@ def beam_search(
 
     Outputs have at most ``max_len`` tokens, EOS not counted: by default each sentence's non-pad
     source length + ``max_len_offset``. Only ``model.encode``, ``model.new_cache``,
-    ``model.decode`` and ``cache.reorder`` are used. Call ``model.eval()`` first.
+    ``model.decode``, ``cache.reorder`` and ``cache.select_sources`` are used. Call
+    ``model.eval()`` first.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
@@ -86,15 +87,15 @@ def _beam_search(
     cache = model.new_cache()
 
     # Step 0 runs on B rows: every beam of a sentence starts from the same BOS, and the cache
-    # projects the encoder output for cross-attention once per sentence. Then the cache, memory
-    # and mask are expanded to B*W rows (row i*W + w is beam w of sentence i) once.
+    # projects the encoder output for cross-attention once per sentence. Then the hypothesis
+    # rows of the cache are expanded to B*W (row i*W + w is beam w of sentence i) once; memory,
+    # mask and cross-attention cache stay at one row per sentence (``decode`` groups the W).
     bos = src.new_full((batch, 1), BOS)
     logits = model.decode(bos, memory, src_valid, cache)[:, -1]  # (B, V)
     lprobs = next_token_log_probs(logits, max_lens <= 0)
     vocab = lprobs.size(-1)
     expand = torch.arange(batch, device=device).repeat_interleave(width)  # (B*W,)
     cache.reorder(expand)
-    memory, src_valid = memory.index_select(0, expand), src_valid.index_select(0, expand)
     lprobs = lprobs.index_select(0, expand)  # (B*W, V)
     # The W beams are identical at step 0: only beam 0 may expand, or the beam would fill with
     # copies of the same hypothesis.
@@ -145,9 +146,8 @@ def _beam_search(
         tokens = torch.cat([tokens.index_select(0, rows), tok.index_select(0, keep).view(-1, 1)], 1)
         scores = scores.index_select(0, keep)
         if keep.numel() < n:  # drop the sentences that are done
-            sent_rows = (keep[:, None] * width + slot).view(-1)
-            memory = memory.index_select(0, sent_rows)
-            src_valid = src_valid.index_select(0, sent_rows)
+            cache.select_sources(keep)
+            memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
             sent, n_finished = sent[keep], n_finished[keep]
             finished_scores, max_lens, lp_max_len = (
                 finished_scores[keep], max_lens[keep], lp_max_len[keep]

@@ -42,8 +42,12 @@ def next_token_log_probs(logits: Tensor, force_eos: Tensor) -> Tensor:
     lprobs = F.log_softmax(logits.float(), dim=-1)
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
-    not_eos = torch.arange(lprobs.size(-1), device=lprobs.device) != EOS  # (V,)
-    return lprobs.masked_fill(force_eos[:, None] & not_eos, float("-inf"))
+    if bool(force_eos.any()):  # rare (the last step): no (N, V) mask on the other steps
+        rows = force_eos.nonzero().squeeze(1)
+        eos = lprobs[rows, EOS]
+        lprobs[rows] = float("-inf")
+        lprobs[rows, EOS] = eos
+    return lprobs
 
 
 def check_eval_mode(model: object) -> None:

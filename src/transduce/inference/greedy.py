@@ -16,9 +16,9 @@ def greedy_search(
 
     Each list holds the output tokens without BOS/EOS, at most ``max_len`` of them (by default the
     sentence's non-pad source length + ``max_len_offset``; see ``transduce.inference.common``).
-    Only ``model.encode``, ``model.new_cache``, ``model.decode`` and ``cache.reorder`` are used;
-    sentences that have finished are dropped from the batch (and the cache). Call
-    ``model.eval()`` first.
+    Only ``model.encode``, ``model.new_cache``, ``model.decode``, ``cache.reorder`` and
+    ``cache.select_sources`` are used; sentences that have finished are dropped from the batch
+    (and the cache). Call ``model.eval()`` first.
     """
     max_lens = max_output_lengths(src, max_len_offset, max_len)
     return [tokens for tokens, _ in greedy_decode(model, src, max_lens=max_lens)]
@@ -62,6 +62,7 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
             if keep.numel() == 0:
                 return out
             cache.reorder(keep)
+            cache.select_sources(keep)
             memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
             tokens, tok, log_prob = tokens[keep], tok[keep], log_prob[keep]
             sent, max_lens = sent[keep], max_lens[keep]

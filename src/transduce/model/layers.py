@@ -155,10 +155,7 @@ class DecoderLayer(_Sublayers):
     def _self_attention(self, h: Tensor, cache: LayerCache | None) -> Tensor:
         q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, K), (B, H, T, K), (B, H, T, Dv)
         if cache is not None:
-            if cache.self_k is not None:
-                k = torch.cat([cache.self_k, k], dim=2)  # (B, H, t + T, K)
-                v = torch.cat([cache.self_v, v], dim=2)
-            cache.self_k, cache.self_v = k, v
+            k, v = cache.append(k, v)  # (N, H, t + T, K), (N, H, t + T, Dv)
         n_q, n_k = q.size(2), k.size(2)
         if n_q == n_k:  # no cached prefix: plain causal attention, no mask tensor needed
             return self.self_attn.attend(q, k, v, None, is_causal=True)
@@ -175,7 +172,19 @@ class DecoderLayer(_Sublayers):
             k, v = self.cross_attn.project_key_value(memory)  # (B, H, S, K), (B, H, S, Dv)
             if cache is not None:
                 cache.cross_k, cache.cross_v = k, v
-        return self.cross_attn.attend(self.cross_attn.project_query(h), k, v, memory_mask)
+        q = self.cross_attn.project_query(h)  # (N, H, T, K)
+        n, b, t = q.size(0), k.size(0), q.size(2)
+        if n == b:
+            return self.cross_attn.attend(q, k, v, memory_mask)
+        # N = B*G hypotheses, G per sentence (a beam). The G hypotheses of a sentence attend to
+        # the same keys, so they are queried together as G*T positions: one matmul per sentence
+        # rather than G, and no per-hypothesis copies of the encoder keys and values.
+        if n % b:
+            raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
+        g = n // b
+        q = q.unflatten(0, (b, g)).transpose(1, 2).flatten(2, 3)  # (B, G, H, T, K) -> (B, H, G*T, K)
+        out = self.cross_attn.attend(q, k, v, memory_mask)  # (B, G*T, D)
+        return out.unflatten(1, (g, t)).flatten(0, 1)  # (B, G, T, D) -> (N, T, D)
 
     def forward(
         self,
@@ -184,9 +193,10 @@ class DecoderLayer(_Sublayers):
         memory_mask: Tensor | None,
         cache: LayerCache | None = None,
     ) -> Tensor:
-        """x (B, T, D) target states, memory (B, S, D) encoder output, memory_mask broadcastable
-        to (B, H, T, S). With a cache, x holds only the new positions, and keys/values of the
-        earlier ones come from (and are appended to) the cache. Returns (B, T, D)."""
+        """x (N, T, D) target states, memory (B, S, D) encoder output, memory_mask broadcastable
+        to (B, H, T, S); N = B, or N = B*G for G hypotheses per sentence, rows sentence-major.
+        With a cache, x holds only the new positions, and keys/values of the earlier ones come
+        from (and are appended to) the cache. Returns (N, T, D)."""
         x = self.residual(0, x, lambda h: self._self_attention(h, cache))
         x = self.residual(1, x, lambda h: self._cross_attention(h, memory, memory_mask, cache))
         return self.residual(2, x, self.ffn)

@@ -76,8 +76,10 @@ class Decoder(nn.Module):
     def forward(
         self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
     ) -> Tensor:
-        """tgt (B, T) shifted-right target ids (right-padded), memory (B, S, D) -> (B, T, D).
+        """tgt (N, T) shifted-right target ids (right-padded), memory (B, S, D) -> (N, T, D).
 
+        N = B, or N = B*G for G hypotheses per source sentence (rows sentence-major: row i*G + g
+        belongs to sentence i), which beam search uses so that memory is never copied per beam.
         With a cache, ``tgt`` holds only the positions after ``cache.length``; the cache grows.
         """
         offset = 0 if cache is None else cache.length
@@ -95,7 +97,11 @@ class Transformer(nn.Module):
 
     - ``encode(src) -> (memory, src_valid)``
     - ``decode(tgt, memory, src_valid, cache) -> logits``, one step at a time on a cache
-    - ``new_cache()``; ``DecoderCache.reorder(index)`` for beams.
+    - ``new_cache()``; ``DecoderCache.reorder(index)`` selects hypothesis rows (beams),
+      ``DecoderCache.select_sources(index)`` source-sentence rows.
+
+    ``decode`` takes N = B*G target rows for B source sentences (G hypotheses each, rows
+    sentence-major), so memory and the cross-attention cache stay one row per sentence.
     """
 
     def __init__(
@@ -144,7 +150,8 @@ class Transformer(nn.Module):
         src_valid: Tensor,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """tgt (B, T) -> logits (B, T, V) over the next token at each position."""
+        """tgt (N, T), memory (B, S, D), src_valid (B, S) -> logits (N, T, V) over the next
+        token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``)."""
         return self.generator(self.decoder(tgt, memory, src_valid, cache))
 
     def new_cache(self) -> DecoderCache:

@@ -11,3 +11,16 @@ def rate(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def cooldown(done: float, *, fraction: float) -> float:
+    """Multiplier on the learning rate that anneals it linearly to 0 over the last ``fraction``
+    of the training budget; ``done`` is the share of the budget spent, in [0, 1].
+
+    Not in the paper: eq. 3 alone leaves the rate high when a short budget (a wall-clock limit)
+    ends, and a linear cool-down at the end ("warmup-stable-decay") gets most of what a fully
+    decayed schedule gives. ``fraction`` 0 turns it off (the multiplier stays 1).
+    """
+    if fraction <= 0.0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - done) / fraction))

@@ -1,0 +1,51 @@
+"""The decoder cache against a naive reference (``torch.cat`` to append, ``index_select`` to
+reorder): preallocated buffers that grow, row gathers into spare buffers, shrinking batches."""
+
+from __future__ import annotations
+
+import torch
+
+from transduce.model.cache import DecoderCache, LayerCache
+
+
+def test_append_and_reorder_match_naive_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    cache = LayerCache()
+    ref_k = ref_v = None
+    n, h, dk, dv = 6, 2, 3, 5
+    for step in range(40):  # past several doublings of the 16-position start capacity
+        new = 1 if step % 7 else 3  # sometimes several positions at once
+        k, v = torch.randn(n, h, new, dk, generator=gen), torch.randn(n, h, new, dv, generator=gen)
+        out_k, out_v = cache.append(k, v)
+        ref_k = k if ref_k is None else torch.cat([ref_k, k], 2)
+        ref_v = v if ref_v is None else torch.cat([ref_v, v], 2)
+        assert torch.equal(out_k, ref_k) and torch.equal(out_v, ref_v)
+        if step % 3 == 0:  # permute, duplicate and (sometimes) drop rows, as beam search does
+            n_new = n if step % 9 else max(n - 1, 2)
+            index = torch.randint(0, n, (n_new,), generator=gen)
+            cache.reorder(index)
+            ref_k, ref_v, n = ref_k[index], ref_v[index], n_new
+            assert torch.equal(cache.self_k, ref_k) and torch.equal(cache.self_v, ref_v)
+    assert cache.self_k.size(2) == ref_k.size(2) > 40
+
+
+def test_reorder_can_grow_the_rows() -> None:
+    cache = LayerCache()
+    k = torch.arange(2.0).view(2, 1, 1, 1)
+    cache.append(k, k)
+    index = torch.tensor([0, 0, 0, 1, 1, 1])  # B sentences -> B*W beams
+    cache.reorder(index)
+    assert cache.self_k.flatten().tolist() == [0, 0, 0, 1, 1, 1]
+    out_k, _ = cache.append(torch.full((6, 1, 1, 1), 7.0), torch.zeros(6, 1, 1, 1))
+    assert out_k.shape == (6, 1, 2, 1) and out_k[:, 0, 1, 0].tolist() == [7.0] * 6
+
+
+def test_select_sources_leaves_hypothesis_rows() -> None:
+    cache = DecoderCache(2)
+    for layer in cache.layers:
+        layer.cross_k = layer.cross_v = torch.arange(3.0)
+        layer.append(torch.zeros(6, 1, 1, 1), torch.zeros(6, 1, 1, 1))
+    cache.select_sources(torch.tensor([2, 0]))
+    cache.reorder(torch.tensor([5, 4, 1, 0]))
+    for layer in cache.layers:
+        assert layer.cross_k.tolist() == [2.0, 0.0] and layer.self_k.size(0) == 4
