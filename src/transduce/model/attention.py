@@ -112,8 +112,6 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, n_heads * d_k, bias=bias)
         self.w_v = nn.Linear(d_model, n_heads * d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * d_v, d_model, bias=bias)
-        # stacked projection weights for decoding, by number of projections (see _stacked)
-        self._stacked_cache: dict[int, tuple[tuple, tuple[Tensor, Tensor | None]]] = {}
 
     def _split(self, x: Tensor, size: int) -> Tensor:
         # (B, T, H*size) -> (B, H, T, size); a view, also of a column slice of a fused projection
@@ -125,7 +123,7 @@ class MultiHeadAttention(nn.Module):
         ``len(linears)``); returns each projection's (B, H, T, size) heads."""
         sizes = [lin.out_features for lin in linears]
         if len(linears) > 1:
-            weight, bias = self._stacked(linears)  # (sum(sizes), D), (sum(sizes),) or None
+            weight, bias = _cat_weights(linears)  # (sum(sizes), D), (sum(sizes),) or None
             out = F.linear(x, weight, bias)  # (B, T, sum(sizes))
             if self.fast and _fp32_on_cpu(out):
                 out = out.float()  # one cast here rather than one per head tensor in attention()
@@ -135,24 +133,6 @@ class MultiHeadAttention(nn.Module):
             if self.fast and _fp32_on_cpu(parts[0]):
                 parts = tuple(p.float() for p in parts)
         return tuple(self._split(p, s // self.n_heads) for p, s in zip(parts, sizes))
-
-    def _stacked(self, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
-        """The weights (and biases) of ``linears`` stacked along the output dimension.
-
-        Under autograd they are concatenated on every call (the gradient flows back to each
-        weight). Without it (decoding) the stacked copy is kept and reused while the weights are
-        unchanged (same tensors and storage, same version counters: any in-place update through
-        the parameters, as optimizers and ``load_state_dict`` make, counts), instead of copying
-        them every step."""
-        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return _cat_weights(linears)
-        key = tuple((id(p), p.data_ptr(), p._version, p.device, p.dtype) for p in params)
-        cached = self._stacked_cache.get(len(linears))
-        if cached is None or cached[0] != key:
-            cached = (key, _cat_weights(linears))
-            self._stacked_cache[len(linears)] = cached
-        return cached[1]
 
     def project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, K)."""
