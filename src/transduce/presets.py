@@ -2,8 +2,8 @@
 
 Each preset is a set of changes to the defaults of ``transduce.config`` (which are the base model).
 Table 3 rows are named by their group letter and position within the group, e.g. ``A1`` (h=1) or
-``C4`` (d_model=256); ``PRESETS_DOC`` says what each one is, and ``PAPER_PARAMS`` gives the
-paper's parameter count (millions) where the table lists one.
+``C4`` (d_model=256); the comments below say what each group varies, and ``PAPER_PARAMS``
+gives the paper's parameter count (millions) where the table lists one.
 """
 
 from __future__ import annotations
