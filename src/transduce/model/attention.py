@@ -81,7 +81,10 @@ def attention(
     )
 
 
-def _cat_weights(linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+Stacked = tuple[Tensor, Tensor | None]  # stacked projection weight and bias
+
+
+def _cat_weights(linears: tuple[nn.Linear, ...]) -> Stacked:
     weight = torch.cat([lin.weight for lin in linears])  # (sum(out_features), D)
     bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
     return weight, bias
@@ -117,13 +120,16 @@ class MultiHeadAttention(nn.Module):
         # (B, T, H*size) -> (B, H, T, size); a view, also of a column slice of a fused projection
         return x.unflatten(-1, (self.n_heads, size)).transpose(1, 2)
 
-    def _project(self, x: Tensor, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+    def _project(
+        self, x: Tensor, linears: tuple[nn.Linear, ...], stacked: Stacked | None = None
+    ) -> tuple[Tensor, ...]:
         """x (B, T, D) through the given projections as one matmul against their stacked weights
         (one GEMM, one input cast under autocast, one backward GEMM per operand instead of
-        ``len(linears)``); returns each projection's (B, H, T, size) heads."""
+        ``len(linears)``); returns each projection's (B, H, T, size) heads. ``stacked``: those
+        weights stacked already (``stack_qkv``), which a decoder cache keeps for its search."""
         sizes = [lin.out_features for lin in linears]
         if len(linears) > 1:
-            weight, bias = _cat_weights(linears)  # (sum(sizes), D), (sum(sizes),) or None
+            weight, bias = stacked or _cat_weights(linears)  # (sum(sizes), D), (sum(sizes),)
             out = F.linear(x, weight, bias)  # (B, T, sum(sizes))
             if self.fast and _fp32_on_cpu(out):
                 out = out.float()  # one cast here rather than one per head tensor in attention()
@@ -144,10 +150,16 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project(x, (self.w_k, self.w_v))
         return k, v
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def stack_qkv(self) -> Stacked:
+        """W^Q, W^K, W^V stacked (and their biases): (H*K + H*K + H*Dv, D)."""
+        return _cat_weights((self.w_q, self.w_k, self.w_v))
+
+    def project_qkv(
+        self, x: Tensor, stacked: Stacked | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: (B, T, D) -> queries (B, H, T, K), keys (B, H, T, K), values
-        (B, H, T, Dv), as one matmul."""
-        q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))
+        (B, H, T, Dv), as one matmul; ``stacked`` from ``stack_qkv`` saves stacking again."""
+        q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v), stacked)
         return q, k, v
 
     def attend(
@@ -159,6 +171,9 @@ class MultiHeadAttention(nn.Module):
         heads = attention(q, k, v, mask, dropout_p=p, fast=self.fast, is_causal=is_causal)
         b, _, t, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H*Dv)
+        if not torch.is_autocast_enabled(concat.device.type):
+            # a low-precision model (attention itself ran in float32 on the CPU, see attention())
+            concat = concat.to(self.w_o.weight.dtype)
         return self.w_o(concat)
 
     def forward(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:

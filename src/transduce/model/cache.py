@@ -31,6 +31,8 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # the layer's stacked self-attention projection (weight, bias), made once per search
+    qkv_weights: tuple[Tensor, Tensor | None] | None = None
     _buffers: list[tuple[Tensor, Tensor]] = field(default_factory=list, repr=False)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -153,7 +153,12 @@ class DecoderLayer(_Sublayers):
         )
 
     def _self_attention(self, h: Tensor, cache: LayerCache | None) -> Tensor:
-        q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, K), (B, H, T, K), (B, H, T, Dv)
+        stacked = None
+        if cache is not None:  # weights do not change during a search: stack them once
+            if cache.qkv_weights is None:
+                cache.qkv_weights = self.self_attn.stack_qkv()
+            stacked = cache.qkv_weights
+        q, k, v = self.self_attn.project_qkv(h, stacked)  # (N,H,T,K), (N,H,T,K), (N,H,T,Dv)
         if cache is not None:
             k, v = cache.append(k, v)  # (N, H, t + T, K), (N, H, t + T, Dv)
         n_q, n_k = q.size(2), k.size(2)
