@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from transduce.cli.translation_commands import add_precision
 from transduce.errors import UserError
 
 
@@ -60,7 +61,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    translator = Translator.load(args.model, device=args.device)
+    translator = Translator.load(args.model, device=args.device, precision=args.precision)
     app = create_app(translator, limits=limits, batching=batching, model_name=str(args.model))
 
     def listening(host: str, port: int) -> None:
@@ -97,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add_precision(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--max-batch-sentences", type=int, default=64, metavar="N",

@@ -37,7 +37,9 @@ from transduce.errors import UserError
 from transduce.inference.search import generate
 from transduce.training.batching import collate
 
-__all__ = ["Translation", "Translator", "evaluate_files", "length_batches", "resolve_device"]
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+__all__ = ["PRECISIONS", "Translation", "Translator", "evaluate_files", "length_batches", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -93,14 +95,22 @@ class Translator:
         self.cfg = cfg
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> Translator:
+    def load(
+        cls, path: str | Path, device: str | torch.device = "cpu", precision: str = "fp32"
+    ) -> Translator:
         """From a checkpoint file (``model.pt``, ``best.pt``, an average) or a run folder (its
-        ``model.pt``). A missing or unreadable file is a UserError naming it."""
+        ``model.pt``). A missing or unreadable file is a UserError naming it.
+
+        ``precision`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
+        with bfloat16 instructions and on GPUs, faster), which can change a translation where
+        two candidates are nearly tied; "fp32" (the default) decodes as trained."""
         from transduce.training.checkpoint import load_model
 
+        if precision not in PRECISIONS:
+            raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         dev = resolve_device(device)
         model, vocab, cfg = load_model(path, device=dev)
-        return cls(model, vocab, cfg)
+        return cls(model.to(PRECISIONS[precision]), vocab, cfg)
 
     @property
     def device(self) -> torch.device:
