@@ -172,6 +172,17 @@ def test_evaluate_json_is_sacrebleu_on_the_output(trained, corpus, capsys, tmp_p
     assert lowercased["bleu"] == pytest.approx(lower, abs=1e-9)
 
 
+def test_evaluate_in_bf16_scores_like_fp32(trained, corpus, capsys) -> None:
+    fp32 = evaluate(capsys, trained["run"], corpus, "--beam", "1")
+    bf16 = evaluate(capsys, trained["run"], corpus, "--beam", "1", "--precision", "bf16")
+    assert bf16["lines"] == N_EVAL and bf16["bleu"] > 30  # far above the untrained model
+    assert abs(bf16["bleu"] - fp32["bleu"]) < 5, (fp32["bleu"], bf16["bleu"])
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage error, exit status 2
+        run_cli(["evaluate", "--model", str(trained["run"]), "--src", str(corpus / "eval.en"),
+                 "--ref", str(corpus / "eval.de"), "--precision", "fp16"], capsys)  # fmt: skip
+    assert exit_info.value.code == 2 and "--precision" in capsys.readouterr().err
+
+
 def test_translate_keeps_empty_lines_and_order(trained, corpus, capsys, tmp_path) -> None:
     sources = (corpus / "eval.en").read_text(encoding="utf-8").split("\n")[:20]
     lines = sources[:5] + [""] + sources[5:] + ["", ""]
