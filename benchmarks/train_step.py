@@ -10,7 +10,8 @@ One training step is forward + label-smoothed loss + backward + Adam step + zero
 Systems, all with dropout 0.1 on the residuals and embeddings, ReLU, post-norm, sinusoidal positions,
 embeddings x sqrt(d_model), one embedding matrix shared by source, target and the pre-softmax
 projection, the same loss (``transduce.training.loss.label_smoothed_nll``, eps 0.1) and the same
-optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9, as ``Trainer`` builds it):
+optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9; ``Trainer`` takes its fused
+variant, the same update, but here every system gets the plain one so that the models compare):
 
     transduce  ``make_model``
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
