@@ -126,8 +126,8 @@ class Trainer:
             betas=(t.adam_beta1, t.adam_beta2),
             eps=t.adam_eps,
             weight_decay=t.weight_decay,
-            # One kernel for all parameters instead of a loop of small ops: ~3-4% of a small
-            # model's CPU step (benchmarks/train_step.py). Same update rule.
+            # One kernel for all parameters instead of a loop of small ops; the same update
+            # rule. (It does not bump the parameters' version counters: no cache may key on them.)
             fused=_fused_adam_supported(model),
         )
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
