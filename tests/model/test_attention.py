@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -17,6 +18,15 @@ from transduce.model.attention import (
 from transduce.model.masks import causal_mask, combine, key_padding_mask
 
 B, H, T, S = 2, 3, 4, 5
+# the module, not the attention() function that transduce.model exports under the same name
+_ATTENTION_MODULE = importlib.import_module("transduce.model.attention")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_means_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fast=True takes the formula when training on the CPU with short keys; here it must mean the
+    # fused kernel, or the kernel-vs-formula comparisons would compare the formula with itself.
+    monkeypatch.setattr(_ATTENTION_MODULE, "FORMULA_MAX_KEYS_CPU_TRAINING", 0)
 
 
 def _qkv(d_k: int, d_v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -311,3 +321,55 @@ def test_fused_projections_equal_separate_linears() -> None:
     for lin in (mha.w_q, mha.w_k, mha.w_v):
         assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
 
+
+
+# --------------------------------------------------------------------------------------------
+# the CPU training path: the formula for short keys
+
+
+def test_cpu_training_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    attn = _ATTENTION_MODULE
+    monkeypatch.setattr(attn, "FORMULA_MAX_KEYS_CPU_TRAINING", 128)
+    calls: list[str] = []
+    real_sdpa = attn.F.scaled_dot_product_attention
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("kernel")
+        return real_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attn.F, "scaled_dot_product_attention", spy)
+    short = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 128, 4), torch.randn(1, 1, 128, 4)
+    long = short[0], torch.randn(1, 1, 129, 4), torch.randn(1, 1, 129, 4)
+    attention(*short)  # training (gradients on), 128 keys: the formula
+    assert calls == []
+    attention(*long)  # 129 keys: the kernel
+    assert calls == ["kernel"]
+    with torch.no_grad():  # inference: the kernel whatever the length
+        attention(*short)
+    assert calls == ["kernel", "kernel"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cpu_training_formula_matches_kernel_with_gradients(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    # A multi-head self- and cross-attention step under the trainer's autocast, once through the
+    # formula (the CPU training path) and once through the kernel: outputs and gradients agree.
+    attn = _ATTENTION_MODULE
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8)
+    x, memory = torch.randn(3, 5, 16), torch.randn(3, 7, 16)
+    pad = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    pad[1, ..., 4:] = False
+    results = []
+    for limit in (128, 0):  # formula, then kernel
+        monkeypatch.setattr(attn, "FORMULA_MAX_KEYS_CPU_TRAINING", limit)
+        mha.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = mha(x, x, causal_mask(5, 5)) + mha(x, memory, pad)
+        out.float().square().sum().backward()
+        results.append((out.float(), [p.grad.clone() for p in mha.parameters()]))
+    tol = {"fp32": {"atol": 1e-5, "rtol": 1e-5}, "bf16": {"atol": 0.05, "rtol": 0.05}}[precision]
+    torch.testing.assert_close(results[0][0], results[1][0], **tol)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, **tol)

@@ -13,6 +13,13 @@ from transduce.model.masks import causal_mask, combine
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
+# Training on the CPU with keys at most this long takes the formula rather than the fused kernel:
+# PyTorch's CPU flash-attention pays per (batch x head) block, and batches of many short sentences
+# have thousands of them. Forward + backward at B=160, H=4, 15 tokens, K=64 on 2 cores: kernel
+# 14.7 ms (float32, as attention() runs it), formula 6.9 ms (float32) / 3.9 ms (bfloat16); at 100
+# tokens the two are even, at 400 the kernel is faster in float32 (benchmarks/RESULTS.md).
+FORMULA_MAX_KEYS_CPU_TRAINING = 128
+
 
 def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
     """softmax(Q K^T / sqrt(d_k)) as an explicit formula.
@@ -28,6 +35,15 @@ def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) ->
     # fully masked rows become NaN in softmax and are zeroed by the second masked_fill.
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1).masked_fill(~mask, 0.0)
+
+
+def _formula_is_faster(query: Tensor, key: Tensor) -> bool:
+    """Whether the formula beats the fused kernel here: CPU, gradients on, short keys."""
+    return (
+        query.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and key.size(-2) <= FORMULA_MAX_KEYS_CPU_TRAINING
+    )
 
 
 def _fp32_on_cpu(x: Tensor) -> bool:
@@ -51,14 +67,18 @@ def attention(
     (B, H, T, T') with True = may attend. ``is_causal`` (needs T == T') adds the causal mask
     (query i sees keys 0..i) without building it, which lets the fused kernel skip the masked
     blocks. Returns (B, H, T, Dv) in the dtype of ``query``. ``dropout_p`` drops attention
-    weights (not in the paper; 0 by default). ``fast`` uses PyTorch's fused kernel, which computes
-    the same function (see tests/model/test_attention.py).
+    weights (not in the paper; 0 by default). ``fast`` takes the fastest path for the device:
+    PyTorch's fused kernel, which computes the same function (see tests/model/test_attention.py),
+    except when training on the CPU with short keys, where the formula is faster (see
+    ``FORMULA_MAX_KEYS_CPU_TRAINING``). ``fast=False`` is always the formula.
 
     On the CPU the fused kernel always runs in float32, also for bfloat16/float16 inputs and
     under autocast: PyTorch's CPU flash-attention backward is several times slower in bfloat16
     than in float32 at these head sizes (benchmarks/train_step.py), and float32 is the more
     accurate of the two. The projections around it stay in low precision.
     """
+    if fast and _formula_is_faster(query, key):
+        fast = False
     if is_causal and (mask is not None or not fast):
         mask = combine(mask, causal_mask(query.size(-2), key.size(-2), device=query.device))
         is_causal = False
@@ -131,12 +151,14 @@ class MultiHeadAttention(nn.Module):
         if len(linears) > 1:
             weight, bias = stacked or _cat_weights(linears)  # (sum(sizes), D), (sum(sizes),)
             out = F.linear(x, weight, bias)  # (B, T, sum(sizes))
-            if self.fast and _fp32_on_cpu(out):
-                out = out.float()  # one cast here rather than one per head tensor in attention()
+            if self.fast and _fp32_on_cpu(out) and not torch.is_grad_enabled():
+                # one cast here rather than one per head tensor in attention(); not in training,
+                # where short keys take the formula in low precision (_formula_is_faster)
+                out = out.float()
             parts = out.split(sizes, dim=-1)  # each (B, T, size)
         else:
             parts = tuple(lin(x) for lin in linears)
-            if self.fast and _fp32_on_cpu(parts[0]):
+            if self.fast and _fp32_on_cpu(parts[0]) and not torch.is_grad_enabled():
                 parts = tuple(p.float() for p in parts)
         return tuple(self._split(p, s // self.n_heads) for p, s in zip(parts, sizes))
 
