@@ -360,7 +360,9 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
                    dynamic_ncols=True, desc="train")  # fmt: skip
         last_metrics: dict[str, float] = {}
-        window_tokens, window_start = 0, time.monotonic()
+        # The logged loss is the token-weighted mean over the last log_every updates: one batch's
+        # loss swings with its sentence lengths (batches are bucketed by length).
+        window_tokens, window_loss, window_nll, window_start = 0, 0.0, 0.0, time.monotonic()
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
             batches = self._epoch_batches()
@@ -371,10 +373,12 @@ class Trainer:
                 p.step += 1
                 p.elapsed = base_elapsed + time.monotonic() - started
                 window_tokens += n_tokens
+                window_loss, window_nll = window_loss + loss * n_tokens, window_nll + nll * n_tokens
                 if p.step % t.log_every == 0:
                     now = time.monotonic()
                     tps = window_tokens / max(now - window_start, 1e-9)
-                    window_tokens, window_start = 0, now
+                    loss, nll = window_loss / max(window_tokens, 1), window_nll / max(window_tokens, 1)
+                    window_tokens, window_loss, window_nll, window_start = 0, 0.0, 0.0, now
                     lr = self.optimizer.param_groups[0]["lr"]
                     self._log({"step": p.step, "epoch": p.epoch, "loss": loss, "nll": nll,
                                "ppl": math.exp(min(nll, 50.0)), "lr": lr, "tokens_per_s": tps,
