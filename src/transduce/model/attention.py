@@ -16,8 +16,8 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # Training on the CPU with keys at most this long takes the formula rather than the fused kernel:
 # PyTorch's CPU flash-attention pays per (batch x head) block, and batches of many short sentences
 # have thousands of them. Forward + backward at B=160, H=4, 15 tokens, K=64 on 2 cores: kernel
-# 14.7 ms (float32, as attention() runs it), formula 6.9 ms (float32) / 3.9 ms (bfloat16); at 100
-# tokens the two are even, at 400 the kernel is faster in float32 (benchmarks/RESULTS.md).
+# 15.5 ms (float32, as attention() runs it), formula 9.4 ms (float32) / 5.3 ms (bfloat16); at 100
+# tokens the two are even in float32, at 400 the kernel is faster (benchmarks/attention_paths.py).
 FORMULA_MAX_KEYS_CPU_TRAINING = 128
 
 
