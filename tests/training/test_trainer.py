@@ -396,3 +396,21 @@ def test_learns_copy_task_exactly(tmp_path: Path) -> None:
     task = make_task(cfg.task)
     hyps = predict_ids(model, [vocab.encode(s) for s, _ in task.valid], batch_size=64, max_len_offset=5)
     assert [vocab.decode(h) for h in hyps] == [t for _, t in task.valid]
+
+
+def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> None:
+    every = _trainer(tmp_path / "a", _cfg(max_steps=6, log_every=1, dropout=0.0))
+    every.train()
+    windowed = _trainer(tmp_path / "b", _cfg(max_steps=6, log_every=3, dropout=0.0))
+    windowed.train()
+    per_step = dict(_train_losses(tmp_path / "a"))
+    batches = every._epoch_batches()  # epoch 0: update i trained on batches[i - 1]
+    tokens = [collate([every.pairs[i] for i in b]).n_tokens for b in batches[:6]]
+    want = [
+        sum(per_step[s] * tokens[s - 1] for s in window) / sum(tokens[s - 1] for s in window)
+        for window in (range(1, 4), range(4, 7))
+    ]
+    got = _train_losses(tmp_path / "b")
+    assert [s for s, _ in got] == [3, 6]
+    assert [x for _, x in got] == pytest.approx(want, rel=1e-6)
+    assert got[0][1] != pytest.approx(per_step[3], rel=1e-6)  # not just the last update's loss

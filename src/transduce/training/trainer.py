@@ -360,8 +360,9 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
                    dynamic_ncols=True, desc="train")  # fmt: skip
         last_metrics: dict[str, float] = {}
-        # The logged loss is the token-weighted mean over the last log_every updates: one batch's
-        # loss swings with its sentence lengths (batches are bucketed by length).
+        # The logged loss is the token-weighted mean over the updates since the last log line (or
+        # since this process started): one batch's loss swings with its sentence lengths (batches
+        # are bucketed by length).
         window_tokens, window_loss, window_nll, window_start = 0, 0.0, 0.0, time.monotonic()
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
