@@ -9,7 +9,13 @@ from torch import Tensor, nn
 
 from transduce.config import ModelConfig
 from transduce.model.attention import MultiHeadAttention, set_fast_attention
-from transduce.model.transformer import Transformer, make_model, parameter_breakdown, source_mask
+from transduce.model.transformer import (
+    Transformer,
+    make_model,
+    parameter_breakdown,
+    source_mask,
+    transposed,
+)
 
 PAD = 0
 V = 13
@@ -434,3 +440,45 @@ def test_bf16_autocast_training_step_is_close_to_float32() -> None:
     low.float().square().mean().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+# --------------------------------------------------------------------------------------------
+# the transposed vocabulary projection for few decoding rows
+
+
+@pytest.mark.parametrize(("shape", "block"), [((13, 16), 256), ((1000, 24), 7), ((5, 3), 1)])
+def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) -> None:
+    w = torch.randn(shape)
+    out = transposed(w, block=block)
+    assert out.is_contiguous() and torch.equal(out, w.t())
+
+
+@pytest.mark.parametrize(("rows", "takes_it"), [(1, True), (2, True), (3, False)])
+def test_few_rows_project_with_the_transposed_weight(rows: int, takes_it: bool) -> None:
+    import transduce.model.transformer as transformer
+
+    assert transformer.TRANSPOSED_GENERATOR_MAX_ROWS == 2  # the cases below assume it
+    model = _model()
+    src = torch.randint(1, V, (rows, 6), generator=torch.Generator().manual_seed(3))
+    tgt = torch.randint(1, V, (rows, 1), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        cache = model.new_cache()
+        logits = model.decode(tgt, memory, valid, cache)
+        plain = model.generator(model.decoder(tgt, memory, valid))
+    assert (cache.generator_t is not None) == takes_it
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_transposed_weight_is_made_again_for_each_search() -> None:
+    # A change to the weights that leaves no trace (fused Adam does not bump version counters)
+    # must still reach the next search: the transposed copy lives in the cache.
+    model = _model()
+    src, tgt = torch.tensor([[3, 4, 5]]), torch.tensor([[1]])
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        model.decode(tgt, memory, valid, model.new_cache())
+        model.generator.weight.data.mul_(2.0)
+        after = model.decode(tgt, memory, valid, model.new_cache())
+        plain = model.generator(model.decoder(tgt, memory, valid))
+    torch.testing.assert_close(after, plain, atol=1e-5, rtol=1e-5)
