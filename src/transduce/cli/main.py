@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-malloc-tuning", action="store_true",
-        help="leave glibc malloc as it is (see transduce.runtime.tune_malloc)",
+        help="leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)",
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
@@ -34,9 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.no_malloc_tuning:
-        from transduce.runtime import tune_malloc
+        from transduce.runtime import enlarge_onednn_cache, tune_malloc
 
         tune_malloc()
+        enlarge_onednn_cache()
     try:
         return args.func(args)
     except UserError as e:
