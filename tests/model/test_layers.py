@@ -163,7 +163,7 @@ def test_residual_dropout_is_applied_to_sublayer_output() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# dropout on the CPU (integer-threshold masks)
+# dropout on the CPU (16-bit integer-threshold masks)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -179,6 +179,15 @@ def test_dropout_rate_scale_and_seed(p: float) -> None:
     assert torch.equal(dropout(x, p, training=True), out)  # governed by torch.manual_seed
     assert not torch.equal(dropout(x, p, training=True), out)
     assert dropout(x, p, training=False) is x
+
+
+def test_dropout_resolves_p_to_two_to_the_minus_sixteen() -> None:
+    from transduce.model.layers import _keep_mask
+
+    shape = torch.Size((7, 1001))  # an element count that is no multiple of 4
+    assert _keep_mask(shape, 2**-17, torch.device("cpu")).all()  # floor(p * 2^16) = 0
+    dropped = (~_keep_mask(shape, 1 - 2**-17, torch.device("cpu"))).float().mean().item()
+    assert dropped > 0.999  # P(drop) = 65535 / 65536
 
 
 def test_dropout_odd_sizes_bf16_and_edge_rates() -> None:

@@ -21,16 +21,18 @@ from transduce.model.masks import causal_mask
 def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
     """Bernoulli(1 - p) booleans of ``shape``, True = keep.
 
-    Uniform 32-bit integers compared with p * 2^32, so P(drop) = floor(p * 2^32) / 2^32 (the
-    float32 uniforms behind ``bernoulli_`` resolve p no finer than 2^-24). Each 64-bit draw of
-    the default generator (``torch.manual_seed`` governs it) gives two of them, which on the CPU
-    is about twice as fast as ``bernoulli_`` (benchmarks/train_step.py).
+    Uniform 16-bit integers compared with p * 2^16, so P(drop) = floor(p * 2^16) / 2^16: within
+    2^-16 of p (0.0999908 for 0.1), and the kept values are scaled by exactly 1 / (1 - p). Each
+    64-bit draw of the default generator (``torch.manual_seed`` governs it) gives four of them;
+    drawing the random bits is most of the cost, so on the CPU this is about 2.2x faster than
+    32-bit integers (660 vs 1470 us for a (139, 17, 256) mask on 2 cores) and 4.6x faster than
+    ``bernoulli_``.
     """
     n = math.prod(shape)
-    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device)
-    words.random_(-(2**63), 2**63 - 1)  # the full 64-bit range, so both halves are uniform
-    threshold = int(p * 2**32) - 2**31  # int32 draws below this are dropped
-    return words.view(torch.int32)[:n].view(shape) >= threshold
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
+    words.random_(-(2**63), 2**63 - 1)  # the full 64-bit range, so all four quarters are uniform
+    threshold = int(p * 2**16) - 2**15  # int16 draws below this are dropped
+    return words.view(torch.int16)[:n].view(shape) >= threshold
 
 
 def _use_fast_dropout(x: Tensor, p: float) -> bool:
