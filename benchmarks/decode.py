@@ -13,7 +13,9 @@ Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with ra
                interleaved sinusoidal table written into its position embeddings) ``generate``
     ct2        the folder of ``transduce export ctranslate2`` (float32), ``translate_batch``, in
                a process of its own that imports only ctranslate2 and numpy, with
-               CT2_FORCE_CPU_ISA set to the fastest ISA that works here (AVX512, AVX2, AVX, ...)
+               CT2_FORCE_CPU_ISA set to the fastest ISA that works here (AVX512, AVX2, AVX, ...),
+               once with each matrix-product backend (Intel MKL, and oneDNN by CT2_USE_MKL=0);
+               each of its figures is the faster backend's
 
 Work, the same for every system, on ``--threads`` CPU threads (torch.set_num_threads /
 CTranslate2 intra_threads): a batch of 32 sources of 20 tokens (19 random + EOS), and exactly 30
@@ -102,24 +104,46 @@ def ct2_worker(spec_path: str) -> None:
     print(json.dumps(out))
 
 
+# CTranslate2's CPU matrix-product backends: Intel MKL (its default where MKL runs) and oneDNN.
+# Neither is faster everywhere: on a 2-vCPU Intel VM (AMX) MKL with 2 threads took 150 ms for the
+# batch-1 greedy job that oneDNN did in 15 ms, so every figure takes the faster of the two.
+CT2_BACKENDS = {"mkl": {}, "dnnl": {"CT2_USE_MKL": "0"}}
+CT2_TIMES = ("greedy_s", "beam4_s", "b1_s")
+
+
+def _ct2_process(spec: str, env: dict[str, str], args: argparse.Namespace) -> dict | None:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--ct2-worker", spec], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=args.timeout,
+    )  # fmt: skip
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"ct2 with {env} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}",
+          file=sys.stderr)  # fmt: skip
+    return None
+
+
 def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse.Namespace) -> dict:
+    """CTranslate2 on the fastest ISA that runs; each time the best of its two backends."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"model_dir": model_dir, "threads": args.threads, "batch": tokens,
                    "check": check, "repeats": args.repeats,
                    "latency_repeats": args.latency_repeats}, f)  # fmt: skip
     try:
         for isa in ISAS:
-            env = {**os.environ, "CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
-            proc = subprocess.run(
-                [sys.executable, __file__, "--ct2-worker", f.name], env=env, capture_output=True,
-                text=True, timeout=args.timeout,
-            )  # fmt: skip
-            if proc.returncode == 0:
-                res = json.loads(proc.stdout.strip().splitlines()[-1])
-                res["isa"] = isa
-                return res
-            print(f"ct2 with CT2_FORCE_CPU_ISA={isa} failed ({proc.returncode}): "
-                  f"{proc.stderr.strip()[-300:]}", file=sys.stderr)  # fmt: skip
+            base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
+            runs = {name: _ct2_process(f.name, {**base, **env}, args)
+                    for name, env in CT2_BACKENDS.items()}  # fmt: skip
+            runs = {name: r for name, r in runs.items() if r is not None}
+            if not runs:
+                continue
+            res = dict(next(iter(runs.values())))
+            res["isa"], res["backend"] = isa, {}
+            for key in CT2_TIMES:
+                best = min(runs, key=lambda name: runs[name][key])
+                res[key], res["backend"][key] = runs[best][key], best
+            res["backend_times"] = {name: {k: r[k] for k in CT2_TIMES} for name, r in runs.items()}
+            return res
         raise RuntimeError("CTranslate2 failed with every ISA")
     finally:
         os.unlink(f.name)
@@ -322,6 +346,10 @@ def print_table(name: str, res: dict, threads: int) -> None:
     for system, r in res["systems"].items():
         print(f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
               f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}")  # fmt: skip
+    ct2 = res["systems"]["ct2"]
+    print("ct2 seconds by backend (the faster one is used): " + "; ".join(
+        f"{b}: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in t.items())
+        for b, t in ct2["backend_times"].items()))  # fmt: skip
 
 
 def ratios(name: str, res: dict) -> dict[str, float]:
