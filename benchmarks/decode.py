@@ -8,7 +8,9 @@ Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with ra
     SMALL  d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared vocabulary 8000
     BASE   the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048), vocabulary 37000
 
-    transduce  ``greedy_search`` / ``beam_search`` (alpha 0.6) on the model's key/value cache
+    transduce  ``greedy_search`` / ``beam_search`` (alpha 0.6) on the key/value cache of a
+               ``DecodingModel`` of the model (what ``Translator`` decodes with; made once,
+               before timing, as ``Translator.load`` makes it)
     hf         ``MarianMTModel`` (post-norm, ReLU, scaled embeddings, tied embeddings, our
                interleaved sinusoidal table written into its position embeddings) ``generate``
     ct2        the folder of ``transduce export ctranslate2`` (float32), ``translate_batch``, in
@@ -251,6 +253,7 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     from transduce.data.vocab import BOS, EOS, SPECIALS
     from transduce.export.ctranslate2 import export_model
     from transduce.inference import beam_search, greedy_search
+    from transduce.model.decoding import DecodingModel
 
     size = SIZES[size_name]
     ours = build_ours(size)
@@ -271,7 +274,7 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     check = {"source": [tokens[i] for i in body[0].tolist()], "target": [tokens[i] for i in tgt]}
 
     torch.set_num_threads(args.threads)
-    wrapped = SuppressEarlyEOS(ours, STEPS - 1)
+    wrapped = SuppressEarlyEOS(DecodingModel(ours), STEPS - 1)
     lengths: set[int] = set()
 
     def ours_run(x, beam):

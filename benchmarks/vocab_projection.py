@@ -1,13 +1,13 @@
 """The pre-softmax projection while decoding: the (V, D) weight as ``nn.Linear`` holds it, against
-a contiguous (D, V) copy, for the few rows of a decoding step.
+a contiguous (D, V) copy, for the rows of a decoding step.
 
     python benchmarks/vocab_projection.py [--threads 2] [--rounds 3]
 
-For the SMALL (8000 x 256) and BASE (37000 x 512) vocabularies of benchmarks/decode.py and 1, 4,
-32 and 128 rows: ``F.linear(x, W)`` against ``x @ W_t`` with ``W_t = transposed(W)``, float32,
-each the best of ``--rounds`` interleaved rounds; and what making ``W_t`` costs (once per search,
-``transduce.model.transformer.transposed`` against ``W.t().contiguous()``). This is the measurement
-behind ``TRANSPOSED_GENERATOR_MAX_ROWS``. Ends with one JSON line.
+For the SMALL (8000 x 256) and BASE (37000 x 512) vocabularies of benchmarks/decode.py and 1,
+2, 4, 32 and 128 rows: ``F.linear(x, W)`` against ``x @ W_t`` with ``W_t = transposed(W)``, float32,
+each the best of ``--rounds`` interleaved rounds; and what making ``W_t`` costs (once per
+``DecodingModel``, ``transduce.model.decoding.transposed`` against ``W.t().contiguous()``). This
+is the measurement behind the (D, V) layout of ``DecodingModel``. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transduce.model.transformer import transposed
+from transduce.model.decoding import transposed
 from transduce.runtime import tune_malloc
 
 SIZES = {"small": (8000, 256), "base": (37000, 512)}
-ROWS = (1, 2, 4, 32)
+ROWS = (1, 2, 4, 32, 128)
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -14,6 +14,7 @@ from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.inference import beam_search, greedy_search
 from transduce.model.attention import set_fast_attention
+from transduce.model.decoding import DecodingModel
 from transduce.training import checkpoint
 from transduce.training.run import train_synthetic
 
@@ -81,21 +82,12 @@ def test_bf16_weights_give_the_same_translations(trained) -> None:
     assert sum(h[0].tokens == r for h, r in zip(beams, ref, strict=True)) >= 0.95 * len(ref)
 
 
-def test_transposed_vocabulary_projection_gives_the_same_translations(
-    trained, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import transduce.model.transformer as transformer
-
+def test_decoding_model_gives_the_same_translations(trained) -> None:
     model, src = trained
-    # one sentence at a time: 1 row (greedy) or 2 (beam 2) per step, the transposed case
-    single = [greedy_search(model, row[row != PAD][None], max_len_offset=5)[0] for row in src[:40]]
-    beams = [beam_search(model, row[row != PAD][None], beam=2, max_len_offset=5)[0][0]
-             for row in src[:40]]  # fmt: skip
-    monkeypatch.setattr(transformer, "TRANSPOSED_GENERATOR_MAX_ROWS", 0)  # never
-    assert [greedy_search(model, row[row != PAD][None], max_len_offset=5)[0]
-            for row in src[:40]] == single  # fmt: skip
-    plain = [beam_search(model, row[row != PAD][None], beam=2, max_len_offset=5)[0][0]
-             for row in src[:40]]  # fmt: skip
-    assert [h.tokens for h in plain] == [h.tokens for h in beams]
-    torch.testing.assert_close(torch.tensor([h.score for h in plain]),
-                               torch.tensor([h.score for h in beams]))  # fmt: skip
+    fast = DecodingModel(model)
+    assert greedy_search(fast, src, max_len_offset=5) == greedy_search(model, src, max_len_offset=5)
+    mine = beam_search(fast, src, beam=4, max_len_offset=5, nbest=2)
+    ref = beam_search(model, src, beam=4, max_len_offset=5, nbest=2)
+    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
+    torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
+                               torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip

@@ -5,52 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from transduce.config import ModelConfig
 from transduce.model.attention import MultiHeadAttention, set_fast_attention
 from transduce.model.transformer import (
     Transformer,
-    make_model,
     parameter_breakdown,
     source_mask,
-    transposed,
 )
 
-PAD = 0
-V = 13
-
-
-def _cfg(**kw) -> ModelConfig:
-    base = dict(n_layers=2, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0,
-                max_positions=64)  # fmt: skip
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def _model(seed: int = 0, tgt_vocab: int | None = None, **kw) -> Transformer:
-    torch.manual_seed(seed)
-    model = make_model(_cfg(**kw), src_vocab_size=V, tgt_vocab_size=tgt_vocab, pad_id=PAD)
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():  # non-trivial biases and norms, so that wiring mistakes show
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def _batch(seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Right-padded source (B=3, S=6) and target (B=3, T=5), no pad in the first column."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(1, V, (3, 6), generator=g)
-    src[1, 4:] = PAD
-    src[2, 2:] = PAD
-    tgt = torch.randint(1, 11, (3, 5), generator=g)  # fits a target vocabulary of 11
-    tgt[2, 3:] = PAD
-    return src, tgt
-
+from model_testkit import PAD, V, tiny_batch, tiny_config, tiny_model
 
 # --------------------------------------------------------------------------------------------
 # torch.nn.Transformer reference
@@ -114,13 +78,13 @@ def _reference(model: Transformer) -> nn.Transformer:
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_equals_torch_transformer(norm: str, fast: bool) -> None:
-    model = _model(norm=norm)
+    model = tiny_model(norm=norm)
     set_fast_attention(model, fast)
     ref = _reference(model)
     if norm == "post":
         assert isinstance(model.encoder.final_norm, nn.Identity)
         assert isinstance(model.decoder.final_norm, nn.Identity)
-    src, tgt = _batch()
+    src, tgt = tiny_batch()
     src_valid = src != PAD
     t = tgt.size(1)
     with torch.no_grad():
@@ -145,8 +109,8 @@ def test_equals_torch_transformer(norm: str, fast: bool) -> None:
 
 
 def test_forward_is_encode_then_decode() -> None:
-    model = _model()
-    src, tgt = _batch()
+    model = tiny_model()
+    src, tgt = tiny_batch()
     with torch.no_grad():
         memory, valid = model.encode(src)
         torch.testing.assert_close(model(src, tgt), model.decode(tgt, memory, valid))
@@ -158,8 +122,8 @@ def test_forward_is_encode_then_decode() -> None:
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_decoder_is_causal(norm: str) -> None:
-    model = _model(norm=norm)
-    src, tgt = _batch()
+    model = tiny_model(norm=norm)
+    src, tgt = tiny_batch()
     with torch.no_grad():
         base = model(src, tgt)
         for t in range(tgt.size(1)):
@@ -171,8 +135,8 @@ def test_decoder_is_causal(norm: str) -> None:
 
 
 def test_source_padding_does_not_change_outputs() -> None:
-    model = _model()
-    src, tgt = _batch()
+    model = tiny_model()
+    src, tgt = tiny_batch()
     padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
     with torch.no_grad():
         out = model(src, tgt)
@@ -186,8 +150,8 @@ def test_source_padding_does_not_change_outputs() -> None:
 
 def test_source_tokens_do_matter() -> None:
     """Guards the padding test: a real source token change does change the output."""
-    model = _model()
-    src, tgt = _batch()
+    model = tiny_model()
+    src, tgt = tiny_batch()
     changed = src.clone()
     changed[0, 0] = changed[0, 0] % (V - 1) + 1
     with torch.no_grad():
@@ -204,8 +168,8 @@ def test_source_tokens_do_matter() -> None:
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_batch_equals_single_sentences(norm: str) -> None:
-    model = _model(norm=norm)
-    src, tgt = _batch()
+    model = tiny_model(norm=norm)
+    src, tgt = tiny_batch()
     src_len = (src != PAD).sum(1)
     tgt_len = (tgt != PAD).sum(1)
     with torch.no_grad():
@@ -231,8 +195,8 @@ _VARIANTS = [
 
 @pytest.mark.parametrize("kw", _VARIANTS, ids=lambda kw: ",".join(kw) or "base")
 def test_cached_step_by_step_equals_full_pass(kw: dict) -> None:
-    model = _model(**kw)
-    src, tgt = _batch()
+    model = tiny_model(**kw)
+    src, tgt = tiny_batch()
     with torch.no_grad():
         memory, valid = model.encode(src)
         full = model.decode(tgt, memory, valid)
@@ -249,8 +213,8 @@ def test_cached_step_by_step_equals_full_pass(kw: dict) -> None:
 
 @pytest.mark.parametrize("chunks", [[2, 3], [1, 3, 1], [3, 2], [5]])
 def test_cached_chunks_equal_full_pass(chunks: list[int]) -> None:
-    model = _model(norm="pre")
-    src, tgt = _batch()
+    model = tiny_model(norm="pre")
+    src, tgt = tiny_batch()
     with torch.no_grad():
         memory, valid = model.encode(src)
         full = model.decode(tgt, memory, valid)
@@ -263,8 +227,8 @@ def test_cached_chunks_equal_full_pass(chunks: list[int]) -> None:
 
 
 def test_cached_decoding_beyond_sinusoid_table() -> None:
-    model = _model(max_positions=2)
-    src, tgt = _batch()
+    model = tiny_model(max_positions=2)
+    src, tgt = tiny_batch()
     with torch.no_grad():
         memory, valid = model.encode(src)
         full = model.decode(tgt, memory, valid)
@@ -274,8 +238,8 @@ def test_cached_decoding_beyond_sinusoid_table() -> None:
 
 
 def test_cache_reorder_equals_decoding_reordered_batch() -> None:
-    model = _model()
-    src, tgt = _batch()
+    model = tiny_model()
+    src, tgt = tiny_batch()
     index = torch.tensor([2, 0, 0, 1])  # permute and duplicate rows, as beam search does
     with torch.no_grad():
         memory, valid = model.encode(src)
@@ -295,8 +259,8 @@ def test_cache_reorder_equals_decoding_reordered_batch() -> None:
 def test_grouped_hypotheses_equal_expanded_memory() -> None:
     # G = 3 hypotheses per sentence on one row of memory each (as beam search decodes) give the
     # logits of the same rows decoded against memory copied per hypothesis.
-    model = _model()
-    src, _ = _batch()
+    model = tiny_model()
+    src, _ = tiny_batch()
     g = 3
     gen = torch.Generator().manual_seed(5)
     tgt = torch.randint(4, 11, (src.size(0) * g, 5), generator=gen)  # (B*G, T), all distinct
@@ -314,8 +278,8 @@ def test_grouped_hypotheses_equal_expanded_memory() -> None:
 
 
 def test_grouped_rows_must_divide() -> None:
-    model = _model()
-    src, tgt = _batch()
+    model = tiny_model()
+    src, tgt = tiny_batch()
     with torch.no_grad():
         memory, valid = model.encode(src)
         with pytest.raises(ValueError, match="not a multiple"):
@@ -334,9 +298,9 @@ def test_grouped_rows_must_divide() -> None:
 def test_every_parameter_gets_a_finite_gradient(
     tgt_vocab: int | None, tie: bool, positional: str
 ) -> None:
-    model = _model(tgt_vocab=tgt_vocab, tie_embeddings=tie, positional=positional, norm="pre")
+    model = tiny_model(tgt_vocab=tgt_vocab, tie_embeddings=tie, positional=positional, norm="pre")
     model.train()
-    src, tgt = _batch()
+    src, tgt = tiny_batch()
     logits = model(src, tgt)
     gold = torch.randint(0, logits.size(-1), logits.shape[:2])
     nn.functional.cross_entropy(logits.flatten(0, 1), gold.flatten()).backward()
@@ -349,45 +313,45 @@ def test_every_parameter_gets_a_finite_gradient(
 
 
 def test_post_norm_gradients_with_explicit_attention() -> None:
-    model = _model()
+    model = tiny_model()
     set_fast_attention(model, False)
     model.train()
-    src, tgt = _batch()
+    src, tgt = tiny_batch()
     model(src, tgt).square().mean().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
 def test_shared_vocab_ties_three_ways() -> None:
-    model = _model(tie_embeddings=True)
+    model = tiny_model(tie_embeddings=True)
     assert model.encoder.embed.weight is model.decoder.embed.weight
     assert model.decoder.embed.weight is model.generator.weight
     assert model.generator.bias is None
 
 
 def test_separate_vocab_ties_two_ways() -> None:
-    model = _model(tgt_vocab=11, tie_embeddings=True)
+    model = tiny_model(tgt_vocab=11, tie_embeddings=True)
     assert model.decoder.embed.weight is model.generator.weight
     assert model.encoder.embed.weight is not model.decoder.embed.weight
     assert model.encoder.embed.weight.shape == (V, 16)
     assert model.generator.weight.shape == (11, 16)
-    assert model(*_batch()).shape == (3, 5, 11)
+    assert model(*tiny_batch()).shape == (3, 5, 11)
 
 
 def test_untied_embeddings_are_separate() -> None:
-    model = _model(tie_embeddings=False)
+    model = tiny_model(tie_embeddings=False)
     ws = [model.encoder.embed.weight, model.decoder.embed.weight, model.generator.weight]
     assert len({id(w) for w in ws}) == 3
 
 
 def test_shared_vocab_with_different_sizes_is_rejected() -> None:
     with pytest.raises(ValueError, match="shared"):
-        Transformer(_cfg(), src_vocab_size=5, tgt_vocab_size=6, shared_vocab=True)
+        Transformer(tiny_config(), src_vocab_size=5, tgt_vocab_size=6, shared_vocab=True)
 
 
 def test_parameter_breakdown_counts_shared_tensors_once() -> None:
     d, f, n = 16, 32, 2
-    model = _model()
+    model = tiny_model()
     parts = parameter_breakdown(model)
     attn = 4 * (d * 8 * 2 + 8 * 2)  # 4 linears of (D, H*K) + bias with H*K = D = 16
     ffn = d * f + f + f * d + d
@@ -398,7 +362,7 @@ def test_parameter_breakdown_counts_shared_tensors_once() -> None:
     assert parts["encoder"] == n * enc_layer
     assert parts["decoder"] == n * dec_layer
     assert parts["total"] == sum(p.numel() for p in model.parameters())
-    pre = parameter_breakdown(_model(norm="pre", positional="learned", tgt_vocab=11,
+    pre = parameter_breakdown(tiny_model(norm="pre", positional="learned", tgt_vocab=11,
                                      tie_embeddings=False))  # fmt: skip
     assert pre["embeddings"] == V * d + 2 * 11 * d
     assert pre["positions"] == 2 * 64 * d
@@ -411,8 +375,8 @@ def test_parameter_breakdown_counts_shared_tensors_once() -> None:
 
 @pytest.mark.parametrize("which", ["dropout", "attention_dropout", "activation_dropout"])
 def test_dropout_train_differs_eval_identical(which: str) -> None:
-    model = _model(**{which: 0.3})
-    src, tgt = _batch()
+    model = tiny_model(**{which: 0.3})
+    src, tgt = tiny_batch()
     model.train()
     with torch.no_grad():
         assert not torch.allclose(model(src, tgt), model(src, tgt))
@@ -429,9 +393,9 @@ def test_source_mask_is_none_without_padding() -> None:
 
 
 def test_bf16_autocast_training_step_is_close_to_float32() -> None:
-    model = _model(dropout=0.0)
+    model = tiny_model(dropout=0.0)
     model.train()
-    src, tgt = _batch()
+    src, tgt = tiny_batch()
     ref = model(src, tgt)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = model(src, tgt)
@@ -440,45 +404,3 @@ def test_bf16_autocast_training_step_is_close_to_float32() -> None:
     low.float().square().mean().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-
-
-# --------------------------------------------------------------------------------------------
-# the transposed vocabulary projection for few decoding rows
-
-
-@pytest.mark.parametrize(("shape", "block"), [((13, 16), 256), ((1000, 24), 7), ((5, 3), 1)])
-def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) -> None:
-    w = torch.randn(shape)
-    out = transposed(w, block=block)
-    assert out.is_contiguous() and torch.equal(out, w.t())
-
-
-@pytest.mark.parametrize(("rows", "takes_it"), [(1, True), (2, True), (3, False)])
-def test_few_rows_project_with_the_transposed_weight(rows: int, takes_it: bool) -> None:
-    import transduce.model.transformer as transformer
-
-    assert transformer.TRANSPOSED_GENERATOR_MAX_ROWS == 2  # the cases below assume it
-    model = _model()
-    src = torch.randint(1, V, (rows, 6), generator=torch.Generator().manual_seed(3))
-    tgt = torch.randint(1, V, (rows, 1), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        memory, valid = model.encode(src)
-        cache = model.new_cache()
-        logits = model.decode(tgt, memory, valid, cache)
-        plain = model.generator(model.decoder(tgt, memory, valid))
-    assert (cache.generator_t is not None) == takes_it
-    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
-
-
-def test_transposed_weight_is_made_again_for_each_search() -> None:
-    # A change to the weights that leaves no trace (fused Adam does not bump version counters)
-    # must still reach the next search: the transposed copy lives in the cache.
-    model = _model()
-    src, tgt = torch.tensor([[3, 4, 5]]), torch.tensor([[1]])
-    with torch.no_grad():
-        memory, valid = model.encode(src)
-        model.decode(tgt, memory, valid, model.new_cache())
-        model.generator.weight.data.mul_(2.0)
-        after = model.decode(tgt, memory, valid, model.new_cache())
-        plain = model.generator(model.decoder(tgt, memory, valid))
-    torch.testing.assert_close(after, plain, atol=1e-5, rtol=1e-5)

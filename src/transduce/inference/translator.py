@@ -35,6 +35,8 @@ from transduce.config import Config, DecodeConfig
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
 from transduce.inference.search import generate
+from transduce.model.decoding import DecodingModel
+from transduce.model.transformer import Transformer
 from transduce.training.batching import collate
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -87,12 +89,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 class Translator:
     """A trained model with its vocabulary and decoding defaults (the checkpoint's ``decode``
-    section: beam 4, alpha 0.6 unless the run's config said otherwise)."""
+    section: beam 4, alpha 0.6 unless the run's config said otherwise).
 
-    def __init__(self, model: torch.nn.Module, vocab: Vocab, cfg: Config) -> None:
+    Searches run on a ``DecodingModel`` made here: a snapshot of the model's decoder weights
+    laid out for step-by-step decoding. Make a new Translator after changing the weights."""
+
+    def __init__(self, model: Transformer, vocab: Vocab, cfg: Config) -> None:
         self.model = model
         self.vocab = vocab
         self.cfg = cfg
+        self.decoding = DecodingModel(model)
 
     @classmethod
     def load(
@@ -202,7 +208,7 @@ class Translator:
             for batch in batches:
                 src = collate([(ids[j], []) for j in batch]).src.to(device)
                 step_cfg = replace(cfg, decode_batch=len(batch))  # one generate call per batch
-                for j, hyps in zip(batch, generate(self.model, src, step_cfg, nbest), strict=True):
+                for j, hyps in zip(batch, generate(self.decoding, src, step_cfg, nbest), strict=True):
                     out[todo[j]] = [
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]

@@ -91,7 +91,12 @@ def attention(
     if query.device.type == "cpu":
         if dtype in _LOW_PRECISION:
             query, key, value = query.float(), key.float(), value.float()
-        with torch.autocast("cpu", enabled=False):  # autocast would run it in bfloat16
+        if torch.is_autocast_enabled("cpu"):  # autocast would run it in bfloat16
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+                )
+        else:  # entering the context costs ~3 us, more than some decoding steps' attention
             out = F.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
             )

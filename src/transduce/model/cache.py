@@ -89,9 +89,6 @@ class DecoderCache:
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.length = 0  # target positions already in the cache
-        # the pre-softmax weight transposed, (D, V), made once per search when few rows decode
-        # (see ``Transformer.decode``)
-        self.generator_t: Tensor | None = None
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache."""

@@ -24,23 +24,6 @@ def source_mask(src_valid: Tensor) -> Tensor | None:
     return key_padding_mask(src_valid)
 
 
-# Decoding with at most this many target rows on the CPU projects onto the vocabulary with the
-# weight transposed to (D, V): MKL's matrix-vector product on nn.Linear's (V, D) layout is slow
-# here. One and two rows, float32, 2 cores (benchmarks/vocab_projection.py): 8000 x 256 1.5-2.2x
-# faster, 37000 x 512 2.2-2.5x; at four rows the two layouts are even (0.9-1.15x). Making the
-# copy, once per search, takes 1.6-2.5 ms and 18-37 ms.
-TRANSPOSED_GENERATOR_MAX_ROWS = 2
-
-
-def transposed(weight: Tensor, block: int = 256) -> Tensor:
-    """(V, D) -> a contiguous (D, V) copy, written ``block`` rows at a time: about twice as fast
-    as ``weight.t().contiguous()`` on the CPU, whose strided copy misses the cache."""
-    out = weight.new_empty(weight.size(1), weight.size(0))  # (D, V)
-    for i in range(0, weight.size(0), block):
-        out[:, i : i + block].copy_(weight[i : i + block].t())
-    return out
-
-
 def _layer_kwargs(cfg: ModelConfig) -> dict:
     return {
         "d_model": cfg.d_model,
@@ -169,19 +152,7 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """tgt (N, T), memory (B, S, D), src_valid (B, S) -> logits (N, T, V) over the next
         token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``)."""
-        h = self.decoder(tgt, memory, src_valid, cache)  # (N, T, D)
-        if (
-            cache is not None
-            and h.device.type == "cpu"
-            and h.size(0) * h.size(1) <= TRANSPOSED_GENERATOR_MAX_ROWS
-            and self.generator.bias is None
-        ):
-            # The same product as self.generator(h) (see TRANSPOSED_GENERATOR_MAX_ROWS); the
-            # transposed copy lives in the cache, so it can never outlive a change to the weights.
-            if cache.generator_t is None:
-                cache.generator_t = transposed(self.generator.weight)  # (D, V)
-            return h @ cache.generator_t  # (N, T, V)
-        return self.generator(h)
+        return self.generator(self.decoder(tgt, memory, src_valid, cache))  # (N, T, V)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers))

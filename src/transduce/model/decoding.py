@@ -1,0 +1,201 @@
+"""The decoder for inference: one new position per step on the key/value cache, computed from
+a snapshot of the weights laid out for it.
+
+``Transformer.decode`` runs the decoder modules, which serve training too: every step pays for
+module calls, attribute lookups and the general code paths of training (dropout, masks, T
+positions). On a CPU at batch 1 that overhead, not arithmetic, is most of a step.
+``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for the
+single-position steps of a search, with plain tensor operations on weights it copied once:
+
+- every projection of a decoder step as ``addmm(bias, x, W_t)`` with ``W_t`` the weight
+  transposed to (in, out), which MKL multiplies as fast or faster than nn.Linear's (out, in)
+  layout at every row count we timed (2 threads, float32: 1.0-1.7x at 4 rows, 1.0-1.2x at 32
+  and 128; up to 2.5x for one or two rows on the AMD machine, benchmarks/RESULTS.md);
+- W^Q, W^K, W^V of self-attention stacked into one product.
+
+Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
+greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
+
+It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``),
+make a new one. The encoder, the cross-attention keys and values (projected once per sentence)
+and decoding several positions at once (``tgt`` with T > 1, or no cache) run the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.model.attention import MultiHeadAttention, _fp32_on_cpu, attention
+from transduce.model.cache import DecoderCache, LayerCache
+from transduce.model.layers import DecoderLayer
+from transduce.model.transformer import Transformer, source_mask
+
+
+def transposed(weight: Tensor, block: int = 256) -> Tensor:
+    """(out, in) -> a contiguous (in, out) copy, written ``block`` rows at a time: about twice as
+    fast as ``weight.t().contiguous()`` on the CPU, whose strided copy misses the cache."""
+    out = weight.new_empty(weight.size(1), weight.size(0))  # (in, out)
+    for i in range(0, weight.size(0), block):
+        out[:, i : i + block].copy_(weight[i : i + block].t())
+    return out
+
+
+@dataclass(frozen=True)
+class _Projection:
+    """x (N, in) -> x W^T + b (N, out), from W^T (in, out) stored contiguous."""
+
+    weight_t: Tensor
+    bias: Tensor | None
+
+    @classmethod
+    def of(cls, weight: Tensor, bias: Tensor | None) -> _Projection:
+        return cls(transposed(weight), None if bias is None else bias.clone())
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.bias is None:
+            return x @ self.weight_t
+        return torch.addmm(self.bias, x, self.weight_t)
+
+
+@dataclass(frozen=True)
+class _LayerWeights:
+    """One decoder layer's weights for a step. The projections are copies; ``norms`` (the layer
+    norms' parameters) and ``cross_attn`` (the module) are the model's own."""
+
+    qkv: _Projection  # self-attention W^Q, W^K, W^V stacked: (D, H*K + H*K + H*Dv)
+    self_out: _Projection
+    cross_query: _Projection
+    cross_out: _Projection
+    ffn_in: _Projection
+    ffn_out: _Projection
+    norms: tuple[tuple[tuple[int, ...], Tensor, Tensor, float], ...]  # F.layer_norm's arguments
+    cross_attn: MultiHeadAttention  # projects the encoder output once per sentence
+    n_heads: int
+    d_k: int
+    d_v: int
+
+    @classmethod
+    def of(cls, layer: DecoderLayer) -> _LayerWeights:
+        sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+        return cls(
+            qkv=_Projection.of(*sa.stack_qkv()),
+            self_out=_Projection.of(sa.w_o.weight, sa.w_o.bias),
+            cross_query=_Projection.of(ca.w_q.weight, ca.w_q.bias),
+            cross_out=_Projection.of(ca.w_o.weight, ca.w_o.bias),
+            ffn_in=_Projection.of(ffn.w_1.weight, ffn.w_1.bias),
+            ffn_out=_Projection.of(ffn.w_2.weight, ffn.w_2.bias),
+            norms=tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
+            cross_attn=ca,
+            n_heads=sa.n_heads,
+            d_k=sa.d_k,
+            d_v=sa.d_v,
+        )
+
+
+def _heads(x: Tensor, n_heads: int) -> Tensor:
+    """(N, H*size) -> (N, H, 1, size), a view (also of a column slice)."""
+    return x.view(x.size(0), n_heads, 1, -1)
+
+
+def _attention_input(x: Tensor) -> Tensor:
+    # On the CPU attention() runs in float32 for low-precision inputs; casting the projection
+    # once here keeps the cache in float32, as Transformer.decode does (MultiHeadAttention).
+    return x.float() if _fp32_on_cpu(x) else x
+
+
+class DecodingModel:
+    """A Transformer for searches: the decoding contract (``encode``, ``decode``, ``new_cache``)
+    with single-position steps computed from a snapshot of the decoder's weights (see the module
+    docstring). Greedy and beam search take it in place of the model; ``Translator`` uses one.
+
+    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix.
+    """
+
+    def __init__(self, model: Transformer) -> None:
+        if model.generator.bias is not None:
+            raise ValueError("the pre-softmax projection of a Transformer has no bias")
+        self.model = model
+        with torch.no_grad():
+            self.layers = tuple(_LayerWeights.of(layer) for layer in model.decoder.layers)
+            self.generator_t = transposed(model.generator.weight)  # (D, V)
+        self.pre_norm = model.config.norm == "pre"
+
+    @property
+    def training(self) -> bool:
+        """The model's mode: searches refuse a model in training mode (its encoder would drop)."""
+        return self.model.training
+
+    def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_valid (B, S): ``Transformer.encode``."""
+        return self.model.encode(src, src_valid)
+
+    def new_cache(self) -> DecoderCache:
+        return self.model.new_cache()
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """``Transformer.decode`` in eval mode: tgt (N, T), memory (B, S, D), src_valid (B, S)
+        -> logits (N, T, V), N = B*G target rows, G per sentence (rows sentence-major)."""
+        if cache is None or tgt.size(1) != 1:
+            return self.model.decode(tgt, memory, src_valid, cache)
+        decoder = self.model.decoder
+        x = decoder.positions(decoder.embed(tgt), cache.length)  # (N, 1, D)
+        n, d = x.size(0), x.size(2)
+        x = x.view(n, d)  # (N, 1, D) -> (N, D)
+        mask = source_mask(src_valid)  # (B, 1, 1, S) or None
+        for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = self._layer(x, weights, layer_cache, memory, mask)
+        cache.length += 1
+        if self.pre_norm:
+            x = decoder.final_norm(x)
+        return (x @ self.generator_t).unsqueeze(1)  # (N, V) -> (N, 1, V)
+
+    def _sublayer(self, x: Tensor, norm: tuple, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """``DecoderLayer``'s residual wrapping (post- or pre-norm), without dropout."""
+        if self.pre_norm:
+            return x + sublayer(F.layer_norm(x, *norm))
+        return F.layer_norm(x + sublayer(x), *norm)
+
+    def _layer(
+        self, x: Tensor, w: _LayerWeights, cache: LayerCache, memory: Tensor, mask: Tensor | None
+    ) -> Tensor:
+        """x (N, D) -> (N, D): one decoder layer (``DecoderLayer.forward``) for one position."""
+        h, n = w.n_heads, x.size(0)
+        dtype = x.dtype
+
+        def self_attention(y: Tensor) -> Tensor:
+            q, k, v = _attention_input(w.qkv(y)).split((h * w.d_k, h * w.d_k, h * w.d_v), dim=1)
+            keys, values = cache.append(_heads(k, h), _heads(v, h))  # (N, H, t + 1, K), (.., Dv)
+            # the one new query may see every cached key: no mask
+            out = attention(_heads(q, h), keys, values)  # (N, H, 1, Dv)
+            return w.self_out(out.reshape(n, h * w.d_v).to(dtype))  # (N, H, 1, Dv) -> (N, H*Dv)
+
+        def cross_attention(y: Tensor) -> Tensor:
+            if cache.cross_k is None:
+                cache.cross_k, cache.cross_v = w.cross_attn.project_key_value(memory)
+            b = cache.cross_k.size(0)  # (B, H, S, K)
+            if n % b:
+                raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
+            # The G = N / B hypotheses of a sentence query its keys together as G positions
+            # (see DecoderLayer._cross_attention).
+            q = _attention_input(w.cross_query(y))  # (N, H*K)
+            q = q.view(b, n // b, h, w.d_k).transpose(1, 2)  # (B, G, H, K) -> (B, H, G, K)
+            out = attention(q, cache.cross_k, cache.cross_v, mask)  # (B, H, G, Dv)
+            out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
+            return w.cross_out(out.to(dtype))
+
+        def ffn(y: Tensor) -> Tensor:
+            return w.ffn_out(torch.relu(w.ffn_in(y)))
+
+        x = self._sublayer(x, w.norms[0], self_attention)
+        x = self._sublayer(x, w.norms[1], cross_attention)
+        return self._sublayer(x, w.norms[2], ffn)
+
+
+__all__ = ["DecodingModel", "transposed"]

@@ -1,0 +1,161 @@
+"""DecodingModel: single-position steps from a snapshot of the weights compute what
+Transformer.decode computes, for every model variant, beams and low precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transduce.inference import beam_search, greedy_search
+from transduce.model.decoding import DecodingModel, transposed
+
+from model_testkit import tiny_batch, tiny_model
+
+_VARIANTS = [
+    {},
+    {"norm": "pre"},
+    {"positional": "learned"},
+    {"d_k": 5, "d_v": 7, "n_heads": 3},
+    {"tgt_vocab": 11},
+    {"tgt_vocab": 11, "tie_embeddings": False},
+]
+
+
+def _steps(model, src, tgt, g: int = 1) -> tuple[torch.Tensor, object]:
+    """Logits (B*G, T, V) of ``tgt`` decoded one position at a time against ``src``'s memory."""
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, valid, cache) for t in range(tgt.size(1))]
+    return torch.cat(steps, dim=1), cache
+
+
+def _id(kw: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in kw.items()) or "base"
+
+
+@pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
+def test_steps_equal_transformer_decode(kw: dict) -> None:
+    model = tiny_model(**kw)
+    src, tgt = tiny_batch()  # source padding in two rows
+    fast, cache = _steps(DecodingModel(model), src, tgt)
+    ref, _ = _steps(model, src, tgt)
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # and the full pass, which shares no code with the steps
+        full = model(src, tgt)
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+    assert cache.length == tgt.size(1)
+    assert cache.layers[0].self_k.shape[:3] == (3, model.config.n_heads, tgt.size(1))
+
+
+def test_grouped_hypotheses_equal_expanded_memory() -> None:
+    # G hypotheses per sentence against one row of memory each, as beam search decodes
+    model = tiny_model()
+    src, _ = tiny_batch()
+    g = 3
+    tgt = torch.randint(4, 11, (src.size(0) * g, 5), generator=torch.Generator().manual_seed(5))
+    rows = torch.arange(src.size(0)).repeat_interleave(g)
+    fast, cache = _steps(DecodingModel(model), src, tgt)
+    with torch.no_grad():
+        expected = model(src[rows], tgt)
+    torch.testing.assert_close(fast, expected, atol=1e-5, rtol=1e-5)
+    assert cache.layers[0].cross_k.size(0) == src.size(0)
+
+
+def test_rows_must_be_a_multiple_of_sentences() -> None:
+    model = DecodingModel(tiny_model())
+    src, tgt = tiny_batch()
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        with pytest.raises(ValueError, match="not a multiple"):
+            model.decode(tgt[:2, :1].repeat(2, 1), memory, valid, model.new_cache())
+
+
+def test_reordered_cache_equals_decoding_the_reordered_batch() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model)
+    src, tgt = tiny_batch()
+    index = torch.tensor([2, 0, 0, 1])  # permute and duplicate rows, as beam search does
+    with torch.no_grad():
+        memory, valid = fast.encode(src)
+        cache = fast.new_cache()
+        for t in range(2):
+            fast.decode(tgt[:, t : t + 1], memory, valid, cache)
+        cache.reorder(index)
+        cache.select_sources(index)
+        rest = [fast.decode(tgt[index, t : t + 1], memory[index], valid[index], cache)
+                for t in range(2, 5)]  # fmt: skip
+        expected = model(src[index], tgt[index])[:, 2:]
+    torch.testing.assert_close(torch.cat(rest, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_several_positions_or_no_cache_run_the_model() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model)
+    src, tgt = tiny_batch()
+    with torch.no_grad():
+        memory, valid = fast.encode(src)
+        assert torch.equal(fast.decode(tgt, memory, valid), model.decode(tgt, memory, valid))
+        # a prefix of 3 positions through the model, then steps on the same cache
+        cache = fast.new_cache()
+        out = [fast.decode(tgt[:, :3], memory, valid, cache)]
+        out += [fast.decode(tgt[:, t : t + 1], memory, valid, cache) for t in (3, 4)]
+        expected = model.decode(tgt, memory, valid)
+    torch.testing.assert_close(torch.cat(out, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_model_is_close_to_its_transformer_decode() -> None:
+    model = tiny_model().to(torch.bfloat16)
+    src, tgt = tiny_batch()
+    fast, cache = _steps(DecodingModel(model), src, tgt)
+    ref, _ = _steps(model, src, tgt)
+    assert fast.dtype == torch.bfloat16
+    # float32 attention on the CPU, as Transformer.decode: the cache holds float32
+    assert cache.layers[0].self_k.dtype == torch.float32
+    torch.testing.assert_close(fast.float(), ref.float(), atol=0.05, rtol=0.05)
+
+
+def test_snapshot_keeps_the_weights_it_was_made_from() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model)
+    src, tgt = tiny_batch()
+    before, _ = _steps(fast, src, tgt)
+    with torch.no_grad():  # change a decoder projection in place (as an optimizer step does)
+        model.decoder.layers[0].ffn.w_1.weight.mul_(2.0)
+    after, _ = _steps(fast, src, tgt)
+    changed, _ = _steps(DecodingModel(model), src, tgt)
+    torch.testing.assert_close(after, before)  # the documented snapshot semantics
+    assert not torch.allclose(changed, before, atol=1e-3)  # a new one sees the change
+
+
+def test_searches_give_the_model_s_outputs() -> None:
+    model = tiny_model(tgt_vocab=None)
+    fast = DecodingModel(model)
+    src, _ = tiny_batch()
+    assert greedy_search(fast, src, max_len=6) == greedy_search(model, src, max_len=6)
+    mine = beam_search(fast, src, beam=3, max_len=6, nbest=3)
+    ref = beam_search(model, src, beam=3, max_len=6, nbest=3)
+    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
+    torch.testing.assert_close(
+        torch.tensor([[h.score for h in hs] for hs in mine]),
+        torch.tensor([[h.score for h in hs] for hs in ref]),
+    )
+
+
+def test_training_mode_is_the_model_s_and_searches_refuse_it() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model)
+    src, _ = tiny_batch()
+    model.train()
+    assert fast.training
+    with pytest.raises(ValueError, match="training mode"):
+        greedy_search(fast, src, max_len=3)
+    model.eval()
+    assert not fast.training
+
+
+@pytest.mark.parametrize(("shape", "block"), [((13, 16), 256), ((1000, 24), 7), ((5, 3), 1)])
+def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) -> None:
+    w = torch.randn(shape)
+    out = transposed(w, block=block)
+    assert out.is_contiguous() and torch.equal(out, w.t())
