@@ -8,9 +8,10 @@ positions). On a CPU at batch 1 that overhead, not arithmetic, is most of a step
 single-position steps of a search, with plain tensor operations on weights it copied once:
 
 - every projection of a decoder step as ``addmm(bias, x, W_t)`` with ``W_t`` the weight
-  transposed to (in, out), which MKL multiplies as fast or faster than nn.Linear's (out, in)
-  layout at every row count we timed (2 threads, float32: 1.0-1.7x at 4 rows, 1.0-1.2x at 32
-  and 128; up to 2.5x for one or two rows on the AMD machine, benchmarks/RESULTS.md);
+  transposed to (in, out), which MKL multiplies faster than nn.Linear's (out, in) layout at
+  most decoding shapes (Intel machine, 2 threads, float32: 1.0-1.2x at 1, 32 and 128 rows,
+  1.0-1.7x at 4 rows except 0.6x for the 1024 -> 256 projection; up to 2.5x for one or two
+  rows on the AMD machine; benchmarks/RESULTS.md);
 - W^Q, W^K, W^V of self-attention stacked into one product.
 
 Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
