@@ -41,7 +41,9 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
     memory, src_valid = model.encode(src)
     cache = model.new_cache()
     sent = torch.arange(batch, device=src.device)  # original index of each active row
-    tokens = src.new_empty((batch, 0))  # (B, t) generated so far
+    # (B, max_len) tokens generated so far: the first ``step`` columns (written in place, not
+    # concatenated every step; at batch 1 the step costs far more in calls than arithmetic)
+    tokens = src.new_empty((batch, int(max_lens.max())))
     log_prob = torch.zeros(batch, device=src.device)
     last = src.new_full((batch, 1), BOS)
     step = 0
@@ -55,7 +57,10 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
         done = tok == EOS
         if bool(done.any()):
             for i, toks, lp in zip(
-                sent[done].tolist(), tokens[done].tolist(), log_prob[done].tolist(), strict=True
+                sent[done].tolist(),
+                tokens[done, :step].tolist(),
+                log_prob[done].tolist(),
+                strict=True,
             ):
                 out[i] = (toks, lp)
             keep = (~done).nonzero().squeeze(1)
@@ -66,7 +71,7 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
             memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
             tokens, tok, log_prob = tokens[keep], tok[keep], log_prob[keep]
             sent, max_lens = sent[keep], max_lens[keep]
-        tokens = torch.cat([tokens, tok[:, None]], dim=1)
+        tokens[:, step] = tok
         last = tok[:, None]
         step += 1
 
