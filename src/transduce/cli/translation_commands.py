@@ -153,8 +153,9 @@ def _add_decoding(p: argparse.ArgumentParser) -> None:
 def add_precision(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision", choices=("fp32", "bf16"), default="fp32",
-        help="weights for decoding: fp32 (as trained, the default) or bf16 (faster where the "
-        "hardware has bfloat16; a nearly tied translation may change)",
+        help="weights for decoding: fp32 (as trained, the default) or bf16 (faster for batches "
+        "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
+        "translation may change)",
     )  # fmt: skip
 
 
