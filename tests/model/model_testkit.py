@@ -41,3 +41,20 @@ def tiny_batch(seed: int = 0) -> tuple[Tensor, Tensor]:
     tgt = torch.randint(1, 11, (3, 5), generator=g)  # fits a target vocabulary of 11
     tgt[2, 3:] = PAD
     return src, tgt
+
+
+def decode_reordered(decoder, src: Tensor, tgt: Tensor, index: Tensor) -> tuple[Tensor, object]:
+    """Decode two positions of ``tgt`` step by step, reorder the cache to the rows ``index`` (as
+    beam search does), decode positions 2-4 of the reordered rows. ``decoder`` has the decoding
+    contract (a Transformer or a DecodingModel). Returns (logits of positions 2-4, cache)."""
+    with torch.no_grad():
+        memory, valid = decoder.encode(src)
+        cache = decoder.new_cache()
+        for t in range(2):
+            decoder.decode(tgt[:, t : t + 1], memory, valid, cache)
+        cache.reorder(index)
+        cache.select_sources(index)
+        memory_r, valid_r, tgt_r = memory[index], valid[index], tgt[index]
+        rest = [decoder.decode(tgt_r[:, t : t + 1], memory_r, valid_r, cache)
+                for t in range(2, 5)]  # fmt: skip
+    return torch.cat(rest, dim=1), cache
