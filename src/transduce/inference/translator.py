@@ -208,7 +208,8 @@ class Translator:
             for batch in batches:
                 src = collate([(ids[j], []) for j in batch]).src.to(device)
                 step_cfg = replace(cfg, decode_batch=len(batch))  # one generate call per batch
-                for j, hyps in zip(batch, generate(self.decoding, src, step_cfg, nbest), strict=True):
+                hyps_of_batch = generate(self.decoding, src, step_cfg, nbest)
+                for j, hyps in zip(batch, hyps_of_batch, strict=True):
                     out[todo[j]] = [
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -91,12 +92,10 @@ def attention(
     if query.device.type == "cpu":
         if dtype in _LOW_PRECISION:
             query, key, value = query.float(), key.float(), value.float()
-        if torch.is_autocast_enabled("cpu"):  # autocast would run it in bfloat16
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(
-                    query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-                )
-        else:  # entering the context costs ~3 us, more than some decoding steps' attention
+        # autocast would run it in bfloat16; turning it off costs ~2.7 us a call, 40% of a
+        # batch-1 decoding step's attention (6.5 us), so only when it is on
+        autocast = torch.is_autocast_enabled("cpu")
+        with torch.autocast("cpu", enabled=False) if autocast else contextlib.nullcontext():
             out = F.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
             )

@@ -3,7 +3,7 @@ a snapshot of the weights laid out for it.
 
 ``Transformer.decode`` runs the decoder modules, which serve training too: every step pays for
 module calls, attribute lookups and the general code paths of training (dropout, masks, T
-positions). On a CPU at batch 1 that overhead, not arithmetic, is most of a step.
+positions); on a CPU at batch 1 that was about a fifth of a step (the speed-ups below).
 ``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for the
 single-position steps of a search, with plain tensor operations on weights it copied once:
 
