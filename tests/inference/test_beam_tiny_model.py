@@ -6,7 +6,10 @@ import torch
 
 from inference_testkit import random_sources, sequence_log_probs, tiny_model
 from transduce.data.vocab import PAD
+from transduce.inference import beam as beam_module
 from transduce.inference import beam_search, greedy_search, length_penalty
+from transduce.inference.beam import parent_slots
+from transduce.model.decoding import DecodingModel
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -56,3 +59,33 @@ def test_never_longer_than_source_plus_offset(offset):
     out = beam_search(model, src, beam=3, alpha=2.0, max_len_offset=offset, nbest=3)
     assert all(len(h.tokens) <= n for hyps, n in zip(out, limits, strict=True) for h in hyps)
     assert any(len(h.tokens) == n for hyps, n in zip(out, limits, strict=True) for h in hyps)
+
+
+def test_parent_slots_keeps_a_child_in_every_parent_slot():
+    gen = torch.Generator().manual_seed(0)
+    for w in (1, 2, 4, 5):
+        parent = torch.randint(0, w, (300, w), generator=gen)
+        live = torch.rand(300, w, generator=gen) < 0.7
+        perm = parent_slots(parent, live)
+        for p, alive, order in zip(parent.tolist(), live.tolist(), perm.tolist(), strict=True):
+            assert sorted(order) == list(range(w))
+            for s in range(w):
+                children = [j for j in range(w) if alive[j] and p[j] == s]
+                if children:
+                    assert order[s] == children[0]
+
+
+@pytest.mark.parametrize("decoding", [False, True])
+def test_hypothesis_slots_change_no_result(monkeypatch, decoding):
+    """With and without parent_slots (and the cache's in-place moves it enables): the same
+    hypotheses and scores."""
+    model = tiny_model(7)
+    model = DecodingModel(model) if decoding else model
+    src = random_sources(torch.Generator().manual_seed(7), [5, 2, 6, 3, 4, 1, 5, 2])
+    results = []
+    for min_rows in (0, 10**9):
+        monkeypatch.setattr(beam_module, "PARENT_SLOTS_MIN_ROWS", min_rows)
+        results.append(beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4))
+    for with_slots, without in zip(*results, strict=True):
+        assert [h.tokens for h in with_slots] == [h.tokens for h in without]
+        assert [h.score for h in with_slots] == pytest.approx([h.score for h in without], abs=1e-6)

@@ -49,3 +49,28 @@ def test_select_sources_leaves_hypothesis_rows() -> None:
     cache.reorder(torch.tensor([5, 4, 1, 0]))
     for layer in cache.layers:
         assert layer.cross_k.tolist() == [2.0, 0.0] and layer.self_k.size(0) == 4
+
+
+def test_reorder_moving_few_rows_copies_them_in_place() -> None:
+    """DecoderCache.reorder copies only the changed rows when at most half change (beam search
+    keeps hypotheses in their parents' slots); the result equals a gather either way."""
+    gen = torch.Generator().manual_seed(3)
+    cache = DecoderCache(2)
+    n = 8
+    refs = []
+    for layer in cache.layers:
+        k, v = torch.randn(n, 2, 5, 3, generator=gen), torch.randn(n, 2, 5, 4, generator=gen)
+        layer.append(k, v)
+        refs.append((k, v))
+    buffers = [layer.self_k.data_ptr() for layer in cache.layers]
+    for index in (
+        torch.tensor([0, 0, 2, 3, 3, 5, 6, 7]),  # two rows change: in place
+        torch.arange(n),  # nothing changes
+        torch.tensor([1, 1, 1, 1, 4, 4, 4, 4]),  # six change: gathered
+    ):
+        cache.reorder(index)
+        refs = [(k[index], v[index]) for k, v in refs]
+        for layer, (k, v) in zip(cache.layers, refs, strict=True):
+            assert torch.equal(layer.self_k, k) and torch.equal(layer.self_v, v)
+        if index.tolist() == [0, 0, 2, 3, 3, 5, 6, 7]:
+            assert [layer.self_k.data_ptr() for layer in cache.layers] == buffers

@@ -5,8 +5,9 @@ The algorithm, per sentence, with a beam of W slots:
 - Scores are sums of ``log_softmax`` log-probabilities; hypotheses are ranked by this raw score
   while they grow. A finished hypothesis (its last token is EOS) scores ``log P / lp(|Y|)``,
   with ``|Y|`` its token count including EOS (``length_penalty``).
-- Each step, the candidates are all one-token extensions of the live hypotheses: a ``topk`` over
-  the W*V flattened scores of each sentence (as in fairseq). Only the best ``W - finished``
+- Each step, the candidates are all one-token extensions of the live hypotheses: the W best of
+  the W*V scores of each sentence (as in fairseq; found as the W best among the W best
+  extensions of each hypothesis, which hold them). Only the best ``W - finished``
   candidates enter the beam: those ending in EOS are finished, the others stay live. A finished
   hypothesis thus keeps its beam slot, and the beam shrinks as hypotheses finish (as in Nematus
   and Marian), which is why ``beam=1`` is exactly greedy search.
@@ -34,8 +35,41 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
-from transduce.inference.common import check_eval_mode, max_output_lengths, next_token_log_probs
+from transduce.inference.common import (
+    check_eval_mode,
+    first_forced_step,
+    max_output_lengths,
+    next_token_log_probs,
+)
 from transduce.inference.length_penalty import length_penalty
+
+
+# Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
+# (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
+# Below it the extra calls cost more than the smaller copy saves: measured 2-5% slower at 4 and
+# 16 rows, 3-4% faster at 128 (SMALL and BASE, benchmarks/RESULTS.md).
+PARENT_SLOTS_MIN_ROWS = 64
+
+
+def parent_slots(parent: Tensor, live: Tensor) -> Tensor:
+    """An order of each sentence's new hypotheses that leaves the most cache rows in place.
+
+    parent (n, W) the beam slot each new hypothesis extends, live (n, W) bool -> perm (n, W), a
+    permutation of 0..W-1 per sentence: slot s takes hypothesis ``perm[:, s]``. Every slot that
+    is the parent of a live hypothesis takes the first of them, so its cache row stays; the
+    other hypotheses take the remaining slots in order. Which slot holds a hypothesis changes
+    nothing else in the search.
+    """
+    n, w = parent.shape
+    idx = torch.arange(w, device=parent.device)
+    child = (parent[:, None, :] == idx[:, None]) & live[:, None, :]  # (n, W_s, W_j)
+    first = torch.where(child, idx, w).amin(dim=2)  # (n, W_s): first live child, w if none
+    has = first < w
+    # the hypotheses no slot claimed, in order, for the slots nobody claimed, in order
+    claimed = torch.zeros(n, w + 1, dtype=torch.bool, device=parent.device).scatter_(1, first, True)
+    rest = torch.argsort(claimed[:, :w].to(torch.uint8), dim=1, stable=True)  # (n, W)
+    free_rank = (~has).cumsum(1) - 1  # (n, W_s): rank of each unclaimed slot
+    return torch.where(has, first, rest.gather(1, free_rank.clamp(min=0)))
 
 
 @dataclass
@@ -93,7 +127,7 @@ def _beam_search(
     bos = src.new_full((batch, 1), BOS)
     logits = model.decode(bos, memory, src_valid, cache)[:, -1]  # (B, V)
     lprobs = next_token_log_probs(logits, max_lens <= 0)
-    vocab = lprobs.size(-1)
+    per_row = min(width, lprobs.size(-1))  # candidates kept per hypothesis
     expand = torch.arange(batch, device=device).repeat_interleave(width)  # (B*W,)
     cache.reorder(expand)
     lprobs = lprobs.index_select(0, expand)  # (B*W, V)
@@ -110,13 +144,18 @@ def _beam_search(
     finished_scores = torch.full((batch, width), float("-inf"), device=device)
     slot = torch.arange(width, device=device)  # (W,)
     lp_max_len = length_penalty(max_lens + 1, alpha)  # (B,) lp of the longest possible output
+    forced_from = first_forced_step(max_lens)  # no EOS to force before this step
     step = 0  # tokens in every live hypothesis
     while True:
         n = sent.numel()
-        cand = (scores[:, :, None] + lprobs.view(n, width, vocab)).view(n, width * vocab)
-        top, flat = cand.topk(width, dim=1)  # (n, W), best first
-        parent = torch.div(flat, vocab, rounding_mode="floor")  # beam each candidate extends
-        tok = flat % vocab
+        # The W best of a sentence's W*V extensions are among the `per_row` best extensions of
+        # each hypothesis (a candidate with fewer than W better ones overall has fewer than W in
+        # its own row): two small topk calls instead of adding the scores to all W*V.
+        row_top, row_tok = lprobs.topk(per_row, dim=1)  # (n*W, per_row) each
+        cand = (scores.view(-1, 1) + row_top).view(n, width * per_row)
+        top, pick = cand.topk(width, dim=1)  # (n, W), best first
+        parent = torch.div(pick, per_row, rounding_mode="floor")  # beam each candidate extends
+        tok = row_tok.view(n, width * per_row).gather(1, pick)
         entered = (slot < (width - n_finished)[:, None]) & (top > float("-inf"))
         is_eos = tok == EOS
         ended = entered & is_eos
@@ -141,6 +180,11 @@ def _beam_search(
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
+        live = scores > float("-inf")
+        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS:
+            perm = parent_slots(parent, live)  # (n, W)
+            parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
+        parent = torch.where(live, parent, slot)  # the rows of ended hypotheses are never read
         rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
         cache.reorder(rows)
         tokens = torch.cat([tokens.index_select(0, rows), tok.index_select(0, keep).view(-1, 1)], 1)
@@ -152,11 +196,13 @@ def _beam_search(
             finished_scores, max_lens, lp_max_len = (
                 finished_scores[keep], max_lens[keep], lp_max_len[keep]
             )
+            forced_from = first_forced_step(max_lens)
         step += 1
         logits = model.decode(tokens[:, -1:], memory, src_valid, cache)[:, -1]  # (n'*W, V)
-        lprobs = next_token_log_probs(logits, (max_lens <= step).repeat_interleave(width))
+        force = (max_lens <= step).repeat_interleave(width) if step >= forced_from else None
+        lprobs = next_token_log_probs(logits, force)
 
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 
-__all__ = ["Hypothesis", "beam_search"]
+__all__ = ["PARENT_SLOTS_MIN_ROWS", "Hypothesis", "beam_search", "parent_slots"]

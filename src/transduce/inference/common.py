@@ -34,15 +34,15 @@ def max_output_lengths(src: Tensor, max_len_offset: int, max_len: int | None) ->
     return (src != PAD).sum(dim=1) + max_len_offset
 
 
-def next_token_log_probs(logits: Tensor, force_eos: Tensor) -> Tensor:
-    """logits (N, V) of the next token, force_eos (N,) bool -> float32 log-probs (N, V).
+def next_token_log_probs(logits: Tensor, force_eos: Tensor | None) -> Tensor:
+    """logits (N, V) of the next token, force_eos (N,) bool or None (no row) -> float32
+    log-probs (N, V).
 
     PAD and BOS get -inf; on rows with ``force_eos`` every token but EOS gets -inf.
     """
     lprobs = F.log_softmax(logits.float(), dim=-1)
-    lprobs[:, PAD] = float("-inf")
-    lprobs[:, BOS] = float("-inf")
-    if bool(force_eos.any()):  # rare (the last step): no (N, V) mask on the other steps
+    lprobs.narrow(1, PAD, BOS - PAD + 1).fill_(float("-inf"))  # adjacent ids: one call
+    if force_eos is not None and bool(force_eos.any()):  # rare (the last step)
         rows = force_eos.nonzero().squeeze(1)
         eos = lprobs[rows, EOS]
         lprobs[rows] = float("-inf")
@@ -56,4 +56,10 @@ def check_eval_mode(model: object) -> None:
         raise ValueError("the model is in training mode (dropout on); call model.eval() first")
 
 
-__all__ = ["check_eval_mode", "max_output_lengths", "next_token_log_probs"]
+def first_forced_step(max_lens: Tensor) -> int:
+    """The first step at which some row must end (EOS forced): before it, no row needs the
+    check. max_lens (N,) from ``max_output_lengths``, not empty."""
+    return int(max_lens.min())
+
+
+__all__ = ["check_eval_mode", "first_forced_step", "max_output_lengths", "next_token_log_probs"]

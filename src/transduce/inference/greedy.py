@@ -6,7 +6,12 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
-from transduce.inference.common import check_eval_mode, max_output_lengths, next_token_log_probs
+from transduce.inference.common import (
+    check_eval_mode,
+    first_forced_step,
+    max_output_lengths,
+    next_token_log_probs,
+)
 
 
 def greedy_search(
@@ -46,14 +51,18 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
     tokens = src.new_empty((batch, int(max_lens.max())))
     log_prob = torch.zeros(batch, device=src.device)
     last = src.new_full((batch, 1), BOS)
+    forced_from = first_forced_step(max_lens)
     step = 0
     while True:
         logits = model.decode(last, memory, src_valid, cache)[:, -1]  # (B, V)
-        force = max_lens <= step
-        lprobs = next_token_log_probs(logits, force)
-        tok = lprobs.argmax(dim=-1)  # (B,)
-        tok = tok.masked_fill(force, EOS)  # even if the model gives EOS -inf
-        log_prob = log_prob + lprobs.gather(1, tok[:, None]).squeeze(1)
+        if step < forced_from:  # no row ends here: fewer operator calls
+            best, tok = next_token_log_probs(logits, None).max(dim=-1)  # (B,), (B,)
+        else:
+            force = max_lens <= step
+            lprobs = next_token_log_probs(logits, force)
+            tok = lprobs.argmax(dim=-1).masked_fill(force, EOS)  # even if the model gives EOS -inf
+            best = lprobs.gather(1, tok[:, None]).squeeze(1)
+        log_prob = log_prob + best
         done = tok == EOS
         if bool(done.any()):
             for i, toks, lp in zip(
@@ -71,8 +80,9 @@ def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[in
             memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
             tokens, tok, log_prob = tokens[keep], tok[keep], log_prob[keep]
             sent, max_lens = sent[keep], max_lens[keep]
+            forced_from = first_forced_step(max_lens)
         tokens[:, step] = tok
-        last = tok[:, None]
+        last = tok.view(-1, 1)  # (B,) -> (B, 1)
         step += 1
 
 

@@ -49,9 +49,13 @@ class LayerCache:
                 vb[:, :, :t] = self.self_v
             self._buffers = [(kb, vb)]
         kb, vb = self._buffers[0]
-        kb[:n, :, t : t + new] = k
-        vb[:n, :, t : t + new] = v
-        self.self_k, self.self_v = kb[:n, :, : t + new], vb[:n, :, : t + new]
+        if kb.size(0) != n:
+            kb, vb = kb[:n], vb[:n]
+        # narrow/copy_ rather than slice assignment: a step at batch 1 is mostly operator calls,
+        # and each slice of an index expression is one
+        self.self_k, self.self_v = kb.narrow(2, 0, t + new), vb.narrow(2, 0, t + new)
+        self.self_k.narrow(2, t, new).copy_(k)
+        self.self_v.narrow(2, t, new).copy_(v)
         return self.self_k, self.self_v
 
     def reorder(self, index: Tensor) -> None:
@@ -70,9 +74,29 @@ class LayerCache:
         self._buffers = [spare, (kb, vb)]
         self.self_k, self.self_v = spare[0][:n, :, :t], spare[1][:n, :, :t]
 
+    def move_rows(self, dst: Tensor, src: Tensor) -> None:
+        """In place: row ``dst[i]`` of self_k / self_v becomes a copy of row ``src[i]`` (all
+        sources are read before any row is written). dst, src (M,) LongTensors."""
+        for t in (self.self_k, self.self_v):
+            if t is not None:
+                t.index_copy_(0, dst, t.index_select(0, src))
+
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,) of cross_k / cross_v."""
         self.cross_k, self.cross_v = _select(self.cross_k, index), _select(self.cross_v, index)
+
+
+def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """(dst, src): the rows that ``reorder(index)`` changes and where each comes from, when
+    there are at most half of them; None when ``index`` changes the row count or moves more
+    (copying in place reads and writes a moved row twice, gathering every row once)."""
+    if keys is None or index.numel() != keys.size(0):
+        return None
+    n = index.numel()
+    dst = (index != torch.arange(n, device=index.device)).nonzero().squeeze(1)  # (M,)
+    if 2 * dst.numel() > n:
+        return None
+    return dst, index.index_select(0, dst)
 
 
 class DecoderCache:
@@ -91,9 +115,17 @@ class DecoderCache:
         self.length = 0  # target positions already in the cache
 
     def reorder(self, index: Tensor) -> None:
-        """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache."""
+        """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache.
+
+        When ``index`` keeps the number of rows and leaves at least half of them where they are
+        (``index[i] == i``: beam search puts a hypothesis in its parent's slot where it can), only
+        the other rows are copied, in place; otherwise all rows are gathered."""
+        moved = _moved_rows(index, self.layers[0].self_k if self.layers else None)
         for layer in self.layers:
-            layer.reorder(index)
+            if moved is None:
+                layer.reorder(index)
+            elif moved[0].numel():
+                layer.move_rows(*moved)
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""

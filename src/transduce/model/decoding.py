@@ -103,6 +103,11 @@ def _heads(x: Tensor, n_heads: int) -> Tensor:
     return x.view(x.size(0), n_heads, 1, -1)
 
 
+def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    # a Python comparison costs less than the call to .to() that would return x unchanged
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _attention_input(x: Tensor) -> Tensor:
     # On the CPU attention() runs in float32 for low-precision inputs; casting the projection
     # once here keeps the cache in float32, as Transformer.decode does (MultiHeadAttention).
@@ -125,6 +130,8 @@ class DecodingModel:
             self.layers = tuple(_LayerWeights.of(layer) for layer in model.decoder.layers)
             self.generator_t = transposed(model.generator.weight)  # (D, V)
         self.pre_norm = model.config.norm == "pre"
+        # (src_valid, its version counter, its source_mask): see _source_mask
+        self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
     @property
     def training(self) -> bool:
@@ -146,16 +153,27 @@ class DecodingModel:
         if cache is None or tgt.size(1) != 1:
             return self.model.decode(tgt, memory, src_valid, cache)
         decoder = self.model.decoder
-        x = decoder.positions(decoder.embed(tgt), cache.length)  # (N, 1, D)
-        n, d = x.size(0), x.size(2)
-        x = x.view(n, d)  # (N, 1, D) -> (N, D)
-        mask = source_mask(src_valid)  # (B, 1, 1, S) or None
+        embed = decoder.embed.weight  # (V, D)
+        position = decoder.positions.encoding(cache.length, 1)  # (1, D)
+        if position.dtype != embed.dtype:
+            position = position.to(embed.dtype)
+        # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5) as one operation
+        x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
+        mask = self._source_mask(src_valid)  # (B, 1, 1, S) or None
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = self._layer(x, weights, layer_cache, memory, mask)
         cache.length += 1
         if self.pre_norm:
             x = decoder.final_norm(x)
         return (x @ self.generator_t).unsqueeze(1)  # (N, V) -> (N, 1, V)
+
+    def _source_mask(self, src_valid: Tensor) -> Tensor | None:
+        """``source_mask(src_valid)``, made once per ``src_valid`` rather than every step (a
+        search passes the same tensor until it drops sentences)."""
+        memo = self._mask_memo  # one attribute, replaced whole: safe across threads
+        if memo is None or memo[0] is not src_valid or memo[1] != src_valid._version:
+            memo = self._mask_memo = (src_valid, src_valid._version, source_mask(src_valid))
+        return memo[2]
 
     def _sublayer(self, x: Tensor, norm: tuple, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """``DecoderLayer``'s residual wrapping (post- or pre-norm), without dropout."""
@@ -171,11 +189,15 @@ class DecodingModel:
         dtype = x.dtype
 
         def self_attention(y: Tensor) -> Tensor:
-            q, k, v = _attention_input(w.qkv(y)).split((h * w.d_k, h * w.d_k, h * w.d_v), dim=1)
-            keys, values = cache.append(_heads(k, h), _heads(v, h))  # (N, H, t + 1, K), (.., Dv)
+            qkv = _attention_input(w.qkv(y))  # (N, H*K + H*K + H*Dv)
+            if w.d_k == w.d_v:  # one call for the three views
+                q, k, v = qkv.view(n, 3, h, 1, w.d_k).unbind(1)  # 3 x (N, H, 1, K)
+            else:
+                q, k, v = (_heads(t, h) for t in qkv.split((h * w.d_k, h * w.d_k, h * w.d_v), 1))
+            keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
             # the one new query may see every cached key: no mask
-            out = attention(_heads(q, h), keys, values)  # (N, H, 1, Dv)
-            return w.self_out(out.reshape(n, h * w.d_v).to(dtype))  # (N, H, 1, Dv) -> (N, H*Dv)
+            out = attention(q, keys, values)  # (N, H, 1, Dv)
+            return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
         def cross_attention(y: Tensor) -> Tensor:
             if cache.cross_k is None:
@@ -189,10 +211,10 @@ class DecodingModel:
             q = q.view(b, n // b, h, w.d_k).transpose(1, 2)  # (B, G, H, K) -> (B, H, G, K)
             out = attention(q, cache.cross_k, cache.cross_v, mask)  # (B, H, G, Dv)
             out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
-            return w.cross_out(out.to(dtype))
+            return w.cross_out(_as_dtype(out, dtype))
 
         def ffn(y: Tensor) -> Tensor:
-            return w.ffn_out(torch.relu(w.ffn_in(y)))
+            return w.ffn_out(w.ffn_in(y).relu_())
 
         x = self._sublayer(x, w.norms[0], self_attention)
         x = self._sublayer(x, w.norms[1], cross_attention)

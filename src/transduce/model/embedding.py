@@ -53,10 +53,14 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, T, D) + PE[offset : offset + T]."""
-        end = offset + x.size(1)
+        return x + self.encoding(offset, x.size(1)).to(x.dtype)
+
+    def encoding(self, offset: int, length: int) -> Tensor:
+        """PE[offset : offset + length]: (length, D) float32."""
+        end = offset + length
         if end > self.table.size(0):
             self.table = positional_table(2 * end, self.d_model, device=self.table.device)
-        return x + self.table[offset:end].to(x.dtype)
+        return self.table.narrow(0, offset, length)
 
 
 class LearnedPositions(nn.Module):
@@ -69,13 +73,17 @@ class LearnedPositions(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, T, D) + P[offset : offset + T]."""
-        end = offset + x.size(1)
+        return x + self.encoding(offset, x.size(1))
+
+    def encoding(self, offset: int, length: int) -> Tensor:
+        """P[offset : offset + length]: (length, D)."""
+        end = offset + length
         if end > self.weight.size(0):
             raise ValueError(
                 f"sequence of {end} positions is longer than max_positions={self.weight.size(0)} "
                 "of the learned positional embeddings"
             )
-        return x + self.weight[offset:end]
+        return self.weight.narrow(0, offset, length)
 
 
 def make_positions(kind: str, *, d_model: int, max_positions: int) -> nn.Module:
