@@ -91,3 +91,16 @@ def test_decoding_model_gives_the_same_translations(trained) -> None:
     assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
     torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
                                torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip
+
+
+def test_searches_inside_a_callers_inference_mode_give_the_same_translations(trained) -> None:
+    model, src = trained
+    fast = DecodingModel(model)
+    ref = greedy_search(fast, src, max_len_offset=5)
+    ref_beam = beam_search(fast, src, beam=4, max_len_offset=5)
+    with torch.inference_mode():  # src and every tensor the searches make: inference tensors
+        inf_src = src.clone()
+        assert greedy_search(fast, inf_src, max_len_offset=5) == ref
+        assert greedy_search(model, inf_src, max_len_offset=5) == ref
+        beams = beam_search(fast, inf_src, beam=4, max_len_offset=5)
+    assert [h[0].tokens for h in beams] == [h[0].tokens for h in ref_beam]

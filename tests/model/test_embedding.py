@@ -87,6 +87,18 @@ def test_sinusoidal_positions_grow_beyond_max_positions() -> None:
         assert out2[0, 1, dim].item() == pytest.approx(_paper_pe(21, dim, d), abs=1e-6)
 
 
+def test_table_grown_under_inference_mode_serves_training_afterwards() -> None:
+    # the searches run under torch.inference_mode and may grow the table; training must still
+    # be able to save it for backward (inference tensors cannot be)
+    pos = SinusoidalPositions(d_model=6, max_positions=4)
+    with torch.inference_mode():
+        pos(torch.zeros(1, 9, 6))
+    assert not pos.table.is_inference()
+    x = torch.randn(1, 9, 6, requires_grad=True)
+    (pos(x) * pos.encoding(0, 9)).sum().backward()
+    torch.testing.assert_close(x.grad[0], pos.encoding(0, 9))
+
+
 def test_learned_positions_are_parameters_and_bounded() -> None:
     pos = make_positions("learned", d_model=8, max_positions=5)
     assert isinstance(pos, LearnedPositions)

@@ -108,7 +108,7 @@ def beam_search(
     return _beam_search(model, src, max_lens=max_lens, beam=beam, alpha=alpha, nbest=nbest)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # see greedy_decode
 def _beam_search(
     model, src: Tensor, *, max_lens: Tensor, beam: int, alpha: float, nbest: int
 ) -> list[list[Hypothesis]]:

@@ -128,6 +128,6 @@ class DecoderCache:
                 layer.move_rows(*moved)
 
     def select_sources(self, index: Tensor) -> None:
-        """Keep source-sentence rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""
+        """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""
         for layer in self.layers:
             layer.select_sources(index)

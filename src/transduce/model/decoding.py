@@ -170,9 +170,12 @@ class DecodingModel:
     def _source_mask(self, src_valid: Tensor) -> Tensor | None:
         """``source_mask(src_valid)``, made once per ``src_valid`` rather than every step (a
         search passes the same tensor until it drops sentences)."""
+        # Tensors made under torch.inference_mode (the searches') have no version counter; the
+        # searches never change src_valid in place, so for those the identity is the key.
+        version = -1 if src_valid.is_inference() else src_valid._version
         memo = self._mask_memo  # one attribute, replaced whole: safe across threads
-        if memo is None or memo[0] is not src_valid or memo[1] != src_valid._version:
-            memo = self._mask_memo = (src_valid, src_valid._version, source_mask(src_valid))
+        if memo is None or memo[0] is not src_valid or memo[1] != version:
+            memo = self._mask_memo = (src_valid, version, source_mask(src_valid))
         return memo[2]
 
     def _sublayer(self, x: Tensor, norm: tuple, sublayer: Callable[[Tensor], Tensor]) -> Tensor:

@@ -59,7 +59,10 @@ class SinusoidalPositions(nn.Module):
         """PE[offset : offset + length]: (length, D) float32."""
         end = offset + length
         if end > self.table.size(0):
-            self.table = positional_table(2 * end, self.d_model, device=self.table.device)
+            # a normal tensor even when first needed under torch.inference_mode, so that
+            # training can use the grown table afterwards
+            with torch.inference_mode(False):
+                self.table = positional_table(2 * end, self.d_model, device=self.table.device)
         return self.table.narrow(0, offset, length)
 
 
