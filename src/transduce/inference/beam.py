@@ -46,8 +46,8 @@ from transduce.inference.length_penalty import length_penalty
 
 # Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
-# Below it the extra calls cost more than the smaller copy saves: measured 2-5% slower at 4 and
-# 16 rows, 3-4% faster at 128 (SMALL and BASE, benchmarks/RESULTS.md).
+# Below it the extra calls cost more than the smaller copy saves: measured 2-6% slower at 4 and
+# 16 rows for SMALL (under 1% for BASE), 3-4% faster at 128 for both (benchmarks/RESULTS.md).
 PARENT_SLOTS_MIN_ROWS = 64
 
 
@@ -184,7 +184,8 @@ def _beam_search(
         if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS:
             perm = parent_slots(parent, live)  # (n, W)
             parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
-        parent = torch.where(live, parent, slot)  # the rows of ended hypotheses are never read
+        # an ended hypothesis's row is never read again: leave it where it is rather than copy
+        parent = torch.where(live, parent, slot)
         rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
         cache.reorder(rows)
         tokens = torch.cat([tokens.index_select(0, rows), tok.index_select(0, keep).view(-1, 1)], 1)

@@ -154,9 +154,7 @@ class DecodingModel:
             return self.model.decode(tgt, memory, src_valid, cache)
         decoder = self.model.decoder
         embed = decoder.embed.weight  # (V, D)
-        position = decoder.positions.encoding(cache.length, 1)  # (1, D)
-        if position.dtype != embed.dtype:
-            position = position.to(embed.dtype)
+        position = _as_dtype(decoder.positions.encoding(cache.length, 1), embed.dtype)  # (1, D)
         # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5) as one operation
         x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
         mask = self._source_mask(src_valid)  # (B, 1, 1, S) or None
