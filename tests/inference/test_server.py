@@ -8,7 +8,6 @@ against ``Translator.translate`` needs.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
@@ -26,9 +25,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 
+from transduce.inference.dynamic_batching import BatchingConfig  # noqa: E402
 from transduce.inference.server import (  # noqa: E402
-    BatchingConfig,
-    DynamicBatcher,
     ServerLimits,
     ServerThread,
     create_app,
@@ -263,43 +261,11 @@ def test_full_queue_is_503(translator) -> None:
         assert translate(srv, {"text": ["c", "d"]}) == translator.translate(["c", "d"])
 
 
-def test_batcher_groups_by_beam_and_alpha() -> None:
-    calls: list[tuple] = []
-
-    class Recorder:
-        def translate(self, sentences, *, beam=None, alpha=None):
-            calls.append((tuple(sentences), beam, alpha))
-            return [s.upper() for s in sentences]
-
-    batcher = DynamicBatcher(Recorder(), BatchingConfig(max_batch_sentences=5, batch_wait_ms=20))
-
-    async def scenario() -> list:
-        futures = [
-            batcher.submit(["a"], 1, None), batcher.submit(["b", "c"], 2, None),
-            batcher.submit(["d"], 1, None), batcher.submit(["e", "f"], 1, None),
-        ]  # fmt: skip
-        batcher.start()  # all four are queued: they form batches in order
-        return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
-
-    try:
-        results = asyncio.run(scenario())
-    finally:
-        batcher.stop()
-    assert results == [["A"], ["B", "C"], ["D"], ["E", "F"]]
-    # batch 1 = a, b c, d (4 sentences; e f would make 6 > 5), grouped by beam; batch 2 = e f
-    assert calls == [(("a", "d"), 1, None), (("b", "c"), 2, None), (("e", "f"), 1, None)]
-    stats = batcher.stats()
-    assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
-    assert stats["pending_sentences"] == 0
-
-
-def test_limits_and_batching_are_checked() -> None:
+def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="max_sentences"):
         ServerLimits(max_sentences=0)
-    with pytest.raises(ValueError, match="max_batch_sentences"):
-        BatchingConfig(max_batch_sentences=0)
-    with pytest.raises(ValueError, match="batch_wait_ms"):
-        BatchingConfig(batch_wait_ms=-1)
+    with pytest.raises(ValueError, match="max_queue_sentences"):
+        ServerLimits(max_queue_sentences=-1)
 
 
 def _read_line(proc: subprocess.Popen, timeout: float) -> str:

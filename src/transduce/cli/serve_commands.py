@@ -42,7 +42,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
-    from transduce.inference.server import BatchingConfig, ServerLimits, create_app, serve
+    from transduce.inference.dynamic_batching import BatchingConfig
+    from transduce.inference.server import ServerLimits, create_app, serve
     from transduce.inference.translator import Translator
 
     _positive("--max-batch-sentences", args.max_batch_sentences)

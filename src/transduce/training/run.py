@@ -26,7 +26,7 @@ from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference import greedy_search
 from transduce.model.transformer import Transformer, make_model
 from transduce.training.batching import Pair, collate
-from transduce.training.trainer import Trainer
+from transduce.training.trainer import Trainer, Validator
 
 if TYPE_CHECKING:
     from transduce.data.parallel import ParallelText
@@ -176,6 +176,28 @@ def bleu_validator(
     return validate
 
 
+def _validation(
+    cfg: Config, vocab: Vocab, valid_text: ParallelText | None, summary: dict[str, Any], log: Log
+) -> tuple[list[Pair], Validator | None]:
+    """The validation pairs and the BLEU validator (none without validation files); adds the
+    validation counts to ``summary``."""
+    if valid_text is None:
+        log(
+            "no validation files (task.valid_src, task.valid_tgt): "
+            "no BLEU, best.pt or early stopping"
+        )
+        return [], None
+    n = cfg.task.max_valid_sentences or len(valid_text)
+    sources, references = valid_text.source[:n], valid_text.target[:n]
+    valid_pairs = list(
+        zip(vocab.encode_batch(sources), vocab.encode_batch(references), strict=True)
+    )
+    summary.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
+    if n < len(valid_text):
+        log(f"valid: validating on the first {n} pairs (max_valid_sentences)")
+    return valid_pairs, bleu_validator(cfg, vocab, sources, references)
+
+
 def train_translation(
     cfg: Config,
     out_dir: str | Path,
@@ -218,27 +240,11 @@ def train_translation(
             f"every training pair is longer than max_len={cfg.train.max_len} tokens "
             "(with EOS); raise max_len"
         )
-    valid_pairs: list[Pair] = []
-    validator = None
     summary_data: dict[str, Any] = {
         "train_pairs": len(train_text), "train_skipped_empty": train_text.skipped,
         "vocab_size": len(vocab),
     }  # fmt: skip
-    if valid_text is not None:
-        n = cfg.task.max_valid_sentences or len(valid_text)
-        sources, references = valid_text.source[:n], valid_text.target[:n]
-        valid_pairs = list(
-            zip(vocab.encode_batch(sources), vocab.encode_batch(references), strict=True)
-        )
-        validator = bleu_validator(cfg, vocab, sources, references)
-        summary_data.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
-        if n < len(valid_text):
-            log(f"valid: validating on the first {n} pairs (max_valid_sentences)")
-    else:
-        log(
-            "no validation files (task.valid_src, task.valid_tgt): "
-            "no BLEU, best.pt or early stopping"
-        )
+    valid_pairs, validator = _validation(cfg, vocab, valid_text, summary_data, log)
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")

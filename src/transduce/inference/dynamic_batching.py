@@ -1,0 +1,240 @@
+"""Dynamic batching for the translation server: concurrent requests share one batched
+``translate`` call.
+
+Requests are put on a queue served by one worker thread. The worker takes the oldest request, then
+keeps collecting requests for up to ``batch_wait_ms`` (or until the next one would take the batch
+over ``max_batch_sentences``; a larger request is never split and forms a batch of its own), and
+translates the whole batch with one ``translate`` call per distinct (beam, alpha), so concurrent
+clients share the model's batched decoding. With ``batch_wait_ms = 0`` the worker still takes
+whatever is already waiting when it becomes free (no added latency); ``max_batch_sentences = 1``
+serves one request at a time. If a batch fails, its requests are translated again one by one, so
+only the request that fails gets the error.
+
+Plain Python (threads and asyncio futures); ``transduce.inference.server`` puts HTTP in front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["BatchingConfig", "DynamicBatcher", "ServerBusy", "TranslatorLike"]
+
+
+class TranslatorLike(Protocol):
+    """What the server needs of a ``Translator``: ``translate`` and the decoding defaults."""
+
+    def translate(self, sentences: Sequence[str], *, beam: int | None = ...,
+                  alpha: float | None = ...) -> list[str]: ...  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How the worker groups requests: at most ``max_batch_sentences`` sentences per batch (a
+    bigger request is a batch alone), waiting at most ``batch_wait_ms`` for more requests after
+    the first one of a batch arrives."""
+
+    max_batch_sentences: int = 64
+    batch_wait_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_sentences < 1:
+            raise ValueError(
+                f"max_batch_sentences must be at least 1; got {self.max_batch_sentences}"
+            )
+        if not (self.batch_wait_ms >= 0 and math.isfinite(self.batch_wait_ms)):
+            raise ValueError(
+                f"batch_wait_ms must be a non-negative number; got {self.batch_wait_ms}"
+            )
+
+
+@dataclass
+class _Job:
+    sentences: list[str]
+    beam: int | None
+    alpha: float | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    queued_at: float = field(default_factory=time.monotonic)
+    resolved: bool = False
+
+
+class ServerBusy(Exception):
+    """More sentences are waiting than the queue limit allows."""
+
+
+_STOP = object()
+
+
+class DynamicBatcher:
+    """One worker thread translating queued requests in batches (see the module docstring).
+
+    ``submit`` is called from the event loop and returns an asyncio future resolved with the
+    request's translations (or its exception). ``stats()`` gives counters for ``/health``.
+    """
+
+    def __init__(
+        self,
+        translator: TranslatorLike,
+        batching: BatchingConfig = BatchingConfig(),
+        *,
+        max_queue_sentences: int = 8_192,
+    ) -> None:
+        self.translator = translator
+        self.batching = batching
+        self.max_queue_sentences = max_queue_sentences
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending = 0  # sentences queued or being translated
+        self._thread: threading.Thread | None = None
+        self._stats = {
+            "requests": 0, "sentences": 0, "batches": 0, "translate_calls": 0,
+            "max_batch_requests": 0, "max_batch_sentences": 0, "failed_requests": 0,
+        }  # fmt: skip
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="transduce-batcher", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the batch in progress, fail the requests still queued, stop the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(job, _Job):
+                self._resolve(job, None, RuntimeError("the server is shutting down"))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(self, sentences: list[str], beam: int | None, alpha: float | None) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if self._pending and self._pending + len(sentences) > self.max_queue_sentences:
+                raise ServerBusy(
+                    f"the server is busy ({self._pending} sentences waiting); try again later"
+                )
+            self._pending += len(sentences)
+        self._queue.put(_Job(sentences, beam, alpha, future, loop))
+        return future
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {**self._stats, "pending_sentences": self._pending}
+
+    # -- the worker --------------------------------------------------------------------------
+    def _run(self) -> None:
+        carry: _Job | None = None
+        while True:
+            first = carry if carry is not None else self._queue.get()
+            if first is _STOP:
+                return
+            jobs, carry, stop = self._collect(first)
+            try:
+                self._translate(jobs)
+            except Exception as e:  # noqa: BLE001 - a bug here must not strand the requests
+                for job in jobs:
+                    self._resolve(job, None, e)
+            if stop:
+                return
+
+    def _collect(self, first: _Job) -> tuple[list[_Job], _Job | None, bool]:
+        """The jobs of one batch starting with ``first``, the job that did not fit (kept for the
+        next batch) and whether the stop signal arrived."""
+        jobs = [first]
+        n = len(first.sentences)
+        deadline = time.monotonic() + self.batching.batch_wait_ms / 1000.0
+        while n < self.batching.max_batch_sentences:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining > 0:
+                    job = self._queue.get(timeout=remaining)
+                else:
+                    job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is _STOP:
+                return jobs, None, True
+            if n + len(job.sentences) > self.batching.max_batch_sentences:
+                return jobs, job, False
+            jobs.append(job)
+            n += len(job.sentences)
+        return jobs, None, False
+
+    def _translate(self, jobs: list[_Job]) -> None:
+        groups: dict[tuple[int | None, float | None], list[_Job]] = {}
+        for job in jobs:
+            groups.setdefault((job.beam, job.alpha), []).append(job)
+        n_sentences = sum(len(j.sentences) for j in jobs)
+        with self._lock:
+            s = self._stats
+            s["batches"] += 1
+            s["requests"] += len(jobs)
+            s["sentences"] += n_sentences
+            s["max_batch_requests"] = max(s["max_batch_requests"], len(jobs))
+            s["max_batch_sentences"] = max(s["max_batch_sentences"], n_sentences)
+        for (beam, alpha), group in groups.items():
+            try:
+                out = self._call([s for j in group for s in j.sentences], beam, alpha)
+            except Exception as e:  # noqa: BLE001 - answered as a 500, the server goes on
+                if len(group) == 1:
+                    self._resolve(group[0], None, e)
+                    continue
+                for job in group:  # find the request(s) that fail; the others get answers
+                    try:
+                        self._resolve(job, self._call(job.sentences, beam, alpha), None)
+                    except Exception as e1:  # noqa: BLE001
+                        self._resolve(job, None, e1)
+                continue
+            start = 0
+            for job in group:
+                end = start + len(job.sentences)
+                self._resolve(job, out[start:end], None)
+                start = end
+
+    def _call(self, sentences: list[str], beam: int | None, alpha: float | None) -> list[str]:
+        with self._lock:
+            self._stats["translate_calls"] += 1
+        out = self.translator.translate(sentences, beam=beam, alpha=alpha)
+        if len(out) != len(sentences):
+            raise RuntimeError(f"{len(sentences)} sentences gave {len(out)} translations")
+        return out
+
+    def _resolve(self, job: _Job, result: list[str] | None, error: BaseException | None) -> None:
+        with self._lock:
+            if job.resolved:
+                return
+            job.resolved = True
+            self._pending -= len(job.sentences)
+            if error is not None:
+                self._stats["failed_requests"] += 1
+
+        def settle() -> None:
+            if job.future.done():  # the client went away
+                return
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            job.loop.call_soon_threadsafe(settle)

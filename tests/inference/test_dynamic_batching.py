@@ -1,0 +1,88 @@
+"""The server's dynamic batching, without HTTP: batches formed in order, grouped by (beam, alpha),
+the queue limit, and the batching settings checked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher, ServerBusy
+
+TIMEOUT = 60.0  # seconds
+
+
+class Recorder:
+    """A translator that upper-cases and records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def translate(self, sentences, *, beam=None, alpha=None):
+        self.calls.append((tuple(sentences), beam, alpha))
+        return [s.upper() for s in sentences]
+
+
+def test_batcher_groups_by_beam_and_alpha() -> None:
+    recorder = Recorder()
+    batcher = DynamicBatcher(recorder, BatchingConfig(max_batch_sentences=5, batch_wait_ms=20))
+
+    async def scenario() -> list:
+        futures = [
+            batcher.submit(["a"], 1, None), batcher.submit(["b", "c"], 2, None),
+            batcher.submit(["d"], 1, None), batcher.submit(["e", "f"], 1, None),
+        ]  # fmt: skip
+        batcher.start()  # all four are queued: they form batches in order
+        return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert results == [["A"], ["B", "C"], ["D"], ["E", "F"]]
+    # batch 1 = a, b c, d (4 sentences; e f would make 6 > 5), grouped by beam; batch 2 = e f
+    assert recorder.calls == [(("a", "d"), 1, None), (("b", "c"), 2, None), (("e", "f"), 1, None)]
+    stats = batcher.stats()
+    assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
+    assert stats["pending_sentences"] == 0
+
+
+def test_queue_limit_refuses_new_requests_until_the_queue_drains() -> None:
+    batcher = DynamicBatcher(Recorder(), BatchingConfig(batch_wait_ms=0), max_queue_sentences=3)
+
+    async def scenario() -> list:
+        first = batcher.submit(["a", "b"], None, None)  # queued, the worker not started yet
+        with pytest.raises(ServerBusy, match="2 sentences waiting"):
+            batcher.submit(["c", "d"], None, None)
+        batcher.start()
+        done = await asyncio.wait_for(first, TIMEOUT)
+        again = await asyncio.wait_for(batcher.submit(["c", "d"], None, None), TIMEOUT)
+        return [done, again]
+
+    try:
+        assert asyncio.run(scenario()) == [["A", "B"], ["C", "D"]]
+    finally:
+        batcher.stop()
+    assert batcher.stats()["pending_sentences"] == 0
+
+
+def test_a_request_larger_than_the_queue_limit_is_taken_when_the_queue_is_empty() -> None:
+    batcher = DynamicBatcher(Recorder(), BatchingConfig(), max_queue_sentences=2)
+
+    async def scenario() -> list[str]:
+        batcher.start()
+        return await asyncio.wait_for(batcher.submit(["x", "y", "z"], None, None), TIMEOUT)
+
+    try:
+        assert asyncio.run(scenario()) == ["X", "Y", "Z"]
+    finally:
+        batcher.stop()
+
+
+def test_batching_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_batch_sentences"):
+        BatchingConfig(max_batch_sentences=0)
+    with pytest.raises(ValueError, match="batch_wait_ms"):
+        BatchingConfig(batch_wait_ms=-1)
+    with pytest.raises(ValueError, match="batch_wait_ms"):
+        BatchingConfig(batch_wait_ms=float("nan"))
