@@ -105,7 +105,7 @@ def test_values_are_coerced(key: str, text: object, expected: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "key,bad", [("norm", "mid"), ("positional", "rotary"), ("precision", "fp16"), ("name", "sort")]
+    "key,bad", [("norm", "mid"), ("positional", "rotary"), ("precision", "fp8"), ("name", "sort")]
 )
 def test_literal_values_are_validated(key: str, bad: str) -> None:
     hint = typing.get_type_hints(SECTIONS[KEY_SECTION[key]])[key]

@@ -64,7 +64,9 @@ class TrainConfig:
     eval_every: int = 1000  # steps between validations (0 = only at the end)
     patience: int = 0  # early stopping after this many validations without gain (0 = off)
     device: str = "cpu"
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # bf16: autocast to bfloat16 (CPUs with bfloat16 instructions, GPUs); fp16: autocast to
+    # float16 with loss scaling (GPUs); fp32 master weights in both
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)
     tensorboard: bool = True  # also log metrics to run_dir/tensorboard (needs tensorboard)

@@ -373,6 +373,35 @@ def test_bf16_training_runs(tmp_path: Path) -> None:
     assert summary["step"] == 3 and all(0 < x < 10 for x in losses)
 
 
+def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, _cfg(max_steps=3, save_every=100, precision="fp16"))
+    summary = trainer.train()
+    records = [r for r in _records(tmp_path) if r.get("split") != "valid"]
+    assert summary["step"] == 3 and all(0 < r["loss"] < 10 for r in records)
+    assert [r["loss_scale"] for r in records] == [2.0**16] * 3  # GradScaler's start, no overflow
+    trainer.scaler.update(new_scale=512.0)
+    trainer.save()
+    resumed = _trainer(tmp_path, _cfg(max_steps=3, save_every=100, precision="fp16"), resume=True)
+    assert resumed.progress.step == 3 and resumed.scaler.get_scale() == 512.0
+
+
+def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, _cfg(precision="fp16", dropout=0.0))
+    # float16 gradients of a loss scaled by 2^100 overflow: the update must change nothing
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
+    before = copy.deepcopy(trainer.model.state_dict())
+    batch = collate(trainer.pairs[:8])
+    loss, _, _ = trainer._update([batch])
+    assert 0 < loss < 10  # the reported loss is the unscaled one
+    assert _same_state(before, trainer.model.state_dict())
+    assert trainer.scaler.get_scale() == 2.0**99  # halved
+    trainer.scaler = torch.amp.GradScaler("cpu")  # a sane scale: now the weights move
+    trainer._update([batch])
+    after = trainer.model.state_dict()
+    assert not _same_state(before, after)
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+
+
 # --- it learns ----------------------------------------------------------------------------------
 
 

@@ -50,6 +50,10 @@ from transduce.training.schedule import cooldown, rate
 
 Validator = Callable[[Transformer], dict[str, float]]
 
+# Autocast dtype of each train.precision (fp32: autocast off). The master weights, the optimizer
+# state and the loss stay float32 in every case.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 @dataclass
 class Progress:
@@ -130,6 +134,11 @@ class Trainer:
             # rule. (It does not bump the parameters' version counters: no cache may key on them.)
             fused=_fused_adam_supported(model),
         )
+        # float16 has 5 exponent bits: small gradients flush to 0 unless the loss is scaled up
+        # before backward. GradScaler scales it, unscales the gradients, skips an update whose
+        # gradients hold inf/NaN and adapts the scale (halved on overflow, doubled after 2000
+        # clean steps). bfloat16 has float32's range and needs none; disabled, it is a no-op.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self.progress = Progress()
         self.log = MetricsLog(self.run_dir, tensorboard=t.tensorboard and self.world.is_main)
@@ -171,6 +180,7 @@ class Trainer:
             state = self._model_state()
             state.update(
                 optimizer=self.optimizer.state_dict(),
+                scaler=self.scaler.state_dict(),  # {} unless fp16
                 progress=vars(self.progress).copy(),
                 rng=rngs[0],
                 rng_ranks=rngs,
@@ -186,6 +196,8 @@ class Trainer:
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler.is_enabled() and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, ValueError) as e:
             first = str(e).strip().splitlines()[-1].strip()
             raise UserError(
@@ -221,8 +233,9 @@ class Trainer:
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
         scale = self.world.size / n_tokens
         loss_sum = nll_sum = 0.0
+        dtype = AUTOCAST_DTYPES.get(t.precision)
         autocast = torch.autocast(
-            device_type=self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16"
+            device_type=self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
         )
         for i, batch in enumerate(group):
             batch = batch.to(self.device)
@@ -234,18 +247,20 @@ class Trainer:
                 sums = label_smoothed_nll(
                     logits, batch.tgt_out, epsilon=t.label_smoothing, ignore_index=PAD
                 )
-                (sums.loss * scale).backward()
+                self.scaler.scale(sums.loss * scale).backward()
             loss_sum += sums.loss.item()
             nll_sum += sums.nll.item()
         loss_sum, nll_sum = distributed.all_reduce_sum([loss_sum, nll_sum], self.world, self.device)
         if t.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
         lr = rate(
             self.progress.step + 1, d_model=self.cfg.model.d_model, warmup=t.warmup, factor=t.lr_factor
         ) * cooldown(self._budget_done, fraction=t.cooldown)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # optimizer.step(), skipped on inf/NaN under fp16
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum / n_tokens, nll_sum / n_tokens, int(n_tokens)
 
@@ -381,9 +396,12 @@ class Trainer:
                     loss, nll = window_loss / max(window_tokens, 1), window_nll / max(window_tokens, 1)
                     window_tokens, window_loss, window_nll, window_start = 0, 0.0, 0.0, now
                     lr = self.optimizer.param_groups[0]["lr"]
-                    self._log({"step": p.step, "epoch": p.epoch, "loss": loss, "nll": nll,
-                               "ppl": math.exp(min(nll, 50.0)), "lr": lr, "tokens_per_s": tps,
-                               "elapsed": p.elapsed})  # fmt: skip
+                    record = {"step": p.step, "epoch": p.epoch, "loss": loss, "nll": nll,
+                              "ppl": math.exp(min(nll, 50.0)), "lr": lr, "tokens_per_s": tps,
+                              "elapsed": p.elapsed}  # fmt: skip
+                    if self.scaler.is_enabled():
+                        record["loss_scale"] = self.scaler.get_scale()
+                    self._log(record)
                     postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{tps:.0f}"}
                     if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
                         postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
