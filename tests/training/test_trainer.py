@@ -26,7 +26,7 @@ from transduce.training.batching import collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.run import encode_pairs, train_synthetic
 from transduce.training.schedule import rate
-from transduce.training.trainer import Trainer
+from transduce.training.trainer import Trainer, native_bf16, resolve_precision
 
 TINY: dict[str, Any] = {
     "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
@@ -151,7 +151,8 @@ def test_accumulated_group_equals_one_concatenated_batch(tmp_path: Path) -> None
     # adam_eps 1e-3: the attention key biases have a true gradient of exactly 0 (softmax is
     # shift-invariant), and Adam's first step, lr * g / (|g| + eps), would turn their float noise
     # (~1e-9) into steps of up to lr with eps 1e-9 (or ~1e-6 with eps 1e-6).
-    cfg = _cfg(dropout=0.0, label_smoothing=0.1, adam_eps=1e-3)
+    # float32: the two groupings round differently in bfloat16, and the reference is float32
+    cfg = _cfg(dropout=0.0, label_smoothing=0.1, adam_eps=1e-3, precision="fp32")
     a = _trainer(tmp_path / "a", cfg)
     b = _trainer(tmp_path / "b", cfg)
     b.model.load_state_dict(a.model.state_dict())
@@ -371,6 +372,21 @@ def test_bf16_training_runs(tmp_path: Path) -> None:
     summary = _trainer(tmp_path, _cfg(max_steps=3, precision="bf16")).train()
     losses = [loss for _, loss in _train_losses(tmp_path)]
     assert summary["step"] == 3 and all(0 < x < 10 for x in losses)
+
+
+@pytest.mark.parametrize(
+    "caps,auto", [({}, "fp32"), ({"avx512_f": True}, "fp32"), ({"avx512_bf16": True}, "bf16"),
+                  ({"amx_bf16": True, "amx_tile": True}, "bf16")],
+)  # fmt: skip
+def test_auto_precision_is_bf16_only_on_cpus_with_bfloat16_instructions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool], auto: str
+) -> None:
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    cpu = torch.device("cpu")
+    assert native_bf16(cpu) == (auto == "bf16")
+    assert resolve_precision("auto", cpu) == auto
+    assert [resolve_precision(p, cpu) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+    assert _trainer(tmp_path, _cfg()).precision == auto  # auto is the default
 
 
 def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path) -> None:

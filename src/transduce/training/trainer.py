@@ -55,6 +55,26 @@ Validator = Callable[[Transformer], dict[str, float]]
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively, so bf16 autocast speeds training up:
+    a CUDA GPU that supports bfloat16, an x86 CPU with AVX512-BF16 or AMX-BF16. Elsewhere
+    bfloat16 is emulated through float32 conversions, slower than float32 itself."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        caps = torch.cpu.get_capabilities()
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision with ``auto`` made concrete for ``device``: bf16 where ``native_bf16``,
+    else fp32; any other value unchanged."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 @dataclass
 class Progress:
     """Where the run stands; saved in every checkpoint."""
@@ -138,7 +158,8 @@ class Trainer:
         # before backward. GradScaler scales it, unscales the gradients, skips an update whose
         # gradients hold inf/NaN and adapts the scale (halved on overflow, doubled after 2000
         # clean steps). bfloat16 has float32's range and needs none; disabled, it is a no-op.
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
+        self.precision = resolve_precision(t.precision, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self.progress = Progress()
         self.log = MetricsLog(self.run_dir, tensorboard=t.tensorboard and self.world.is_main)
@@ -233,7 +254,7 @@ class Trainer:
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
         scale = self.world.size / n_tokens
         loss_sum = nll_sum = 0.0
-        dtype = AUTOCAST_DTYPES.get(t.precision)
+        dtype = AUTOCAST_DTYPES.get(self.precision)
         autocast = torch.autocast(
             device_type=self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
         )
@@ -345,7 +366,8 @@ class Trainer:
         t = self.cfg.train
         if self.world.is_main:
             print(
-                f"transduce: training on {self.world.size} process(es), device {self.device}: "
+                f"transduce: training on {self.world.size} process(es), device {self.device}, "
+                f"precision {self.precision}: "
                 f"up to {t.max_tokens} tokens per batch x update_freq {t.update_freq} x "
                 f"{self.world.size} = {t.max_tokens * t.update_freq * self.world.size} tokens "
                 f"per update; {len(self.pairs)} training pairs"
