@@ -154,11 +154,11 @@ class Trainer:
             # rule. (It does not bump the parameters' version counters: no cache may key on them.)
             fused=_fused_adam_supported(model),
         )
+        self.precision = resolve_precision(t.precision, self.device)
         # float16 has 5 exponent bits: small gradients flush to 0 unless the loss is scaled up
         # before backward. GradScaler scales it, unscales the gradients, skips an update whose
         # gradients hold inf/NaN and adapts the scale (halved on overflow, doubled after 2000
         # clean steps). bfloat16 has float32's range and needs none; disabled, it is a no-op.
-        self.precision = resolve_precision(t.precision, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self.progress = Progress()
