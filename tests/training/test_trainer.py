@@ -389,6 +389,18 @@ def test_auto_precision_is_bf16_only_on_cpus_with_bfloat16_instructions(
     assert _trainer(tmp_path, _cfg()).precision == auto  # auto is the default
 
 
+@pytest.mark.parametrize("capability,native", [((7, 0), False), ((7, 5), False), ((8, 0), True)])
+def test_auto_precision_on_cuda_is_bf16_from_ampere_on(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], native: bool
+) -> None:
+    # V100 (7.0) and T4 (7.5) only emulate bfloat16; A100 (8.0) computes in it
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    gpu = torch.device("cuda", 0)
+    assert native_bf16(gpu) == native
+    assert resolve_precision("auto", gpu) == ("bf16" if native else "fp32")
+
+
 def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _cfg(max_steps=3, save_every=100, precision="fp16"))
     summary = trainer.train()

@@ -57,10 +57,13 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bfloat16 natively, so bf16 autocast speeds training up:
-    a CUDA GPU that supports bfloat16, an x86 CPU with AVX512-BF16 or AMX-BF16. Elsewhere
-    bfloat16 is emulated through float32 conversions, slower than float32 itself."""
+    a CUDA GPU of compute capability 8 (Ampere) or newer, a ROCm GPU, an x86 CPU with AVX512-BF16
+    or AMX-BF16. Elsewhere bfloat16 is emulated through float32 conversions, slower than float32
+    itself."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # not torch.cuda.is_bf16_supported(): by default it also says yes where bfloat16 is only
+        # emulated (before Ampere), and it asks about the current device, not this one
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
     if device.type == "cpu":
         caps = torch.cpu.get_capabilities()
         return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
