@@ -5,11 +5,14 @@ import pytest
 import torch
 
 from inference_testkit import random_sources, sequence_log_probs, tiny_model
+from transduce.config import ModelConfig
 from transduce.data.vocab import PAD
 from transduce.inference import beam as beam_module
 from transduce.inference import beam_search, greedy_search, length_penalty
 from transduce.inference.beam import parent_slots
+from transduce.inference.topk import CHUNK, chunked_topk
 from transduce.model.decoding import DecodingModel
+from transduce.model.transformer import make_model
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -89,3 +92,31 @@ def test_hypothesis_slots_change_no_result(monkeypatch, decoding):
     for with_slots, without in zip(*results, strict=True):
         assert [h.tokens for h in with_slots] == [h.tokens for h in without]
         assert [h.score for h in with_slots] == pytest.approx([h.score for h in without], abs=1e-6)
+
+
+def test_chunked_topk_changes_no_result(monkeypatch):
+    # A vocabulary wide enough for chunked_topk to chunk (not fall back to torch.topk), against
+    # the same search with torch.topk.
+    torch.manual_seed(7)
+    cfg = ModelConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0)
+    model = make_model(cfg, src_vocab_size=3000).eval()
+    with torch.no_grad():
+        model.generator.weight.normal_(0.0, 1.0)  # peaky distributions, a varied beam
+    src = torch.randint(4, 3000, (6, 5), generator=torch.Generator().manual_seed(7))
+    calls = []
+
+    def spy(scores, k):
+        calls.append(scores.size(1) // CHUNK >= 4 * k)
+        return chunked_topk(scores, k)
+
+    monkeypatch.setattr(beam_module, "chunked_topk", spy)
+    chunked = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
+    assert calls and all(calls)  # the chunked path ran at every step
+    monkeypatch.setattr(beam_module, "chunked_topk", lambda scores, k: scores.topk(k, dim=1))
+    plain = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
+    assert [[h.tokens for h in hyps] for hyps in chunked] == [
+        [h.tokens for h in hyps] for hyps in plain
+    ]
+    assert [[h.score for h in hyps] for hyps in chunked] == [
+        [h.score for h in hyps] for hyps in plain
+    ]

@@ -42,6 +42,7 @@ from transduce.inference.common import (
     next_token_log_probs,
 )
 from transduce.inference.length_penalty import length_penalty
+from transduce.inference.topk import chunked_topk
 
 
 # Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
@@ -150,8 +151,9 @@ def _beam_search(
         n = sent.numel()
         # The W best of a sentence's W*V extensions are among the `per_row` best extensions of
         # each hypothesis (a candidate with fewer than W better ones overall has fewer than W in
-        # its own row): two small topk calls instead of adding the scores to all W*V.
-        row_top, row_tok = lprobs.topk(per_row, dim=1)  # (n*W, per_row) each
+        # its own row): two small topk calls instead of adding the scores to all W*V. The
+        # first through chunk maxima (inference/topk.py): torch.topk sorts within every row.
+        row_top, row_tok = chunked_topk(lprobs, per_row)  # (n*W, per_row) each
         cand = (scores.view(-1, 1) + row_top).view(n, width * per_row)
         top, pick = cand.topk(width, dim=1)  # (n, W), best first
         parent = torch.div(pick, per_row, rounding_mode="floor")  # beam each candidate extends
