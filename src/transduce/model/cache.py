@@ -22,9 +22,12 @@ class LayerCache:
     sentence has G hypotheses (a beam), rows sentence-major (row i*G + g is hypothesis g of
     sentence i); the G hypotheses of a sentence share its cross-attention keys and values.
 
-    ``append`` keeps self_k / self_v as views into preallocated buffers (N, H, capacity, K) that
-    double when full, so a step writes only its new position instead of copying the whole cache
-    (``torch.cat``), and ``reorder`` gathers the rows straight into a second pair of buffers.
+    ``append`` keeps self_k / self_v as views into preallocated buffers that double when full,
+    so a step writes only its new position instead of copying the whole cache (``torch.cat``),
+    and ``reorder`` gathers the rows straight into a second pair of buffers. The buffers are
+    position-major within a row, (N, capacity, H, K), and self_k / self_v their transposed views:
+    a step's keys are then one block of H*K per row rather than H scattered blocks of K, and a
+    row's t positions one block rather than H (the attention kernel takes the strides as they are).
     """
 
     self_k: Tensor | None = None
@@ -40,22 +43,23 @@ class LayerCache:
         all cached keys (N, H, t + T, K) and values (N, H, t + T, Dv)."""
         t = 0 if self.self_k is None else self.self_k.size(2)
         n, new = k.size(0), k.size(2)
-        if not self._buffers or self._buffers[0][0].size(2) < t + new:
+        if not self._buffers or self._buffers[0][0].size(1) < t + new:
             capacity = max(2 * (t + new), 16)
-            kb = k.new_empty(n, k.size(1), capacity, k.size(3))  # (N, H, capacity, K)
-            vb = v.new_empty(n, v.size(1), capacity, v.size(3))  # (N, H, capacity, Dv)
+            kb = k.new_empty(n, capacity, k.size(1), k.size(3))  # (N, capacity, H, K)
+            vb = v.new_empty(n, capacity, v.size(1), v.size(3))  # (N, capacity, H, Dv)
             if t:
-                kb[:, :, :t] = self.self_k
-                vb[:, :, :t] = self.self_v
+                kb.narrow(1, 0, t).copy_(self.self_k.transpose(1, 2))
+                vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
             self._buffers = [(kb, vb)]
         kb, vb = self._buffers[0]
         if kb.size(0) != n:
-            kb, vb = kb[:n], vb[:n]
+            kb, vb = kb.narrow(0, 0, n), vb.narrow(0, 0, n)
         # narrow/copy_ rather than slice assignment: a step at batch 1 is mostly operator calls,
         # and each slice of an index expression is one
-        self.self_k, self.self_v = kb.narrow(2, 0, t + new), vb.narrow(2, 0, t + new)
-        self.self_k.narrow(2, t, new).copy_(k)
-        self.self_v.narrow(2, t, new).copy_(v)
+        kb.narrow(1, t, new).copy_(k.transpose(1, 2))  # (N, T, H, K) <- (N, H, T, K)
+        vb.narrow(1, t, new).copy_(v.transpose(1, 2))
+        self.self_k = kb.narrow(1, 0, t + new).transpose(1, 2)  # (N, H, t + T, K)
+        self.self_v = vb.narrow(1, 0, t + new).transpose(1, 2)
         return self.self_k, self.self_v
 
     def reorder(self, index: Tensor) -> None:
@@ -66,20 +70,23 @@ class LayerCache:
         kb, vb = self._buffers[0]
         n, t = index.numel(), self.self_k.size(2)
         spare = self._buffers[1] if len(self._buffers) > 1 else None
-        if spare is None or spare[0].size(0) < n or spare[0].size(2) != kb.size(2):
+        if spare is None or spare[0].size(0) < n or spare[0].size(1) != kb.size(1):
             spare = (kb.new_empty(n, *kb.shape[1:]), vb.new_empty(n, *vb.shape[1:]))
-        # one gather into the spare buffers (index_select writes into the strided views)
-        torch.index_select(self.self_k, 0, index, out=spare[0][:n, :, :t])
-        torch.index_select(self.self_v, 0, index, out=spare[1][:n, :, :t])
+        # one gather into the spare buffers: row i's t positions are one block of each
+        k_new, v_new = (b.narrow(0, 0, n).narrow(1, 0, t) for b in spare)  # (N_new, t, H, K)
+        torch.index_select(self.self_k.transpose(1, 2), 0, index, out=k_new)
+        torch.index_select(self.self_v.transpose(1, 2), 0, index, out=v_new)
         self._buffers = [spare, (kb, vb)]
-        self.self_k, self.self_v = spare[0][:n, :, :t], spare[1][:n, :, :t]
+        self.self_k, self.self_v = k_new.transpose(1, 2), v_new.transpose(1, 2)
 
     def move_rows(self, dst: Tensor, src: Tensor) -> None:
         """In place: row ``dst[i]`` of self_k / self_v becomes a copy of row ``src[i]`` (all
         sources are read before any row is written). dst, src (M,) LongTensors."""
         for t in (self.self_k, self.self_v):
             if t is not None:
-                t.index_copy_(0, dst, t.index_select(0, src))
+                # in the buffers, (N, t, H, K) holds a row's positions as one block
+                rows = t.transpose(1, 2) if self._buffers else t
+                rows.index_copy_(0, dst, rows.index_select(0, src))
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,) of cross_k / cross_v."""
