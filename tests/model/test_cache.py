@@ -74,3 +74,28 @@ def test_reorder_moving_few_rows_copies_them_in_place() -> None:
             assert torch.equal(layer.self_k, k) and torch.equal(layer.self_v, v)
         if index.tolist() == [0, 0, 2, 3, 3, 5, 6, 7]:
             assert [layer.self_k.data_ptr() for layer in cache.layers] == buffers
+
+
+def test_in_place_moves_after_dropped_rows_and_growth() -> None:
+    """Beam search's sequence: rows dropped (the buffers keep more rows than are live), then
+    steps that move a few rows in place, across capacity doublings."""
+    gen = torch.Generator().manual_seed(4)
+    cache = DecoderCache(1)
+    layer = cache.layers[0]
+    n = 12
+    ref_k = ref_v = None
+    for step in range(40):
+        k, v = torch.randn(n, 2, 1, 3, generator=gen), torch.randn(n, 2, 1, 4, generator=gen)
+        layer.append(k, v)
+        ref_k = k if ref_k is None else torch.cat([ref_k, k], 2)
+        ref_v = v if ref_v is None else torch.cat([ref_v, v], 2)
+        if step in (3, 20):  # drop rows: a gather into fewer rows than the buffers hold
+            index = torch.randperm(n, generator=gen)[: n - 4]
+        else:  # one or two rows take another's place: moved in place
+            index = torch.arange(n)
+            moved = torch.randint(0, n, (2,), generator=gen)
+            index[moved] = torch.randint(0, n, (2,), generator=gen)
+        cache.reorder(index)
+        ref_k, ref_v, n = ref_k[index], ref_v[index], index.numel()
+        assert torch.equal(layer.self_k, ref_k) and torch.equal(layer.self_v, ref_v)
+    assert n == 4 and layer.self_k.size(2) == 40

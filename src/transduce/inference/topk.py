@@ -1,16 +1,21 @@
 """The k largest entries of each row of a wide matrix, found through the maxima of its chunks.
 
-``torch.topk`` on the CPU costs about as much as a partial sort of every row: 670 µs for the 4
+``torch.topk`` on the CPU costs about as much as a partial sort of every row: 677 µs for the 4
 best of each of 128 rows of 8000 log-probabilities (one SMALL beam step, batch 32 x beam 4),
-as much as ``log_softmax`` over them. ``chunked_topk`` cuts each row into chunks of C entries,
-takes every chunk's maximum (one vectorised reduction over the row), keeps the k chunks with
-the largest maxima and takes the k best of their k*C entries.
+about twice the ``log_softmax`` over them (311 µs). ``chunked_topk`` cuts each row into chunks
+of C entries, takes every chunk's maximum (one vectorised reduction over the row), keeps the k
+chunks with the largest maxima and takes the k best of their k*C entries, together with the
+last V mod C entries of the row, which are in no chunk and are candidates as they are.
 
 Why the k best entries are among them: take the j-th best value v_j of a row (j <= k). Either
-the chunks holding the j best entries are all kept, or one of them, c, is not; then each of the
-k kept chunks has a maximum >= max(c) >= v_j. Both ways the kept chunks hold at least j entries
->= v_j, so their j-th best value is v_j. The values returned are torch.topk's; where values tie,
-the indices may be other entries holding the same value.
+the chunks holding the j best entries are all kept (the tail always is), or one of them, c, is
+not; then each of the k kept chunks has a maximum >= max(c) >= v_j. Both ways the candidates
+hold at least j entries >= v_j, so their j-th best value is v_j.
+The values returned are torch.topk's; where values tie, the indices may be other entries holding
+the same value.
+
+Only on the CPU: on a GPU ``torch.topk`` is a single parallel kernel, and the extra launches
+would more likely cost than save (not measured), so other devices take ``torch.topk``.
 """
 
 from __future__ import annotations
@@ -18,19 +23,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# Entries per chunk: measured on 128 x 8000 with k = 4 (benchmarks/RESULTS.md).
+# Entries per chunk, k = 4 (benchmarks/RESULTS.md): the fastest at 4 and 32 rows of 8000; at 128
+# rows 128-entry chunks are a little faster (359 against 372 µs at 8000, 626 against 722 at 37000)
+# but 1.5x slower at 32 rows.
 CHUNK = 64
 
 
 def chunked_topk(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
     """scores (N, V) -> (values (N, k), indices (N, k)): the k largest entries of each row, best
     first, as ``scores.topk(k, dim=1)`` (see the module docstring on ties). Rows too short to
-    hold 4k chunks go to ``torch.topk`` directly."""
+    hold 4k chunks, and tensors not on the CPU, go to ``torch.topk`` directly."""
     n, v = scores.shape
     n_chunks = v // chunk
-    if n_chunks < 4 * k:
+    if n_chunks < 4 * k or scores.device.type != "cpu":
         return scores.topk(k, dim=1)
-    body = scores.narrow(1, 0, n_chunks * chunk).view(n, n_chunks, chunk)  # (N, C, chunk)
+    body = scores.narrow(1, 0, n_chunks * chunk).reshape(n, n_chunks, chunk)  # (N, n_chunks, chunk)
     best_chunks = body.amax(dim=2).topk(k, dim=1).indices  # (N, k)
     picked = body.gather(1, best_chunks.unsqueeze(2).expand(n, k, chunk))  # (N, k, chunk)
     values, pos = picked.view(n, k * chunk).topk(k, dim=1)  # (N, k) each

@@ -27,7 +27,8 @@ class LayerCache:
     and ``reorder`` gathers the rows straight into a second pair of buffers. The buffers are
     position-major within a row, (N, capacity, H, K), and self_k / self_v their transposed views:
     a step's keys are then one block of H*K per row rather than H scattered blocks of K, and a
-    row's t positions one block rather than H (the attention kernel takes the strides as they are).
+    row's t positions one block rather than H. The fused attention kernel, which searches use,
+    takes those strides as they are (the formula, with gradients on, would copy the keys).
     """
 
     self_k: Tensor | None = None
