@@ -99,6 +99,7 @@ class TaskConfig:
     valid_src: str = ""  # translation: validation files (loss, BLEU, best.pt); optional
     valid_tgt: str = ""
     vocab_size: int = 8000  # translation: shared source+target SentencePiece BPE pieces
+    vocab_sample: int = 0  # translation: learn the vocabulary on this many sentences (0 = all)
     max_valid_sentences: int = 0  # translation: validate on the first N pairs only (0 = all)
 
 
@@ -297,7 +298,8 @@ def validate(cfg: Config) -> None:
                        "eval_every": t.eval_every, "patience": t.patience,
                        "average_last": t.average_last, "max_len_offset": d.max_len_offset,
                        "clip_norm": t.clip_norm, "alpha": d.alpha,
-                       "max_valid_sentences": k.max_valid_sentences}.items():  # fmt: skip
+                       "max_valid_sentences": k.max_valid_sentences,
+                       "vocab_sample": k.vocab_sample}.items():  # fmt: skip
         if value < 0:
             raise UserError(f"{key} must not be negative; got {value}")
     if bool(k.valid_src) != bool(k.valid_tgt):

@@ -91,3 +91,46 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == [
         "step_00000004.pt", "step_00000008.pt",
     ]  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_translation_vocabulary_learned_by_rank_0_only(tmp_path: Path) -> None:
+    # Every rank reads the corpus; rank 0 alone learns and writes the vocabulary and reports,
+    # and the other rank trains with rank 0's vocabulary.
+    words = "the a dog cat man runs sits on in red blue park".split()
+    src = [" ".join(words[(i * 7 + k) % len(words)] for k in range(1 + i % 5)) for i in range(120)]
+    (tmp_path / "train.src").write_text("".join(s + "\n" for s in src))
+    (tmp_path / "train.tgt").write_text("".join(s.upper() + "\n" for s in src))
+    (tmp_path / "run.yaml").write_text(
+        "model: {n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, d_k: 16, d_v: 16}\n"
+        "train: {max_tokens: 300, warmup: 5, max_steps: 2, save_every: 2, eval_every: 0,"
+        " keep_last: 1, average_last: 1, tensorboard: false}\n"
+        f"task: {{name: translation, train_src: {tmp_path / 'train.src'},"
+        f" train_tgt: {tmp_path / 'train.tgt'}, vocab_size: 50}}\n"
+    )
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\n"
+        "import transduce.training.trainer as tr\n"
+        "from transduce.cli.main import main\n"
+        "finish = tr.Trainer._finish\n"
+        "def keep_vocab(self, *args):  # each rank leaves the vocabulary it trained with\n"
+        "    out = finish(self, *args)\n"
+        "    with open(os.path.join(sys.argv[2], 'vocab%d' % self.world.rank), 'wb') as f:\n"
+        "        f.write(self.vocab.model_proto)\n"
+        "    return out\n"
+        "tr.Trainer._finish = keep_vocab\n"
+        "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
+    )
+    out = tmp_path / "run"
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--standalone", str(script), str(tmp_path / "run.yaml"), str(out)],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stderr.count("transduce: vocabulary: 50 shared BPE pieces") == 1, ddp.stderr
+    assert ddp.stderr.count("transduce: train: 120 sentence pairs") == 1, ddp.stderr
+    learned = (out / "vocab.model").read_bytes()
+    assert (out / "vocab0").read_bytes() == (out / "vocab1").read_bytes() == learned
+    assert not list(out.glob("*.tmp"))

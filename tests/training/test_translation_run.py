@@ -113,6 +113,30 @@ def test_resume_reuses_vocab_model(tmp_path, monkeypatch) -> None:
     assert steps == sorted(steps) and steps[-1] == 12
 
 
+def test_vocab_sample_learns_on_a_sample(tmp_path, monkeypatch) -> None:
+    import transduce.data.subword as subword
+
+    learn = subword.train_sentencepiece
+    seen: list[int] = []
+
+    def spy(texts, size, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append(kwargs["input_sentence_size"])
+        return learn(texts, size, **kwargs)
+
+    monkeypatch.setattr(subword, "train_sentencepiece", spy)
+    paths = write_corpus(tmp_path / "data")
+    cfg = tiny_config(paths, max_steps=1, eval_every=0)
+    logged: list[str] = []
+    train_translation(cfg, tmp_path / "all", show_progress=False, log=logged.append)
+    sampled = from_dict({**cfg.to_dict(), "task": {**cfg.to_dict()["task"], "vocab_sample": 150}})
+    train_translation(sampled, tmp_path / "sample", show_progress=False, log=logged.append)
+    assert seen == [0, 150]  # 0: every sentence (398 here)
+    reports = [line for line in logged if line.startswith("vocabulary:")]
+    assert len(reports) == 2 and "a sample" not in reports[0]
+    assert "(a sample of 150 sentences)" in reports[1]
+    assert len(SentencePieceVocab.load(tmp_path / "sample" / "vocab.model")) == 60
+
+
 def test_paths_expand_environment_variables(tmp_path, monkeypatch) -> None:
     write_corpus(tmp_path / "data")
     monkeypatch.setenv("TOY_CORPUS", str(tmp_path))

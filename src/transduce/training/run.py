@@ -25,6 +25,7 @@ from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference import greedy_search
 from transduce.model.transformer import Transformer, make_model
+from transduce.training import distributed
 from transduce.training.batching import Pair, collate
 from transduce.training.trainer import Trainer, Validator
 
@@ -81,8 +82,10 @@ def train_synthetic(
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(task.vocab))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    world, _ = distributed.init_from_env(cfg.train.device)
+    if world.is_main:  # only rank 0 writes (the Trainer too)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
         cfg,
         model,
@@ -103,6 +106,10 @@ def train_synthetic(
 
 def _stderr(message: str) -> None:
     print(f"transduce: {message}", file=sys.stderr, flush=True)
+
+
+def _silent(message: str) -> None:
+    """The log of ranks other than 0."""
 
 
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
@@ -144,20 +151,58 @@ def _vocabulary(
     cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log
 ) -> SentencePieceVocab:
     """The run's shared vocabulary: ``vocab.model`` of the run when resuming, else learned on
-    the training source and target sentences and saved as ``vocab.model``."""
+    the training source and target sentences (a sample of ``task.vocab_sample`` of them, if
+    set) and saved as ``vocab.model`` (the run folder is made first)."""
     from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{run_dir}: cannot create the run folder ({e.strerror or e})") from None
     path = run_dir / "vocab.model"
     if resume and path.is_file():
         vocab = SentencePieceVocab.load(path)
         log(f"vocabulary: {len(vocab)} pieces from {path} (resumed run)")
         return vocab
     vocab = train_sentencepiece(
-        itertools.chain(train.source, train.target), cfg.task.vocab_size, seed=cfg.train.seed
+        itertools.chain(train.source, train.target),
+        cfg.task.vocab_size,
+        input_sentence_size=cfg.task.vocab_sample,
+        seed=cfg.train.seed,
     )
     vocab.save(path)
-    log(f"vocabulary: {len(vocab)} shared BPE pieces learned on the training text -> {path}")
+    sample = f" (a sample of {cfg.task.vocab_sample} sentences)" if cfg.task.vocab_sample else ""
+    log(f"vocabulary: {len(vocab)} shared BPE pieces learned on the training text{sample} "
+        f"-> {path}")
     return vocab
+
+
+def _rank0_vocabulary(
+    cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log,
+    world: distributed.World,
+) -> SentencePieceVocab:  # fmt: skip
+    """``_vocabulary`` (and the run folder) on rank 0 only; the other ranks receive its bytes:
+    no shared file system needed, no rank learning or writing a vocabulary of its own. Rank 0's
+    UserError, if any, is raised on every rank, so none waits for a vocabulary that never
+    comes."""
+    from transduce.data.subword import SentencePieceVocab
+
+    if not world.distributed:
+        return _vocabulary(cfg, run_dir, train, resume=resume, log=log)
+    vocab: SentencePieceVocab | None = None
+    sent: bytes | UserError
+    if world.is_main:
+        try:
+            vocab = _vocabulary(cfg, run_dir, train, resume=resume, log=log)
+            sent = vocab.model_proto
+        except UserError as e:
+            sent = e
+    else:
+        sent = b""
+    received = distributed.all_gather_objects(sent, world)[0]
+    if isinstance(received, UserError):
+        raise received
+    return vocab if vocab is not None else SentencePieceVocab(received, name="rank 0's vocabulary")
 
 
 def bleu_validator(
@@ -211,9 +256,12 @@ def train_translation(
     Reads the training (and, if named, validation) files, reporting how many pairs were skipped
     for an empty side; learns the shared vocabulary (``vocab.model``; reused with ``resume``);
     trains with validation BLEU as the score that picks ``best.pt``. ``log`` receives one-line
-    reports (default: stderr). Returns the Trainer's summary plus the data counts.
+    reports (default: stderr). Returns the Trainer's summary plus the data counts. Under
+    torchrun every rank reads the files; rank 0 alone learns the vocabulary (the others receive
+    it), writes files and reports.
     """
-    log = log or _stderr
+    world, _ = distributed.init_from_env(cfg.train.device)
+    log = (log or _stderr) if world.is_main else _silent  # one report, not one per rank
     if cfg.task.name != "translation":
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
     if not cfg.task.train_src or not cfg.task.train_tgt:
@@ -224,11 +272,7 @@ def train_translation(
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{out}: cannot create the run folder ({e.strerror or e})") from None
-    vocab = _vocabulary(cfg, out, train_text, resume=resume, log=log)
+    vocab = _rank0_vocabulary(cfg, out, train_text, resume=resume, log=log, world=world)
     train_pairs = list(
         zip(
             vocab.encode_batch(train_text.source), vocab.encode_batch(train_text.target),
@@ -247,7 +291,8 @@ def train_translation(
     valid_pairs, validator = _validation(cfg, vocab, valid_text, summary_data, log)
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    if world.is_main:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
         cfg,
         model,
