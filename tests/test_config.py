@@ -187,6 +187,31 @@ def test_load_config_reads_yaml(tmp_path) -> None:
     assert load_config(str(empty)) == Config()
 
 
+def test_load_config_reads_toml_as_the_same_config(tmp_path) -> None:
+    yaml_file, toml_file = tmp_path / "run.yaml", tmp_path / "run.TOML"
+    yaml_file.write_text(
+        "preset: C4\nmodel:\n  n_layers: 3\ntrain:\n  adam_eps: 1.0e-9\n  warmup: 100\n"
+        "task:\n  name: translation\n  train_src: a.txt\n  vocab_sample: 50\n",
+        encoding="utf-8",
+    )
+    toml_file.write_text(
+        'preset = "C4"\n[model]\nn_layers = 3\n[train]\nadam_eps = 1.0e-9\nwarmup = 100\n'
+        '[task]\nname = "translation"\ntrain_src = "a.txt"\nvocab_sample = 50\n',
+        encoding="utf-8",
+    )
+    cfg = load_config(toml_file)
+    assert cfg == load_config(yaml_file)
+    assert cfg.model.n_layers == 3 and cfg.model.d_model == 256 and cfg.task.vocab_sample == 50
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\nn_layers = 3\n", encoding="utf-8")
+    with pytest.raises(UserError, match="bad.toml: not valid TOML"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[model]\nd_modle = 3\n", encoding="utf-8")
+    with pytest.raises(UserError, match="unknown.toml.*d_modle"):
+        load_config(unknown)
+
+
 def test_load_config_errors(tmp_path) -> None:
     missing = tmp_path / "missing.yaml"
     with pytest.raises(UserError, match="missing.yaml"):

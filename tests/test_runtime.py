@@ -69,6 +69,9 @@ def test_cli_enlarges_the_onednn_cache_before_running_a_command(monkeypatch, cap
     try:
         assert main(["--no-malloc-tuning", "params", "--preset", "base"]) == 0
         assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
+        # the option after the subcommand works too
+        assert main(["params", "--preset", "base", "--no-malloc-tuning"]) == 0
+        assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
         assert main(["params", "--preset", "base"]) == 0
         assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == str(
             transduce.runtime.ONEDNN_CACHE_CAPACITY

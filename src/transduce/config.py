@@ -252,16 +252,29 @@ def from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    """Read a YAML config file (see ``configs/``)."""
-    import yaml
-
+    """Read a config file (see ``configs/``): TOML if its name ends in ``.toml``, else YAML.
+    Both hold the same sections and keys."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise UserError(f"{p}: not valid YAML: {e}") from None
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read ({e})") from None
+    if p.suffix.lower() == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise UserError(f"{p}: not valid TOML: {e}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UserError(f"{p}: not valid YAML: {e}") from None
     return from_dict(data or {}, source=str(p))
 
 

@@ -20,13 +20,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="transduce", description="The Transformer of 'Attention Is All You Need'."
     )
-    parser.add_argument(
-        "--no-malloc-tuning", action="store_true",
-        help="leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)",
-    )  # fmt: skip
+    no_tuning = "leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)"
+    parser.add_argument("--no-malloc-tuning", action="store_true", help=no_tuning)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
+    # Also accepted after the subcommand; SUPPRESS keeps the value given before it.
+    for subparser in sub.choices.values():
+        subparser.add_argument(
+            "--no-malloc-tuning", action="store_true", default=argparse.SUPPRESS, help=no_tuning
+        )
     return parser
 
 

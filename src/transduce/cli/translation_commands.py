@@ -135,11 +135,14 @@ def _add_decoding(p: argparse.ArgumentParser) -> None:
         "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
     )
     p.add_argument(
-        "--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, 4)"
-    )
+        "--beam", type=int, default=None,
+        help="beam size; 1 = greedy (default: the checkpoint's decode.beam, 4 unless its config "
+        "set another)",
+    )  # fmt: skip
     p.add_argument(
         "--alpha", type=float, default=None,
-        help="length penalty alpha (default: the model's, 0.6)",
+        help="length penalty alpha (default: the checkpoint's decode.alpha: 0.6 unless its config "
+        "set another, e.g. 1.6 in configs/multi30k_en_de.yaml)",
     )  # fmt: skip
     p.add_argument(
         "--batch-tokens", type=int, default=None, metavar="N",
