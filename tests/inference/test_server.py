@@ -25,6 +25,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 
+from transduce.errors import UserError  # noqa: E402
 from transduce.inference.dynamic_batching import BatchingConfig  # noqa: E402
 from transduce.inference.server import (  # noqa: E402
     ServerLimits,
@@ -208,6 +209,8 @@ class FlakyTranslator:
         assert self.release.wait(TIMEOUT)
         if any("boom" in s for s in sentences):
             raise RuntimeError("decoder exploded")
+        if any("toolong" in s for s in sentences):
+            raise UserError("sentence 1 has 2000 subword tokens")
         return self.inner.translate(sentences, beam=beam, alpha=alpha)
 
 
@@ -234,6 +237,15 @@ def test_decoding_error_is_500_and_server_goes_on(translator) -> None:
         assert translate(srv, {"text": ["the dog"]}) == translator.translate(["the dog"])
         stats = request(srv.url + "/health")[1]["stats"]
         assert stats["failed_requests"] == 2
+
+
+def test_input_the_model_cannot_take_is_422(translator) -> None:
+    app = create_app(FlakyTranslator(translator), batching=BatchingConfig(batch_wait_ms=50))
+    with ServerThread(app) as srv:
+        status, out = request(srv.url + "/translate", {"text": ["toolong"]})
+        assert status == 422
+        assert out == {"error": "sentence 1 has 2000 subword tokens", "status": 422}
+        assert translate(srv, {"text": ["the dog"]}) == translator.translate(["the dog"])
 
 
 def test_full_queue_is_503(translator) -> None:

@@ -110,6 +110,41 @@ def test_bad_options(translator) -> None:
     assert translator.translate([]) == []
 
 
+def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
+    # max_positions 16, max_len_offset 3: a source of 11 tokens (+ EOS) lets outputs reach
+    # 12 + 3 = 15 tokens, whose decoder steps take positions 0-15 (BOS, then one per token, the
+    # last forcing EOS); a 12-token source is a UserError naming it, not the model's ValueError
+    # in the middle of a search.
+    from transduce.config import from_dict
+    from transduce.data.subword import train_sentencepiece
+    from transduce.data.vocab import EOS
+    from transduce.model.transformer import make_model
+
+    vocab = train_sentencepiece(toy_sentences(300), 60)
+    cfg = from_dict({
+        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
+                  "positional": "learned", "max_positions": 16},
+        "decode": {"max_len_offset": 3},
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab)).eval()
+    with torch.no_grad():  # EOS's logit 0 (tied output row): searches run to the longest output
+        model.generator.weight[EOS] = 0.0
+    translator = Translator(model, vocab, cfg)
+    word = next(w for w in " ".join(toy_sentences(50)).split() if len(vocab.encode(w)) == 1)
+    fits, too_long = " ".join([word] * 11), " ".join([word] * 12)
+    assert [len(vocab.encode(s)) for s in (fits, too_long)] == [11, 12]
+    from transduce.inference import greedy_search
+    from transduce.training.batching import collate
+
+    src = collate([(vocab.encode(fits), [])]).src
+    assert len(greedy_search(model, src, max_len_offset=3)[0]) == 15  # the longest output
+    for beam in (1, 2):
+        assert translator.translate([fits], beam=beam)[0]  # position 15 was there
+        with pytest.raises(UserError, match="sentence 2 has 12 subword tokens.*at most 11"):
+            translator.translate(["", too_long, fits], beam=beam)
+
+
 def test_length_batches() -> None:
     lengths = [3, 9, 1, 4, 4, 12, 2, 7]
     batches = length_batches(lengths, 10)

@@ -17,8 +17,10 @@ sentences a batch.
 
 Errors are JSON ``{"error": MESSAGE, "status": CODE}``: 400 for a body that is not JSON, 413 for
 a body over ``max_body_bytes`` or more sentences / characters than the limits allow, 422 for
-fields of the wrong type or out of range (unknown fields included), 503 when more sentences wait
-than ``max_queue_sentences``, 500 when decoding fails. None of them stops the server.
+fields of the wrong type or out of range (unknown fields included) and for a sentence the model
+cannot take (``UserError`` from the translator: longer than learned positions reach), 503 when
+more sentences wait than ``max_queue_sentences``, 500 when decoding fails. None of them stops
+the server, and a request batched with a failing one is answered on its own.
 
 Only ``transduce.inference.translator`` is needed to build the app; fastapi and uvicorn are
 imported here, so import this module only when serving.
@@ -39,6 +41,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from transduce.errors import UserError
 
 from transduce.inference.dynamic_batching import (
     BatchingConfig,
@@ -290,6 +294,8 @@ def create_app(
             return _error_response(503, str(e), {"Retry-After": "1"})
         try:
             out = await future
+        except UserError as e:  # input this model cannot take: the client's to change
+            return _error_response(422, str(e))
         except Exception as e:  # noqa: BLE001 - a decoding failure is this request's 500
             return _error_response(500, f"translation failed: {type(e).__name__}: {e}")
         return JSONResponse({"translations": out})

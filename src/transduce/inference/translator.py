@@ -197,6 +197,7 @@ class Translator:
             ids = encode_batch([texts[i] for i in todo])
         else:
             ids = [self.vocab.encode(texts[i]) for i in todo]
+        self._check_lengths(ids, todo, cfg)
         self.model.eval()
         device = self.device
         # +1: the EOS every source gets (collate), as in training.
@@ -215,6 +216,25 @@ class Translator:
                     ]
                 bar.update(len(batch))
         return out
+
+    def _check_lengths(
+        self, ids: Sequence[Sequence[int]], todo: Sequence[int], cfg: DecodeConfig
+    ) -> None:
+        """A UserError naming the first sentence longer than learned positions can place. With
+        n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
+        max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
+        ``inference.common``). The sinusoidal table has no such limit (it grows)."""
+        m = self.cfg.model
+        if m.positional != "learned":
+            return
+        longest = m.max_positions - 2 - cfg.max_len_offset  # source tokens, EOS not counted
+        for j, x in enumerate(ids):
+            if len(x) > longest:
+                raise UserError(
+                    f"sentence {todo[j] + 1} has {len(x)} subword tokens; this model's learned "
+                    f"positions (max_positions={m.max_positions}) take at most {max(longest, 0)} "
+                    f"with max_len_offset={cfg.max_len_offset}"
+                )
 
 
 def evaluate_files(
