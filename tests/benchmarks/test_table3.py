@@ -38,6 +38,17 @@ def test_rows_scale_like_the_paper() -> None:
     assert t3.scaled_model("E", 4, 2)["positional"] == "learned"
 
 
+def test_dev_bleu_uses_the_alpha_option_not_the_recipes() -> None:
+    t3 = _table3()
+    recipe = {"train": {"warmup": 10}, "decode": {"alpha": 1.6, "beam": 5}}
+    parse = lambda argv: t3.argparse.Namespace(  # noqa: E731 - the options row_config reads
+        steps=5, minutes=0.0, beam=4, width=4, depth=2, set=[], **argv
+    )
+    assert t3.row_config("base", parse({"alpha": 0.6}), recipe).decode.alpha == 0.6
+    cfg = t3.row_config("base", parse({"alpha": 1.0}), recipe)
+    assert cfg.decode.alpha == 1.0 and cfg.decode.beam == 5 and cfg.train.valid_beam == 4
+
+
 def test_two_rows_end_to_end(tmp_path: Path, capsys) -> None:
     root = os.environ.get("TRANSDUCE_DATA")
     if not root:
