@@ -126,6 +126,18 @@ def test_truncated_download(release, tmp_path):
     assert not [p for p in dest.iterdir() if p.name.endswith(".part")]
 
 
+def test_checksum_mismatch(release, tmp_path):
+    # A byte changed inside the content with the stream still decodable: gzip's CRC-32 of the
+    # content, checked at the end of decompression, no longer matches.
+    text = "".join(f"en val {i} a\n" for i in range(SPLIT_SIZES["val"])).encode()
+    data = bytearray(gzip.compress(text, compresslevel=0))  # stored: content bytes appear as is
+    at = data.index(b"en val 7 a")
+    data[at + 7 : at + 8] = b"9"
+    server = _corrupt(tmp_path, release, "val.en.gz", bytes(data))
+    with pytest.raises(UserError, match=r"val\.en\.gz: corrupt gzip file.*CRC"):
+        fetch_multi30k(tmp_path / "out", from_dir=server, progress=False)
+
+
 def test_wrong_line_count(release, tmp_path):
     server = _corrupt(tmp_path, release, "test_2016_flickr.de.gz", gzip.compress(b"one\ntwo\n"))
     with pytest.raises(UserError, match=r"test_2016_flickr\.de\.gz: 2 lines, expected 1000"):

@@ -3,7 +3,9 @@ Czech, sentence-aligned, raw (untokenized) UTF-8, one sentence per line, gzip-co
 
 ``fetch_multi30k`` puts the files of one language pair into a folder, either copied from a local
 mirror (``from_dir``) or downloaded from the dataset's public home (``BASE_URL``), and checks each
-one: it must decompress, be UTF-8 and have the split's known number of lines. Files keep their
+one: it must decompress, which checks gzip's CRC-32 and length of the content (a changed or
+truncated file fails), be UTF-8 and have the split's known number of lines. No content hash is
+pinned, so a revision upstream with the same splits still fetches. Files keep their
 public names (``train.en.gz``, ``val.de.gz``, ``test_2016_flickr.en.gz`` ...). A file already in
 the destination that passes the checks is kept; a broken one is fetched again. Every file is
 written to a temporary name and renamed once checked, so an interrupted fetch leaves no partial
