@@ -47,6 +47,11 @@ JSON figures are from ``on`` (what ``transduce train`` does); the ``off`` figure
 ``"malloc_off"``.
 
     python benchmarks/train_step.py [--quick] [--malloc both|on|off] [--rounds N] [--threads 2]
+                                    [--device cuda] [--sizes base] [--precisions bf16]
+
+On a GPU (``--device cuda``) the same steps run there, timed with the device synchronised, the
+peak measured there (4096^3 and 8192^3 products), 20 steps a round; fp32 means true float32
+(PyTorch's default: no TF32 for matrix products).
 
 Needs ``transformers`` (``pip install -e .[bench]``); it is imported here only, never by the package.
 """
@@ -82,6 +87,8 @@ SYSTEMS = ("transduce", "torch", "hf")
 PRECISIONS = ("fp32", "bf16")
 # (warm-up steps per system and precision, timed steps per round, rounds)
 SCHEDULE = {"small": (2, 2, 7), "base": (1, 1, 5)}
+GPU_SCHEDULE = (5, 20, 7)  # a GPU step takes milliseconds: more of them per timing
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,16 +110,28 @@ def flops_per_step(size: dict[str, int], batch: int = BATCH, s: int = SRC_LEN, t
     return 6.0 * (enc_linear + cross_kv + dec_linear + out_proj + attn_scores)
 
 
-def measure_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> float:
-    """Best FLOP/s of n x n x n torch.mm loops (``reps`` runs after a warm-up, each n)."""
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; a CPU has nothing queued)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak(
+    dtype: torch.dtype, device: torch.device = torch.device("cpu"), reps: int = 5
+) -> float:
+    """Best FLOP/s of n x n x n torch.mm loops (``reps`` runs after a warm-up, each n): n = 1024
+    and 2048 on a CPU, 4096 and 8192 on a GPU (smaller products leave a GPU idle part of the
+    time)."""
     best = 0.0
-    for n in sizes:
-        a = torch.randn(n, n).to(dtype)
-        b = torch.randn(n, n).to(dtype)
+    for n in (1024, 2048) if device.type == "cpu" else (4096, 8192):
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
         torch.mm(a, b)
         for _ in range(reps):
+            sync(device)
             t0 = time.perf_counter()
             torch.mm(a, b)
+            sync(device)
             best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
     return best
 
@@ -159,7 +178,7 @@ class TorchSeq2Seq(nn.Module):
         x = self.dropout(self.embed(src) * self.scale + self.pe[: src.size(1)])
         y = self.dropout(self.embed(tgt) * self.scale + self.pe[: tgt.size(1)])
         pad = src == PAD  # (B, S), True on padding (nn.Transformer's convention)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
         h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=pad,
                       memory_key_padding_mask=pad, tgt_is_causal=True)  # fmt: skip
         return nn.functional.linear(h, self.embed.weight)  # tied pre-softmax projection
@@ -211,7 +230,7 @@ class Runner:
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.training.loss import label_smoothed_nll
 
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = self.forward(src, tgt_in)
         sums = label_smoothed_nll(logits, tgt_out, epsilon=LABEL_SMOOTHING, ignore_index=PAD)
         (sums.loss / sums.n_tokens).backward()
@@ -219,12 +238,18 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def make_runner(system: str, size: dict[str, int]) -> Runner:
+def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runner:
     torch.manual_seed(0)
     model, forward = BUILDERS[system](size)
-    model.train()
+    model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     return Runner(model, forward, opt)
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
 
 
 def matrix_params(model: nn.Module) -> int:
@@ -242,18 +267,20 @@ def run_worker(args: argparse.Namespace) -> dict:
 
     tuned = tune_malloc()
     torch.set_num_threads(args.threads)
-    result: dict = {"malloc_tuning": tuned, "threads": torch.get_num_threads(), "sizes": {}}
-    peaks = {"fp32": measure_peak(torch.float32), "bf16": measure_peak(torch.bfloat16)}
+    device = torch.device(args.device)
+    result: dict = {"malloc_tuning": tuned, "threads": torch.get_num_threads(), "sizes": {},
+                    "device": describe_device(device)}  # fmt: skip
+    peaks = {p: measure_peak(dt, device) for p, dt in PEAK_DTYPES.items()}
     g = torch.Generator().manual_seed(1)
     for size_name in args.sizes:
         size = SIZES[size_name]
         v = size["vocab"]
-        src = torch.randint(4, v, (BATCH, SRC_LEN), generator=g)
-        tgt = torch.randint(4, v, (BATCH, TGT_LEN + 1), generator=g)
+        src = torch.randint(4, v, (BATCH, SRC_LEN), generator=g).to(device)
+        tgt = torch.randint(4, v, (BATCH, TGT_LEN + 1), generator=g).to(device)
         tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
-        warmup, steps, rounds = SCHEDULE[size_name]
+        warmup, steps, rounds = SCHEDULE[size_name] if device.type == "cpu" else GPU_SCHEDULE
         rounds = args.rounds or rounds
-        runners = {s: make_runner(s, size) for s in args.systems}
+        runners = {s: make_runner(s, size, device) for s in args.systems}
         keys = [(s, p) for s in args.systems for p in args.precisions]
         for s, p in keys:
             for _ in range(warmup):
@@ -262,15 +289,16 @@ def run_worker(args: argparse.Namespace) -> dict:
         for r in range(rounds):
             order = keys[r % len(keys):] + keys[: r % len(keys)]  # rotate who goes first
             for s, p in order:
+                sync(device)
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     runners[s].step(src, tgt_in, tgt_out, p)
+                sync(device)
                 times[f"{s}/{p}"].append((time.perf_counter() - t0) / steps)
             print(f"  [{size_name} round {r + 1}/{rounds}] " + " ".join(
                 f"{k}={v[-1] * 1e3:.0f}ms" for k, v in times.items()), file=sys.stderr, flush=True)
         # the peak again, after the heavy work: the better of the two is the machine's peak now
-        peaks = {"fp32": max(peaks["fp32"], measure_peak(torch.float32)),
-                 "bf16": max(peaks["bf16"], measure_peak(torch.bfloat16))}  # fmt: skip
+        peaks = {p: max(peaks[p], measure_peak(dt, device)) for p, dt in PEAK_DTYPES.items()}
         result["sizes"][size_name] = {
             "seconds_per_step": times,
             "flops_per_step": flops_per_step(size),
@@ -335,6 +363,8 @@ def main() -> None:
     parser.add_argument("--malloc", choices=["both", "on", "off"], default="both")
     parser.add_argument("--rounds", type=int, default=0, help="0 = the default per size")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) or cuda[:N]; on a GPU, malloc tuning on only")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
@@ -347,10 +377,14 @@ def main() -> None:
         return
 
     results: dict[str, dict] = {}
-    for setting in (["on", "off"] if args.malloc == "both" else [args.malloc]):
+    settings = ["on", "off"] if args.malloc == "both" else [args.malloc]
+    if args.device != "cpu":
+        settings = ["on"]  # host malloc settings do not reach a GPU's memory
+    for setting in settings:
         env = dict(os.environ, TRANSDUCE_MALLOC_TUNING="1" if setting == "on" else "0")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rounds", str(args.rounds),
-               "--threads", str(args.threads), "--sizes", *args.sizes, "--systems", *args.systems,
+               "--threads", str(args.threads), "--device", args.device, "--sizes", *args.sizes,
+               "--systems", *args.systems,
                "--precisions", *args.precisions]  # fmt: skip
         print(f"malloc tuning {setting}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
@@ -360,7 +394,7 @@ def main() -> None:
     summary: dict = {"benchmark": "train_step"}
     for setting, res in results.items():
         rows, out = summarise(res)
-        print_table(f"malloc tuning {setting} (applied: {res['malloc_tuning']}), "
+        print_table(f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
                     f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
                     f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 {out['peak_bf16_gflops']}"
                     " GFLOP/s", rows)  # fmt: skip
@@ -376,7 +410,7 @@ def main() -> None:
                 "small_fp32_mfu"):  # fmt: skip
         summary.setdefault(key, None)
     summary.update(torch=torch.__version__, machine=platform.processor() or platform.machine(),
-                   cpus=os.cpu_count())  # fmt: skip
+                   cpus=os.cpu_count(), device=results[settings[0]]["device"])  # fmt: skip
     print(json.dumps(summary))
 
 
