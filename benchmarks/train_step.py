@@ -19,7 +19,7 @@ variant, the same update, but here every system gets the plain one so that the m
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
                sinusoidal positions, scale_embedding, tied embeddings, default SDPA attention)
 
-Each runs in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (float32 master
+Each runs in float32 and under ``torch.autocast(DEVICE, dtype=torch.bfloat16)`` (float32 master
 weights; the loss is computed outside autocast, as ``Trainer`` does). Timings on a shared machine
 are noisy, so the systems run interleaved in one process (round r runs every system and
 precision, in a rotating order) and the ratios are medians of per-round ratios.

@@ -69,9 +69,13 @@ def test_cli_enlarges_the_onednn_cache_before_running_a_command(monkeypatch, cap
     try:
         assert main(["--no-malloc-tuning", "params", "--preset", "base"]) == 0
         assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
-        # the option after the subcommand works too
+        # the option after the subcommand works too, nested ones included
         assert main(["params", "--preset", "base", "--no-malloc-tuning"]) == 0
         assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
+        from transduce.cli.main import build_parser
+
+        args = build_parser().parse_args(["data", "multi30k", "--dest", "d", "--no-malloc-tuning"])
+        assert args.no_malloc_tuning
         assert main(["params", "--preset", "base"]) == 0
         assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == str(
             transduce.runtime.ONEDNN_CACHE_CAPACITY

@@ -25,11 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
-    # Also accepted after the subcommand; SUPPRESS keeps the value given before it.
-    for subparser in sub.choices.values():
+    # Also accepted after the subcommand (nested ones too, e.g. data multi30k); SUPPRESS keeps
+    # the value given before it.
+    pending = list(sub.choices.values())
+    while pending:
+        subparser = pending.pop()
         subparser.add_argument(
             "--no-malloc-tuning", action="store_true", default=argparse.SUPPRESS, help=no_tuning
         )
+        for action in subparser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
     return parser
 
 

@@ -80,8 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_set(p)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("train", help="train from a YAML config")
-    p.add_argument("--config", required=True, help="YAML file (see configs/)")
+    p = sub.add_parser("train", help="train from a YAML or TOML config")
+    p.add_argument("--config", required=True, help="YAML or TOML (.toml) file (see configs/)")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

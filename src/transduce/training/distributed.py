@@ -8,6 +8,7 @@ batches; gradients are averaged by DistributedDataParallel; only rank 0 writes f
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +47,11 @@ def init_from_env(device: str) -> tuple[World, torch.device]:
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        # While rank 0 learns the vocabulary the others wait in a collective: on a WMT sample
+        # that can outlast the default timeouts (NCCL 10 minutes, gloo 30).
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=2)
+        )
     return World(rank=rank, size=size, local_rank=local_rank), dev
 
 

@@ -197,6 +197,9 @@ def _rank0_vocabulary(
             sent = vocab.model_proto
         except UserError as e:
             sent = e
+        except Exception as e:  # tell the others, then fail here as before
+            distributed.all_gather_objects(UserError(f"rank 0: {type(e).__name__}: {e}"), world)
+            raise
     else:
         sent = b""
     received = distributed.all_gather_objects(sent, world)[0]
