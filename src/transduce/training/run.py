@@ -190,19 +190,18 @@ def _rank0_vocabulary(
     if not world.distributed:
         return _vocabulary(cfg, run_dir, train, resume=resume, log=log)
     vocab: SentencePieceVocab | None = None
-    sent: bytes | UserError
+    failure: Exception | None = None
+    sent: bytes | UserError = b""
     if world.is_main:
         try:
             vocab = _vocabulary(cfg, run_dir, train, resume=resume, log=log)
             sent = vocab.model_proto
-        except UserError as e:
-            sent = e
         except Exception as e:  # tell the others, then fail here as before
-            distributed.all_gather_objects(UserError(f"rank 0: {type(e).__name__}: {e}"), world)
-            raise
-    else:
-        sent = b""
+            failure = e
+            sent = e if isinstance(e, UserError) else UserError(f"rank 0: {type(e).__name__}: {e}")
     received = distributed.all_gather_objects(sent, world)[0]
+    if failure is not None:
+        raise failure
     if isinstance(received, UserError):
         raise received
     return vocab if vocab is not None else SentencePieceVocab(received, name="rank 0's vocabulary")
