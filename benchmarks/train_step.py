@@ -409,7 +409,7 @@ def main() -> None:
                 "base_fp32_vs_hf", "base_fp32_vs_torch", "base_bf16_vs_hf", "base_bf16_vs_torch",
                 "small_fp32_mfu"):  # fmt: skip
         summary.setdefault(key, None)
-    summary.update(torch=torch.__version__, machine=platform.processor() or platform.machine(),
+    summary.update(torch=torch.__version__, machine=describe_device(torch.device("cpu")),
                    cpus=os.cpu_count(), device=results[settings[0]]["device"])  # fmt: skip
     print(json.dumps(summary))
 
