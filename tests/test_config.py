@@ -121,7 +121,7 @@ def test_literal_values_are_validated(key: str, bad: str) -> None:
     [("d_model", 0), ("n_layers", -1), ("n_heads", 0), ("d_k", 0), ("warmup", 0), ("beam", 0),
      ("max_positions", 0), ("dropout", -0.1), ("dropout", 1.0), ("label_smoothing", 1.5),
      ("attention_dropout", -0.5), ("clip_norm", -1.0), ("max_epochs", -1), ("alpha", -0.1),
-     ("max_len_offset", -1), ("patience", -2)],
+     ("max_len_offset", -1), ("patience", -2), ("bpe_dropout", 1.0), ("bpe_dropout", -0.1)],
 )  # fmt: skip
 def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
     with pytest.raises(UserError, match=key):
@@ -134,6 +134,9 @@ def test_validate_cross_field_checks() -> None:
     with pytest.raises(UserError, match="max_length"):
         update(Config(), {"min_length": 5, "max_length": 2})
     update(Config(), {"min_digits": 3, "max_digits": 3, "max_epochs": 0, "clip_norm": 0.0})
+    with pytest.raises(UserError, match="bpe_dropout .*'addition'"):
+        update(Config(), {"bpe_dropout": 0.1})  # a character vocabulary has no merges to drop
+    assert update(Config(), {"name": "translation", "bpe_dropout": 0.1}).task.bpe_dropout == 0.1
 
 
 def test_parse_overrides() -> None:

@@ -75,6 +75,33 @@ def test_bpe_merges_frequent_words(vocab):
     assert len(vocab.encode("A man in a")) < len("A man in a")
 
 
+def test_bpe_dropout_same_seed_same_pieces_other_seed_others(vocab):
+    a = vocab.sample_batch(EN + DE, dropout=0.3, seed=7)
+    vocab.sample_batch(DE, dropout=0.3, seed=8)  # drawing in between changes nothing
+    assert vocab.sample_batch(EN + DE, dropout=0.3, seed=7) == a
+    assert vocab.sample_batch(EN + DE, dropout=0.3, seed=9) != a
+
+
+def test_bpe_dropout_splits_more_and_keeps_the_text(vocab):
+    plain = vocab.encode_batch(EN + DE)
+    sampled = vocab.sample_batch(EN + DE, dropout=0.3, seed=1)
+    assert sampled != plain
+    assert [vocab.decode(ids) for ids in sampled] == EN + DE
+    # skipping merges can only leave more pieces, never fewer
+    assert all(len(s) >= len(p) for s, p in zip(sampled, plain, strict=True))
+    assert sum(map(len, sampled)) > sum(map(len, plain))
+    # a merge skipped with probability ~1 leaves (almost) single characters
+    chars = vocab.sample_batch(["A man in a hat."], dropout=0.999, seed=1)[0]
+    assert len(chars) >= len("Amaninahat.")
+
+
+def test_bpe_dropout_zero_is_encode_and_range_checked(vocab):
+    assert vocab.sample_batch(EN, dropout=0.0, seed=3) == vocab.encode_batch(EN)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="dropout"):
+            vocab.sample_batch(EN, dropout=bad, seed=3)
+
+
 def test_deterministic():
     a = train_sentencepiece(TEXT, 200)
     b = train_sentencepiece(iter(TEXT), 200)

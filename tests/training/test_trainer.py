@@ -144,6 +144,51 @@ def test_resume_in_process_continues_from_last_checkpoint(tmp_path: Path) -> Non
     assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
 
 
+# --- training pairs drawn anew every epoch (BPE-dropout's hook) -------------------------------
+
+
+def _epoch_pairs(calls: list[int] | None = None):  # noqa: ANN202 - a Resegment
+    """100 of the copy task's pairs per epoch, a different 100 each epoch (5 in turn)."""
+    task = make_task(_cfg().task)
+    base = encode_pairs(task.vocab, task.train)
+
+    def pairs(epoch: int) -> list[tuple[list[int], list[int]]]:
+        if calls is not None:
+            calls.append(epoch)
+        return [p for i, p in enumerate(base) if i % 5 == epoch % 5]
+
+    return pairs
+
+
+def test_resegment_gives_each_epoch_its_own_pairs(tmp_path: Path) -> None:
+    calls: list[int] = []
+    trainer = _trainer(tmp_path, _cfg(max_steps=10_000, max_epochs=3), resegment=_epoch_pairs(calls))
+    pairs = _epoch_pairs()
+    batches = [len(token_batches(model_lengths(pairs(e)), 256, seed=1, epoch=e)) for e in range(3)]
+    summary = trainer.train()
+    assert calls == [0, 1, 2]  # once per epoch, not once per batch
+    assert summary["step"] == sum(batches) and summary["stopped_by"] == "max_epochs"
+    assert trainer.pairs == pairs(2)
+    assert trainer.n_filtered == 0  # decided by train_pairs, not by an epoch's pairs
+
+
+def test_resume_mid_epoch_draws_that_epochs_pairs_again(tmp_path: Path) -> None:
+    cfg = _cfg(max_steps=12, save_every=5)
+    straight = _trainer(tmp_path / "a", cfg, resegment=_epoch_pairs())
+    straight.train()
+    _trainer(tmp_path / "b", _cfg(max_steps=5, save_every=5), resegment=_epoch_pairs()).train()
+    calls: list[int] = []
+    second = _trainer(tmp_path / "b", cfg, resume=True, resegment=_epoch_pairs(calls))
+    assert second.progress.step == 5 and second.progress.batch_index > 0  # mid-epoch
+    resumed_epoch = second.progress.epoch
+    second.train()
+    assert calls[0] == resumed_epoch
+    want, got = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
+    assert [s for s, _ in want] == [s for s, _ in got] == list(range(1, 13))
+    assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
+    assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
+
+
 # --- gradient accumulation --------------------------------------------------------------------
 
 

@@ -137,6 +137,41 @@ def test_vocab_sample_learns_on_a_sample(tmp_path, monkeypatch) -> None:
     assert len(SentencePieceVocab.load(tmp_path / "sample" / "vocab.model")) == 60
 
 
+def test_bpe_dropout_segments_the_training_text_anew_each_epoch(tmp_path, monkeypatch) -> None:
+    from transduce.data.parallel import read_parallel
+
+    sample = SentencePieceVocab.sample_batch
+    drawn: list[tuple[int, float, int]] = []  # (sentences, dropout, seed) of each draw
+
+    def spy(self, texts, *, dropout, seed):  # noqa: ANN001, ANN202
+        drawn.append((len(texts), dropout, seed))
+        return sample(self, texts, dropout=dropout, seed=seed)
+
+    monkeypatch.setattr(SentencePieceVocab, "sample_batch", spy)
+    paths = write_corpus(tmp_path / "data")
+    plain_cfg = tiny_config(paths)
+    cfg = from_dict({**plain_cfg.to_dict(),
+                     "task": {**plain_cfg.to_dict()["task"], "bpe_dropout": 0.3}})  # fmt: skip
+    out = tmp_path / "run"
+    summary = train_translation(cfg, out, show_progress=False, log=lambda _: None)
+    assert summary["step"] == 12 and summary["epoch"] >= 1  # 12 steps span several epochs
+    # each epoch begun: source and target drawn once each, all 199 pairs, seeds all different
+    assert len(drawn) == 2 * (summary["epoch"] + 1)
+    assert {(n, p) for n, p, _ in drawn} == {(199, 0.3)}
+    assert len({seed for _, _, seed in drawn}) == len(drawn)
+
+    vocab = SentencePieceVocab.load(out / "vocab.model")
+    text = read_parallel(Path(paths["train_src"]), Path(paths["train_tgt"]))
+    assert run.bpe_dropout_pairs(plain_cfg, vocab, text) is None
+    epoch_pairs = run.bpe_dropout_pairs(cfg, vocab, text)
+    first = epoch_pairs(0)
+    assert epoch_pairs(1) != first and epoch_pairs(0) == first  # a resumed run draws the same
+    plain = list(zip(vocab.encode_batch(text.source), vocab.encode_batch(text.target)))
+    assert first != plain
+    assert [vocab.decode(s) for s, _ in first] == [vocab.decode(s) for s, _ in plain]
+    assert [vocab.decode(t) for _, t in first] == list(text.target)
+
+
 def test_paths_expand_environment_variables(tmp_path, monkeypatch) -> None:
     write_corpus(tmp_path / "data")
     monkeypatch.setenv("TOY_CORPUS", str(tmp_path))

@@ -70,6 +70,26 @@ class SentencePieceVocab:
         """``encode`` of many sentences in one call (SentencePiece encodes them in C++)."""
         return self._sp.encode(list(texts), out_type=int)
 
+    def sample_batch(self, texts: Sequence[str], *, dropout: float, seed: int) -> list[list[int]]:
+        """``encode_batch`` with BPE-dropout (Provilkov et al., 2020): while a word is merged, each
+        merge is skipped with probability ``dropout``, so a word gets one of its many possible
+        segmentations (the same pieces, more of them). For training only; translation uses the
+        deterministic ``encode``. Meant for BPE models (``train_sentencepiece``'s default): for
+        a unigram model SentencePiece reads ``dropout`` as its sampling's smoothing instead.
+
+        The same ``(texts, dropout, seed)`` give the same ids: SentencePiece's generator is
+        seeded with ``seed`` (a process-wide setting) and encodes on one thread.
+        """
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if dropout == 0.0:
+            return self.encode_batch(texts)
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(
+            list(texts), out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1,
+            num_threads=1,
+        )  # fmt: skip
+
     def decode(self, ids: Sequence[int]) -> str:
         n = len(self)
         kept = []

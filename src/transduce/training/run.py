@@ -27,7 +27,7 @@ from transduce.inference import greedy_search
 from transduce.model.transformer import Transformer, make_model
 from transduce.training import distributed
 from transduce.training.batching import Pair, collate
-from transduce.training.trainer import Trainer, Validator
+from transduce.training.trainer import Resegment, Trainer, Validator
 
 if TYPE_CHECKING:
     from transduce.data.parallel import ParallelText
@@ -245,6 +245,27 @@ def _validation(
     return valid_pairs, bleu_validator(cfg, vocab, sources, references)
 
 
+def bpe_dropout_pairs(
+    cfg: Config, vocab: SentencePieceVocab, train: ParallelText
+) -> Resegment | None:
+    """Each epoch's training pairs under BPE-dropout ``task.bpe_dropout`` (None when 0): both
+    sides segmented anew, seeded by ``train.seed``, the epoch and the side, so that every rank
+    and a resumed run draw the same pairs."""
+    p = cfg.task.bpe_dropout
+    if not p:
+        return None
+
+    def pairs(epoch: int) -> list[Pair]:
+        seed = cfg.train.seed * 1_000_003 + 2 * epoch
+        return list(zip(
+            vocab.sample_batch(train.source, dropout=p, seed=seed % 2**32),
+            vocab.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
+            strict=True,
+        ))  # fmt: skip
+
+    return pairs
+
+
 def train_translation(
     cfg: Config,
     out_dir: str | Path,
@@ -306,6 +327,7 @@ def train_translation(
         score_key="bleu",
         resume=resume,
         show_progress=show_progress,
+        resegment=bpe_dropout_pairs(cfg, vocab, train_text),
     )
     if trainer.n_filtered:
         log(

@@ -49,6 +49,8 @@ from transduce.training.metrics_log import MetricsLog
 from transduce.training.schedule import cooldown, rate
 
 Validator = Callable[[Transformer], dict[str, float]]
+# The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
+Resegment = Callable[[int], Sequence[Pair]]
 
 # Autocast dtype of each train.precision (fp32: autocast off). The master weights, the optimizer
 # state and the loss stay float32 in every case.
@@ -127,21 +129,21 @@ class Trainer:
         score_key: str = "neg_valid_nll",
         resume: bool = False,
         show_progress: bool | None = None,
+        resegment: Resegment | None = None,
     ) -> None:
+        """``resegment``, when given, supplies each epoch's training pairs in place of
+        ``train_pairs`` (which still decide ``n_filtered``); it must return the same pairs for the
+        same epoch, on every rank and after a resume, so that batches can be recomputed."""
         self.cfg, self.model, self.vocab = cfg, model, vocab
         t = cfg.train
         self.world, self.device = distributed.init_from_env(t.device)
         self.model.to(self.device)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.pairs = [p for p in train_pairs if max(len(p[0]), len(p[1])) + 1 <= t.max_len]
+        self._use_pairs(train_pairs)
         self.n_filtered = len(train_pairs) - len(self.pairs)
-        if not self.pairs:
-            raise UserError(
-                f"no training pairs are within max_len={t.max_len} tokens "
-                f"(all {len(train_pairs)} are longer); raise max_len"
-            )
-        self.lengths = model_lengths(self.pairs)
+        self.resegment = resegment
+        self._pairs_epoch: int | None = None  # the epoch self.pairs came from (resegment)
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
@@ -183,6 +185,17 @@ class Trainer:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 self.ddp = DistributedDataParallel(self.model, broadcast_buffers=False)
+
+    def _use_pairs(self, pairs: Sequence[Pair]) -> None:
+        """Train on ``pairs`` from now on, less those longer than max_len."""
+        max_len = self.cfg.train.max_len
+        self.pairs = [p for p in pairs if max(len(p[0]), len(p[1])) + 1 <= max_len]
+        if not self.pairs:
+            raise UserError(
+                f"no training pairs are within max_len={max_len} tokens "
+                f"(all {len(pairs)} are longer); raise max_len"
+            )
+        self.lengths = model_lengths(self.pairs)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -391,6 +404,9 @@ class Trainer:
 
     def _epoch_batches(self) -> list[list[int]]:
         t = self.cfg.train
+        if self.resegment is not None and self._pairs_epoch != self.progress.epoch:
+            self._use_pairs(self.resegment(self.progress.epoch))
+            self._pairs_epoch = self.progress.epoch
         batches = token_batches(self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch)
         return distributed.shard(batches, self.world)
 
