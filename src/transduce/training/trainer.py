@@ -143,7 +143,6 @@ class Trainer:
         self._use_pairs(train_pairs)
         self.n_filtered = len(train_pairs) - len(self.pairs)
         self.resegment = resegment
-        self._pairs_epoch: int | None = None  # the epoch self.pairs came from (resegment)
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
@@ -403,10 +402,11 @@ class Trainer:
             self.log.close()
 
     def _epoch_batches(self) -> list[list[int]]:
+        """The batches of this rank for the current epoch; called once as each epoch starts (or
+        resumes), which is when ``resegment`` draws that epoch's pairs."""
         t = self.cfg.train
-        if self.resegment is not None and self._pairs_epoch != self.progress.epoch:
+        if self.resegment is not None:
             self._use_pairs(self.resegment(self.progress.epoch))
-            self._pairs_epoch = self.progress.epoch
         batches = token_batches(self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch)
         return distributed.shard(batches, self.world)
 
