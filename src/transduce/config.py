@@ -48,6 +48,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
+    # decoupled (AdamW) on matrices, per step p -= lr * weight_decay * p; 0 = none, the paper
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # 0 = no gradient clipping
     max_tokens: int = 4096  # source+target-padded tokens per batch (max of the two)
@@ -321,7 +322,7 @@ def validate(cfg: Config) -> None:
     for key, value in {"max_epochs": t.max_epochs, "max_minutes": t.max_minutes,
                        "eval_every": t.eval_every, "patience": t.patience,
                        "average_last": t.average_last, "max_len_offset": d.max_len_offset,
-                       "clip_norm": t.clip_norm, "alpha": d.alpha,
+                       "clip_norm": t.clip_norm, "alpha": d.alpha, "weight_decay": t.weight_decay,
                        "max_valid_sentences": k.max_valid_sentences,
                        "vocab_sample": k.vocab_sample}.items():  # fmt: skip
         if value < 0:

@@ -130,12 +130,17 @@ def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
     assert [r["step"] for r in _records(tmp_path) if "loss" in r and "split" not in r] == [1, 2, 3]
 
 
-def test_resume_in_process_continues_from_last_checkpoint(tmp_path: Path) -> None:
-    straight = _trainer(tmp_path / "a", _cfg(max_steps=12, save_every=4))
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])  # one optimizer parameter group, two
+def test_resume_in_process_continues_from_last_checkpoint(
+    tmp_path: Path, weight_decay: float
+) -> None:
+    straight = _trainer(tmp_path / "a", _cfg(max_steps=12, save_every=4, weight_decay=weight_decay))
     straight.train()
-    first = _trainer(tmp_path / "b", _cfg(max_steps=6, save_every=4))
+    first = _trainer(tmp_path / "b", _cfg(max_steps=6, save_every=4, weight_decay=weight_decay))
     first.train()  # leaves step 4 and (final) step 6 checkpoints
-    second = _trainer(tmp_path / "b", _cfg(max_steps=12, save_every=4), resume=True)
+    cfg = _cfg(max_steps=12, save_every=4, weight_decay=weight_decay)
+    second = _trainer(tmp_path / "b", cfg, resume=True)
+    assert len(second.optimizer.param_groups) == (2 if weight_decay else 1)
     assert second.progress.step == 6
     second.train()
     want, got = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")

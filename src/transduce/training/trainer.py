@@ -46,6 +46,7 @@ from transduce.training import checkpoint, distributed
 from transduce.training.batching import Batch, Pair, collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.metrics_log import MetricsLog
+from transduce.training.optimizer import make_optimizer
 from transduce.training.schedule import cooldown, rate
 
 Validator = Callable[[Transformer], dict[str, float]]
@@ -91,11 +92,6 @@ class Progress:
     best_score: float = -math.inf
     bad_evals: int = 0  # validations since the best one (early stopping)
     last_valid_step: int = -1  # step of the latest validation
-
-
-def _fused_adam_supported(model: torch.nn.Module) -> bool:
-    """torch's fused Adam takes floating-point parameters on CPU or CUDA."""
-    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in model.parameters())
 
 
 def _rng_state() -> dict[str, Any]:
@@ -148,15 +144,8 @@ class Trainer:
         self.score_key = score_key
         # None: a bar when stderr is a terminal; False: never. Only rank 0 shows one.
         self.bar_disabled = True if show_progress is False or not self.world.is_main else None
-        self.optimizer = torch.optim.Adam(
-            model.parameters(),
-            lr=0.0,
-            betas=(t.adam_beta1, t.adam_beta2),
-            eps=t.adam_eps,
-            weight_decay=t.weight_decay,
-            # One kernel for all parameters instead of a loop of small ops; the same update
-            # rule. (It does not bump the parameters' version counters: no cache may key on them.)
-            fused=_fused_adam_supported(model),
+        self.optimizer = make_optimizer(
+            model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
         self.precision = resolve_precision(t.precision, self.device)
         # float16 has 5 exponent bits: small gradients flush to 0 unless the loss is scaled up

@@ -1,0 +1,55 @@
+"""The optimizer of section 5.3: Adam(beta1, beta2, eps), with optional decoupled weight decay.
+
+The paper uses no weight decay. ``weight_decay`` > 0 adds the decoupled form of Loshchilov and
+Hutter (2019, "AdamW"): every step multiplies a decayed parameter by ``1 - lr * weight_decay``
+before the Adam update, independent of the gradient's scale. (Adam's own coupled L2 term, added
+to the gradient, is divided by Adam's running RMS and so decays rarely-updated weights most; it
+is not offered.) Only matrices decay: projections and embeddings (tied with the output
+projection), not biases or LayerNorm gains and offsets, the usual split (BERT, GPT-2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def fused_adam_supported(params: list[torch.nn.Parameter]) -> bool:
+    """torch's fused Adam takes floating-point parameters on CPU or CUDA."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+
+
+def parameter_groups(model: torch.nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+    """Adam's parameter groups: one group without weight decay (as in the paper); with
+    ``weight_decay`` > 0, the matrices (``dim() >= 2``) with it and the rest without, in that
+    order. One group when there is no decay keeps the optimizer state of older checkpoints
+    loadable."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if weight_decay == 0:
+        return [{"params": params, "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(
+    model: torch.nn.Module,
+    *,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float = 0.0,
+) -> torch.optim.Adam:
+    """Adam over ``model``'s parameters, learning rate 0 (the trainer sets it every step)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.Adam(
+        parameter_groups(model, weight_decay=weight_decay),
+        lr=0.0,
+        betas=betas,
+        eps=eps,
+        decoupled_weight_decay=True,  # no effect on a group with weight_decay 0
+        # One kernel for all parameters instead of a loop of small ops; the same update
+        # rule. (It does not bump the parameters' version counters: no cache may key on them.)
+        fused=fused_adam_supported(params),
+    )
