@@ -3,8 +3,8 @@
 The paper uses no weight decay. ``weight_decay`` > 0 adds the decoupled form of Loshchilov and
 Hutter (2019, "AdamW"): every step multiplies a decayed parameter by ``1 - lr * weight_decay``
 before the Adam update, independent of the gradient's scale. (Adam's own coupled L2 term, added
-to the gradient, is divided by Adam's running RMS and so decays rarely-updated weights most; it
-is not offered.) Only matrices decay: projections and embeddings (tied with the output
+to the gradient, is divided by Adam's running gradient RMS, so it decays the weights with small
+gradients most and those with large ones hardly at all; it is not offered.) Only matrices decay: projections and embeddings (tied with the output
 projection), not biases or LayerNorm gains and offsets, the usual split (BERT, GPT-2).
 """
 
