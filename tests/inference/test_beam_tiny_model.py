@@ -91,7 +91,9 @@ def test_hypothesis_slots_change_no_result(monkeypatch, decoding):
         results.append(beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4))
     for with_slots, without in zip(*results, strict=True):
         assert [h.tokens for h in with_slots] == [h.tokens for h in without]
-        assert [h.score for h in with_slots] == pytest.approx([h.score for h in without], abs=1e-6)
+        # float rounding only: a row's place in the batch can change the matrix kernels' blocking
+        want = pytest.approx([h.score for h in without], rel=1e-6, abs=1e-6)
+        assert [h.score for h in with_slots] == want
 
 
 def test_chunked_topk_changes_no_result(monkeypatch):

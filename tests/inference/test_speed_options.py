@@ -1,5 +1,6 @@
 """Speed options change how fast a model decodes, not what it outputs: greedy translations of a
-trained tiny model are identical with and without each of them."""
+trained tiny model are identical with and without each of them (bfloat16 weights: all but near
+ties)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ def test_bf16_weights_give_the_same_translations(trained) -> None:
     model, src = trained
     ref = greedy_search(model, src, max_len_offset=5)
     low = copy.deepcopy(model).to(torch.bfloat16)
-    assert greedy_search(low, src, max_len_offset=5) == ref
+    # bfloat16 keeps 8 bits of mantissa: a near tie between two tokens may flip (1 of the 100
+    # sentences on an AMD Zen 5, none on Intel with AMX); anything more is a real change
+    greedy = greedy_search(low, src, max_len_offset=5)
+    assert sum(g == r for g, r in zip(greedy, ref, strict=True)) >= 0.97 * len(ref)
     beams = beam_search(low, src, beam=4, max_len_offset=5)
     assert sum(h[0].tokens == r for h, r in zip(beams, ref, strict=True)) >= 0.95 * len(ref)
 
