@@ -2,10 +2,11 @@
 
 The paper uses no weight decay. ``weight_decay`` > 0 adds the decoupled form of Loshchilov and
 Hutter (2019, "AdamW"): every step multiplies a decayed parameter by ``1 - lr * weight_decay``
-before the Adam update, independent of the gradient's scale. (Adam's own coupled L2 term, added
-to the gradient, is divided by Adam's running gradient RMS, so it decays the weights with small
-gradients most and those with large ones hardly at all; it is not offered.) Only matrices decay: projections and embeddings (tied with the output
-projection), not biases or LayerNorm gains and offsets, the usual split (BERT, GPT-2).
+before the Adam update, independent of the gradient's scale. (Adam's own coupled L2 term, added to
+the gradient, is divided by Adam's running gradient RMS, so it decays the weights with small
+gradients most and those with large ones hardly at all; it is not offered.) Only matrices decay:
+projections and embeddings (tied with the output projection), not biases or LayerNorm gains and
+offsets, the usual split (BERT, GPT-2).
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ def make_optimizer(
     weight_decay: float = 0.0,
 ) -> torch.optim.Adam:
     """Adam over ``model``'s parameters, learning rate 0 (the trainer sets it every step)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups = parameter_groups(model, weight_decay=weight_decay)
     return torch.optim.Adam(
-        parameter_groups(model, weight_decay=weight_decay),
+        groups,
         lr=0.0,
         betas=betas,
         eps=eps,
         decoupled_weight_decay=True,  # no effect on a group with weight_decay 0
         # One kernel for all parameters instead of a loop of small ops; the same update
         # rule. (It does not bump the parameters' version counters: no cache may key on them.)
-        fused=fused_adam_supported(params),
+        fused=fused_adam_supported([p for g in groups for p in g["params"]]),
     )
