@@ -15,7 +15,7 @@ from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.inference import beam_search, greedy_search
 from transduce.model.attention import set_fast_attention
-from transduce.model.decoding import DecodingModel
+from transduce.model.decoding import DecodingModel, onednn_available
 from transduce.training import checkpoint
 from transduce.training.run import train_synthetic
 
@@ -92,6 +92,18 @@ def test_decoding_model_gives_the_same_translations(trained) -> None:
     assert greedy_search(fast, src, max_len_offset=5) == greedy_search(model, src, max_len_offset=5)
     mine = beam_search(fast, src, beam=4, max_len_offset=5, nbest=2)
     ref = beam_search(model, src, beam=4, max_len_offset=5, nbest=2)
+    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
+    torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
+                               torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip
+
+
+@pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
+def test_onednn_and_mkl_products_give_the_same_translations(trained) -> None:
+    model, src = trained
+    mkl, onednn = (DecodingModel(model, cpu_matmul=m) for m in ("mkl", "onednn"))
+    assert greedy_search(onednn, src, max_len_offset=5) == greedy_search(mkl, src, max_len_offset=5)
+    mine = beam_search(onednn, src, beam=4, max_len_offset=5, nbest=2)
+    ref = beam_search(mkl, src, beam=4, max_len_offset=5, nbest=2)
     assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
     torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
                                torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from transduce.inference import beam_search, greedy_search
-from transduce.model.decoding import DecodingModel, transposed
+from transduce.model import decoding
+from transduce.model.decoding import (
+    DecodingModel,
+    _Projection,
+    onednn_available,
+    transposed,
+    use_onednn,
+)
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
@@ -34,11 +41,18 @@ def _id(kw: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in kw.items()) or "base"
 
 
+_MATMULS = [
+    "mkl",
+    pytest.param("onednn", marks=pytest.mark.skipif(not onednn_available(), reason="no oneDNN")),
+]
+
+
+@pytest.mark.parametrize("cpu_matmul", _MATMULS)
 @pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
-def test_steps_equal_transformer_decode(kw: dict) -> None:
+def test_steps_equal_transformer_decode(kw: dict, cpu_matmul: str) -> None:
     model = tiny_model(**kw)
     src, tgt = tiny_batch()  # source padding in two rows
-    fast, cache = _steps(DecodingModel(model), src, tgt)
+    fast, cache = _steps(DecodingModel(model, cpu_matmul=cpu_matmul), src, tgt)
     ref, _ = _steps(model, src, tgt)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # and the full pass, which shares no code with the steps
@@ -120,9 +134,10 @@ def test_snapshot_keeps_the_weights_it_was_made_from() -> None:
     assert not torch.allclose(changed, before, atol=1e-3)  # a new one sees the change
 
 
-def test_searches_give_the_model_s_outputs() -> None:
+@pytest.mark.parametrize("cpu_matmul", _MATMULS)
+def test_searches_give_the_model_s_outputs(cpu_matmul: str) -> None:
     model = tiny_model(tgt_vocab=None)
-    fast = DecodingModel(model)
+    fast = DecodingModel(model, cpu_matmul=cpu_matmul)
     src, _ = tiny_batch()
     assert greedy_search(fast, src, max_len=6) == greedy_search(model, src, max_len=6)
     mine = beam_search(fast, src, beam=3, max_len=6, nbest=3)
@@ -151,3 +166,40 @@ def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) ->
     w = torch.randn(shape)
     out = transposed(w, block=block)
     assert out.is_contiguous() and torch.equal(out, w.t())
+
+
+@pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
+@pytest.mark.parametrize("rows", [0, 1, 2, 7])
+@pytest.mark.parametrize(("out_f", "in_f", "bias"), [(24, 16, True), (1100, 500, True), (40, 8, False)])
+def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bias: bool) -> None:
+    # (1100, 500) is past the size up to which one row goes through MKL instead
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(out_f, in_f, generator=g), torch.randn(rows, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if bias else None
+    proj = _Projection.of(w, b, onednn=True)
+    assert (proj.weight_t is None) == (w.numel() > decoding._ONE_ROW_MKL_MAX_ELEMENTS)
+    expected = x @ w.t() + (0 if b is None else b)
+    torch.testing.assert_close(proj(x), expected, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(_Projection.of(w, b)(x), expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "dtype", "expected"),
+    [("AuthenticAMD", torch.float32, True), ("GenuineIntel", torch.float32, False),
+     ("", torch.float32, False), ("AuthenticAMD", torch.bfloat16, False)],
+)  # fmt: skip
+def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
+    monkeypatch: pytest.MonkeyPatch, vendor: str, dtype: torch.dtype, expected: bool
+) -> None:
+    monkeypatch.setattr(decoding, "_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(decoding, "onednn_available", lambda: True)
+    weight = torch.zeros(4, 3, dtype=dtype)
+    assert use_onednn("auto", weight) is expected
+    assert use_onednn("mkl", weight) is False
+    assert use_onednn("onednn", weight) is True
+    monkeypatch.setattr(decoding, "onednn_available", lambda: False)
+    assert use_onednn("auto", weight) is False
+    with pytest.raises(ValueError, match="no oneDNN"):
+        use_onednn("onednn", weight)
+    with pytest.raises(ValueError, match="'blas'"):
+        DecodingModel(tiny_model(), cpu_matmul="blas")  # type: ignore[arg-type]

@@ -12,7 +12,10 @@ single-position steps of a search, with plain tensor operations on weights it co
   most decoding shapes (Intel machine, 2 threads, float32: 1.0-1.2x at 1, 32 and 128 rows,
   1.0-1.7x at 4 rows except 0.6x for the 1024 -> 256 projection; up to 2.5x for one or two
   rows on the AMD machine; benchmarks/RESULTS.md);
-- W^Q, W^K, W^V of self-attention stacked into one product.
+- W^Q, W^K, W^V of self-attention stacked into one product;
+- on x86 CPUs not made by Intel, float32 products through oneDNN's inner product instead of MKL,
+  whose sgemm runs AVX-512 kernels only on Intel's CPUs: 1.3-2.7x faster products at 4-128 rows
+  on an AMD Zen 5 (benchmarks/RESULTS.md, 2026-11-24); one row keeps MKL for small weights.
 
 Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
@@ -24,8 +27,11 @@ and decoding several positions at once (``tgt`` with T > 1, or no cache) run the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -46,18 +52,74 @@ def transposed(weight: Tensor, block: int = 256) -> Tensor:
     return out
 
 
+CpuMatmul = Literal["auto", "mkl", "onednn"]
+
+# Weights with at most this many elements multiply one row faster through MKL's addmm than through
+# oneDNN even on an AMD Zen 5 (256 x 768: 9 against 19 us; 512 x 1536: 41 against 34).
+_ONE_ROW_MKL_MAX_ELEMENTS = 1 << 19
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...); "" where
+    there is none (not Linux, not x86)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch has oneDNN's linear operator (builds with mkldnn have it)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
+    """Whether decoding products against ``weight`` go through oneDNN: "onednn" (an error where
+    it is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel.
+
+    Why "auto" looks at the vendor: MKL picks its sgemm kernels by vendor, and on an AMD Zen 5
+    (AVX-512) it ran at 120-220 GFLOP/s where oneDNN ran at 260-470 (2 threads); on Intel CPUs
+    MKL was as fast or faster (benchmarks/RESULTS.md)."""
+    if cpu_matmul == "mkl":
+        return False
+    if cpu_matmul == "onednn":
+        if not onednn_available():
+            raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
+        return True
+    if cpu_matmul != "auto":
+        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and _cpu_vendor() not in ("", "GenuineIntel")
+        and onednn_available()
+    )
+
+
 @dataclass(frozen=True)
 class _Projection:
-    """x (N, in) -> x W^T + b (N, out), from W^T (in, out) stored contiguous."""
+    """x (N, in) -> x W^T + b (N, out), through MKL's addmm on W^T (in, out) stored contiguous,
+    or oneDNN's inner product on W (out, in) where ``weight`` is kept (see ``use_onednn``)."""
 
-    weight_t: Tensor
+    weight_t: Tensor | None  # W^T (in, out); None when oneDNN takes every row count
     bias: Tensor | None
+    weight: Tensor | None = None  # W (out, in) for oneDNN; None = MKL only
 
     @classmethod
-    def of(cls, weight: Tensor, bias: Tensor | None) -> _Projection:
-        return cls(transposed(weight), None if bias is None else bias.clone())
+    def of(cls, weight: Tensor, bias: Tensor | None, onednn: bool = False) -> _Projection:
+        bias = None if bias is None else bias.clone()
+        if not onednn:
+            return cls(transposed(weight), bias)
+        one_row_mkl = weight.numel() <= _ONE_ROW_MKL_MAX_ELEMENTS
+        return cls(transposed(weight) if one_row_mkl else None, bias, weight.contiguous().clone())
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.weight is not None and (self.weight_t is None or x.size(0) > 1):
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
@@ -81,15 +143,15 @@ class _LayerWeights:
     d_v: int
 
     @classmethod
-    def of(cls, layer: DecoderLayer) -> _LayerWeights:
+    def of(cls, layer: DecoderLayer, onednn: bool = False) -> _LayerWeights:
         sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
         return cls(
-            qkv=_Projection.of(*sa.stack_qkv()),
-            self_out=_Projection.of(sa.w_o.weight, sa.w_o.bias),
-            cross_query=_Projection.of(ca.w_q.weight, ca.w_q.bias),
-            cross_out=_Projection.of(ca.w_o.weight, ca.w_o.bias),
-            ffn_in=_Projection.of(ffn.w_1.weight, ffn.w_1.bias),
-            ffn_out=_Projection.of(ffn.w_2.weight, ffn.w_2.bias),
+            qkv=_Projection.of(*sa.stack_qkv(), onednn),
+            self_out=_Projection.of(sa.w_o.weight, sa.w_o.bias, onednn),
+            cross_query=_Projection.of(ca.w_q.weight, ca.w_q.bias, onednn),
+            cross_out=_Projection.of(ca.w_o.weight, ca.w_o.bias, onednn),
+            ffn_in=_Projection.of(ffn.w_1.weight, ffn.w_1.bias, onednn),
+            ffn_out=_Projection.of(ffn.w_2.weight, ffn.w_2.bias, onednn),
             norms=tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
             cross_attn=ca,
             n_heads=sa.n_heads,
@@ -119,16 +181,24 @@ class DecodingModel:
     with single-position steps computed from a snapshot of the decoder's weights (see the module
     docstring). Greedy and beam search take it in place of the model; ``Translator`` uses one.
 
-    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix.
+    ``cpu_matmul`` picks the library for the step's float32 products on the CPU (``use_onednn``):
+    "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn". The two give the
+    same function up to float rounding.
+
+    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix
+    (with oneDNN, small projections keep a second, transposed copy for one-row products).
     """
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, cpu_matmul: CpuMatmul = "auto") -> None:
         if model.generator.bias is not None:
             raise ValueError("the pre-softmax projection of a Transformer has no bias")
         self.model = model
+        self.onednn = use_onednn(cpu_matmul, model.generator.weight)
         with torch.no_grad():
-            self.layers = tuple(_LayerWeights.of(layer) for layer in model.decoder.layers)
-            self.generator_t = transposed(model.generator.weight)  # (D, V)
+            self.layers = tuple(
+                _LayerWeights.of(layer, self.onednn) for layer in model.decoder.layers
+            )
+            self.generator = _Projection.of(model.generator.weight, None, self.onednn)  # D -> V
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
@@ -163,7 +233,7 @@ class DecodingModel:
         cache.length += 1
         if self.pre_norm:
             x = decoder.final_norm(x)
-        return (x @ self.generator_t).unsqueeze(1)  # (N, V) -> (N, 1, V)
+        return self.generator(x).unsqueeze(1)  # (N, V) -> (N, 1, V)
 
     def _source_mask(self, src_valid: Tensor) -> Tensor | None:
         """``source_mask(src_valid)``, made once per ``src_valid`` rather than every step (a
@@ -222,4 +292,4 @@ class DecodingModel:
         return self._sublayer(x, w.norms[2], ffn)
 
 
-__all__ = ["DecodingModel", "transposed"]
+__all__ = ["CpuMatmul", "DecodingModel", "onednn_available", "transposed", "use_onednn"]
