@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from inference_testkit import naive_greedy
 
 from transduce.config import Config, update
 from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.inference import beam_search, greedy_search
 from transduce.model.attention import set_fast_attention
-from transduce.model.decoding import DecodingModel, onednn_available
+from transduce.model.decoding import DecodingModel
+from transduce.model.linear import onednn_available
 from transduce.training import checkpoint
 from transduce.training.run import train_synthetic
-
-from inference_testkit import naive_greedy
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,8 @@ import torch
 
 from transduce.inference import beam_search, greedy_search
 from transduce.model import decoding
-from transduce.model.decoding import (
-    DecodingModel,
-    _Projection,
-    onednn_available,
-    transposed,
-    use_onednn,
-)
+from transduce.model.decoding import DecodingModel, _Projection, transposed
+from transduce.model.linear import onednn_available
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
@@ -183,23 +178,6 @@ def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bia
     torch.testing.assert_close(_Projection.of(w, b)(x), expected, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("vendor", "dtype", "expected"),
-    [("AuthenticAMD", torch.float32, True), ("GenuineIntel", torch.float32, False),
-     ("", torch.float32, False), ("AuthenticAMD", torch.bfloat16, False)],
-)  # fmt: skip
-def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
-    monkeypatch: pytest.MonkeyPatch, vendor: str, dtype: torch.dtype, expected: bool
-) -> None:
-    monkeypatch.setattr(decoding, "_cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(decoding, "onednn_available", lambda: True)
-    weight = torch.zeros(4, 3, dtype=dtype)
-    assert use_onednn("auto", weight) is expected
-    assert use_onednn("mkl", weight) is False
-    assert use_onednn("onednn", weight) is True
-    monkeypatch.setattr(decoding, "onednn_available", lambda: False)
-    assert use_onednn("auto", weight) is False
-    with pytest.raises(ValueError, match="no oneDNN"):
-        use_onednn("onednn", weight)
+def test_an_unknown_cpu_matmul_is_refused() -> None:
     with pytest.raises(ValueError, match="'blas'"):
         DecodingModel(tiny_model(), cpu_matmul="blas")  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.model.linear import linear
 from transduce.model.masks import causal_mask, combine
 
 
@@ -154,14 +155,14 @@ class MultiHeadAttention(nn.Module):
         sizes = [lin.out_features for lin in linears]
         if len(linears) > 1:
             weight, bias = stacked or _cat_weights(linears)  # (sum(sizes), D), (sum(sizes),)
-            out = F.linear(x, weight, bias)  # (B, T, sum(sizes))
+            out = linear(x, weight, bias)  # (B, T, sum(sizes))
             if self.fast and _fp32_on_cpu(out) and not torch.is_grad_enabled():
                 # one cast here rather than one per head tensor in attention(); not in training,
                 # where short keys take the formula in low precision (_formula_is_faster)
                 out = out.float()
             parts = out.split(sizes, dim=-1)  # each (B, T, size)
         else:
-            parts = tuple(lin(x) for lin in linears)
+            parts = tuple(linear(x, lin.weight, lin.bias) for lin in linears)
             if self.fast and _fp32_on_cpu(parts[0]) and not torch.is_grad_enabled():
                 parts = tuple(p.float() for p in parts)
         return tuple(self._split(p, s // self.n_heads) for p, s in zip(parts, sizes))
@@ -200,7 +201,7 @@ class MultiHeadAttention(nn.Module):
         if not torch.is_autocast_enabled(concat.device.type):
             # a low-precision model (attention itself ran in float32 on the CPU, see attention())
             concat = concat.to(self.w_o.weight.dtype)
-        return self.w_o(concat)
+        return linear(concat, self.w_o.weight, self.w_o.bias)
 
     def forward(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
         """query (B, T, D) attends over memory (B, T', D); mask broadcastable to (B, H, T, T')."""

@@ -27,11 +27,8 @@ and decoding several positions at once (``tgt`` with T > 1, or no cache) run the
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +37,7 @@ from torch import Tensor
 from transduce.model.attention import MultiHeadAttention, _fp32_on_cpu, attention
 from transduce.model.cache import DecoderCache, LayerCache
 from transduce.model.layers import DecoderLayer
+from transduce.model.linear import CpuMatmul, onednn_linear, use_onednn
 from transduce.model.transformer import Transformer, source_mask
 
 
@@ -52,58 +50,15 @@ def transposed(weight: Tensor, block: int = 256) -> Tensor:
     return out
 
 
-CpuMatmul = Literal["auto", "mkl", "onednn"]
-
 # Weights with at most this many elements multiply one row faster through MKL's addmm than through
 # oneDNN even on an AMD Zen 5 (256 x 768: 9 against 19 us; 512 x 1536: 41 against 34).
 _ONE_ROW_MKL_MAX_ELEMENTS = 1 << 19
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu_vendor() -> str:
-    """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...); "" where
-    there is none (not Linux, not x86)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def onednn_available() -> bool:
-    """Whether this PyTorch has oneDNN's linear operator (builds with mkldnn have it)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
-    """Whether decoding products against ``weight`` go through oneDNN: "onednn" (an error where
-    it is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel.
-
-    Why "auto" looks at the vendor: MKL picks its sgemm kernels by vendor, and on an AMD Zen 5
-    (AVX-512) it ran at 120-220 GFLOP/s where oneDNN ran at 260-470 (2 threads); on Intel CPUs
-    MKL was as fast or faster (benchmarks/RESULTS.md)."""
-    if cpu_matmul == "mkl":
-        return False
-    if cpu_matmul == "onednn":
-        if not onednn_available():
-            raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
-        return True
-    if cpu_matmul != "auto":
-        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and _cpu_vendor() not in ("", "GenuineIntel")
-        and onednn_available()
-    )
-
-
 @dataclass(frozen=True)
 class _Projection:
     """x (N, in) -> x W^T + b (N, out), through MKL's addmm on W^T (in, out) stored contiguous,
-    or oneDNN's inner product on W (out, in) where ``weight`` is kept (see ``use_onednn``)."""
+    or oneDNN's inner product on W (out, in) where ``weight`` is kept (``model.linear``)."""
 
     weight_t: Tensor | None  # W^T (in, out); None when oneDNN takes every row count
     bias: Tensor | None
@@ -119,7 +74,7 @@ class _Projection:
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.weight is not None and (self.weight_t is None or x.size(0) > 1):
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return onednn_linear(x, self.weight, self.bias)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
@@ -292,4 +247,4 @@ class DecodingModel:
         return self._sublayer(x, w.norms[2], ffn)
 
 
-__all__ = ["CpuMatmul", "DecodingModel", "onednn_available", "transposed", "use_onednn"]
+__all__ = ["DecodingModel", "transposed"]

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from transduce.model.attention import MultiHeadAttention
 from transduce.model.cache import LayerCache
+from transduce.model.linear import linear
 from transduce.model.masks import causal_mask
 
 
@@ -75,9 +76,9 @@ class PositionwiseFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, D)."""
-        hidden = F.relu(self.w_1(x))  # (B, T, F)
+        hidden = F.relu(linear(x, self.w_1.weight, self.w_1.bias))  # (B, T, F)
         hidden = dropout(hidden, self.activation_dropout, self.training)
-        return self.w_2(hidden)
+        return linear(hidden, self.w_2.weight, self.w_2.bias)
 
 
 class _Sublayers(nn.Module):

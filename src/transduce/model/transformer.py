@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings, make_positions
 from transduce.model.layers import DecoderLayer, EncoderLayer, dropout
+from transduce.model.linear import linear
 from transduce.model.masks import key_padding_mask
 
 if TYPE_CHECKING:
@@ -152,7 +153,8 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """tgt (N, T), memory (B, S, D), src_valid (B, S) -> logits (N, T, V) over the next
         token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``)."""
-        return self.generator(self.decoder(tgt, memory, src_valid, cache))  # (N, T, V)
+        hidden = self.decoder(tgt, memory, src_valid, cache)  # (N, T, D)
+        return linear(hidden, self.generator.weight)  # (N, T, V)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers))

@@ -1,0 +1,132 @@
+"""x W^T + b on the library that multiplies fastest on this CPU: MKL or oneDNN.
+
+PyTorch sends float32 products on the CPU to MKL, which picks its sgemm kernels by CPU vendor:
+on an AMD Zen 5 (AVX-512) it ran at 120-220 GFLOP/s where oneDNN, also inside PyTorch, ran at
+260-470 (2 threads; benchmarks/RESULTS.md, 2026-11-24). On Intel CPUs MKL was as fast or faster.
+So float32 products on x86 CPUs not made by Intel go through oneDNN's inner product
+(``torch.ops.mkldnn._linear_pointwise``), with a backward of the same library; everything else
+(other CPUs and dtypes, GPUs, autocast) through ``F.linear``. Both compute the same function up
+to float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CpuMatmul = Literal["auto", "mkl", "onednn"]
+
+# The weight gradient g^T x of a projection with more entries than this (the vocabulary's) ran
+# slower through oneDNN than MKL on the AMD Zen 5 (1536 x 256 -> 8000: 39 against 29 ms)
+_ONEDNN_WEIGHT_GRAD_MAX_ELEMENTS = 1 << 20
+
+_cpu_matmul: CpuMatmul = "auto"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...); "" where
+    there is none (not Linux, not x86)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_available() -> bool:
+    """Whether this PyTorch has oneDNN's linear operator (builds with mkldnn have it)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
+    """Whether float32 products against ``weight`` go through oneDNN: "onednn" (an error where it
+    is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel."""
+    if cpu_matmul == "mkl":
+        return False
+    if cpu_matmul == "onednn":
+        if not onednn_available():
+            raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
+        return True
+    if cpu_matmul != "auto":
+        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and _cpu_vendor() not in ("", "GenuineIntel")
+        and onednn_available()
+    )
+
+
+def set_cpu_matmul(cpu_matmul: CpuMatmul) -> CpuMatmul:
+    """Choose the library of ``linear`` for the whole process ("auto" by default); returns the
+    previous choice. For comparisons and tests; "auto" is the fast one."""
+    global _cpu_matmul
+    use_onednn(cpu_matmul, torch.empty(0))  # checks the value (and oneDNN for "onednn")
+    previous, _cpu_matmul = _cpu_matmul, cpu_matmul
+    return previous
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (N, in) -> x W^T + b (N, out) by oneDNN's inner product, W (out, in); no autograd."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """x (..., in), W (out, in), b (out,) -> (..., out), forward and backward through oneDNN."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        x2 = x.reshape(-1, x.size(-1))  # (N, in)
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x2, weight = ctx.saved_tensors
+        g = grad.reshape(-1, weight.size(0))  # (N, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # g W = g (W^T)^T: W^T (in, out) as oneDNN's weight
+            grad_x = onednn_linear(g, weight.t(), None).view(*grad.shape[:-1], weight.size(1))
+        if ctx.needs_input_grad[1]:  # g^T x (out, in)
+            if weight.numel() <= _ONEDNN_WEIGHT_GRAD_MAX_ELEMENTS:
+                grad_w = onednn_linear(g.t(), x2.t(), None)
+            else:
+                grad_w = g.t() @ x2
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out),
+    through oneDNN where ``use_onednn`` says so for this process's choice and the operands are
+    float32 outside autocast and not empty (see the module docstring)."""
+    if (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.numel() > 0  # oneDNN refuses a weight gradient with no rows
+        and use_onednn(_cpu_matmul, weight)
+        and not torch.is_autocast_enabled("cpu")
+    ):
+        return _OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+__all__ = [
+    "CpuMatmul",
+    "linear",
+    "onednn_available",
+    "onednn_linear",
+    "set_cpu_matmul",
+    "use_onednn",
+]

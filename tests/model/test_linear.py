@@ -1,0 +1,89 @@
+"""linear(): x W^T + b through MKL (F.linear) or oneDNN, with the same values and gradients, and
+the rule that picks the library."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.model import linear as linear_module
+from transduce.model.linear import linear, onednn_available, set_cpu_matmul, use_onednn
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch")
+
+
+@pytest.fixture
+def cpu_matmul():  # noqa: ANN201 - sets the process's choice for one test, then restores it
+    previous = set_cpu_matmul("auto")
+    yield set_cpu_matmul
+    set_cpu_matmul(previous)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(5, 16), (2, 7, 16), (0, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out_features", [24, 1100])  # 1100 x 16 ... the large-weight branch too
+def test_onednn_values_and_gradients_equal_f_linear(
+    cpu_matmul, shape: tuple[int, ...], bias: bool, out_features: int
+) -> None:
+    g = torch.Generator().manual_seed(len(shape) + out_features)
+    in_f = shape[-1]
+    if out_features == 1100:  # past the size where the weight gradient goes back to MKL
+        in_f, shape = 1000, (*shape[:-1], 1000)
+    w = torch.randn(out_features, in_f, generator=g, requires_grad=True)
+    b = torch.randn(out_features, generator=g, requires_grad=True) if bias else None
+    x = torch.randn(shape, generator=g, requires_grad=True)
+    grad = torch.randn(*shape[:-1], out_features, generator=g)
+    results = {}
+    for mode in ("mkl", "onednn"):
+        cpu_matmul(mode)
+        out = linear(x, w, b)
+        params = [x, w] + ([b] if bias else [])
+        grads = torch.autograd.grad(out, params, grad, allow_unused=False)
+        results[mode] = (out.detach(), grads)
+    torch.testing.assert_close(results["onednn"][0], F.linear(x, w, b).detach(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(results["onednn"][0], results["mkl"][0], atol=1e-4, rtol=1e-5)
+    for mine, ref in zip(results["onednn"][1], results["mkl"][1], strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-3, rtol=1e-5)
+
+
+@needs_onednn
+def test_onednn_is_not_used_under_autocast_or_for_other_dtypes(cpu_matmul, monkeypatch) -> None:
+    cpu_matmul("onednn")
+    calls = []
+    real = linear_module.onednn_linear
+    monkeypatch.setattr(linear_module, "onednn_linear", lambda *a: calls.append(1) or real(*a))
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+    linear(x, w)
+    assert calls == [1]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(x, w).dtype == torch.bfloat16  # autocast's F.linear, not oneDNN
+    linear(x.double(), w.double())
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "dtype", "expected"),
+    [("AuthenticAMD", torch.float32, True), ("GenuineIntel", torch.float32, False),
+     ("", torch.float32, False), ("AuthenticAMD", torch.bfloat16, False)],
+)  # fmt: skip
+def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
+    monkeypatch: pytest.MonkeyPatch, vendor: str, dtype: torch.dtype, expected: bool
+) -> None:
+    monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: True)
+    weight = torch.zeros(4, 3, dtype=dtype)
+    assert use_onednn("auto", weight) is expected
+    assert use_onednn("mkl", weight) is False
+    assert use_onednn("onednn", weight) is True
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: False)
+    assert use_onednn("auto", weight) is False
+    with pytest.raises(ValueError, match="no oneDNN"):
+        use_onednn("onednn", weight)
+
+
+def test_an_unknown_choice_is_refused(cpu_matmul) -> None:
+    with pytest.raises(ValueError, match="'blas'"):
+        cpu_matmul("blas")
+    assert linear_module._cpu_matmul == "auto"
