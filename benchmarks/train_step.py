@@ -36,9 +36,10 @@ D*V: the pre-softmax projection (the embedding lookups are no matmuls); the last
 A V of encoder self-, decoder self- (the full T x T, causal not halved) and encoder-decoder
 attention. Divided by the B*T target tokens this is about 6 x (matrix parameters) plus the
 attention term: 46.0 MFLOP per target token for SMALL, 380.6 for BASE. MFU = (FLOPs/step) /
-(seconds/step) / peak, the peak being the best FLOP/s of a 1024^3 and a 2048^3 ``torch.mm`` loop
-measured in the same process before and after the timed steps, with the same threads (the fp32
-peak for fp32 runs, the bf16 peak for bf16 runs).
+(seconds/step) / peak, the peak being the best FLOP/s of a 1024^3 and a 2048^3 product loop
+(``torch.mm``, and oneDNN's on a CPU: see ``measure_peak``) measured in the same process before
+and after the timed steps, with the same threads (the fp32 peak for fp32 runs, the bf16 peak for
+bf16 runs).
 
 glibc malloc tuning (``transduce.runtime.tune_malloc``) cannot be undone inside a process, so each
 configuration runs in its own subprocess: ``on`` calls ``tune_malloc()`` first (all three systems
@@ -119,20 +120,30 @@ def sync(device: torch.device) -> None:
 def measure_peak(
     dtype: torch.dtype, device: torch.device = torch.device("cpu"), reps: int = 5
 ) -> float:
-    """Best FLOP/s of n x n x n torch.mm loops (``reps`` runs after a warm-up, each n): n = 1024
+    """Best FLOP/s of n x n x n products (``reps`` runs after a warm-up, each n): n = 1024
     and 2048 on a CPU, 4096 and 8192 on a GPU (smaller products leave a GPU idle part of the
-    time)."""
+    time). ``torch.mm``, and on a CPU also ``transduce.model.linear.linear`` with oneDNN: on CPUs
+    not made by Intel MKL's float32 sgemm (``torch.mm``) reaches half of what the machine does."""
+    from transduce.model.linear import linear, onednn_available, set_cpu_matmul
+
+    products = [torch.mm]
+    if device.type == "cpu" and onednn_available():
+        products.append(lambda a, b: linear(a, b))  # a b^T: the same FLOPs as a b
+
     best = 0.0
     for n in (1024, 2048) if device.type == "cpu" else (4096, 8192):
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        torch.mm(a, b)
-        for _ in range(reps):
-            sync(device)
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            sync(device)
-            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+        for product in products:
+            previous = set_cpu_matmul("onednn" if product is not torch.mm else "auto")
+            product(a, b)
+            for _ in range(reps):
+                sync(device)
+                t0 = time.perf_counter()
+                product(a, b)
+                sync(device)
+                best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+            set_cpu_matmul(previous)
     return best
 
 
