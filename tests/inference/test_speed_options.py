@@ -86,27 +86,26 @@ def test_bf16_weights_give_the_same_translations(trained) -> None:
     assert sum(h[0].tokens == r for h, r in zip(beams, ref, strict=True)) >= 0.95 * len(ref)
 
 
+def _assert_same_translations(mine, ref, src: torch.Tensor) -> None:
+    """Greedy, and beam 4 with 2-best (hypotheses and scores), of two decoders agree on src."""
+    assert greedy_search(mine, src, max_len_offset=5) == greedy_search(ref, src, max_len_offset=5)
+    got = beam_search(mine, src, beam=4, max_len_offset=5, nbest=2)
+    expected = beam_search(ref, src, beam=4, max_len_offset=5, nbest=2)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in expected]
+    torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in got]),
+                               torch.tensor([[h.score for h in hs] for hs in expected]))  # fmt: skip
+
+
 def test_decoding_model_gives_the_same_translations(trained) -> None:
     model, src = trained
-    fast = DecodingModel(model)
-    assert greedy_search(fast, src, max_len_offset=5) == greedy_search(model, src, max_len_offset=5)
-    mine = beam_search(fast, src, beam=4, max_len_offset=5, nbest=2)
-    ref = beam_search(model, src, beam=4, max_len_offset=5, nbest=2)
-    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
-    torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
-                               torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip
+    _assert_same_translations(DecodingModel(model), model, src)
 
 
 @pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
 def test_onednn_and_mkl_products_give_the_same_translations(trained) -> None:
     model, src = trained
-    mkl, onednn = (DecodingModel(model, cpu_matmul=m) for m in ("mkl", "onednn"))
-    assert greedy_search(onednn, src, max_len_offset=5) == greedy_search(mkl, src, max_len_offset=5)
-    mine = beam_search(onednn, src, beam=4, max_len_offset=5, nbest=2)
-    ref = beam_search(mkl, src, beam=4, max_len_offset=5, nbest=2)
-    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
-    torch.testing.assert_close(torch.tensor([[h.score for h in hs] for hs in mine]),
-                               torch.tensor([[h.score for h in hs] for hs in ref]))  # fmt: skip
+    onednn, mkl = (DecodingModel(model, cpu_matmul=m) for m in ("onednn", "mkl"))
+    _assert_same_translations(onednn, mkl, src)
 
 
 def test_searches_inside_a_callers_inference_mode_give_the_same_translations(trained) -> None:
