@@ -138,7 +138,8 @@ class DecodingModel:
 
     ``cpu_matmul`` picks the library for the step's float32 products on the CPU (``use_onednn``):
     "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn". The two give the
-    same function up to float rounding.
+    same function up to float rounding. The encoder and the cross-attention keys and values run
+    the model's modules, whose library ``model.linear.set_cpu_matmul`` chooses.
 
     Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix
     (with oneDNN, small projections keep a second, transposed copy for one-row products).
