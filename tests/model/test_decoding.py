@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from transduce.inference import beam_search, greedy_search
-from transduce.model import decoding
 from transduce.model.decoding import DecodingModel, _Projection, transposed
-from transduce.model.linear import onednn_available
+from transduce.model.linear import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
@@ -172,7 +171,7 @@ def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bia
     w, x = torch.randn(out_f, in_f, generator=g), torch.randn(rows, in_f, generator=g)
     b = torch.randn(out_f, generator=g) if bias else None
     proj = _Projection.of(w, b, onednn=True)
-    assert (proj.weight_t is None) == (w.numel() > decoding._ONE_ROW_MKL_MAX_ELEMENTS)
+    assert (proj.weight_t is None) == (w.numel() > ONE_ROW_MKL_MAX_ELEMENTS)
     expected = x @ w.t() + (0 if b is None else b)
     torch.testing.assert_close(proj(x), expected, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(_Projection.of(w, b)(x), expected, atol=1e-4, rtol=1e-5)

@@ -60,7 +60,10 @@ def test_onednn_is_not_used_under_autocast_or_for_other_dtypes(cpu_matmul, monke
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert linear(x, w).dtype == torch.bfloat16  # autocast's F.linear, not oneDNN
     linear(x.double(), w.double())
+    linear(x[:1], w)  # one row against a small weight: MKL's, faster there
     assert calls == [1]
+    linear(x[:1], torch.randn(140_000, 4))  # a large weight: oneDNN even for one row
+    assert calls == [1, 1]
 
 
 @pytest.mark.parametrize(

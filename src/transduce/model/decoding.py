@@ -37,7 +37,12 @@ from torch import Tensor
 from transduce.model.attention import MultiHeadAttention, _fp32_on_cpu, attention
 from transduce.model.cache import DecoderCache, LayerCache
 from transduce.model.layers import DecoderLayer
-from transduce.model.linear import CpuMatmul, onednn_linear, use_onednn
+from transduce.model.linear import (
+    ONE_ROW_MKL_MAX_ELEMENTS,
+    CpuMatmul,
+    onednn_linear,
+    use_onednn,
+)
 from transduce.model.transformer import Transformer, source_mask
 
 
@@ -48,11 +53,6 @@ def transposed(weight: Tensor, block: int = 256) -> Tensor:
     for i in range(0, weight.size(0), block):
         out[:, i : i + block].copy_(weight[i : i + block].t())
     return out
-
-
-# Weights with at most this many elements multiply one row faster through MKL's addmm than through
-# oneDNN even on an AMD Zen 5 (256 x 768: 9 against 19 us; 512 x 1536: 41 against 34).
-_ONE_ROW_MKL_MAX_ELEMENTS = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class _Projection:
         bias = None if bias is None else bias.clone()
         if not onednn:
             return cls(transposed(weight), bias)
-        one_row_mkl = weight.numel() <= _ONE_ROW_MKL_MAX_ELEMENTS
+        one_row_mkl = weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
         return cls(transposed(weight) if one_row_mkl else None, bias, weight.contiguous().clone())
 
     def __call__(self, x: Tensor) -> Tensor:

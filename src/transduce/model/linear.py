@@ -25,6 +25,10 @@ CpuMatmul = Literal["auto", "mkl", "onednn"]
 # slower through oneDNN than MKL on the AMD Zen 5 (1536 x 256 -> 8000: 39 against 29 ms)
 _ONEDNN_WEIGHT_GRAD_MAX_ELEMENTS = 1 << 20
 
+# Weights with at most this many entries multiply one row faster through MKL than through
+# oneDNN even on the AMD Zen 5 (256 x 768: 9 against 19 us; 512 x 1536: 41 against 34)
+ONE_ROW_MKL_MAX_ELEMENTS = 1 << 19
+
 _cpu_matmul: CpuMatmul = "auto"
 
 
@@ -110,19 +114,26 @@ class _OneDnnLinear(torch.autograd.Function):
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out),
     through oneDNN where ``use_onednn`` says so for this process's choice and the operands are
-    float32 outside autocast and not empty (see the module docstring)."""
+    float32 outside autocast, not empty and not one row against a small weight (see the module
+    docstring)."""
     if (
         x.dtype == torch.float32
         and x.device.type == "cpu"
         and x.numel() > 0  # oneDNN refuses a weight gradient with no rows
+        and (x.numel() > x.size(-1) or weight.numel() > ONE_ROW_MKL_MAX_ELEMENTS)
         and use_onednn(_cpu_matmul, weight)
         and not torch.is_autocast_enabled("cpu")
     ):
-        return _OneDnnLinear.apply(x, weight, bias)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _OneDnnLinear.apply(x, weight, bias)
+        # no graph to record: the autograd Function's own cost (~10 us a call) would be waste
+        out = onednn_linear(x.reshape(-1, x.size(-1)), weight, bias)  # (N, out)
+        return out.view(*x.shape[:-1], weight.size(0))
     return F.linear(x, weight, bias)
 
 
 __all__ = [
+    "ONE_ROW_MKL_MAX_ELEMENTS",
     "CpuMatmul",
     "linear",
     "onednn_available",
