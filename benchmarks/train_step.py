@@ -124,18 +124,17 @@ def measure_peak(
     and 2048 on a CPU, 4096 and 8192 on a GPU (smaller products leave a GPU idle part of the
     time). ``torch.mm``, and on a CPU also ``transduce.model.linear.linear`` with oneDNN: on CPUs
     not made by Intel MKL's float32 sgemm (``torch.mm``) reaches half of what the machine does."""
-    from transduce.model.linear import linear, onednn_available, set_cpu_matmul
+    from transduce.model.linear import onednn_available, onednn_linear
 
     products = [torch.mm]
     if device.type == "cpu" and onednn_available():
-        products.append(lambda a, b: linear(a, b))  # a b^T: the same FLOPs as a b
+        products.append(lambda a, b: onednn_linear(a, b, None))  # a b^T: the FLOPs of a b
 
     best = 0.0
     for n in (1024, 2048) if device.type == "cpu" else (4096, 8192):
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
         for product in products:
-            previous = set_cpu_matmul("onednn" if product is not torch.mm else "auto")
             product(a, b)
             for _ in range(reps):
                 sync(device)
@@ -143,7 +142,6 @@ def measure_peak(
                 product(a, b)
                 sync(device)
                 best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
-            set_cpu_matmul(previous)
     return best
 
 

@@ -164,7 +164,9 @@ def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) ->
 
 @pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
 @pytest.mark.parametrize("rows", [0, 1, 2, 7])
-@pytest.mark.parametrize(("out_f", "in_f", "bias"), [(24, 16, True), (1100, 500, True), (40, 8, False)])
+@pytest.mark.parametrize(
+    ("out_f", "in_f", "bias"), [(24, 16, True), (1100, 500, True), (40, 8, False)]
+)
 def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bias: bool) -> None:
     # (1100, 500) is past the size up to which one row goes through MKL instead
     g = torch.Generator().manual_seed(rows)

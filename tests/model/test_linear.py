@@ -42,10 +42,20 @@ def test_onednn_values_and_gradients_equal_f_linear(
         params = [x, w] + ([b] if bias else [])
         grads = torch.autograd.grad(out, params, grad, allow_unused=False)
         results[mode] = (out.detach(), grads)
-    torch.testing.assert_close(results["onednn"][0], F.linear(x, w, b).detach(), atol=1e-4, rtol=1e-5)
+    reference = F.linear(x, w, b).detach()
+    torch.testing.assert_close(results["onednn"][0], reference, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(results["onednn"][0], results["mkl"][0], atol=1e-4, rtol=1e-5)
     for mine, ref in zip(results["onednn"][1], results["mkl"][1], strict=True):
         torch.testing.assert_close(mine, ref, atol=1e-3, rtol=1e-5)
+
+
+@needs_onednn
+def test_a_bias_alone_that_requires_grad_gets_its_gradient(cpu_matmul) -> None:
+    cpu_matmul("onednn")
+    x, w = torch.randn(3, 4), torch.randn(5, 4)  # frozen weight, trainable bias
+    b = torch.zeros(5, requires_grad=True)
+    linear(x, w, b).sum().backward()
+    torch.testing.assert_close(b.grad, torch.full((5,), 3.0))
 
 
 @needs_onednn

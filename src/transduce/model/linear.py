@@ -84,15 +84,20 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def _onednn_nd(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``onednn_linear`` for x (..., in) -> (..., out)."""
+    out = onednn_linear(x.reshape(-1, x.size(-1)), weight, bias)  # (N, out)
+    return out.view(*x.shape[:-1], weight.size(0))
+
+
 class _OneDnnLinear(torch.autograd.Function):
     """x (..., in), W (out, in), b (out,) -> (..., out), forward and backward through oneDNN."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        x2 = x.reshape(-1, x.size(-1))  # (N, in)
-        ctx.save_for_backward(x2, weight)
+        ctx.save_for_backward(x.reshape(-1, x.size(-1)), weight)  # x as (N, in)
         ctx.has_bias = bias is not None
-        return onednn_linear(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
+        return _onednn_nd(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -124,11 +129,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         and use_onednn(_cpu_matmul, weight)
         and not torch.is_autocast_enabled("cpu")
     ):
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        operands = (x, weight) if bias is None else (x, weight, bias)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
             return _OneDnnLinear.apply(x, weight, bias)
         # no graph to record: the autograd Function's own cost (~10 us a call) would be waste
-        out = onednn_linear(x.reshape(-1, x.size(-1)), weight, bias)  # (N, out)
-        return out.view(*x.shape[:-1], weight.size(0))
+        return _onednn_nd(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
