@@ -92,10 +92,8 @@ def _assert_same_translations(mine, ref, src: torch.Tensor) -> None:
     got = beam_search(mine, src, beam=4, max_len_offset=5, nbest=2)
     expected = beam_search(ref, src, beam=4, max_len_offset=5, nbest=2)
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in expected]
-    torch.testing.assert_close(
-        torch.tensor([[h.score for h in hs] for hs in got]),
-        torch.tensor([[h.score for h in hs] for hs in expected]),
-    )
+    scores = [torch.tensor([[h.score for h in hs] for hs in b]) for b in (got, expected)]
+    torch.testing.assert_close(*scores)
 
 
 def test_decoding_model_gives_the_same_translations(trained) -> None:
