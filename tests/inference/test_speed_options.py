@@ -108,6 +108,17 @@ def test_onednn_and_mkl_products_give_the_same_translations(trained) -> None:
     _assert_same_translations(onednn, mkl, src)
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_one_sentence_options_give_the_same_translations(trained, parts: int) -> None:
+    # one sentence at a time: the folded encoder-decoder attention and the one-row products in
+    # column blocks, against neither
+    model, src = trained
+    fast = DecodingModel(model, one_row_parts=parts, fold_cross_attention=True)
+    plain = DecodingModel(model, one_row_parts=1, fold_cross_attention=False)
+    for row in src[:30]:
+        _assert_same_translations(fast, plain, row[row != PAD][None])
+
+
 def test_searches_inside_a_callers_inference_mode_give_the_same_translations(trained) -> None:
     model, src = trained
     fast = DecodingModel(model)

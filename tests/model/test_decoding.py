@@ -7,8 +7,17 @@ import pytest
 import torch
 
 from transduce.inference import beam_search, greedy_search
-from transduce.model.decoding import DecodingModel, _Projection, transposed
+from transduce.model.attention import MultiHeadAttention
+from transduce.model.decoding import (
+    DecodingModel,
+    _folded_cross_attention,
+    _Projection,
+    fold_cross_attention,
+    split_columns,
+    transposed,
+)
 from transduce.model.linear import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
+from transduce.model.masks import key_padding_mask
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
@@ -54,6 +63,81 @@ def test_steps_equal_transformer_decode(kw: dict, cpu_matmul: str) -> None:
     torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
     assert cache.layers[0].self_k.shape[:3] == (3, model.config.n_heads, tgt.size(1))
+
+
+@pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
+def test_one_sentence_steps_equal_transformer_decode(kw: dict) -> None:
+    # one sentence (B = 1): folded encoder-decoder attention, one-row products in column blocks
+    # (3 blocks: d_model 16 and the vocabulary need zero padding)
+    model = tiny_model(**kw)
+    src, tgt = tiny_batch()
+    for i in range(src.size(0)):  # sentences 1 and 2 have source padding
+        fast = DecodingModel(model, one_row_parts=3, fold_cross_attention=True)
+        out, cache = _steps(fast, src[i : i + 1], tgt[i : i + 1])
+        ref, _ = _steps(model, src[i : i + 1], tgt[i : i + 1])
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert cache.layers[0].cross_folded is not None
+        assert fast.generator.blocks is not None
+
+
+def test_one_sentence_hypotheses_equal_expanded_memory() -> None:
+    # G hypotheses of one sentence through the folded attention, then dropping the sentence
+    model = tiny_model()
+    src, _ = tiny_batch()
+    tgt = torch.randint(4, 11, (4, 5), generator=torch.Generator().manual_seed(6))
+    fast = DecodingModel(model, fold_cross_attention=True)
+    out, cache = _steps(fast, src[1:2], tgt)
+    with torch.no_grad():
+        expected = model(src[1:2].expand(4, -1), tgt)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    cache.select_sources(torch.tensor([0]))
+    assert cache.layers[0].cross_folded is not None
+    cache.select_sources(torch.tensor([], dtype=torch.long))
+    assert cache.layers[0].cross_folded is None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("g", [1, 3])
+@pytest.mark.parametrize("padded", [False, True])
+def test_folded_cross_attention_is_multi_head_attention(bias: bool, g: int, padded: bool) -> None:
+    torch.manual_seed(g + 2 * bias)
+    attn = MultiHeadAttention(d_model=12, n_heads=3, d_k=5, d_v=7, bias=bias).eval()
+    memory, y = torch.randn(1, 6, 12), torch.randn(g, 12)
+    valid = torch.tensor([True, True, True, True, not padded, not padded])
+    with torch.no_grad():
+        keys, values = attn.project_key_value(memory)
+        expected = attn(y[None], memory, key_padding_mask(valid[None]))[0]  # (G, D)
+        folded = fold_cross_attention(attn, keys, values, valid if padded else None)
+        out = _folded_cross_attention(y, folded, attn.w_o.bias)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+@pytest.mark.parametrize("bias", [True, False])
+def test_split_columns_blocks_multiply_like_the_weight(parts: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(parts)
+    w = torch.randn(13, 8, generator=g)
+    b = torch.randn(13, generator=g) if bias else None
+    blocks, blocks_bias = split_columns(w, b, parts)
+    cols = -(-13 // parts)
+    assert blocks.shape == (parts, 8, cols) and blocks.is_contiguous()
+    assert torch.equal(blocks.transpose(0, 1).reshape(8, -1)[:, :13], w.t())
+    assert (blocks_bias is None) == (b is None)
+    for onednn in [False, True] if onednn_available() else [False]:
+        proj = _Projection.of(w, b, onednn=onednn, parts=parts)
+        assert proj.blocks is not None
+        for rows in (1, 2):  # one row through the blocks, two through the plain layout
+            xr = torch.randn(rows, 8, generator=g)
+            expected = xr @ w.t() + (0 if b is None else b)
+            torch.testing.assert_close(proj(xr), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_one_row_parts_default_and_check() -> None:
+    model = tiny_model()
+    assert DecodingModel(model).one_row_parts == torch.get_num_threads()
+    assert DecodingModel(model.to(torch.bfloat16)).one_row_parts == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        DecodingModel(tiny_model(), one_row_parts=0)
 
 
 def test_grouped_hypotheses_equal_expanded_memory() -> None:

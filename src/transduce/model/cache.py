@@ -35,6 +35,9 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # one sentence's encoder-decoder attention folded for DecodingModel: (A, c, M) of
+    # decoding.fold_cross_attention, made from cross_k / cross_v when B is 1
+    cross_folded: tuple[Tensor, Tensor, Tensor] | None = None
     # the layer's stacked self-attention projection (weight, bias), made once per search
     qkv_weights: tuple[Tensor, Tensor | None] | None = None
     _buffers: list[tuple[Tensor, Tensor]] = field(default_factory=list, repr=False)
@@ -92,6 +95,8 @@ class LayerCache:
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,) of cross_k / cross_v."""
         self.cross_k, self.cross_v = _select(self.cross_k, index), _select(self.cross_v, index)
+        if index.numel() != 1:  # folded for the one sentence (B = 1); one row keeps it
+            self.cross_folded = None
 
 
 def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | None:

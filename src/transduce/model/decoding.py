@@ -15,7 +15,12 @@ single-position steps of a search, with plain tensor operations on weights it co
 - W^Q, W^K, W^V of self-attention stacked into one product;
 - on x86 CPUs not made by Intel, float32 products through oneDNN's inner product instead of MKL,
   whose sgemm runs AVX-512 kernels only on Intel's CPUs: 1.3-2.7x faster products at 4-128 rows
-  on an AMD Zen 5 (benchmarks/RESULTS.md, 2026-11-24); one row keeps MKL for small weights.
+  on an AMD Zen 5 (benchmarks/RESULTS.md, 2026-11-24);
+- one row (a batch of one sentence, greedy) against W^T's columns in P blocks, one ``bmm`` over
+  the blocks, so P threads share the product: MKL's and oneDNN's one-row products run on one
+  thread and are bound by how fast one core reads W (``split_columns``);
+- for one sentence, encoder-decoder attention folded into two products a step, with W^Q and W^O
+  multiplied into the sentence's keys and values once (``fold_cross_attention``).
 
 Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
@@ -27,6 +32,7 @@ and decoding several positions at once (``tgt`` with T > 1, or no cache) run the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,29 +61,74 @@ def transposed(weight: Tensor, block: int = 256) -> Tensor:
     return out
 
 
+def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tensor, Tensor | None]:
+    """W (out, in), b (out,) -> W^T's columns in ``parts`` blocks (P, in, C) and b's (P, 1, C),
+    C = ceil(out / P), the last block padded with zero columns: ``bmm`` of a row against them
+    runs the blocks on P threads, where a one-row ``addmm`` runs on one."""
+    out_f, in_f = weight.shape
+    cols = -(-out_f // parts)  # C
+    padded = weight.new_zeros(parts * cols, in_f)  # (P*C, in)
+    padded[:out_f] = weight
+    blocks = transposed(padded).view(in_f, parts, cols).transpose(0, 1)  # (in, P, C) -> (P, in, C)
+    if bias is None:
+        return blocks.contiguous(), None
+    padded_bias = bias.new_zeros(parts * cols)
+    padded_bias[:out_f] = bias
+    return blocks.contiguous(), padded_bias.view(parts, 1, cols)  # (P*C,) -> (P, 1, C)
+
+
 @dataclass(frozen=True)
 class _Projection:
-    """x (N, in) -> x W^T + b (N, out), through MKL's addmm on W^T (in, out) stored contiguous,
-    or oneDNN's inner product on W (out, in) where ``weight`` is kept (``model.linear``)."""
+    """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
+    it fastest (benchmarks/RESULTS.md): MKL's addmm on W^T (in, out) stored contiguous
+    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``model.linear``), and
+    for one row a batched product over W^T's columns in P blocks (``blocks``), a block a thread.
+    Made by ``of``."""
 
-    weight_t: Tensor | None  # W^T (in, out); None when oneDNN takes every row count
+    out_features: int
     bias: Tensor | None
-    weight: Tensor | None = None  # W (out, in) for oneDNN; None = MKL only
+    weight_t: Tensor | None  # W^T (in, out); None when other layouts take every row count
+    weight: Tensor | None  # W (out, in) for oneDNN; None = MKL only
+    blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
+    blocks_bias: Tensor | None  # (P, 1, C)
 
     @classmethod
-    def of(cls, weight: Tensor, bias: Tensor | None, onednn: bool = False) -> _Projection:
+    def of(
+        cls, weight: Tensor, bias: Tensor | None, onednn: bool = False, parts: int = 1
+    ) -> _Projection:
+        """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``onednn``; with
+        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``)."""
         bias = None if bias is None else bias.clone()
-        if not onednn:
-            return cls(transposed(weight), bias)
-        one_row_mkl = weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
-        return cls(transposed(weight) if one_row_mkl else None, bias, weight.contiguous().clone())
+        blocks, blocks_bias = split_columns(weight, bias, parts) if parts > 1 else (None, None)
+        if onednn:
+            # one row against a small weight is faster on MKL (unless split)
+            one_row_mkl = parts == 1 and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
+            weight_t = transposed(weight) if one_row_mkl else None
+            plain = weight.contiguous().clone()
+        else:
+            weight_t, plain = transposed(weight), None
+        return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.weight is not None and (self.weight_t is None or x.size(0) > 1):
+        rows = x.size(0)
+        if rows == 1 and self.blocks is not None:
+            return self._one_row(x)
+        if self.weight is not None and (self.weight_t is None or rows > 1):
             return onednn_linear(x, self.weight, self.bias)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
+
+    def _one_row(self, x: Tensor) -> Tensor:
+        """x (1, in) -> (1, out) through the column blocks."""
+        blocks = self.blocks
+        xs = x.expand(blocks.size(0), 1, x.size(1))  # (1, in) -> (P, 1, in), a view
+        if self.blocks_bias is None:
+            y = torch.bmm(xs, blocks)  # (P, 1, C)
+        else:
+            y = torch.baddbmm(self.blocks_bias, xs, blocks)  # (P, 1, C)
+        y = y.view(1, -1)  # (P, 1, C) -> (1, P*C): W's rows in order, then the padding
+        return y if y.size(1) == self.out_features else y[:, : self.out_features]
 
 
 @dataclass(frozen=True)
@@ -98,21 +149,75 @@ class _LayerWeights:
     d_v: int
 
     @classmethod
-    def of(cls, layer: DecoderLayer, onednn: bool = False) -> _LayerWeights:
+    def of(cls, layer: DecoderLayer, onednn: bool = False, parts: int = 1) -> _LayerWeights:
         sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+
+        def projection(weight: Tensor, bias: Tensor | None) -> _Projection:
+            return _Projection.of(weight, bias, onednn, parts)
+
         return cls(
-            qkv=_Projection.of(*sa.stack_qkv(), onednn),
-            self_out=_Projection.of(sa.w_o.weight, sa.w_o.bias, onednn),
-            cross_query=_Projection.of(ca.w_q.weight, ca.w_q.bias, onednn),
-            cross_out=_Projection.of(ca.w_o.weight, ca.w_o.bias, onednn),
-            ffn_in=_Projection.of(ffn.w_1.weight, ffn.w_1.bias, onednn),
-            ffn_out=_Projection.of(ffn.w_2.weight, ffn.w_2.bias, onednn),
+            qkv=projection(*sa.stack_qkv()),
+            self_out=projection(sa.w_o.weight, sa.w_o.bias),
+            cross_query=projection(ca.w_q.weight, ca.w_q.bias),
+            cross_out=projection(ca.w_o.weight, ca.w_o.bias),
+            ffn_in=projection(ffn.w_1.weight, ffn.w_1.bias),
+            ffn_out=projection(ffn.w_2.weight, ffn.w_2.bias),
             norms=tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
             cross_attn=ca,
             n_heads=sa.n_heads,
             d_k=sa.d_k,
             d_v=sa.d_v,
         )
+
+
+def fold_cross_attention(
+    attn: MultiHeadAttention, keys: Tensor, values: Tensor, valid: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Encoder-decoder attention of one sentence as two products a step instead of four.
+
+    keys (1, H, S, K), values (1, H, S, Dv): the sentence's memory projected by ``attn``; valid
+    (S,) bool, True on real source tokens (None: all). With the paper's W_h^Q (D, K) and W_h^O
+    (Dv, D) (the blocks of ``attn.w_q`` and ``attn.w_o``), head h's scores for a decoder state
+    x (1, D) are (x W_h^Q + b_h^Q) K_h^T / sqrt(d_k) = x A_h + c_h, and
+    MultiHead = sum_h softmax(x A_h + c_h) V_h W_h^O + b^O = p M + b^O, with
+
+        A_h = W_h^Q K_h^T / sqrt(d_k)  (D, S),   c_h = b_h^Q K_h^T / sqrt(d_k)  (1, S),
+        M_h = V_h W_h^O  (S, D),                  p = [softmax_h]  (1, H*S).
+
+    Returns A (H, D, S), c (H, 1, S) with -inf on padded positions, M (H*S, D): the same
+    function as ``attention`` between the projections, up to float rounding. It pays for one
+    sentence, where a step is mostly operator calls and reading W^Q and W^O (D x D each) from
+    memory; A and M hold 2 H S D numbers per sentence and layer, a batch's would outgrow them.
+    """
+    h, k, dv = attn.n_heads, attn.d_k, attn.d_v
+    d = attn.w_q.weight.size(1)
+    scale = 1.0 / math.sqrt(k)
+    keys_t = keys[0].transpose(1, 2)  # (H, S, K) -> (H, K, S)
+    w_q = attn.w_q.weight.view(h, k, d).transpose(1, 2)  # (H*K, D) -> (H, D, K): W_h^Q
+    a = torch.bmm(w_q, keys_t).mul_(scale)  # (H, D, S)
+    if attn.w_q.bias is None:
+        c = keys_t.new_zeros(h, 1, keys_t.size(2))
+    else:
+        c = torch.bmm(attn.w_q.bias.view(h, 1, k), keys_t).mul_(scale)  # (H, 1, S)
+    if valid is not None:
+        c.masked_fill_(~valid, float("-inf"))
+    w_o = attn.w_o.weight.view(d, h, dv).permute(1, 2, 0)  # (D, H*Dv) -> (H, Dv, D): W_h^O
+    m = torch.bmm(values[0], w_o).view(-1, d)  # (H, S, D) -> (H*S, D)
+    return a, c, m
+
+
+def _folded_cross_attention(
+    y: Tensor, folded: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
+) -> Tensor:
+    """y (G, D), the G hypotheses of one sentence -> MultiHead (G, D) from
+    ``fold_cross_attention``'s A, c, M and W^O's bias."""
+    a, c, m = folded  # (H, D, S), (H, 1, S), (H*S, D)
+    g = y.size(0)
+    scores = torch.baddbmm(c, y.expand(a.size(0), g, y.size(1)), a)  # (H, G, S)
+    p = scores.softmax(-1)
+    # (H, G, S) -> (G, H*S): head-major as M's rows
+    p = p.view(1, -1) if g == 1 else p.transpose(0, 1).reshape(g, -1)
+    return p @ m if bias is None else torch.addmm(bias, p, m)
 
 
 def _heads(x: Tensor, n_heads: int) -> Tensor:
@@ -141,20 +246,42 @@ class DecodingModel:
     same function up to float rounding. The encoder and the cross-attention keys and values run
     the model's modules, whose library ``model.linear.set_cpu_matmul`` chooses.
 
-    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix
-    (with oneDNN, small projections keep a second, transposed copy for one-row products).
+    ``one_row_parts``: one-row products (a batch of one sentence, greedy) split W's columns into
+    this many blocks multiplied at once, one per thread, where MKL's and oneDNN's one-row products
+    use one thread (``split_columns``); None = ``torch.get_num_threads()`` for float32 CPU
+    weights, else 1 (no split). Made at construction: a later change of the thread count keeps
+    the split.
+
+    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix, and
+    a second for one row (the column blocks; with oneDNN and no split, small projections keep a
+    transposed copy instead).
     """
 
-    def __init__(self, model: Transformer, cpu_matmul: CpuMatmul = "auto") -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        cpu_matmul: CpuMatmul = "auto",
+        one_row_parts: int | None = None,
+        fold_cross_attention: bool | None = None,
+    ) -> None:
         if model.generator.bias is not None:
             raise ValueError("the pre-softmax projection of a Transformer has no bias")
         self.model = model
-        self.onednn = use_onednn(cpu_matmul, model.generator.weight)
+        weight = model.generator.weight
+        self.onednn = use_onednn(cpu_matmul, weight)
+        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+        if one_row_parts is None:
+            one_row_parts = torch.get_num_threads() if cpu_fp32 else 1
+        if one_row_parts < 1:
+            raise ValueError(f"one_row_parts must be at least 1, not {one_row_parts}")
+        self.one_row_parts = one_row_parts
+        self.fold_cross = cpu_fp32 if fold_cross_attention is None else fold_cross_attention
         with torch.no_grad():
             self.layers = tuple(
-                _LayerWeights.of(layer, self.onednn) for layer in model.decoder.layers
+                _LayerWeights.of(layer, self.onednn, one_row_parts)
+                for layer in model.decoder.layers
             )
-            self.generator = _Projection.of(model.generator.weight, None, self.onednn)  # D -> V
+            self.generator = _Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
@@ -230,6 +357,13 @@ class DecodingModel:
             if cache.cross_k is None:
                 cache.cross_k, cache.cross_v = w.cross_attn.project_key_value(memory)
             b = cache.cross_k.size(0)  # (B, H, S, K)
+            if b == 1 and self.fold_cross:
+                if cache.cross_folded is None:
+                    valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
+                    cache.cross_folded = fold_cross_attention(
+                        w.cross_attn, cache.cross_k, cache.cross_v, valid
+                    )
+                return _folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
             if n % b:
                 raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
             # The G = N / B hypotheses of a sentence query its keys together as G positions
