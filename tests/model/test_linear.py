@@ -8,7 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from transduce.model import linear as linear_module
-from transduce.model.linear import linear, onednn_available, set_cpu_matmul, use_onednn
+from transduce.model.linear import (
+    linear,
+    onednn_available,
+    onednn_linear,
+    onednn_packed,
+    set_cpu_matmul,
+    use_onednn,
+)
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch")
 
@@ -100,3 +107,15 @@ def test_an_unknown_choice_is_refused(cpu_matmul) -> None:
     with pytest.raises(ValueError, match="'blas'"):
         cpu_matmul("blas")
     assert linear_module._cpu_matmul == "auto"
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [0, 1, 3, 130])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_weight_multiplies_like_the_plain_one(rows: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(40, 24, generator=g), torch.randn(rows, 24, generator=g)
+    b = torch.randn(40, generator=g) if bias else None
+    packed = onednn_packed(w)
+    assert packed.shape == w.shape
+    torch.testing.assert_close(onednn_linear(x, packed, b), F.linear(x, w, b))

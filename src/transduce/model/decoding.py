@@ -47,6 +47,7 @@ from transduce.model.linear import (
     ONE_ROW_MKL_MAX_ELEMENTS,
     CpuMatmul,
     onednn_linear,
+    onednn_packed,
     use_onednn,
 )
 from transduce.model.transformer import Transformer, source_mask
@@ -88,7 +89,7 @@ class _Projection:
     out_features: int
     bias: Tensor | None
     weight_t: Tensor | None  # W^T (in, out); None when other layouts take every row count
-    weight: Tensor | None  # W (out, in) for oneDNN; None = MKL only
+    weight: Tensor | None  # W (out, in) for oneDNN, in its layout (onednn_packed); None = MKL only
     blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
     blocks_bias: Tensor | None  # (P, 1, C)
 
@@ -104,7 +105,7 @@ class _Projection:
             # one row against a small weight is faster on MKL (unless split)
             one_row_mkl = parts == 1 and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
             weight_t = transposed(weight) if one_row_mkl else None
-            plain = weight.contiguous().clone()
+            plain = onednn_packed(weight)
         else:
             weight_t, plain = transposed(weight), None
         return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
@@ -355,7 +356,9 @@ class DecodingModel:
 
         def cross_attention(y: Tensor) -> Tensor:
             if cache.cross_k is None:
-                cache.cross_k, cache.cross_v = w.cross_attn.project_key_value(memory)
+                k, v = w.cross_attn.project_key_value(memory)  # views of one (B, S, 2 H K)
+                # each contiguous, once per sentence: the formula below multiplies them faster
+                cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
             b = cache.cross_k.size(0)  # (B, H, S, K)
             if b == 1 and self.fold_cross:
                 if cache.cross_folded is None:
@@ -370,7 +373,10 @@ class DecodingModel:
             # (see DecoderLayer._cross_attention).
             q = _attention_input(w.cross_query(y))  # (N, H*K)
             q = q.view(b, n // b, h, w.d_k).transpose(1, 2)  # (B, G, H, K) -> (B, H, G, K)
-            out = attention(q, cache.cross_k, cache.cross_v, mask)  # (B, H, G, Dv)
+            # G > 1 (beams): the formula's batched products beat the fused kernel's blocks of G
+            # queries (2.5-4x at 4 queries, 20-60 keys; even at 1, benchmarks/RESULTS.md)
+            fast = n == b
+            out = attention(q, cache.cross_k, cache.cross_v, mask, fast=fast)  # (B, H, G, Dv)
             out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
             return w.cross_out(_as_dtype(out, dtype))
 
