@@ -177,6 +177,10 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project(x, (self.w_k, self.w_v))
         return k, v
 
+    def stack_kv(self) -> Stacked:
+        """W^K, W^V stacked (and their biases): (H*K + H*Dv, D)."""
+        return _cat_weights((self.w_k, self.w_v))
+
     def stack_qkv(self) -> Stacked:
         """W^Q, W^K, W^V stacked (and their biases): (H*K + H*K + H*Dv, D)."""
         return _cat_weights((self.w_q, self.w_k, self.w_v))

@@ -140,11 +140,12 @@ class _LayerWeights:
     qkv: _Projection  # self-attention W^Q, W^K, W^V stacked: (D, H*K + H*K + H*Dv)
     self_out: _Projection
     cross_query: _Projection
+    cross_kv: _Projection  # W^K, W^V of encoder-decoder attention stacked: (D, H*K + H*Dv)
     cross_out: _Projection
     ffn_in: _Projection
     ffn_out: _Projection
     norms: tuple[tuple[tuple[int, ...], Tensor, Tensor, float], ...]  # F.layer_norm's arguments
-    cross_attn: MultiHeadAttention  # projects the encoder output once per sentence
+    cross_attn: MultiHeadAttention  # its W^Q and W^O, for fold_cross_attention
     n_heads: int
     d_k: int
     d_v: int
@@ -160,6 +161,8 @@ class _LayerWeights:
             qkv=projection(*sa.stack_qkv()),
             self_out=projection(sa.w_o.weight, sa.w_o.bias),
             cross_query=projection(ca.w_q.weight, ca.w_q.bias),
+            # the encoder output, once per search (many rows): no one-row blocks
+            cross_kv=_Projection.of(*ca.stack_kv(), onednn),
             cross_out=projection(ca.w_o.weight, ca.w_o.bias),
             ffn_in=projection(ffn.w_1.weight, ffn.w_1.bias),
             ffn_out=projection(ffn.w_2.weight, ffn.w_2.bias),
@@ -355,10 +358,12 @@ class DecodingModel:
             return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
         def cross_attention(y: Tensor) -> Tensor:
-            if cache.cross_k is None:
-                k, v = w.cross_attn.project_key_value(memory)  # views of one (B, S, 2 H K)
-                # each contiguous, once per sentence: the formula below multiplies them faster
-                cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
+            if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
+                kv = _attention_input(w.cross_kv(memory.flatten(0, 1)))  # (B*S, H*K + H*Dv)
+                k, v = kv.split((h * w.d_k, h * w.d_v), 1)
+                cache.cross_k, cache.cross_v = (  # (B, S, H, size) -> (B, H, S, size)
+                    t.view(*memory.shape[:2], h, -1).transpose(1, 2).contiguous() for t in (k, v)
+                )
             b = cache.cross_k.size(0)  # (B, H, S, K)
             if b == 1 and self.fold_cross:
                 if cache.cross_folded is None:
