@@ -138,6 +138,8 @@ def test_one_row_parts_default_and_check() -> None:
     assert DecodingModel(model.to(torch.bfloat16)).one_row_parts == 1
     with pytest.raises(ValueError, match="at least 1"):
         DecodingModel(tiny_model(), one_row_parts=0)
+    with pytest.raises(ValueError, match="float32"):
+        DecodingModel(tiny_model().to(torch.bfloat16), fold_cross_attention=True)
 
 
 def test_grouped_hypotheses_equal_expanded_memory() -> None:

@@ -256,9 +256,13 @@ class DecodingModel:
     weights, else 1 (no split). Made at construction: a later change of the thread count keeps
     the split.
 
-    Extra memory: one copy of the decoder's projection weights and of the pre-softmax matrix, and
-    a second for one row (the column blocks; with oneDNN and no split, small projections keep a
-    transposed copy instead).
+    ``fold_cross_attention``: for a batch of one sentence, encoder-decoder attention through
+    ``fold_cross_attention`` (two products a step instead of four); None = on for float32 CPU
+    weights; float32 only.
+
+    Extra memory: one copy of the decoder's projection weights (with W^K, W^V of encoder-decoder
+    attention) and of the pre-softmax matrix, and a second for one row (the column blocks; with
+    oneDNN and no split, small projections keep a transposed copy instead).
     """
 
     def __init__(
@@ -279,6 +283,8 @@ class DecodingModel:
         if one_row_parts < 1:
             raise ValueError(f"one_row_parts must be at least 1, not {one_row_parts}")
         self.one_row_parts = one_row_parts
+        if fold_cross_attention and weight.dtype != torch.float32:
+            raise ValueError(f"fold_cross_attention needs float32 weights, not {weight.dtype}")
         self.fold_cross = cpu_fp32 if fold_cross_attention is None else fold_cross_attention
         with torch.no_grad():
             self.layers = tuple(
