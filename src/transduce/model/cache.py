@@ -12,6 +12,16 @@ def _select(t: Tensor | None, index: Tensor) -> Tensor | None:
     return None if t is None else t.index_select(0, index)
 
 
+def _positions(buffer: Tensor, n: int, start: int, length: int) -> Tensor:
+    """Rows 0..n-1, positions start..start+length-1 of a contiguous (N, capacity, H, size) buffer
+    as an (n, H, length, size) view: one call where narrow, narrow and transpose are three (a
+    step at batch 1 is mostly operator calls)."""
+    _, capacity, h, size = buffer.shape
+    stride = (capacity * h * size, size, h * size, 1)
+    offset = buffer.storage_offset() + start * h * size
+    return buffer.as_strided((n, h, length, size), stride, offset)
+
+
 @dataclass
 class LayerCache:
     """One decoder layer's cache.
@@ -56,14 +66,10 @@ class LayerCache:
                 vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
             self._buffers = [(kb, vb)]
         kb, vb = self._buffers[0]
-        if kb.size(0) != n:
-            kb, vb = kb.narrow(0, 0, n), vb.narrow(0, 0, n)
-        # narrow/copy_ rather than slice assignment: a step at batch 1 is mostly operator calls,
-        # and each slice of an index expression is one
-        kb.narrow(1, t, new).copy_(k.transpose(1, 2))  # (N, T, H, K) <- (N, H, T, K)
-        vb.narrow(1, t, new).copy_(v.transpose(1, 2))
-        self.self_k = kb.narrow(1, 0, t + new).transpose(1, 2)  # (N, H, t + T, K)
-        self.self_v = vb.narrow(1, 0, t + new).transpose(1, 2)
+        _positions(kb, n, t, new).copy_(k)
+        _positions(vb, n, t, new).copy_(v)
+        self.self_k = _positions(kb, n, 0, t + new)  # (N, H, t + T, K)
+        self.self_v = _positions(vb, n, 0, t + new)
         return self.self_k, self.self_v
 
     def reorder(self, index: Tensor) -> None:

@@ -341,9 +341,10 @@ class DecodingModel:
 
     def _sublayer(self, x: Tensor, norm: tuple, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """``DecoderLayer``'s residual wrapping (post- or pre-norm), without dropout."""
+        # torch.layer_norm: F.layer_norm's checks cost a fifth of the call at batch 1
         if self.pre_norm:
-            return x + sublayer(F.layer_norm(x, *norm))
-        return F.layer_norm(x + sublayer(x), *norm)
+            return x + sublayer(torch.layer_norm(x, *norm))
+        return torch.layer_norm(x + sublayer(x), *norm)
 
     def _layer(
         self, x: Tensor, w: _LayerWeights, cache: LayerCache, memory: Tensor, mask: Tensor | None
