@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transduce.model.decoding import transposed
+from transduce.model.projection import transposed
 from transduce.runtime import tune_malloc
 
 SIZES = {"small": (8000, 256), "base": (37000, 512)}

@@ -8,15 +8,8 @@ import torch
 
 from transduce.inference import beam_search, greedy_search
 from transduce.model.attention import MultiHeadAttention
-from transduce.model.decoding import (
-    DecodingModel,
-    _folded_cross_attention,
-    _Projection,
-    fold_cross_attention,
-    split_columns,
-    transposed,
-)
-from transduce.model.linear import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
+from transduce.model.decoding import DecodingModel, _folded_cross_attention, fold_cross_attention
+from transduce.model.linear import onednn_available
 from transduce.model.masks import key_padding_mask
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
@@ -112,26 +105,6 @@ def test_folded_cross_attention_is_multi_head_attention(bias: bool, g: int, padd
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("parts", [2, 3, 5])
-@pytest.mark.parametrize("bias", [True, False])
-def test_split_columns_blocks_multiply_like_the_weight(parts: int, bias: bool) -> None:
-    g = torch.Generator().manual_seed(parts)
-    w = torch.randn(13, 8, generator=g)
-    b = torch.randn(13, generator=g) if bias else None
-    blocks, blocks_bias = split_columns(w, b, parts)
-    cols = -(-13 // parts)
-    assert blocks.shape == (parts, 8, cols) and blocks.is_contiguous()
-    assert torch.equal(blocks.transpose(0, 1).reshape(8, -1)[:, :13], w.t())
-    assert (blocks_bias is None) == (b is None)
-    for onednn in [False, True] if onednn_available() else [False]:
-        proj = _Projection.of(w, b, onednn=onednn, parts=parts)
-        assert proj.blocks is not None
-        for rows in (1, 2):  # one row through the blocks, two through the plain layout
-            xr = torch.randn(rows, 8, generator=g)
-            expected = xr @ w.t() + (0 if b is None else b)
-            torch.testing.assert_close(proj(xr), expected, atol=1e-5, rtol=1e-5)
-
-
 def test_one_row_parts_default_and_check() -> None:
     model = tiny_model()
     assert DecodingModel(model).one_row_parts == torch.get_num_threads()
@@ -140,6 +113,31 @@ def test_one_row_parts_default_and_check() -> None:
         DecodingModel(tiny_model(), one_row_parts=0)
     with pytest.raises(ValueError, match="float32"):
         DecodingModel(tiny_model().to(torch.bfloat16), fold_cross_attention=True)
+
+
+@pytest.mark.parametrize("cpu_matmul", _MATMULS)
+@pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
+def test_encode_equals_transformer_encode(kw: dict, cpu_matmul: str) -> None:
+    model = tiny_model(**kw)
+    fast = DecodingModel(model, cpu_matmul=cpu_matmul)
+    src, _ = tiny_batch()  # source padding in two rows
+    with torch.no_grad():
+        memory, valid = fast.encode(src)
+        ref_memory, ref_valid = model.encode(src)
+        one, _ = fast.encode(src[2:])  # one sentence, padded
+    torch.testing.assert_close(memory, ref_memory, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one, ref_memory[2:], atol=1e-5, rtol=1e-5)
+    assert torch.equal(valid, ref_valid)
+
+
+def test_encode_in_training_mode_is_the_model_s() -> None:
+    model = tiny_model(dropout=0.5).train()
+    fast = DecodingModel(model)
+    src, _ = tiny_batch()
+    torch.manual_seed(3)
+    memory, _ = fast.encode(src)
+    torch.manual_seed(3)
+    assert torch.equal(memory, model.encode(src)[0])  # the same dropout masks
 
 
 def test_grouped_hypotheses_equal_expanded_memory() -> None:
@@ -239,30 +237,6 @@ def test_training_mode_is_the_model_s_and_searches_refuse_it() -> None:
         greedy_search(fast, src, max_len=3)
     model.eval()
     assert not fast.training
-
-
-@pytest.mark.parametrize(("shape", "block"), [((13, 16), 256), ((1000, 24), 7), ((5, 3), 1)])
-def test_transposed_is_an_exact_transpose(shape: tuple[int, int], block: int) -> None:
-    w = torch.randn(shape)
-    out = transposed(w, block=block)
-    assert out.is_contiguous() and torch.equal(out, w.t())
-
-
-@pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
-@pytest.mark.parametrize("rows", [0, 1, 2, 7])
-@pytest.mark.parametrize(
-    ("out_f", "in_f", "bias"), [(24, 16, True), (1100, 500, True), (40, 8, False)]
-)
-def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bias: bool) -> None:
-    # (1100, 500) is past the size up to which one row goes through MKL instead
-    g = torch.Generator().manual_seed(rows)
-    w, x = torch.randn(out_f, in_f, generator=g), torch.randn(rows, in_f, generator=g)
-    b = torch.randn(out_f, generator=g) if bias else None
-    proj = _Projection.of(w, b, onednn=True)
-    assert (proj.weight_t is None) == (w.numel() > ONE_ROW_MKL_MAX_ELEMENTS)
-    expected = x @ w.t() + (0 if b is None else b)
-    torch.testing.assert_close(proj(x), expected, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(_Projection.of(w, b)(x), expected, atol=1e-4, rtol=1e-5)
 
 
 def test_an_unknown_cpu_matmul_is_refused() -> None:

@@ -7,27 +7,26 @@ positions); on a CPU at batch 1 that was about a fifth of a step (the speed-ups 
 ``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for the
 single-position steps of a search, with plain tensor operations on weights it copied once:
 
-- every projection of a decoder step as ``addmm(bias, x, W_t)`` with ``W_t`` the weight
-  transposed to (in, out), which MKL multiplies faster than nn.Linear's (out, in) layout at
-  most decoding shapes (Intel machine, 2 threads, float32: 1.0-1.2x at 1, 32 and 128 rows,
-  1.0-1.7x at 4 rows except 0.6x for the 1024 -> 256 projection; up to 2.5x for one or two
-  rows on the AMD machine; benchmarks/RESULTS.md);
-- W^Q, W^K, W^V of self-attention stacked into one product;
-- on x86 CPUs not made by Intel, float32 products through oneDNN's inner product instead of MKL,
-  whose sgemm runs AVX-512 kernels only on Intel's CPUs: 1.3-2.7x faster products at 4-128 rows
-  on an AMD Zen 5 (benchmarks/RESULTS.md, 2026-11-24);
-- one row (a batch of one sentence, greedy) against W^T's columns in P blocks, one ``bmm`` over
-  the blocks, so P threads share the product: MKL's and oneDNN's one-row products run on one
-  thread and are bound by how fast one core reads W (``split_columns``);
+- every projection as a ``Projection`` (``model/projection.py``): MKL's ``addmm`` on the weight
+  transposed to (in, out), which MKL multiplies faster than nn.Linear's (out, in) layout at most
+  decoding shapes (Intel machine, 2 threads, float32: 1.0-1.2x at 1, 32 and 128 rows; up to 2.5x
+  for one or two rows on the AMD machine); on x86 CPUs not made by Intel, oneDNN's inner product
+  on weights in its own layout instead (MKL's sgemm runs AVX-512 kernels only on Intel's CPUs:
+  1.3-2.7x faster products at 4-128 rows on an AMD Zen 5); for one row, the weight's columns in
+  one block per thread, so that every thread reads part of it (benchmarks/RESULTS.md);
+- W^Q, W^K, W^V of self-attention stacked into one product, W^K, W^V of encoder-decoder
+  attention into another;
 - for one sentence, encoder-decoder attention folded into two products a step, with W^Q and W^O
   multiplied into the sentence's keys and values once (``fold_cross_attention``).
 
 Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
 
-It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``),
-make a new one. The encoder, the cross-attention keys and values (projected once per sentence)
-and decoding several positions at once (``tgt`` with T > 1, or no cache) run the model itself.
+The encoder runs from the same kind of snapshot (``encode``; its products then take the same
+layouts: 1.4-1.6x faster for one sentence, 1.1x for 32 on an AMD Zen 5, benchmarks/RESULTS.md).
+It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``), make a new one. Embeddings,
+positions and layer norms use the model's own parameters; decoding several positions at once
+(``tgt`` with T > 1, or no cache) and a model in training mode run the model itself.
 """
 
 from __future__ import annotations
@@ -42,136 +41,76 @@ from torch import Tensor
 
 from transduce.model.attention import MultiHeadAttention, _fp32_on_cpu, attention
 from transduce.model.cache import DecoderCache, LayerCache
-from transduce.model.layers import DecoderLayer
-from transduce.model.linear import (
-    ONE_ROW_MKL_MAX_ELEMENTS,
-    CpuMatmul,
-    onednn_linear,
-    onednn_packed,
-    use_onednn,
-)
+from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.linear import CpuMatmul, use_onednn
+from transduce.model.projection import Projection
 from transduce.model.transformer import Transformer, source_mask
 
 
-def transposed(weight: Tensor, block: int = 256) -> Tensor:
-    """(out, in) -> a contiguous (in, out) copy, written ``block`` rows at a time: about twice as
-    fast as ``weight.t().contiguous()`` on the CPU, whose strided copy misses the cache."""
-    out = weight.new_empty(weight.size(1), weight.size(0))  # (in, out)
-    for i in range(0, weight.size(0), block):
-        out[:, i : i + block].copy_(weight[i : i + block].t())
-    return out
-
-
-def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tensor, Tensor | None]:
-    """W (out, in), b (out,) -> W^T's columns in ``parts`` blocks (P, in, C) and b's (P, 1, C),
-    C = ceil(out / P), the last block padded with zero columns: ``bmm`` of a row against them
-    runs the blocks on P threads, where a one-row ``addmm`` runs on one."""
-    out_f, in_f = weight.shape
-    cols = -(-out_f // parts)  # C
-    padded = weight.new_zeros(parts * cols, in_f)  # (P*C, in)
-    padded[:out_f] = weight
-    blocks = transposed(padded).view(in_f, parts, cols).transpose(0, 1)  # (in, P, C) -> (P, in, C)
-    if bias is None:
-        return blocks.contiguous(), None
-    padded_bias = bias.new_zeros(parts * cols)
-    padded_bias[:out_f] = bias
-    return blocks.contiguous(), padded_bias.view(parts, 1, cols)  # (P*C,) -> (P, 1, C)
-
-
-@dataclass(frozen=True)
-class _Projection:
-    """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
-    it fastest (benchmarks/RESULTS.md): MKL's addmm on W^T (in, out) stored contiguous
-    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``model.linear``), and
-    for one row a batched product over W^T's columns in P blocks (``blocks``), a block a thread.
-    Made by ``of``."""
-
-    out_features: int
-    bias: Tensor | None
-    weight_t: Tensor | None  # W^T (in, out); None when other layouts take every row count
-    weight: Tensor | None  # W (out, in) for oneDNN, in its layout (onednn_packed); None = MKL only
-    blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
-    blocks_bias: Tensor | None  # (P, 1, C)
-
-    @classmethod
-    def of(
-        cls, weight: Tensor, bias: Tensor | None, onednn: bool = False, parts: int = 1
-    ) -> _Projection:
-        """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``onednn``; with
-        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``)."""
-        bias = None if bias is None else bias.clone()
-        blocks, blocks_bias = split_columns(weight, bias, parts) if parts > 1 else (None, None)
-        if onednn:
-            # one row against a small weight is faster on MKL (unless split)
-            one_row_mkl = parts == 1 and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
-            weight_t = transposed(weight) if one_row_mkl else None
-            plain = onednn_packed(weight)
-        else:
-            weight_t, plain = transposed(weight), None
-        return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        rows = x.size(0)
-        if rows == 1 and self.blocks is not None:
-            return self._one_row(x)
-        if self.weight is not None and (self.weight_t is None or rows > 1):
-            return onednn_linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return x @ self.weight_t
-        return torch.addmm(self.bias, x, self.weight_t)
-
-    def _one_row(self, x: Tensor) -> Tensor:
-        """x (1, in) -> (1, out) through the column blocks."""
-        blocks = self.blocks
-        xs = x.expand(blocks.size(0), 1, x.size(1))  # (1, in) -> (P, 1, in), a view
-        if self.blocks_bias is None:
-            y = torch.bmm(xs, blocks)  # (P, 1, C)
-        else:
-            y = torch.baddbmm(self.blocks_bias, xs, blocks)  # (P, 1, C)
-        y = y.view(1, -1)  # (P, 1, C) -> (1, P*C): W's rows in order, then the padding
-        return y if y.size(1) == self.out_features else y[:, : self.out_features]
+Norm = tuple[tuple[int, ...], Tensor, Tensor, float]  # torch.layer_norm's arguments after x
 
 
 @dataclass(frozen=True)
 class _LayerWeights:
-    """One decoder layer's weights for a step. The projections are copies; ``norms`` (the layer
-    norms' parameters) and ``cross_attn`` (the module) are the model's own."""
+    """An encoder layer's weights: self-attention and the FFN. The projections are copies;
+    ``norms`` (the layer norms' parameters) are the model's own."""
 
-    qkv: _Projection  # self-attention W^Q, W^K, W^V stacked: (D, H*K + H*K + H*Dv)
-    self_out: _Projection
-    cross_query: _Projection
-    cross_kv: _Projection  # W^K, W^V of encoder-decoder attention stacked: (D, H*K + H*Dv)
-    cross_out: _Projection
-    ffn_in: _Projection
-    ffn_out: _Projection
-    norms: tuple[tuple[tuple[int, ...], Tensor, Tensor, float], ...]  # F.layer_norm's arguments
-    cross_attn: MultiHeadAttention  # its W^Q and W^O, for fold_cross_attention
+    qkv: Projection  # self-attention W^Q, W^K, W^V stacked: (D, H*K + H*K + H*Dv)
+    self_out: Projection
+    ffn_in: Projection
+    ffn_out: Projection
+    norms: tuple[Norm, ...]
     n_heads: int
     d_k: int
     d_v: int
 
+    @staticmethod
+    def fields_of(layer: EncoderLayer | DecoderLayer, onednn: bool, parts: int) -> dict:
+        sa, ffn = layer.self_attn, layer.ffn
+        return {
+            "qkv": Projection.of(*sa.stack_qkv(), onednn, parts),
+            "self_out": Projection.of(sa.w_o.weight, sa.w_o.bias, onednn, parts),
+            "ffn_in": Projection.of(ffn.w_1.weight, ffn.w_1.bias, onednn, parts),
+            "ffn_out": Projection.of(ffn.w_2.weight, ffn.w_2.bias, onednn, parts),
+            "norms": tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
+            "n_heads": sa.n_heads,
+            "d_k": sa.d_k,
+            "d_v": sa.d_v,
+        }
+
     @classmethod
-    def of(cls, layer: DecoderLayer, onednn: bool = False, parts: int = 1) -> _LayerWeights:
-        sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+    def of(cls, layer: EncoderLayer, onednn: bool = False) -> _LayerWeights:
+        return cls(**cls.fields_of(layer, onednn, 1))  # many rows: no one-row blocks
 
-        def projection(weight: Tensor, bias: Tensor | None) -> _Projection:
-            return _Projection.of(weight, bias, onednn, parts)
 
+@dataclass(frozen=True)
+class _DecoderLayerWeights(_LayerWeights):
+    """A decoder layer's weights for a step: an encoder layer's and encoder-decoder attention's;
+    ``cross_attn`` (the module) is the model's own."""
+
+    cross_query: Projection
+    cross_kv: Projection  # W^K, W^V of encoder-decoder attention stacked: (D, H*K + H*Dv)
+    cross_out: Projection
+    cross_attn: MultiHeadAttention  # its W^Q and W^O, for fold_cross_attention
+
+    @classmethod
+    def of(  # type: ignore[override]
+        cls, layer: DecoderLayer, onednn: bool = False, parts: int = 1
+    ) -> _DecoderLayerWeights:
+        ca = layer.cross_attn
         return cls(
-            qkv=projection(*sa.stack_qkv()),
-            self_out=projection(sa.w_o.weight, sa.w_o.bias),
-            cross_query=projection(ca.w_q.weight, ca.w_q.bias),
+            **cls.fields_of(layer, onednn, parts),
+            cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, onednn, parts),
             # the encoder output, once per search (many rows): no one-row blocks
-            cross_kv=_Projection.of(*ca.stack_kv(), onednn),
-            cross_out=projection(ca.w_o.weight, ca.w_o.bias),
-            ffn_in=projection(ffn.w_1.weight, ffn.w_1.bias),
-            ffn_out=projection(ffn.w_2.weight, ffn.w_2.bias),
-            norms=tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
+            cross_kv=Projection.of(*ca.stack_kv(), onednn),
+            cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, onednn, parts),
             cross_attn=ca,
-            n_heads=sa.n_heads,
-            d_k=sa.d_k,
-            d_v=sa.d_v,
         )
+
+
+def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2): x (N, D) -> (N, D)."""
+    return w.ffn_out(w.ffn_in(x).relu_())
 
 
 def fold_cross_attention(
@@ -260,9 +199,9 @@ class DecodingModel:
     ``fold_cross_attention`` (two products a step instead of four); None = on for float32 CPU
     weights; float32 only.
 
-    Extra memory: one copy of the decoder's projection weights (with W^K, W^V of encoder-decoder
-    attention) and of the pre-softmax matrix, and a second for one row (the column blocks; with
-    oneDNN and no split, small projections keep a transposed copy instead).
+    Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
+    pre-softmax matrix, and a second of the decoder's and the pre-softmax matrix for one row (the
+    column blocks; with oneDNN and no split, small projections keep a transposed copy instead).
     """
 
     def __init__(
@@ -287,11 +226,14 @@ class DecodingModel:
             raise ValueError(f"fold_cross_attention needs float32 weights, not {weight.dtype}")
         self.fold_cross = cpu_fp32 if fold_cross_attention is None else fold_cross_attention
         with torch.no_grad():
+            self.encoder_layers = tuple(
+                _LayerWeights.of(layer, self.onednn) for layer in model.encoder.layers
+            )
             self.layers = tuple(
-                _LayerWeights.of(layer, self.onednn, one_row_parts)
+                _DecoderLayerWeights.of(layer, self.onednn, one_row_parts)
                 for layer in model.decoder.layers
             )
-            self.generator = _Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
+            self.generator = Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
@@ -302,8 +244,20 @@ class DecodingModel:
         return self.model.training
 
     def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """src (B, S) -> memory (B, S, D), src_valid (B, S): ``Transformer.encode``."""
-        return self.model.encode(src, src_valid)
+        """src (B, S) -> memory (B, S, D), src_valid (B, S): ``Transformer.encode`` in eval mode
+        (in training mode, the model's own, with dropout)."""
+        if self.model.training:
+            return self.model.encode(src, src_valid)
+        if src_valid is None:
+            src_valid = src != self.model.pad_id
+        encoder = self.model.encoder
+        x = encoder.positions(encoder.embed(src))  # (B, S, D)
+        b, s, d = x.shape
+        mask = source_mask(src_valid)  # (B, 1, 1, S) or None
+        x = x.reshape(b * s, d)  # (B, S, D) -> (B*S, D): the projections take rows
+        for weights in self.encoder_layers:
+            x = self._encoder_layer(x, weights, b, mask)
+        return encoder.final_norm(x.view(b, s, d)), src_valid
 
     def new_cache(self) -> DecoderCache:
         return self.model.new_cache()
@@ -339,15 +293,36 @@ class DecodingModel:
             memo = self._mask_memo = (src_valid, version, source_mask(src_valid))
         return memo[2]
 
-    def _sublayer(self, x: Tensor, norm: tuple, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """``DecoderLayer``'s residual wrapping (post- or pre-norm), without dropout."""
+    def _sublayer(self, x: Tensor, norm: Norm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """The layers' residual wrapping (post- or pre-norm), without dropout."""
         # torch.layer_norm: F.layer_norm's checks cost a fifth of the call at batch 1
         if self.pre_norm:
             return x + sublayer(torch.layer_norm(x, *norm))
         return torch.layer_norm(x + sublayer(x), *norm)
 
+    def _encoder_layer(self, x: Tensor, w: _LayerWeights, b: int, mask: Tensor | None) -> Tensor:
+        """x (B*S, D) -> (B*S, D): one encoder layer (``EncoderLayer.forward``), B sentences."""
+        h, n, dtype = w.n_heads, x.size(0), x.dtype
+
+        def self_attention(y: Tensor) -> Tensor:
+            qkv = _attention_input(w.qkv(y))  # (B*S, H*K + H*K + H*Dv)
+            sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
+            # each (B*S, H*size) -> (B, S, H, size) -> (B, H, S, size)
+            q, k, v = (t.view(b, n // b, h, -1).transpose(1, 2) for t in qkv.split(sizes, 1))
+            out = attention(q, k, v, mask)  # (B, H, S, Dv)
+            out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, S, H, Dv) -> (B*S, H*Dv)
+            return w.self_out(_as_dtype(out, dtype))
+
+        x = self._sublayer(x, w.norms[0], self_attention)
+        return self._sublayer(x, w.norms[1], lambda y: _feed_forward(w, y))
+
     def _layer(
-        self, x: Tensor, w: _LayerWeights, cache: LayerCache, memory: Tensor, mask: Tensor | None
+        self,
+        x: Tensor,
+        w: _DecoderLayerWeights,
+        cache: LayerCache,
+        memory: Tensor,
+        mask: Tensor | None,
     ) -> Tensor:
         """x (N, D) -> (N, D): one decoder layer (``DecoderLayer.forward``) for one position."""
         h, n = w.n_heads, x.size(0)
@@ -392,12 +367,9 @@ class DecodingModel:
             out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
             return w.cross_out(_as_dtype(out, dtype))
 
-        def ffn(y: Tensor) -> Tensor:
-            return w.ffn_out(w.ffn_in(y).relu_())
-
         x = self._sublayer(x, w.norms[0], self_attention)
         x = self._sublayer(x, w.norms[1], cross_attention)
-        return self._sublayer(x, w.norms[2], ffn)
+        return self._sublayer(x, w.norms[2], lambda y: _feed_forward(w, y))
 
 
-__all__ = ["DecodingModel", "transposed"]
+__all__ = ["DecodingModel", "fold_cross_attention"]

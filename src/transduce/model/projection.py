@@ -1,0 +1,102 @@
+"""A projection x W^T + b laid out for decoding: each row count on the layout and library that
+multiplied it fastest (``DecodingModel`` keeps one per weight; see benchmarks/RESULTS.md).
+
+- MKL's ``addmm`` on W^T (in, out) stored contiguous, which MKL multiplies faster than
+  nn.Linear's (out, in) at most decoding shapes;
+- oneDNN's inner product on W in oneDNN's own blocked layout (``model.linear.onednn_packed``) on
+  x86 CPUs not made by Intel, where MKL's sgemm runs without its AVX-512 kernels;
+- for one row, W^T's columns in P blocks multiplied by one ``bmm`` (``split_columns``), so P
+  threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
+  fast one core reads W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transduce.model.linear import ONE_ROW_MKL_MAX_ELEMENTS, onednn_linear, onednn_packed
+
+
+def transposed(weight: Tensor, block: int = 256) -> Tensor:
+    """(out, in) -> a contiguous (in, out) copy, written ``block`` rows at a time: about twice as
+    fast as ``weight.t().contiguous()`` on the CPU, whose strided copy misses the cache."""
+    out = weight.new_empty(weight.size(1), weight.size(0))  # (in, out)
+    for i in range(0, weight.size(0), block):
+        out[:, i : i + block].copy_(weight[i : i + block].t())
+    return out
+
+
+def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tensor, Tensor | None]:
+    """W (out, in), b (out,) -> W^T's columns in ``parts`` blocks (P, in, C) and b's (P, 1, C),
+    C = ceil(out / P), the last block padded with zero columns: ``bmm`` of a row against them
+    runs the blocks on P threads, where a one-row ``addmm`` runs on one."""
+    out_f, in_f = weight.shape
+    cols = -(-out_f // parts)  # C
+    padded = weight.new_zeros(parts * cols, in_f)  # (P*C, in)
+    padded[:out_f] = weight
+    blocks = transposed(padded).view(in_f, parts, cols).transpose(0, 1)  # (in, P, C) -> (P, in, C)
+    if bias is None:
+        return blocks.contiguous(), None
+    padded_bias = bias.new_zeros(parts * cols)
+    padded_bias[:out_f] = bias
+    return blocks.contiguous(), padded_bias.view(parts, 1, cols)  # (P*C,) -> (P, 1, C)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
+    it fastest (benchmarks/RESULTS.md): MKL's addmm on W^T (in, out) stored contiguous
+    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``model.linear``), and
+    for one row a batched product over W^T's columns in P blocks (``blocks``), a block a thread.
+    Made by ``of``."""
+
+    out_features: int
+    bias: Tensor | None
+    weight_t: Tensor | None  # W^T (in, out); None when other layouts take every row count
+    weight: Tensor | None  # W (out, in) for oneDNN, in its layout (onednn_packed); None = MKL only
+    blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
+    blocks_bias: Tensor | None  # (P, 1, C)
+
+    @classmethod
+    def of(
+        cls, weight: Tensor, bias: Tensor | None, onednn: bool = False, parts: int = 1
+    ) -> Projection:
+        """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``onednn``; with
+        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``)."""
+        bias = None if bias is None else bias.clone()
+        blocks, blocks_bias = split_columns(weight, bias, parts) if parts > 1 else (None, None)
+        if onednn:
+            # one row against a small weight is faster on MKL (unless split)
+            one_row_mkl = parts == 1 and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
+            weight_t = transposed(weight) if one_row_mkl else None
+            plain = onednn_packed(weight)
+        else:
+            weight_t, plain = transposed(weight), None
+        return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        rows = x.size(0)
+        if rows == 1 and self.blocks is not None:
+            return self._one_row(x)
+        if self.weight is not None and (self.weight_t is None or rows > 1):
+            return onednn_linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return x @ self.weight_t
+        return torch.addmm(self.bias, x, self.weight_t)
+
+    def _one_row(self, x: Tensor) -> Tensor:
+        """x (1, in) -> (1, out) through the column blocks."""
+        blocks = self.blocks
+        xs = x.expand(blocks.size(0), 1, x.size(1))  # (1, in) -> (P, 1, in), a view
+        if self.blocks_bias is None:
+            y = torch.bmm(xs, blocks)  # (P, 1, C)
+        else:
+            y = torch.baddbmm(self.blocks_bias, xs, blocks)  # (P, 1, C)
+        y = y.view(1, -1)  # (P, 1, C) -> (1, P*C): W's rows in order, then the padding
+        return y if y.size(1) == self.out_features else y[:, : self.out_features]
+
+
+__all__ = ["Projection", "split_columns", "transposed"]
