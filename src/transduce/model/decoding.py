@@ -24,9 +24,10 @@ greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and
 
 The encoder runs from the same kind of snapshot (``encode``; its products then take the same
 layouts: 1.4-1.6x faster for one sentence, 1.1x for 32 on an AMD Zen 5, benchmarks/RESULTS.md).
-It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``), make a new one. Embeddings,
-positions and layer norms use the model's own parameters; decoding several positions at once
-(``tgt`` with T > 1, or no cache) and a model in training mode run the model itself.
+It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``),
+make a new one. Embeddings, positions and layer norms use the model's own parameters; decoding
+several positions at once (``tgt`` with T > 1, or no cache) and a model in training mode run the
+model itself.
 """
 
 from __future__ import annotations
