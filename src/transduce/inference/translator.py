@@ -91,8 +91,8 @@ class Translator:
     """A trained model with its vocabulary and decoding defaults (the checkpoint's ``decode``
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
 
-    Searches run on a ``DecodingModel`` made here: a snapshot of the model's decoder weights
-    laid out for step-by-step decoding. Make a new Translator after changing the weights."""
+    Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
+    for encoding and step-by-step decoding. Make a new Translator after changing the weights."""
 
     def __init__(self, model: Transformer, vocab: Vocab, cfg: Config) -> None:
         self.model = model

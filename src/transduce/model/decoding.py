@@ -182,13 +182,14 @@ def _attention_input(x: Tensor) -> Tensor:
 
 class DecodingModel:
     """A Transformer for searches: the decoding contract (``encode``, ``decode``, ``new_cache``)
-    with single-position steps computed from a snapshot of the decoder's weights (see the module
-    docstring). Greedy and beam search take it in place of the model; ``Translator`` uses one.
+    with the encoder and single-position steps computed from a snapshot of the weights (see the
+    module docstring). Greedy and beam search take it in place of the model; ``Translator`` uses
+    one.
 
-    ``cpu_matmul`` picks the library for the step's float32 products on the CPU (``use_onednn``):
+    ``cpu_matmul`` picks the library for the float32 products on the CPU (``use_onednn``):
     "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn". The two give the
-    same function up to float rounding. The encoder and the cross-attention keys and values run
-    the model's modules, whose library ``model.linear.set_cpu_matmul`` chooses.
+    same function up to float rounding. What runs the model's modules (several positions at once,
+    training mode) takes the library ``model.linear.set_cpu_matmul`` chooses.
 
     ``one_row_parts``: one-row products (a batch of one sentence, greedy) split W's columns into
     this many blocks multiplied at once, one per thread, where MKL's and oneDNN's one-row products
