@@ -113,8 +113,8 @@ def test_one_sentence_options_give_the_same_translations(trained, parts: int) ->
     # one sentence at a time: the folded encoder-decoder attention and the one-row products in
     # column blocks, against neither
     model, src = trained
-    fast = DecodingModel(model, one_row_parts=parts, fold_cross_attention=True)
-    plain = DecodingModel(model, one_row_parts=1, fold_cross_attention=False)
+    fast = DecodingModel(model, one_row_parts=parts, fold_one_sentence=True)
+    plain = DecodingModel(model, one_row_parts=1, fold_one_sentence=False)
     for row in src[:30]:
         _assert_same_translations(fast, plain, row[row != PAD][None])
 

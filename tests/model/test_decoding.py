@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from transduce.inference import beam_search, greedy_search
-from transduce.model.attention import MultiHeadAttention
-from transduce.model.decoding import DecodingModel, _folded_cross_attention, fold_cross_attention
+from transduce.model.decoding import DecodingModel
+from transduce.model.projection import Projection
 from transduce.model.linear import onednn_available
-from transduce.model.masks import key_padding_mask
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
@@ -59,18 +58,23 @@ def test_steps_equal_transformer_decode(kw: dict, cpu_matmul: str) -> None:
 
 
 @pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
-def test_one_sentence_steps_equal_transformer_decode(kw: dict) -> None:
+def test_one_sentence_steps_equal_transformer_decode(kw: dict, monkeypatch) -> None:
     # one sentence (B = 1): folded encoder-decoder attention, one-row products in column blocks
     # (3 blocks: d_model 16 and the vocabulary need zero padding)
+    one_row_calls = []
+    one_row = Projection._one_row
+    monkeypatch.setattr(
+        Projection, "_one_row", lambda p, x: one_row_calls.append(1) or one_row(p, x)
+    )
     model = tiny_model(**kw)
+    fast = DecodingModel(model, one_row_parts=3, fold_one_sentence=True)
     src, tgt = tiny_batch()
     for i in range(src.size(0)):  # sentences 1 and 2 have source padding
-        fast = DecodingModel(model, one_row_parts=3, fold_cross_attention=True)
         out, cache = _steps(fast, src[i : i + 1], tgt[i : i + 1])
         ref, _ = _steps(model, src[i : i + 1], tgt[i : i + 1])
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         assert cache.layers[0].cross_folded is not None
-        assert fast.generator.blocks is not None
+    assert one_row_calls  # the column blocks were used
 
 
 def test_one_sentence_hypotheses_equal_expanded_memory() -> None:
@@ -78,7 +82,7 @@ def test_one_sentence_hypotheses_equal_expanded_memory() -> None:
     model = tiny_model()
     src, _ = tiny_batch()
     tgt = torch.randint(4, 11, (4, 5), generator=torch.Generator().manual_seed(6))
-    fast = DecodingModel(model, fold_cross_attention=True)
+    fast = DecodingModel(model, fold_one_sentence=True)
     out, cache = _steps(fast, src[1:2], tgt)
     with torch.no_grad():
         expected = model(src[1:2].expand(4, -1), tgt)
@@ -89,20 +93,56 @@ def test_one_sentence_hypotheses_equal_expanded_memory() -> None:
     assert cache.layers[0].cross_folded is None
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("g", [1, 3])
-@pytest.mark.parametrize("padded", [False, True])
-def test_folded_cross_attention_is_multi_head_attention(bias: bool, g: int, padded: bool) -> None:
-    torch.manual_seed(g + 2 * bias)
-    attn = MultiHeadAttention(d_model=12, n_heads=3, d_k=5, d_v=7, bias=bias).eval()
-    memory, y = torch.randn(1, 6, 12), torch.randn(g, 12)
-    valid = torch.tensor([True, True, True, True, not padded, not padded])
+def test_the_last_sentence_of_a_batch_is_folded_from_its_own_memory() -> None:
+    # three sentences for two steps, then only sentence 1 (as when the others finish)
+    model = tiny_model()
+    src, tgt = tiny_batch()
+    index = torch.tensor([1])
+    rest, cache = decode_reordered(DecodingModel(model, fold_one_sentence=True), src, tgt, index)
     with torch.no_grad():
-        keys, values = attn.project_key_value(memory)
-        expected = attn(y[None], memory, key_padding_mask(valid[None]))[0]  # (G, D)
-        folded = fold_cross_attention(attn, keys, values, valid if padded else None)
-        out = _folded_cross_attention(y, folded, attn.w_o.bias)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        expected = model(src[index], tgt[index])[:, 2:]
+    torch.testing.assert_close(rest, expected, atol=1e-5, rtol=1e-5)
+    assert cache.layers[0].cross_folded is not None
+
+
+def test_long_or_fully_padded_sources_are_not_folded() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model, fold_one_sentence=True)
+    tgt = torch.randint(4, 11, (1, 4), generator=torch.Generator().manual_seed(7))
+    long_src = torch.randint(1, 13, (1, 20), generator=torch.Generator().manual_seed(8))
+    padded = torch.zeros(1, 5, dtype=torch.long)  # no valid position: attention weights zero
+    for src in (long_src, padded):
+        out, cache = _steps(fast, src, tgt)
+        ref, _ = _steps(model, src, tgt)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert cache.layers[0].cross_folded is None
+
+
+def test_the_fold_keeps_the_weights_it_was_made_from() -> None:
+    model = tiny_model()
+    fast = DecodingModel(model, fold_one_sentence=True)
+    src, tgt = tiny_batch()
+    before, _ = _steps(fast, src[:1], tgt[:1])
+    with torch.no_grad():
+        model.decoder.layers[0].cross_attn.w_q.weight.mul_(2.0)
+        model.decoder.layers[0].cross_attn.w_o.weight.mul_(2.0)
+    after, _ = _steps(fast, src[:1], tgt[:1])
+    torch.testing.assert_close(after, before)
+
+
+def test_decode_in_training_mode_is_the_model_s() -> None:
+    model = tiny_model(dropout=0.5)
+    fast = DecodingModel(model)
+    src, tgt = tiny_batch()
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        model.train()
+        torch.manual_seed(4)
+        mine = fast.decode(tgt[:, :1], memory, valid, fast.new_cache())
+        torch.manual_seed(4)
+        ref = model.decode(tgt[:, :1], memory, valid, model.new_cache())
+    assert torch.equal(mine, ref)  # the model's own, with the same dropout masks
 
 
 def test_one_row_parts_default_and_check() -> None:
@@ -112,7 +152,7 @@ def test_one_row_parts_default_and_check() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         DecodingModel(tiny_model(), one_row_parts=0)
     with pytest.raises(ValueError, match="float32"):
-        DecodingModel(tiny_model().to(torch.bfloat16), fold_cross_attention=True)
+        DecodingModel(tiny_model().to(torch.bfloat16), fold_one_sentence=True)
 
 
 @pytest.mark.parametrize("cpu_matmul", _MATMULS)
@@ -128,6 +168,19 @@ def test_encode_equals_transformer_encode(kw: dict, cpu_matmul: str) -> None:
     torch.testing.assert_close(memory, ref_memory, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(one, ref_memory[2:], atol=1e-5, rtol=1e-5)
     assert torch.equal(valid, ref_valid)
+
+
+def test_encode_of_no_sentence_and_in_bf16() -> None:
+    model = tiny_model()
+    src, _ = tiny_batch()
+    with torch.no_grad():
+        empty, _ = DecodingModel(model).encode(src[:0])
+        assert empty.shape == model.encode(src[:0])[0].shape == (0, src.size(1), 16)
+        low = model.to(torch.bfloat16)
+        memory, _ = DecodingModel(low).encode(src)
+        ref, _ = low.encode(src)
+    assert memory.dtype == torch.bfloat16
+    torch.testing.assert_close(memory.float(), ref.float(), atol=0.02, rtol=0.02)
 
 
 def test_encode_in_training_mode_is_the_model_s() -> None:

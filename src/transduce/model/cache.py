@@ -46,7 +46,7 @@ class LayerCache:
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
     # one sentence's encoder-decoder attention folded for DecodingModel: (A, c, M) of
-    # decoding.fold_cross_attention, made from cross_k / cross_v when B is 1
+    # folded_attention.fold_cross_attention, made from cross_k / cross_v when B is 1
     cross_folded: tuple[Tensor, Tensor, Tensor] | None = None
     # the layer's stacked self-attention projection (weight, bias), made once per search
     qkv_weights: tuple[Tensor, Tensor | None] | None = None

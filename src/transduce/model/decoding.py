@@ -17,10 +17,12 @@ single-position steps of a search, with plain tensor operations on weights it co
 - W^Q, W^K, W^V of self-attention stacked into one product, W^K, W^V of encoder-decoder
   attention into another;
 - for one sentence, encoder-decoder attention folded into two products a step, with W^Q and W^O
-  multiplied into the sentence's keys and values once (``fold_cross_attention``).
+  multiplied into the sentence's keys and values once (``model/folded_attention.py``).
 
-Against ``Transformer.decode`` (benchmarks/RESULTS.md, 2026-11-23): 1.22-1.25x faster batch-1
-greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
+Against ``Transformer.decode``, before the one-row blocks, the fold, prepacked oneDNN weights
+and the encoder snapshot (benchmarks/RESULTS.md, 2026-11-23, Intel machine): 1.22-1.25x faster
+batch-1 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
+Those four then made searches 1.13-1.51x faster on an AMD Zen 5 (RESULTS.md, 2026-11-24).
 
 The encoder runs from the same kind of snapshot (``encode``; its products then take the same
 layouts: 1.4-1.6x faster for one sentence, 1.1x for 32 on an AMD Zen 5, benchmarks/RESULTS.md).
@@ -32,7 +34,6 @@ model itself.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,9 +41,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transduce.model.attention import MultiHeadAttention, _fp32_on_cpu, attention
+from transduce.model.attention import _fp32_on_cpu, attention
 from transduce.model.cache import DecoderCache, LayerCache
 from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.folded_attention import (
+    FoldWeights,
+    fold_cross_attention,
+    fold_pays,
+    folded_cross_attention,
+)
 from transduce.model.linear import CpuMatmul, use_onednn
 from transduce.model.projection import Projection
 from transduce.model.transformer import Transformer, source_mask
@@ -56,7 +63,7 @@ class _LayerWeights:
     """An encoder layer's weights: self-attention and the FFN. The projections are copies;
     ``norms`` (the layer norms' parameters) are the model's own."""
 
-    qkv: Projection  # self-attention W^Q, W^K, W^V stacked: (D, H*K + H*K + H*Dv)
+    qkv: Projection  # self-attention W^Q, W^K, W^V stacked: W^T (D, H*K + H*K + H*Dv)
     self_out: Projection
     ffn_in: Projection
     ffn_out: Projection
@@ -65,48 +72,56 @@ class _LayerWeights:
     d_k: int
     d_v: int
 
-    @staticmethod
-    def fields_of(layer: EncoderLayer | DecoderLayer, onednn: bool, parts: int) -> dict:
-        sa, ffn = layer.self_attn, layer.ffn
-        return {
-            "qkv": Projection.of(*sa.stack_qkv(), onednn, parts),
-            "self_out": Projection.of(sa.w_o.weight, sa.w_o.bias, onednn, parts),
-            "ffn_in": Projection.of(ffn.w_1.weight, ffn.w_1.bias, onednn, parts),
-            "ffn_out": Projection.of(ffn.w_2.weight, ffn.w_2.bias, onednn, parts),
-            "norms": tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
-            "n_heads": sa.n_heads,
-            "d_k": sa.d_k,
-            "d_v": sa.d_v,
-        }
-
-    @classmethod
-    def of(cls, layer: EncoderLayer, onednn: bool = False) -> _LayerWeights:
-        return cls(**cls.fields_of(layer, onednn, 1))  # many rows: no one-row blocks
-
 
 @dataclass(frozen=True)
 class _DecoderLayerWeights(_LayerWeights):
-    """A decoder layer's weights for a step: an encoder layer's and encoder-decoder attention's;
-    ``cross_attn`` (the module) is the model's own."""
+    """A decoder layer's weights for a step: an encoder layer's, and encoder-decoder
+    attention's."""
 
     cross_query: Projection
-    cross_kv: Projection  # W^K, W^V of encoder-decoder attention stacked: (D, H*K + H*Dv)
+    cross_kv: Projection  # W^K, W^V of encoder-decoder attention stacked: W^T (D, H*K + H*Dv)
     cross_out: Projection
-    cross_attn: MultiHeadAttention  # its W^Q and W^O, for fold_cross_attention
+    fold: FoldWeights | None  # for fold_cross_attention; None = no fold
 
-    @classmethod
-    def of(  # type: ignore[override]
-        cls, layer: DecoderLayer, onednn: bool = False, parts: int = 1
-    ) -> _DecoderLayerWeights:
-        ca = layer.cross_attn
-        return cls(
-            **cls.fields_of(layer, onednn, parts),
-            cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, onednn, parts),
-            # the encoder output, once per search (many rows): no one-row blocks
-            cross_kv=Projection.of(*ca.stack_kv(), onednn),
-            cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, onednn, parts),
-            cross_attn=ca,
-        )
+
+def _layer_fields(
+    layer: EncoderLayer | DecoderLayer, onednn: bool, parts: int, one_row: bool
+) -> dict:
+    """``_LayerWeights``' fields for ``layer``'s self-attention, FFN and norms."""
+    sa, ffn = layer.self_attn, layer.ffn
+
+    def projection(weight: Tensor, bias: Tensor | None) -> Projection:
+        return Projection.of(weight, bias, onednn, parts, one_row=one_row)
+
+    return {
+        "qkv": projection(*sa.stack_qkv()),
+        "self_out": projection(sa.w_o.weight, sa.w_o.bias),
+        "ffn_in": projection(ffn.w_1.weight, ffn.w_1.bias),
+        "ffn_out": projection(ffn.w_2.weight, ffn.w_2.bias),
+        "norms": tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
+        "n_heads": sa.n_heads,
+        "d_k": sa.d_k,
+        "d_v": sa.d_v,
+    }
+
+
+def _encoder_layer_weights(layer: EncoderLayer, onednn: bool) -> _LayerWeights:
+    # many rows (B*S) at once: no layout for one row
+    return _LayerWeights(**_layer_fields(layer, onednn, 1, one_row=False))
+
+
+def _decoder_layer_weights(
+    layer: DecoderLayer, onednn: bool, parts: int, fold: bool
+) -> _DecoderLayerWeights:
+    ca = layer.cross_attn
+    return _DecoderLayerWeights(
+        **_layer_fields(layer, onednn, parts, one_row=True),
+        cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, onednn, parts),
+        # the encoder output, once per search (many rows): no layout for one row
+        cross_kv=Projection.of(*ca.stack_kv(), onednn, one_row=False),
+        cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, onednn, parts),
+        fold=FoldWeights.of(ca) if fold else None,
+    )
 
 
 def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
@@ -114,54 +129,11 @@ def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
     return w.ffn_out(w.ffn_in(x).relu_())
 
 
-def fold_cross_attention(
-    attn: MultiHeadAttention, keys: Tensor, values: Tensor, valid: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Encoder-decoder attention of one sentence as two products a step instead of four.
-
-    keys (1, H, S, K), values (1, H, S, Dv): the sentence's memory projected by ``attn``; valid
-    (S,) bool, True on real source tokens (None: all). With the paper's W_h^Q (D, K) and W_h^O
-    (Dv, D) (the blocks of ``attn.w_q`` and ``attn.w_o``), head h's scores for a decoder state
-    x (1, D) are (x W_h^Q + b_h^Q) K_h^T / sqrt(d_k) = x A_h + c_h, and
-    MultiHead = sum_h softmax(x A_h + c_h) V_h W_h^O + b^O = p M + b^O, with
-
-        A_h = W_h^Q K_h^T / sqrt(d_k)  (D, S),   c_h = b_h^Q K_h^T / sqrt(d_k)  (1, S),
-        M_h = V_h W_h^O  (S, D),                  p = [softmax_h]  (1, H*S).
-
-    Returns A (H, D, S), c (H, 1, S) with -inf on padded positions, M (H*S, D): the same
-    function as ``attention`` between the projections, up to float rounding. It pays for one
-    sentence, where a step is mostly operator calls and reading W^Q and W^O (D x D each) from
-    memory; A and M hold 2 H S D numbers per sentence and layer, a batch's would outgrow them.
-    """
-    h, k, dv = attn.n_heads, attn.d_k, attn.d_v
-    d = attn.w_q.weight.size(1)
-    scale = 1.0 / math.sqrt(k)
-    keys_t = keys[0].transpose(1, 2)  # (H, S, K) -> (H, K, S)
-    w_q = attn.w_q.weight.view(h, k, d).transpose(1, 2)  # (H*K, D) -> (H, D, K): W_h^Q
-    a = torch.bmm(w_q, keys_t).mul_(scale)  # (H, D, S)
-    if attn.w_q.bias is None:
-        c = keys_t.new_zeros(h, 1, keys_t.size(2))
-    else:
-        c = torch.bmm(attn.w_q.bias.view(h, 1, k), keys_t).mul_(scale)  # (H, 1, S)
-    if valid is not None:
-        c.masked_fill_(~valid, float("-inf"))
-    w_o = attn.w_o.weight.view(d, h, dv).permute(1, 2, 0)  # (D, H*Dv) -> (H, Dv, D): W_h^O
-    m = torch.bmm(values[0], w_o).view(-1, d)  # (H, S, D) -> (H*S, D)
-    return a, c, m
-
-
-def _folded_cross_attention(
-    y: Tensor, folded: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
-) -> Tensor:
-    """y (G, D), the G hypotheses of one sentence -> MultiHead (G, D) from
-    ``fold_cross_attention``'s A, c, M and W^O's bias."""
-    a, c, m = folded  # (H, D, S), (H, 1, S), (H*S, D)
-    g = y.size(0)
-    scores = torch.baddbmm(c, y.expand(a.size(0), g, y.size(1)), a)  # (H, G, S)
-    p = scores.softmax(-1)
-    # (H, G, S) -> (G, H*S): head-major as M's rows
-    p = p.view(1, -1) if g == 1 else p.transpose(0, 1).reshape(g, -1)
-    return p @ m if bias is None else torch.addmm(bias, p, m)
+def _split_heads(x: Tensor, b: int, s: int, n_heads: int) -> Tensor:
+    """(B*S, H*size) -> (B, H, S, size), a view (also of a column slice): S positions of B
+    sentences, or S = G hypotheses of B sentences."""
+    size = x.size(1) // n_heads  # not -1: a view of no rows cannot infer it
+    return x.view(b, s, n_heads, size).transpose(1, 2)  # (B, S, H, size) -> (B, H, S, size)
 
 
 def _heads(x: Tensor, n_heads: int) -> Tensor:
@@ -197,13 +169,14 @@ class DecodingModel:
     weights, else 1 (no split). Made at construction: a later change of the thread count keeps
     the split.
 
-    ``fold_cross_attention``: for a batch of one sentence, encoder-decoder attention through
-    ``fold_cross_attention`` (two products a step instead of four); None = on for float32 CPU
-    weights; float32 only.
+    ``fold_one_sentence``: for a batch of one sentence whose source is short enough
+    (``fold_pays``), encoder-decoder attention in two products a step instead of four
+    (``model/folded_attention.py``); None = on for float32 CPU weights; float32 only.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
-    pre-softmax matrix, and a second of the decoder's and the pre-softmax matrix for one row (the
-    column blocks; with oneDNN and no split, small projections keep a transposed copy instead).
+    pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
+    column blocks; with oneDNN and no split, the small ones' transposed copies instead); with the
+    fold, a third of the decoder's W^Q and W^O.
     """
 
     def __init__(
@@ -211,7 +184,7 @@ class DecodingModel:
         model: Transformer,
         cpu_matmul: CpuMatmul = "auto",
         one_row_parts: int | None = None,
-        fold_cross_attention: bool | None = None,
+        fold_one_sentence: bool | None = None,
     ) -> None:
         if model.generator.bias is not None:
             raise ValueError("the pre-softmax projection of a Transformer has no bias")
@@ -224,15 +197,15 @@ class DecodingModel:
         if one_row_parts < 1:
             raise ValueError(f"one_row_parts must be at least 1, not {one_row_parts}")
         self.one_row_parts = one_row_parts
-        if fold_cross_attention and weight.dtype != torch.float32:
-            raise ValueError(f"fold_cross_attention needs float32 weights, not {weight.dtype}")
-        self.fold_cross = cpu_fp32 if fold_cross_attention is None else fold_cross_attention
+        if fold_one_sentence and weight.dtype != torch.float32:
+            raise ValueError(f"fold_one_sentence needs float32 weights, not {weight.dtype}")
+        fold = cpu_fp32 if fold_one_sentence is None else fold_one_sentence
         with torch.no_grad():
             self.encoder_layers = tuple(
-                _LayerWeights.of(layer, self.onednn) for layer in model.encoder.layers
+                _encoder_layer_weights(layer, self.onednn) for layer in model.encoder.layers
             )
             self.layers = tuple(
-                _DecoderLayerWeights.of(layer, self.onednn, one_row_parts)
+                _decoder_layer_weights(layer, self.onednn, one_row_parts, fold)
                 for layer in model.decoder.layers
             )
             self.generator = Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
@@ -258,7 +231,7 @@ class DecodingModel:
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         x = x.reshape(b * s, d)  # (B, S, D) -> (B*S, D): the projections take rows
         for weights in self.encoder_layers:
-            x = self._encoder_layer(x, weights, b, mask)
+            x = self._encoder_layer(x, weights, b, s, mask)
         return encoder.final_norm(x.view(b, s, d)), src_valid
 
     def new_cache(self) -> DecoderCache:
@@ -268,8 +241,9 @@ class DecodingModel:
         self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
     ) -> Tensor:
         """``Transformer.decode`` in eval mode: tgt (N, T), memory (B, S, D), src_valid (B, S)
-        -> logits (N, T, V), N = B*G target rows, G per sentence (rows sentence-major)."""
-        if cache is None or tgt.size(1) != 1:
+        -> logits (N, T, V), N = B*G target rows, G per sentence (rows sentence-major). In
+        training mode, the model's own (with dropout)."""
+        if cache is None or tgt.size(1) != 1 or self.model.training:
             return self.model.decode(tgt, memory, src_valid, cache)
         decoder = self.model.decoder
         embed = decoder.embed.weight  # (V, D)
@@ -302,17 +276,18 @@ class DecodingModel:
             return x + sublayer(torch.layer_norm(x, *norm))
         return torch.layer_norm(x + sublayer(x), *norm)
 
-    def _encoder_layer(self, x: Tensor, w: _LayerWeights, b: int, mask: Tensor | None) -> Tensor:
+    def _encoder_layer(
+        self, x: Tensor, w: _LayerWeights, b: int, s: int, mask: Tensor | None
+    ) -> Tensor:
         """x (B*S, D) -> (B*S, D): one encoder layer (``EncoderLayer.forward``), B sentences."""
-        h, n, dtype = w.n_heads, x.size(0), x.dtype
+        h, dtype = w.n_heads, x.dtype
 
         def self_attention(y: Tensor) -> Tensor:
             qkv = _attention_input(w.qkv(y))  # (B*S, H*K + H*K + H*Dv)
             sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
-            # each (B*S, H*size) -> (B, S, H, size) -> (B, H, S, size)
-            q, k, v = (t.view(b, n // b, h, -1).transpose(1, 2) for t in qkv.split(sizes, 1))
+            q, k, v = (_split_heads(t, b, s, h) for t in qkv.split(sizes, 1))  # (B, H, S, size)
             out = attention(q, k, v, mask)  # (B, H, S, Dv)
-            out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, S, H, Dv) -> (B*S, H*Dv)
+            out = out.transpose(1, 2).reshape(b * s, h * w.d_v)  # (B, S, H, Dv) -> (B*S, H*Dv)
             return w.self_out(_as_dtype(out, dtype))
 
         x = self._sublayer(x, w.norms[0], self_attention)
@@ -341,37 +316,49 @@ class DecodingModel:
             out = attention(q, keys, values)  # (N, H, 1, Dv)
             return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
-        def cross_attention(y: Tensor) -> Tensor:
-            if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
-                kv = _attention_input(w.cross_kv(memory.flatten(0, 1)))  # (B*S, H*K + H*Dv)
-                k, v = kv.split((h * w.d_k, h * w.d_v), 1)
-                cache.cross_k, cache.cross_v = (  # (B, S, H, size) -> (B, H, S, size)
-                    t.view(*memory.shape[:2], h, -1).transpose(1, 2).contiguous() for t in (k, v)
-                )
-            b = cache.cross_k.size(0)  # (B, H, S, K)
-            if b == 1 and self.fold_cross:
-                if cache.cross_folded is None:
-                    valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
-                    cache.cross_folded = fold_cross_attention(
-                        w.cross_attn, cache.cross_k, cache.cross_v, valid
-                    )
-                return _folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
-            if n % b:
-                raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
-            # The G = N / B hypotheses of a sentence query its keys together as G positions
-            # (see DecoderLayer._cross_attention).
-            q = _attention_input(w.cross_query(y))  # (N, H*K)
-            q = q.view(b, n // b, h, w.d_k).transpose(1, 2)  # (B, G, H, K) -> (B, H, G, K)
-            # G > 1 (beams): the formula's batched products beat the fused kernel's blocks of G
-            # queries (2.5-4x at 4 queries, 20-60 keys; even at 1, benchmarks/RESULTS.md)
-            fast = n == b
-            out = attention(q, cache.cross_k, cache.cross_v, mask, fast=fast)  # (B, H, G, Dv)
-            out = out.transpose(1, 2).reshape(n, h * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
-            return w.cross_out(_as_dtype(out, dtype))
-
         x = self._sublayer(x, w.norms[0], self_attention)
-        x = self._sublayer(x, w.norms[1], cross_attention)
+        x = self._sublayer(
+            x, w.norms[1], lambda y: self._cross_attention(y, w, cache, memory, mask)
+        )
         return self._sublayer(x, w.norms[2], lambda y: _feed_forward(w, y))
 
+    def _cross_attention(
+        self,
+        y: Tensor,
+        w: _DecoderLayerWeights,
+        cache: LayerCache,
+        memory: Tensor,
+        mask: Tensor | None,
+    ) -> Tensor:
+        """y (N, D) -> (N, D): encoder-decoder attention of N = B*G rows, G per sentence."""
+        if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
+            kv = _attention_input(w.cross_kv(memory.flatten(0, 1)))  # (B*S, H*K + H*Dv)
+            k, v = kv.split((w.n_heads * w.d_k, w.n_heads * w.d_v), 1)
+            # (B, H, S, size), copied once: the formula below multiplies them faster
+            cache.cross_k, cache.cross_v = (
+                _split_heads(t, *memory.shape[:2], w.n_heads).contiguous() for t in (k, v)
+            )
+        b, _, s, _ = cache.cross_k.shape  # (B, H, S, K)
+        n = y.size(0)
+        if b == 1 and w.fold is not None and fold_pays(s, y.size(1), w.d_k, w.d_v):
+            if cache.cross_folded is None:
+                valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
+                cache.cross_folded = fold_cross_attention(
+                    w.fold, cache.cross_k, cache.cross_v, valid
+                )
+            if cache.cross_folded is not None:  # None: no valid source position
+                return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
+        if n % b:
+            raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
+        # The G = N / B hypotheses of a sentence query its keys together as G positions
+        # (see DecoderLayer._cross_attention).
+        q = _split_heads(_attention_input(w.cross_query(y)), b, n // b, w.n_heads)  # (B,H,G,K)
+        # G > 1 (beams) on the CPU: the formula's batched products beat the fused kernel's
+        # blocks of G queries (2.5-4x at 4 queries, 20-60 keys; benchmarks/RESULTS.md)
+        fast = n == b or q.device.type != "cpu"
+        out = attention(q, cache.cross_k, cache.cross_v, mask, fast=fast)  # (B, H, G, Dv)
+        out = out.transpose(1, 2).reshape(n, w.n_heads * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
+        return w.cross_out(_as_dtype(out, y.dtype))
 
-__all__ = ["DecodingModel", "fold_cross_attention"]
+
+__all__ = ["DecodingModel"]

@@ -62,15 +62,24 @@ class Projection:
 
     @classmethod
     def of(
-        cls, weight: Tensor, bias: Tensor | None, onednn: bool = False, parts: int = 1
+        cls,
+        weight: Tensor,
+        bias: Tensor | None,
+        onednn: bool = False,
+        parts: int = 1,
+        *,
+        one_row: bool = True,
     ) -> Projection:
         """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``onednn``; with
-        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``)."""
+        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``).
+        ``one_row=False``: no layout kept for one row alone (a projection that takes many rows;
+        one row then goes through the layout of many)."""
         bias = None if bias is None else bias.clone()
-        blocks, blocks_bias = split_columns(weight, bias, parts) if parts > 1 else (None, None)
+        split = parts > 1 and one_row
+        blocks, blocks_bias = split_columns(weight, bias, parts) if split else (None, None)
         if onednn:
             # one row against a small weight is faster on MKL (unless split)
-            one_row_mkl = parts == 1 and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
+            one_row_mkl = one_row and not split and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
             weight_t = transposed(weight) if one_row_mkl else None
             plain = onednn_packed(weight)
         else:
