@@ -4,6 +4,7 @@ the queue limit, and the batching settings checked."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -45,6 +46,44 @@ def test_batcher_groups_by_beam_and_alpha() -> None:
     stats = batcher.stats()
     assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
     assert stats["pending_sentences"] == 0
+
+
+def test_the_loop_can_run_in_a_thread_of_the_caller_s() -> None:
+    # what server.serve does on the main thread; here a thread stands in for it
+    recorder = Recorder()
+    batcher = DynamicBatcher(recorder, BatchingConfig(batch_wait_ms=0))
+    batcher.keep_in_caller_thread()
+    batcher.start()  # the app's lifespan: starts no thread now
+    assert not batcher.alive
+    caller = threading.Thread(target=batcher.run)
+
+    async def scenario() -> list:
+        late = batcher.submit(["x"], None, None)  # queued before the loop runs: served later
+        caller.start()
+        first = await asyncio.wait_for(late, TIMEOUT)
+        assert batcher.alive
+        second = await asyncio.wait_for(batcher.submit(["y"], None, None), TIMEOUT)
+        return [first, second]
+
+    try:
+        assert asyncio.run(scenario()) == [["X"], ["Y"]]
+    finally:
+        batcher.stop(timeout=TIMEOUT)
+    caller.join(TIMEOUT)
+    assert not caller.is_alive() and not batcher.alive
+    assert [call[0] for call in recorder.calls] == [("x",), ("y",)]
+
+
+def test_a_loop_on_its_own_thread_cannot_move_to_the_caller_s() -> None:
+    batcher = DynamicBatcher(Recorder())
+    batcher.start()
+    try:
+        assert batcher.alive
+        with pytest.raises(RuntimeError, match="thread of its own"):
+            batcher.keep_in_caller_thread()
+    finally:
+        batcher.stop(timeout=TIMEOUT)
+    assert not batcher.alive
 
 
 def test_queue_limit_refuses_new_requests_until_the_queue_drains() -> None:

@@ -322,7 +322,7 @@ def test_cli_serve(model_file, translator) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(TIMEOUT)
-    assert proc.returncode in (0, -15)
+    assert proc.returncode == 0  # SIGTERM: a graceful shutdown
 
 
 def test_cli_serve_bad_options(model_file, capsys) -> None:

@@ -10,6 +10,15 @@ whatever is already waiting when it becomes free (no added latency); ``max_batch
 serves one request at a time. If a batch fails, its requests are translated again one by one, so
 only the request that fails gets the error.
 
+Which thread decodes matters on the CPU. PyTorch's OpenMP runtime (GNU libgomp) lets the workers
+of a parallel region spin between regions only while no more OpenMP threads exist than CPUs;
+once a second thread starts parallel regions besides the main thread, which loaded the model,
+its workers sleep between regions and each region wakes them (a small product or attention call
+cost 5-10x more). One sentence at a time, beam 4, took 34 ms on a worker thread against 17-20 ms
+on the main thread (2 cores, benchmarks/RESULTS.md, 2026-11-24). So ``server.serve`` runs this
+worker loop on the main thread (``keep_in_caller_thread`` then ``run``) and the HTTP server on a
+thread of its own; ``start`` gives the loop a thread of its own (tests, embedding).
+
 Plain Python (threads and asyncio futures); ``transduce.inference.server`` puts HTTP in front.
 """
 
@@ -94,6 +103,9 @@ class DynamicBatcher:
         self._lock = threading.Lock()
         self._pending = 0  # sentences queued or being translated
         self._thread: threading.Thread | None = None
+        self._caller_thread = False  # ``run`` drives the loop: ``start`` starts no thread
+        self._running = False
+        self._finished = threading.Event()  # set when the loop returns
         self._stats = {
             "requests": 0, "sentences": 0, "batches": 0, "translate_calls": 0,
             "max_batch_requests": 0, "max_batch_sentences": 0, "failed_requests": 0,
@@ -101,16 +113,41 @@ class DynamicBatcher:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="transduce-batcher", daemon=True)
-            self._thread.start()
+        """Run the worker loop on a thread of its own (the app's lifespan calls this), unless
+        ``keep_in_caller_thread`` said that ``run`` will."""
+        with self._lock:
+            if self._thread is not None or self._caller_thread:
+                return
+            self._running = True  # alive from now on, before the thread gets going
+            self._thread = threading.Thread(target=self.run, name="transduce-batcher", daemon=True)
+        self._thread.start()
+
+    def keep_in_caller_thread(self) -> None:
+        """The loop will run in a thread of the caller's (``run``), not one that ``start``
+        makes. Call it before the app starts."""
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("the worker loop runs on a thread of its own already")
+            self._caller_thread = True
+
+    def run(self) -> None:
+        """The worker loop, in the calling thread, until ``stop``."""
+        self._finished.clear()
+        self._running = True
+        try:
+            self._run()
+        finally:
+            self._running = False
+            self._finished.set()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish the batch in progress, fail the requests still queued, stop the thread."""
-        if self._thread is None:
-            return
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        """Finish the batch in progress, end the loop, fail the requests still queued."""
+        if self._running:
+            self._queue.put(_STOP)
+            if self._thread is not None:
+                self._thread.join(timeout)
+            else:
+                self._finished.wait(timeout)
         self._thread = None
         while True:
             try:
@@ -122,7 +159,7 @@ class DynamicBatcher:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._running
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, sentences: list[str], beam: int | None, alpha: float | None) -> asyncio.Future:
