@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_the_loop_can_run_in_a_thread_of_the_caller_s() -> None:
     batcher = DynamicBatcher(recorder, BatchingConfig(batch_wait_ms=0))
     batcher.keep_in_caller_thread()
     batcher.start()  # the app's lifespan: starts no thread now
-    assert not batcher.alive
+    assert batcher.alive  # requests queue until the caller runs the loop
     caller = threading.Thread(target=batcher.run)
 
     async def scenario() -> list:
@@ -72,6 +73,51 @@ def test_the_loop_can_run_in_a_thread_of_the_caller_s() -> None:
     caller.join(TIMEOUT)
     assert not caller.is_alive() and not batcher.alive
     assert [call[0] for call in recorder.calls] == [("x",), ("y",)]
+
+
+class Slow(Recorder):
+    """Takes ``seconds`` for every call."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def translate(self, sentences, *, beam=None, alpha=None):
+        time.sleep(self.seconds)
+        return super().translate(sentences, beam=beam, alpha=alpha)
+
+
+def test_a_stop_that_times_out_still_ends_the_loop_and_fails_the_queue() -> None:
+    batcher = DynamicBatcher(Slow(0.5), BatchingConfig(max_batch_sentences=1, batch_wait_ms=0))
+
+    async def scenario() -> list:
+        first, second = batcher.submit(["a"], None, None), batcher.submit(["b"], None, None)
+        batcher.start()
+        await asyncio.sleep(0.1)  # the worker is inside the first (0.5 s) batch
+        stopper = asyncio.get_running_loop().run_in_executor(None, batcher.stop, 0.05)
+        await stopper
+        return await asyncio.wait_for(
+            asyncio.gather(first, second, return_exceptions=True), TIMEOUT
+        )
+
+    first, second = asyncio.run(scenario())
+    assert first == ["A"]  # the batch in progress is finished
+    assert isinstance(second, RuntimeError) and "shutting down" in str(second)
+    deadline = time.monotonic() + TIMEOUT
+    while batcher.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not batcher.alive
+
+
+def test_a_stop_before_the_caller_runs_the_loop_ends_it_at_once() -> None:
+    batcher = DynamicBatcher(Recorder())
+    batcher.keep_in_caller_thread()
+    batcher.stop(timeout=TIMEOUT)
+    assert not batcher.alive
+    caller = threading.Thread(target=batcher.run)
+    caller.start()
+    caller.join(TIMEOUT)
+    assert not caller.is_alive()
 
 
 def test_a_loop_on_its_own_thread_cannot_move_to_the_caller_s() -> None:

@@ -8,6 +8,7 @@ against ``Translator.translate`` needs.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -26,11 +27,12 @@ pytest.importorskip("uvicorn")
 
 
 from transduce.errors import UserError  # noqa: E402
-from transduce.inference.dynamic_batching import BatchingConfig  # noqa: E402
+from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
 from transduce.inference.server import (  # noqa: E402
     ServerLimits,
     ServerThread,
     create_app,
+    serve,
 )
 from transduce.inference.translator import Translator  # noqa: E402
 from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
@@ -335,3 +337,79 @@ def test_cli_serve_bad_options(model_file, capsys) -> None:
     assert "--max-batch-sentences" in capsys.readouterr().err
     assert main([*serve, "/nonexistent/model.pt", "--port", "0"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+# serve() with a translator that takes SECONDS a call and answers with the name of the thread
+# that decoded
+_SERVE_SCRIPT = """
+import sys, threading, time
+from transduce.inference.server import create_app, serve
+
+class Slow:
+    def translate(self, sentences, *, beam=None, alpha=None):
+        time.sleep(float(sys.argv[1]))
+        return [threading.current_thread().name for _ in sentences]
+
+serve(create_app(Slow()), "127.0.0.1", 0, log_level="warning",
+      on_listening=lambda host, port: print(f"listening {port}", flush=True))
+"""
+
+
+def test_serve_decodes_on_the_main_thread_and_answers_in_flight_requests_on_sigterm() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, "1.0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{_read_line(proc, TIMEOUT).split()[-1]}"
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                if request(url + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the server never became healthy"
+            time.sleep(0.05)
+        answers: list = []
+        client = threading.Thread(
+            target=lambda: answers.append(request(url + "/translate", {"text": ["a"]}))
+        )
+        client.start()
+        time.sleep(0.3)  # the request is being decoded (1 s)
+        proc.terminate()
+        client.join(TIMEOUT)
+        assert answers == [(200, {"translations": ["MainThread"]})]
+        assert proc.wait(TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+
+
+def test_serve_raises_at_once_when_the_app_cannot_start() -> None:
+    from fastapi import FastAPI
+
+    async def failing_lifespan(app):  # noqa: ANN001, ANN202
+        raise RuntimeError("cannot start")
+        yield
+
+    app = FastAPI(lifespan=contextlib.asynccontextmanager(failing_lifespan))
+    app.state.batcher = DynamicBatcher(translator=None)  # type: ignore[arg-type]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="stopped while starting"):
+        serve(app, "127.0.0.1", 0, log_level="critical")
+    assert time.monotonic() - start < 10
+
+
+def test_serve_refuses_a_thread_that_is_not_the_main_one(translator) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve(create_app(translator), "127.0.0.1", 0)
+        except RuntimeError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(TIMEOUT)
+    assert len(errors) == 1 and "main thread" in str(errors[0])

@@ -104,6 +104,7 @@ class DynamicBatcher:
         self._pending = 0  # sentences queued or being translated
         self._thread: threading.Thread | None = None
         self._caller_thread = False  # ``run`` drives the loop: ``start`` starts no thread
+        self._stop_requested = False
         self._running = False
         self._finished = threading.Event()  # set when the loop returns
         self._stats = {
@@ -118,36 +119,49 @@ class DynamicBatcher:
         with self._lock:
             if self._thread is not None or self._caller_thread:
                 return
+            self._stop_requested = False
             self._running = True  # alive from now on, before the thread gets going
             self._thread = threading.Thread(target=self.run, name="transduce-batcher", daemon=True)
         self._thread.start()
 
     def keep_in_caller_thread(self) -> None:
         """The loop will run in a thread of the caller's (``run``), not one that ``start``
-        makes. Call it before the app starts."""
+        makes; requests queue until it does. Call it before the app starts."""
         with self._lock:
             if self._thread is not None:
                 raise RuntimeError("the worker loop runs on a thread of its own already")
             self._caller_thread = True
 
     def run(self) -> None:
-        """The worker loop, in the calling thread, until ``stop``."""
-        self._finished.clear()
-        self._running = True
+        """The worker loop, in the calling thread, until ``stop`` or ``request_stop`` (at once if
+        one came first)."""
+        with self._lock:
+            if self._stop_requested:
+                self._running = False
+                self._finished.set()
+                return
+            self._finished.clear()
+            self._running = True
         try:
             self._run()
         finally:
             self._running = False
             self._finished.set()
 
+    def request_stop(self) -> None:
+        """Ask the loop to end after the batch in progress, without waiting for it."""
+        with self._lock:
+            self._stop_requested = True
+        self._queue.put(_STOP)  # wakes a loop waiting for requests
+
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish the batch in progress, end the loop, fail the requests still queued."""
-        if self._running:
-            self._queue.put(_STOP)
-            if self._thread is not None:
-                self._thread.join(timeout)
-            else:
-                self._finished.wait(timeout)
+        """End the loop after the batch in progress (waiting up to ``timeout`` seconds) and fail
+        the requests still queued."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        elif self._running:
+            self._finished.wait(timeout)
         self._thread = None
         while True:
             try:
@@ -156,10 +170,13 @@ class DynamicBatcher:
                 break
             if isinstance(job, _Job):
                 self._resolve(job, None, RuntimeError("the server is shutting down"))
+        if self._running:  # timed out mid-batch: the loop must still find the signal
+            self._queue.put(_STOP)
 
     @property
     def alive(self) -> bool:
-        return self._running
+        """Whether requests get answered: the loop runs, or (``keep_in_caller_thread``) will."""
+        return self._running or (self._caller_thread and not self._stop_requested)
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, sentences: list[str], beam: int | None, alpha: float | None) -> asyncio.Future:
@@ -181,18 +198,23 @@ class DynamicBatcher:
     # -- the worker --------------------------------------------------------------------------
     def _run(self) -> None:
         carry: _Job | None = None
-        while True:
-            first = carry if carry is not None else self._queue.get()
-            if first is _STOP:
-                return
-            jobs, carry, stop = self._collect(first)
-            try:
-                self._translate(jobs)
-            except Exception as e:  # noqa: BLE001 - a bug here must not strand the requests
-                for job in jobs:
-                    self._resolve(job, None, e)
-            if stop:
-                return
+        try:
+            while not self._stop_requested:
+                first = carry if carry is not None else self._queue.get()
+                carry = None
+                if first is _STOP:
+                    return
+                jobs, carry, stop = self._collect(first)
+                try:
+                    self._translate(jobs)
+                except Exception as e:  # noqa: BLE001 - a bug here must not strand the requests
+                    for job in jobs:
+                        self._resolve(job, None, e)
+                if stop:
+                    return
+        finally:
+            if carry is not None:  # taken from the queue, not translated
+                self._resolve(carry, None, RuntimeError("the server is shutting down"))
 
     def _collect(self, first: _Job) -> tuple[list[_Job], _Job | None, bool]:
         """The jobs of one batch starting with ``first``, the job that did not fit (kept for the
@@ -218,6 +240,12 @@ class DynamicBatcher:
         return jobs, None, False
 
     def _translate(self, jobs: list[_Job]) -> None:
+        for job in jobs:
+            if job.future.done():  # its client went away (a cancelled request): no decoding
+                self._resolve(job, None, RuntimeError("the request was cancelled"))
+        jobs = [job for job in jobs if not job.resolved]
+        if not jobs:
+            return
         groups: dict[tuple[int | None, float | None], list[_Job]] = {}
         for job in jobs:
             groups.setdefault((job.beam, job.alpha), []).append(job)

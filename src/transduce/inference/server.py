@@ -347,6 +347,9 @@ class ServerThread:
 
         with ServerThread(app) as srv:
             urllib.request.urlopen(srv.url + "/health")
+
+    ``error`` is what ended uvicorn's thread by raising (None otherwise); ``on_exit`` is called
+    on that thread when it ends, however it ends.
     """
 
     def __init__(
@@ -357,13 +360,23 @@ class ServerThread:
         *,
         log_level: str = "warning",
         access_log: bool = False,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self.sock = bind_socket(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
         self.server = uvicorn_server(app, log_level=log_level, access_log=access_log)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, name="uvicorn", daemon=True
-        )
+        self.error: BaseException | None = None
+        self._on_exit = on_exit
+        self._thread = threading.Thread(target=self._run, name="uvicorn", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except BaseException as e:  # noqa: BLE001 - kept for the thread that waits on this one
+            self.error = e
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
 
     @property
     def url(self) -> str:
@@ -375,7 +388,7 @@ class ServerThread:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self._thread.is_alive():
-                raise RuntimeError("the server thread stopped while starting")
+                raise RuntimeError("the server thread stopped while starting") from self.error
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"the server did not start within {timeout} s")
@@ -404,31 +417,43 @@ def serve(
     on_listening: Callable[[str, int], None] | None = None,
 ) -> None:
     """Serve ``app`` on (host, port) until SIGINT/SIGTERM; ``on_listening(host, port)`` is called
-    once the socket listens (with the real port when ``port`` is 0).
+    once the socket listens (with the real port when ``port`` is 0). Call it on the main thread
+    (``ServerThread`` serves from a background one).
 
-    The app's batching worker decodes on this thread (call it from the main thread, which loaded
-    the model) and uvicorn runs on a thread of its own: decoding on a second thread was 1.8x
-    slower one request at a time (``inference.dynamic_batching``). SIGINT and SIGTERM ask uvicorn
-    to shut down gracefully: it stops accepting, waits for the requests in progress (this thread
-    keeps translating them), then stops the worker, which fails what is still queued."""
+    The app's batching worker decodes on the main thread, which loaded the model, and uvicorn runs
+    on a thread of its own: decoding on a second thread was 1.8x slower one request at a time
+    (``inference.dynamic_batching``). SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
+    stops accepting and waits up to 10 s for the requests in progress (this thread keeps
+    translating them); then the worker stops and the requests still queued fail. A second signal
+    quits at once. An error that ends uvicorn's thread is raised here."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("serve() decodes on the main thread; call it there (or ServerThread)")
     batcher: DynamicBatcher = app.state.batcher
     batcher.keep_in_caller_thread()
-    srv = ServerThread(app, host, port, log_level=log_level, access_log=True)
-    if on_listening is not None:
-        on_listening(srv.host, srv.port)
+    srv = ServerThread(
+        app, host, port, log_level=log_level, access_log=True, on_exit=batcher.request_stop
+    )
 
-    def shut_down(signum: int, frame: object) -> None:  # only sets a flag: safe at any point
-        srv.server.should_exit = True
+    def shut_down(signum: int, frame: object) -> None:
+        if not srv.server.should_exit:  # only sets a flag: safe wherever the signal lands
+            srv.server.should_exit = True
+            return
+        srv.server.force_exit = True  # the second signal
+        raise KeyboardInterrupt
 
-    main = threading.current_thread() is threading.main_thread()
-    handlers = {sig: signal.signal(sig, shut_down) for sig in _SIGNALS} if main else {}
+    handlers = {sig: signal.signal(sig, shut_down) for sig in _SIGNALS}
     try:
+        if on_listening is not None:
+            on_listening(srv.host, srv.port)
         srv.start(timeout=_START_TIMEOUT_S)
-        batcher.run()  # returns once the app's shutdown stops it
+        batcher.run()  # until the app's shutdown stops it, or uvicorn's thread ends
     finally:
         srv.stop()
         for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: a handler not set from Python, nothing to restore
+                signal.signal(sig, handler)
+    if srv.error is not None:
+        raise srv.error
 
 
 @contextlib.contextmanager
