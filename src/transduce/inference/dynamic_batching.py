@@ -134,14 +134,9 @@ class DynamicBatcher:
 
     def run(self) -> None:
         """The worker loop, in the calling thread, until ``stop`` or ``request_stop`` (at once if
-        one came first)."""
-        with self._lock:
-            if self._stop_requested:
-                self._running = False
-                self._finished.set()
-                return
-            self._finished.clear()
-            self._running = True
+        one came first: the loop checks before each batch)."""
+        self._finished.clear()
+        self._running = True
         try:
             self._run()
         finally:

@@ -22,7 +22,8 @@ single-position steps of a search, with plain tensor operations on weights it co
 Against ``Transformer.decode``, before the one-row blocks, the fold, prepacked oneDNN weights
 and the encoder snapshot (benchmarks/RESULTS.md, 2026-11-23, Intel machine): 1.22-1.25x faster
 batch-1 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
-Those four then made searches 1.13-1.51x faster on an AMD Zen 5 (RESULTS.md, 2026-11-24).
+Those four and the formula for beams' encoder-decoder attention then made searches 1.13-1.51x
+faster on an AMD Zen 5 (RESULTS.md, 2026-11-24, "All of it").
 
 The encoder runs from the same kind of snapshot (``encode``; its products then take the same
 layouts: 1.4-1.6x faster for one sentence, 1.1x for 32 on an AMD Zen 5, benchmarks/RESULTS.md).
@@ -134,11 +135,6 @@ def _split_heads(x: Tensor, b: int, s: int, n_heads: int) -> Tensor:
     sentences, or S = G hypotheses of B sentences."""
     size = x.size(1) // n_heads  # not -1: a view of no rows cannot infer it
     return x.view(b, s, n_heads, size).transpose(1, 2)  # (B, S, H, size) -> (B, H, S, size)
-
-
-def _heads(x: Tensor, n_heads: int) -> Tensor:
-    """(N, H*size) -> (N, H, 1, size), a view (also of a column slice)."""
-    return x.view(x.size(0), n_heads, 1, -1)
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -310,7 +306,8 @@ class DecodingModel:
             if w.d_k == w.d_v:  # one call for the three views
                 q, k, v = qkv.view(n, 3, h, 1, w.d_k).unbind(1)  # 3 x (N, H, 1, K)
             else:
-                q, k, v = (_heads(t, h) for t in qkv.split((h * w.d_k, h * w.d_k, h * w.d_v), 1))
+                sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
+                q, k, v = (_split_heads(t, n, 1, h) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
             keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
             # the one new query may see every cached key: no mask
             out = attention(q, keys, values)  # (N, H, 1, Dv)

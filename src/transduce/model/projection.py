@@ -59,10 +59,6 @@ class Projection:
     weight: Tensor | None  # W (out, in) for oneDNN, in its layout (onednn_packed); None = MKL only
     blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
     blocks_bias: Tensor | None  # (P, 1, C)
-    # (P, 1, in), and whether P*C > out: kept so that a one-row call asks no tensor its size (a
-    # batch-1 step is mostly calls)
-    one_row_shape: tuple[int, int, int] | None
-    padded: bool
 
     @classmethod
     def of(
@@ -88,10 +84,7 @@ class Projection:
             plain = onednn_packed(weight)
         else:
             weight_t, plain = transposed(weight), None
-        out_f, in_f = weight.shape
-        shape = None if blocks is None else (parts, 1, in_f)
-        padded = blocks is not None and parts * blocks.size(2) > out_f
-        return cls(out_f, bias, weight_t, plain, blocks, blocks_bias, shape, padded)
+        return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
 
     def __call__(self, x: Tensor) -> Tensor:
         rows = x.size(0)
@@ -105,13 +98,14 @@ class Projection:
 
     def _one_row(self, x: Tensor) -> Tensor:
         """x (1, in) -> (1, out) through the column blocks."""
-        xs = x.expand(self.one_row_shape)  # (1, in) -> (P, 1, in), a view
+        blocks = self.blocks
+        xs = x.expand(blocks.size(0), 1, x.size(1))  # (1, in) -> (P, 1, in), a view
         if self.blocks_bias is None:
-            y = torch.bmm(xs, self.blocks)  # (P, 1, C)
+            y = torch.bmm(xs, blocks)  # (P, 1, C)
         else:
-            y = torch.baddbmm(self.blocks_bias, xs, self.blocks)  # (P, 1, C)
+            y = torch.baddbmm(self.blocks_bias, xs, blocks)  # (P, 1, C)
         y = y.view(1, -1)  # (P, 1, C) -> (1, P*C): W's rows in order, then the padding
-        return y[:, : self.out_features] if self.padded else y
+        return y if y.size(1) == self.out_features else y[:, : self.out_features]
 
 
 __all__ = ["Projection", "split_columns", "transposed"]
