@@ -155,6 +155,28 @@ def test_attention_weights_scale_by_sqrt_dk() -> None:
 
 
 # --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_attention_weights_and_gradients_on_cpu(dtype: torch.dtype) -> None:
+    # the softmax runs in float32 and is rounded once; masked keys and fully masked rows stay
+    # exactly zero, and the gradients match float32 arithmetic on the rounded inputs
+    q, k, _ = _qkv(8, 8)
+    mask = _masks()["random"].clone()
+    mask[1, 2, 3] = False  # fully masked row
+    low_q, low_k = (t.to(dtype).requires_grad_() for t in (q, k))
+    w = attention_weights(low_q, low_k, mask)
+    assert w.dtype == dtype
+    assert torch.all(w[~mask] == 0.0) and torch.all(w[1, 2, 3] == 0.0)
+    ref_q, ref_k = (t.detach().float().requires_grad_() for t in (low_q, low_k))
+    ref = _reference_attention(ref_q, ref_k, ref_k, mask)[1]
+    torch.testing.assert_close(w.float(), ref, atol=1e-2, rtol=1e-2)
+    g = torch.randn(w.shape, generator=torch.Generator().manual_seed(3))
+    (w.float() * g).sum().backward()
+    (ref * g).sum().backward()
+    for low, full in ((low_q, ref_q), (low_k, ref_k)):
+        assert low.grad is not None and full.grad is not None
+        torch.testing.assert_close(low.grad.float(), full.grad, atol=3e-2, rtol=3e-2)
+
 # MultiHeadAttention
 
 

@@ -26,16 +26,32 @@ def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) ->
     """softmax(Q K^T / sqrt(d_k)) as an explicit formula.
 
     query (B, H, T, K), key (B, H, T', K), mask bool broadcastable to (B, H, T, T') with True =
-    may attend. Returns (B, H, T, T'). A query row whose keys are all masked gets all-zero weights
-    (not NaN), which is what ``F.scaled_dot_product_attention`` does too.
+    may attend. Returns (B, H, T, T') in the dtype of ``query``. A query row whose keys are all
+    masked gets all-zero weights (not NaN), which is what ``F.scaled_dot_product_attention`` does
+    too.
+
+    On the CPU a bfloat16/float16 softmax runs in float32 and is rounded once at the end: PyTorch's
+    low-precision CPU softmax computes in float32 inside too, but forward + backward took 1.2 ms
+    against 0.34 at (64, 8, 24, 24) on 2 cores (benchmarks/RESULTS.md, 2026-11-24).
     """
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, T')
-    if mask is None:
-        return scores.softmax(dim=-1)
-    # -inf (not a large negative constant) keeps masked keys at exactly zero weight in any dtype;
-    # fully masked rows become NaN in softmax and are zeroed by the second masked_fill.
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1).masked_fill(~mask, 0.0)
+    # scaled in place: the product's backward needs only query and key
+    scores = torch.matmul(query, key.transpose(-2, -1)).mul_(1 / math.sqrt(query.size(-1)))
+    upcast = scores.device.type == "cpu" and scores.dtype in _LOW_PRECISION
+    if mask is not None:
+        # -inf (not a large negative constant) keeps masked keys at exactly zero weight in any
+        # dtype; in place, since the scaling's backward needs no saved scores either
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1, dtype=torch.float32) if upcast else scores.softmax(dim=-1)
+    if mask is not None and not _every_row_attends(mask):
+        weights = weights.masked_fill(~mask, 0.0)  # fully masked rows are NaN after softmax
+    return weights.to(query.dtype)
+
+
+def _every_row_attends(mask: Tensor) -> bool:
+    """Whether every query row of ``mask`` may attend to at least one key, so that softmax makes
+    no NaN row. Checked on the CPU only, where it costs no device synchronisation; elsewhere the
+    answer is False (zero the rows anyway)."""
+    return mask.device.type == "cpu" and bool(mask.any(dim=-1).all())
 
 
 def _formula_is_faster(query: Tensor, key: Tensor) -> bool:
