@@ -7,11 +7,13 @@ One training step is forward + label-smoothed loss + backward + Adam step + zero
     SMALL  d_model 256, 3+3 layers, 4 heads, d_k = d_v = 64, d_ff 1024, shared vocabulary 8000
     BASE   the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048), vocabulary 37000
 
-Systems, all with dropout 0.1 on the residuals and embeddings, ReLU, post-norm, sinusoidal positions,
-embeddings x sqrt(d_model), one embedding matrix shared by source, target and the pre-softmax
-projection, the same loss (``transduce.training.loss.label_smoothed_nll``, eps 0.1) and the same
-optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9; ``Trainer`` takes its fused
-variant, the same update, but here every system gets the plain one so that the models compare):
+Systems, all with dropout 0.1 on the residuals and embeddings only (none on attention weights or
+feed-forward activations: ``nn.Transformer``'s are set to 0 to match), ReLU, post-norm,
+sinusoidal positions, embeddings x sqrt(d_model), one embedding matrix shared by source, target
+and the pre-softmax projection, the same loss (``transduce.training.loss.label_smoothed_nll``,
+eps 0.1) and the same optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9; ``Trainer``
+takes its fused variant, the same update, but here every system gets the plain one so that the
+models compare):
 
     transduce  ``make_model``
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
@@ -182,6 +184,13 @@ class TorchSeq2Seq(nn.Module):
             num_decoder_layers=size["n_layers"], dim_feedforward=size["d_ff"], dropout=DROPOUT,
             activation="relu", batch_first=True,
         )  # fmt: skip
+        # nn.Transformer's dropout also drops attention weights and the feed-forward activations;
+        # the paper (and the other two systems here) drop only the residuals and embeddings
+        for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+            layer.dropout.p = 0.0  # inside the feed-forward block
+            for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attn is not None:
+                    attn.dropout = 0.0
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         x = self.dropout(self.embed(src) * self.scale + self.pe[: src.size(1)])
