@@ -164,3 +164,22 @@ def test_resolve_device() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+def test_resolve_device_refuses_a_gpu_index_past_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(UserError, match=r"'cuda:2' requested but this machine has 2 GPU\(s\)"):
+        resolve_device("cuda:2")
+
+
+def test_training_checks_its_device() -> None:
+    from transduce.training.distributed import init_from_env
+
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA is not available"):
+            init_from_env("cuda")
+    with pytest.raises(UserError, match="unknown device"):
+        init_from_env("toaster")

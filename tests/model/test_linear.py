@@ -103,6 +103,17 @@ def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
         use_onednn("onednn", weight)
 
 
+def test_weights_off_the_cpu_never_take_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # oneDNN's operators are CPU kernels: a GPU model with cpu_matmul="onednn" keeps F.linear
+    # ("meta" stands in for a GPU here)
+    monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: True)
+    weight = torch.zeros(4, 3, device="meta")
+    assert [use_onednn(c, weight) for c in ("auto", "mkl", "onednn")] == [False] * 3
+    with pytest.raises(ValueError, match="'blas'"):
+        use_onednn("blas", weight)  # type: ignore[arg-type]
+
+
 def test_an_unknown_choice_is_refused(cpu_matmul) -> None:
     with pytest.raises(ValueError, match="'blas'"):
         cpu_matmul("blas")

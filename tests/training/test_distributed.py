@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,80 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == [
         "step_00000004.pt", "step_00000008.pt",
     ]  # fmt: skip
+
+    # The 2-rank run's step-4 checkpoint resumed by one process (update_freq 2: the same tokens
+    # per update) goes on with the batches the two ranks would have taken: the same losses.
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "ddp", moved)
+    (moved / "checkpoints" / "step_00000008.pt").unlink()
+    (moved / "model.pt").unlink()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml"),
+         "--out", str(moved), "--resume", "--quiet"],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming a run of 2 process(es) on 1: epoch 0 continues at batch 8" in resumed.stderr
+    assert _losses(moved) == pytest.approx(single_losses, rel=1e-5)
+
+
+RECORDING_RANK = """
+import os, sys
+import transduce.training.checkpoint as ck
+import transduce.training.metrics_log as ml
+from transduce.cli.main import main
+rank = os.environ["RANK"]
+def recorded(what, fn):
+    def wrapper(*args, **kwargs):  # which rank wrote what, for the test
+        with open(os.path.join(sys.argv[3], "writes_rank" + rank), "a") as f:
+            f.write(what + "\\n")
+        return fn(*args, **kwargs)
+    return wrapper
+ck.save_atomic = recorded("checkpoint", ck.save_atomic)
+ml.MetricsLog.write = recorded("metrics", ml.MetricsLog.write)
+sys.exit(main(["train", "--config", sys.argv[1], "--out", sys.argv[2], "--quiet", *sys.argv[4:]]))
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_killed_two_rank_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
+    # With dropout each rank draws its own masks, so the same losses after a resume need every
+    # rank's random state back, besides the weights, Adam's state and the place in the epoch.
+    config = CONFIG.replace("UPDATE_FREQ", "1").replace("dropout: 0.0", "dropout: 0.1")
+    (tmp_path / "run.yaml").write_text(config)
+    script = tmp_path / "rank.py"
+    script.write_text(RECORDING_RANK)
+
+    def torchrun(out: str, *extra: str, fault_at: int = 0) -> subprocess.CompletedProcess:
+        env = {**_env(), "TRANSDUCE_FAULT_AT_STEP": str(fault_at)}
+        (tmp_path / out).mkdir(exist_ok=True)
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--standalone", str(script), str(tmp_path / "run.yaml"), str(tmp_path / out),
+             str(tmp_path / out), *extra],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    straight = torchrun("straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    died = torchrun("killed", fault_at=6)  # after the step-4 checkpoint
+    assert died.returncode != 0
+    assert max(json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").open()) == 6
+    resumed = torchrun("killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    want, got = _losses(tmp_path / "straight"), _losses(tmp_path / "killed")
+    assert len(want) == len(got) == 8  # steps 5 and 6 logged once, by the resumed run
+    assert got == pytest.approx(want, rel=1e-6)
+    final_a = torch.load(tmp_path / "straight" / "model.pt", weights_only=False)["model"]
+    final_b = torch.load(tmp_path / "killed" / "model.pt", weights_only=False)["model"]
+    for key in final_a:
+        torch.testing.assert_close(final_a[key], final_b[key], rtol=1e-6, atol=1e-7)
+    # Rank 0 wrote every checkpoint and metrics line; rank 1 wrote nothing.
+    for run in ("straight", "killed"):
+        assert not (tmp_path / run / "writes_rank1").exists()
+        writes = (tmp_path / run / "writes_rank0").read_text().split()
+        assert "checkpoint" in writes and "metrics" in writes
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")

@@ -521,3 +521,19 @@ def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> No
     assert [s for s, _ in got] == [3, 6]
     assert [x for _, x in got] == pytest.approx(want, rel=1e-6)
     assert got[0][1] != pytest.approx(per_step[3], rel=1e-6)  # not just the last update's loss
+
+
+def test_random_states_round_trip_and_keep_no_other_gpus() -> None:
+    from transduce.training.trainer import _rng_state, _set_rng_state
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(5)
+    state = _rng_state(cpu)
+    assert "cuda" not in state  # a CPU run saves no GPU's state, even on a machine with GPUs
+    first = torch.rand(3)
+    torch.rand(7)
+    _set_rng_state(state, cpu)
+    assert torch.equal(torch.rand(3), first)
+    # checkpoints before 2026-11-24 held a list of every visible GPU's state: still loadable
+    _set_rng_state({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}, cpu)
+    assert torch.equal(torch.rand(3), first)

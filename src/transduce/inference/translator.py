@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from transduce.config import Config, DecodeConfig
 from transduce.data.vocab import Vocab
+from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.inference.search import generate
 from transduce.model.decoding import DecodingModel
@@ -72,19 +73,6 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
     if current:
         batches.append(current)
     return batches
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``torch.device`` of a user's string, or a UserError saying what is wrong with it."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise UserError(f"unknown device {device!r} ({e}); use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but CUDA is not available; use --device cpu")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device {device!r} requested but MPS is not available; use --device cpu")
-    return dev
 
 
 class Translator:

@@ -55,18 +55,18 @@ def onednn_available() -> bool:
 
 def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
     """Whether float32 products against ``weight`` go through oneDNN: "onednn" (an error where it
-    is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel."""
-    if cpu_matmul == "mkl":
+    is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel. A
+    weight off the CPU (a GPU's) never does: the choice is among CPU libraries."""
+    if cpu_matmul not in ("auto", "mkl", "onednn"):
+        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
+    if cpu_matmul == "onednn" and not onednn_available():
+        raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
+    if cpu_matmul == "mkl" or weight.device.type != "cpu":
         return False
     if cpu_matmul == "onednn":
-        if not onednn_available():
-            raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
         return True
-    if cpu_matmul != "auto":
-        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
     return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        weight.dtype == torch.float32
         and _cpu_vendor() not in ("", "GenuineIntel")
         and onednn_available()
     )

@@ -17,6 +17,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from transduce.device import resolve_device
+
 T = TypeVar("T")
 
 
@@ -38,13 +40,13 @@ class World:
 def init_from_env(device: str) -> tuple[World, torch.device]:
     """Join the process group torchrun describes (if any); return the world and this rank's
     device (``cuda`` becomes ``cuda:LOCAL_RANK``)."""
+    dev = resolve_device(device)
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
-        return World(), torch.device(device)
+        return World(), dev
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = torch.device(device)
     if dev.type == "cuda":
-        dev = torch.device("cuda", local_rank)
+        dev = resolve_device(f"cuda:{local_rank}")  # more processes than GPUs: a clear error
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         # While rank 0 learns the vocabulary the others wait in a collective: on a WMT sample

@@ -94,19 +94,25 @@ class Progress:
     last_valid_step: int = -1  # step of the latest validation
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's random states: the CPU's, Python's, NumPy's and, when it trains on a GPU,
+    that GPU's alone (a resume may see fewer GPUs, or number them differently)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # checkpoints before 2026-11-24 kept every visible GPU's state
+        index = device.index or 0
+        cuda = cuda[index] if index < len(cuda) else None
+    if cuda is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
 
 
 class Trainer:
@@ -199,7 +205,7 @@ class Trainer:
 
         Every rank must call it (the RNG states of all ranks are gathered); rank 0 writes.
         """
-        rngs = distributed.all_gather_objects(_rng_state(), self.world)
+        rngs = distributed.all_gather_objects(_rng_state(self.device), self.world)
         path = checkpoint.step_path(self.ckpt_dir, self.progress.step)
         if self.world.is_main:
             state = self._model_state()
@@ -230,10 +236,38 @@ class Trainer:
                 f"run started?): {first}"
             ) from None
         self.progress = Progress(**state["progress"])
-        rngs = state.get("rng_ranks") or [state["rng"]]
-        _set_rng_state(rngs[self.world.rank] if len(rngs) == self.world.size else state["rng"])
+        rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
+        if len(rngs) == self.world.size:
+            _set_rng_state(rngs[self.world.rank], self.device)
+        else:
+            self._change_world_size(len(rngs), state["rng"])
         if self.world.is_main:
             self.log.truncate_after(self.progress.step)
+
+    def _change_world_size(self, saved_size: int, rank0_rng: dict[str, Any]) -> None:
+        """Resume a run saved by ``saved_size`` processes on this world's number.
+
+        ``batch_index`` counts batches of one rank's share of the epoch, so it becomes the same
+        place in the epoch's batch list for the new shares (at most one batch per rank is seen
+        twice). Random streams cannot carry over: rank 0 continues the saved rank 0's, the other
+        ranks start streams seeded by (seed, rank, step).
+        """
+        p, old_index = self.progress, self.progress.batch_index
+        p.batch_index = old_index * saved_size // self.world.size
+        _set_rng_state(rank0_rng, self.device)
+        if not self.world.is_main:
+            seed = self.cfg.train.seed + self.world.rank + 1_000_003 * p.step
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+        else:
+            print(
+                f"transduce: resuming a run of {saved_size} process(es) on {self.world.size}: "
+                f"epoch {p.epoch} continues at batch {p.batch_index} of each rank's share "
+                f"(was {old_index}); tokens per update change with the number of processes "
+                "unless update_freq is changed to match",
+                file=sys.stderr,
+            )
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.world.is_main:

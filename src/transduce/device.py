@@ -1,0 +1,31 @@
+"""The device a user names (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work."""
+
+from __future__ import annotations
+
+import torch
+
+from transduce.errors import UserError
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``torch.device`` of a user's string, or a UserError saying what is wrong with it: an
+    unknown name, CUDA or MPS missing, or a GPU index past this machine's last GPU."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UserError(f"unknown device {device!r} ({e}); use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device {device!r} requested but CUDA is not available; use cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise UserError(
+                f"device {device!r} requested but this machine has {count} GPU(s): "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {device!r} requested but MPS is not available; use cpu")
+    return dev
+
+
+__all__ = ["resolve_device"]
