@@ -291,7 +291,8 @@ class Trainer:
         )
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
         scale = self.world.size / n_tokens
-        loss_sum = nll_sum = 0.0
+        sums_per_batch = []  # (loss, NLL) tensors: read once per update, not once per batch,
+        # since reading a GPU's number waits for all its queued work
         dtype = AUTOCAST_DTYPES.get(self.precision)
         autocast = torch.autocast(
             device_type=self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
@@ -307,9 +308,9 @@ class Trainer:
                     logits, batch.tgt_out, epsilon=t.label_smoothing, ignore_index=PAD
                 )
                 self.scaler.scale(sums.loss * scale).backward()
-            loss_sum += sums.loss.item()
-            nll_sum += sums.nll.item()
-        loss_sum, nll_sum = distributed.all_reduce_sum([loss_sum, nll_sum], self.world, self.device)
+            sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
+        local = torch.stack(sums_per_batch).sum(0, dtype=torch.float64).tolist()
+        loss_sum, nll_sum = distributed.all_reduce_sum(local, self.world, self.device)
         if t.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
