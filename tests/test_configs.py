@@ -33,9 +33,11 @@ def test_wmt_recipes_follow_the_paper(
     assert (t.adam_beta1, t.adam_beta2, t.adam_eps) == (0.9, 0.98, 1e-9)
     assert t.max_steps == steps and t.average_last == t.keep_last == average
     assert t.cooldown == 0.0  # eq. 3 alone
-    # max_tokens bounds padded tokens; at the ~87% real tokens transduce's batches hold (measured
-    # on Multi30k, see the config) 8 GPUs' update holds the paper's ~25k source and target tokens
-    assert 24_000 <= 0.87 * 8 * t.max_tokens * t.update_freq <= 26_000
+    # max_tokens bounds padded tokens; batches hold real tokens worth ~85% (source) and ~87%
+    # (target) of the bound (measured on Multi30k, see the config), so 8 GPUs' update holds the
+    # paper's ~25k source and target tokens
+    for fill in (0.85, 0.87):
+        assert 24_000 <= fill * 8 * t.max_tokens * t.update_freq <= 26_000
     assert t.precision == "auto"  # bf16 where the GPU has it; the paper's P100s would emulate it
     assert cfg.task.vocab_size == 37_000
     d = cfg.decode

@@ -154,8 +154,6 @@ def test_attention_weights_scale_by_sqrt_dk() -> None:
     assert w[0, 0, 0, 0].item() == pytest.approx(expected, rel=1e-6)
 
 
-# --------------------------------------------------------------------------------------------
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_attention_weights_and_gradients_on_cpu(dtype: torch.dtype) -> None:
     # the softmax runs in float32 and is rounded once; masked keys and fully masked rows stay
@@ -177,6 +175,8 @@ def test_low_precision_attention_weights_and_gradients_on_cpu(dtype: torch.dtype
         assert low.grad is not None and full.grad is not None
         torch.testing.assert_close(low.grad.float(), full.grad, atol=3e-2, rtol=3e-2)
 
+
+# --------------------------------------------------------------------------------------------
 # MultiHeadAttention
 
 

@@ -111,18 +111,22 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
 
 RECORDING_RANK = """
 import os, sys
+from typing import Any
 import transduce.training.checkpoint as ck
 import transduce.training.metrics_log as ml
 from transduce.cli.main import main
 rank = os.environ["RANK"]
-def recorded(what, fn):
-    def wrapper(*args, **kwargs):  # which rank wrote what, for the test
-        with open(os.path.join(sys.argv[3], "writes_rank" + rank), "a") as f:
-            f.write(what + "\\n")
-        return fn(*args, **kwargs)
-    return wrapper
-ck.save_atomic = recorded("checkpoint", ck.save_atomic)
-ml.MetricsLog.write = recorded("metrics", ml.MetricsLog.write)
+def note(what: str) -> None:  # which rank wrote what, for the test
+    with open(os.path.join(sys.argv[3], "writes_rank" + rank), "a") as f:
+        f.write(what + "\\n")
+save_atomic, write = ck.save_atomic, ml.MetricsLog.write
+def noted_save(obj: Any, path: Any) -> None:
+    note("checkpoint")
+    save_atomic(obj, path)
+def noted_write(self: ml.MetricsLog, record: dict) -> None:
+    note("metrics")
+    write(self, record)
+ck.save_atomic, ml.MetricsLog.write = noted_save, noted_write
 sys.exit(main(["train", "--config", sys.argv[1], "--out", sys.argv[2], "--quiet", *sys.argv[4:]]))
 """
 

@@ -523,7 +523,7 @@ def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> No
     assert got[0][1] != pytest.approx(per_step[3], rel=1e-6)  # not just the last update's loss
 
 
-def test_random_states_round_trip_and_keep_no_other_gpus() -> None:
+def test_random_states_round_trip_and_keep_no_other_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     from transduce.training.trainer import _rng_state, _set_rng_state
 
     cpu = torch.device("cpu")
@@ -534,6 +534,26 @@ def test_random_states_round_trip_and_keep_no_other_gpus() -> None:
     torch.rand(7)
     _set_rng_state(state, cpu)
     assert torch.equal(torch.rand(3), first)
-    # checkpoints before 2026-11-24 held a list of every visible GPU's state: still loadable
-    _set_rng_state({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}, cpu)
-    assert torch.equal(torch.rand(3), first)
+
+    # On a GPU: that GPU's state alone, saved and restored (a fake CUDA records the calls)
+    gpu_states = {i: torch.full((4,), i, dtype=torch.uint8) for i in range(4)}
+    restored: list[tuple[int, torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: gpu_states[device.index])
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda s, device: restored.append((device.index, s))
+    )
+    gpu1 = torch.device("cuda", 1)
+    saved = _rng_state(gpu1)
+    assert torch.equal(saved["cuda"], gpu_states[1])
+    _set_rng_state(saved, gpu1)
+    assert len(restored) == 1 and restored[0][0] == 1 and torch.equal(restored[0][1], gpu_states[1])
+    # checkpoints before 2026-11-24 held a list of every visible GPU's state: this GPU's entry is
+    # restored, and a list shorter than this GPU's index (fewer GPUs when saved) is skipped
+    restored.clear()
+    _set_rng_state({**state, "cuda": [gpu_states[i] for i in range(4)]}, gpu1)
+    assert len(restored) == 1 and torch.equal(restored[0][1], gpu_states[1])
+    restored.clear()
+    _set_rng_state({**state, "cuda": [gpu_states[0]]}, gpu1)
+    assert restored == []
+    _set_rng_state({**state, "cuda": [gpu_states[0]]}, cpu)  # a CPU resume ignores GPU states
+    assert restored == []

@@ -30,9 +30,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from transduce.config import load_config, parse_overrides, update
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    from transduce.training import distributed
     from transduce.training.run import train  # imports torch: after the config is known good
 
     summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
+    # not after an error: a rank that failed would wait for the others here, and they may never
+    # come (torchrun ends the job when this process exits instead)
+    distributed.shutdown()
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, from rank 0
         print(json.dumps(summary))
     return 0

@@ -37,21 +37,26 @@ def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) ->
     # scaled in place: the product's backward needs only query and key
     scores = torch.matmul(query, key.transpose(-2, -1)).mul_(1 / math.sqrt(query.size(-1)))
     upcast = scores.device.type == "cpu" and scores.dtype in _LOW_PRECISION
-    if mask is not None:
+    blocked = None if mask is None else ~mask
+    if blocked is not None:
         # -inf (not a large negative constant) keeps masked keys at exactly zero weight in any
         # dtype; in place, since the scaling's backward needs no saved scores either
-        scores = scores.masked_fill_(~mask, float("-inf"))
+        scores = scores.masked_fill_(blocked, float("-inf"))
     weights = scores.softmax(dim=-1, dtype=torch.float32) if upcast else scores.softmax(dim=-1)
-    if mask is not None and not _every_row_attends(mask):
-        weights = weights.masked_fill(~mask, 0.0)  # fully masked rows are NaN after softmax
+    if blocked is not None and not _every_row_attends(mask):
+        weights = weights.masked_fill(blocked, 0.0)  # fully masked rows are NaN after softmax
     return weights.to(query.dtype)
 
 
 def _every_row_attends(mask: Tensor) -> bool:
-    """Whether every query row of ``mask`` may attend to at least one key, so that softmax makes
-    no NaN row. Checked on the CPU only, where it costs no device synchronisation; elsewhere the
-    answer is False (zero the rows anyway)."""
-    return mask.device.type == "cpu" and bool(mask.any(dim=-1).all())
+    """Whether every query row of ``mask`` (bool, broadcastable to (B, H, T, T')) may attend to
+    at least one key, so that softmax makes no NaN row. Asked only when training on the CPU, where
+    skipping the zeroing pays (a forward and a backward pass over the weights) and the check costs
+    no device synchronisation; elsewhere the answer is False and the rows are zeroed anyway, as
+    in a decoding step, whose weights are small."""
+    return (
+        mask.device.type == "cpu" and torch.is_grad_enabled() and bool(mask.any(dim=-1).all())
+    )
 
 
 def _formula_is_faster(query: Tensor, key: Tensor) -> bool:

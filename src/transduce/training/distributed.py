@@ -87,3 +87,9 @@ def all_gather_objects(obj: T, world: World) -> list[T]:
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group, if this process joined one (NCCL warns at exit otherwise)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -19,7 +19,13 @@ class LossSums(NamedTuple):
 
     loss: Tensor  # label-smoothed cross-entropy, summed
     nll: Tensor  # plain negative log-likelihood, summed (perplexity = exp(nll / n_tokens))
-    n_tokens: int
+    kept: Tensor  # () int64: the number of non-padding target tokens, on the logits' device
+
+    @property
+    def n_tokens(self) -> int:
+        """``kept`` as a Python int. Read only where it is needed: on a GPU, reading it waits
+        for the forward pass to finish."""
+        return int(self.kept)
 
 
 def label_smoothed_nll(
@@ -46,7 +52,7 @@ def label_smoothed_nll(
     loss, nll = _SmoothedCrossEntropy.apply(
         logits.flatten(0, -2), target.flatten().clamp(min=0), keep.flatten(), float(epsilon)
     )
-    return LossSums(loss=loss, nll=nll, n_tokens=int(keep.sum()))
+    return LossSums(loss=loss, nll=nll, kept=keep.sum())
 
 
 def _chunk_rows(logits: Tensor) -> int:

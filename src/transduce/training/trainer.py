@@ -291,8 +291,9 @@ class Trainer:
         )
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
         scale = self.world.size / n_tokens
-        sums_per_batch = []  # (loss, NLL) tensors: read once per update, not once per batch,
-        # since reading a GPU's number waits for all its queued work
+        # (loss, NLL) of each batch, read once per update: reading a GPU's number waits for
+        # all its queued work
+        sums_per_batch: list[torch.Tensor] = []
         dtype = AUTOCAST_DTYPES.get(self.precision)
         autocast = torch.autocast(
             device_type=self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
@@ -309,7 +310,7 @@ class Trainer:
                 )
                 self.scaler.scale(sums.loss * scale).backward()
             sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
-        local = torch.stack(sums_per_batch).sum(0, dtype=torch.float64).tolist()
+        local = torch.stack(sums_per_batch).to("cpu", torch.float64).sum(0).tolist()
         loss_sum, nll_sum = distributed.all_reduce_sum(local, self.world, self.device)
         if t.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
