@@ -1,10 +1,11 @@
 """Process-level settings that make PyTorch on the CPU faster.
 
 glibc's malloc serves large blocks with mmap and gives freed memory back to the system at once, so
-every training step pays page faults on fresh memory for its activations (measured here: 2-4x
-slower small-model training steps). ``tune_malloc`` keeps freed memory in the heap instead, which
-is what setting ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=... MALLOC_TOP_PAD_=...`` does.
-The CLI calls it at start-up unless ``TRANSDUCE_MALLOC_TUNING=0`` or ``--no-malloc-tuning``.
+every training step pays page faults on fresh memory for its activations (measured: 1.03-1.4x
+slower training steps on an AMD Zen 5, 4-5x on an older shared machine; benchmarks/RESULTS.md).
+``tune_malloc`` keeps freed memory in the heap instead, which is what setting
+``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=... MALLOC_TOP_PAD_=...`` does. The CLI calls it at
+start-up unless ``TRANSDUCE_MALLOC_TUNING=0`` or ``--no-malloc-tuning``.
 
 oneDNN, which runs PyTorch's bfloat16 matrix products on the CPU, compiles a kernel for every new
 matrix shape and keeps the last 1024 in a cache. Token-count batches have a new shape almost every
