@@ -17,7 +17,6 @@ from transduce.inference.translator import (
     Translation,
     Translator,
     length_batches,
-    resolve_device,
 )
 from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
@@ -155,31 +154,3 @@ def test_length_batches() -> None:
     assert firsts == sorted(firsts, reverse=True)  # longest batch first
     assert batches[0] == [5]  # 12 tokens > budget: a batch of its own
     assert length_batches([], 10) == []
-
-
-def test_resolve_device() -> None:
-    assert resolve_device("cpu") == torch.device("cpu")
-    with pytest.raises(UserError, match="unknown device"):
-        resolve_device("toaster")
-    if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="CUDA is not available"):
-            resolve_device("cuda")
-
-
-def test_resolve_device_refuses_a_gpu_index_past_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert resolve_device("cuda") == torch.device("cuda")
-    assert resolve_device("cuda:1") == torch.device("cuda", 1)
-    with pytest.raises(UserError, match=r"'cuda:2' requested but this machine has 2 GPU\(s\)"):
-        resolve_device("cuda:2")
-
-
-def test_training_checks_its_device() -> None:
-    from transduce.training.distributed import init_from_env
-
-    if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="CUDA is not available"):
-            init_from_env("cuda")
-    with pytest.raises(UserError, match="unknown device"):
-        init_from_env("toaster")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transduce.training.distributed import World, shard
+from transduce.errors import UserError
+from transduce.training.distributed import World, init_from_env, shard
 
 CONFIG = """
 model: {n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, d_k: 16, d_v: 16, dropout: 0.0}
@@ -213,3 +214,11 @@ def test_translation_vocabulary_learned_by_rank_0_only(tmp_path: Path) -> None:
     learned = (out / "vocab.model").read_bytes()
     assert (out / "vocab0").read_bytes() == (out / "vocab1").read_bytes() == learned
     assert not list(out.glob("*.tmp"))
+
+
+def test_training_checks_its_device() -> None:
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA is not available"):
+            init_from_env("cuda")
+    with pytest.raises(UserError, match="unknown device"):
+        init_from_env("toaster")

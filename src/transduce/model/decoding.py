@@ -328,6 +328,8 @@ class DecodingModel:
         mask: Tensor | None,
     ) -> Tensor:
         """y (N, D) -> (N, D): encoder-decoder attention of N = B*G rows, G per sentence."""
+        if cache.cross_folded is not None:  # this sentence's fold, made at its first step below
+            return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
         if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
             kv = _attention_input(w.cross_kv(memory.flatten(0, 1)))  # (B*S, H*K + H*Dv)
             k, v = kv.split((w.n_heads * w.d_k, w.n_heads * w.d_v), 1)
@@ -338,11 +340,8 @@ class DecodingModel:
         b, _, s, _ = cache.cross_k.shape  # (B, H, S, K)
         n = y.size(0)
         if b == 1 and w.fold is not None and fold_pays(s, y.size(1), w.d_k, w.d_v):
-            if cache.cross_folded is None:
-                valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
-                cache.cross_folded = fold_cross_attention(
-                    w.fold, cache.cross_k, cache.cross_v, valid
-                )
+            valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
+            cache.cross_folded = fold_cross_attention(w.fold, cache.cross_k, cache.cross_v, valid)
             if cache.cross_folded is not None:  # None: no valid source position
                 return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
         if n % b:

@@ -103,6 +103,13 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
     return state
 
 
+def _seed_all(seed: int) -> None:
+    """Seed this process's torch (CPU and GPUs), Python and NumPy generators."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -165,9 +172,7 @@ class Trainer:
         if self.world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         # Dropout differs between ranks; rank 0 draws exactly what a single process would.
-        torch.manual_seed(t.seed + self.world.rank)
-        random.seed(t.seed + self.world.rank)
-        np.random.seed((t.seed + self.world.rank) % 2**32)
+        _seed_all(t.seed + self.world.rank)
         if resume and checkpoint.step_checkpoints(self.ckpt_dir):
             self._resume()
         elif self.world.is_main:
@@ -256,10 +261,7 @@ class Trainer:
         p.batch_index = old_index * saved_size // self.world.size
         _set_rng_state(rank0_rng, self.device)
         if not self.world.is_main:
-            seed = self.cfg.train.seed + self.world.rank + 1_000_003 * p.step
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
+            _seed_all(self.cfg.train.seed + self.world.rank + 1_000_003 * p.step)
         else:
             print(
                 f"transduce: resuming a run of {saved_size} process(es) on {self.world.size}: "

@@ -1,0 +1,27 @@
+"""Device names checked before any work: a clear error, not a traceback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transduce.device import resolve_device
+from transduce.errors import UserError
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="unknown device"):
+        resolve_device("toaster")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_resolve_device_refuses_a_gpu_index_past_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(UserError, match=r"'cuda:2' requested but this machine has 2 GPU\(s\)"):
+        resolve_device("cuda:2")
