@@ -1,6 +1,6 @@
 """The fused attention kernel against the formula on the CPU, at training and decoding shapes.
 
-``transduce.model.attention.attention`` picks PyTorch's fused kernel or the explicit formula
+``transduce.kernels.attention`` picks PyTorch's fused kernel or the explicit formula
 (three batched matmuls and a softmax); this times both, so that the choice
 (``FORMULA_MAX_KEYS_CPU_TRAINING``) rests on figures. Training rows time forward + backward,
 with a key padding mask or the causal mask; decoding rows time one forward under
@@ -12,7 +12,6 @@ with a key padding mask or the causal mask; decoding rows time one forward under
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 
@@ -37,7 +36,7 @@ def padding_mask(b: int, s: int) -> torch.Tensor:
 
 
 def training_rows() -> None:
-    from transduce.model.attention import attention
+    from transduce.kernels import attention
 
     print("training (forward + backward), ms per call")
     for b, s in ((160, 15), (64, 24), (32, 50), (16, 100), (4, 400)):
@@ -45,17 +44,17 @@ def training_rows() -> None:
             q, k, v = (torch.randn(b, H, s, K, dtype=dtype, requires_grad=True) for _ in range(3))
             grad = torch.randn(b, H, s, K, dtype=dtype)
             row = []
-            for name, fast in (("kernel", True), ("formula", False)):
+            for name, path in (("kernel", "fused"), ("formula", "formula")):
                 for kind, mask, causal in (("mask", padding_mask(b, s), False), ("causal", None, True)):
                     def step() -> None:
-                        attention(q, k, v, mask, fast=fast, is_causal=causal).backward(grad)
+                        attention(q, k, v, mask, is_causal=causal, path=path).backward(grad)
 
                     row.append(f"{name}/{kind} {per_call_us(step, 20) / 1000:6.2f}")
             print(f"  B={b:3d} S={s:3d} {str(dtype)[6:]:8s} " + "  ".join(row))
 
 
 def decoding_rows() -> None:
-    from transduce.model.attention import attention
+    from transduce.kernels import attention
 
     print("decoding (forward, inference mode), us per call")
     cases = {
@@ -70,8 +69,8 @@ def decoding_rows() -> None:
                 q_shape, kv_shape, padded = shapes(n)
                 q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
                 mask = padding_mask(kv_shape[0], kv_shape[2]) if padded else None
-                kernel = per_call_us(lambda: attention(q, k, v, mask, fast=True), 200)
-                formula = per_call_us(lambda: attention(q, k, v, mask, fast=False), 200)
+                kernel = per_call_us(lambda: attention(q, k, v, mask, path="fused"), 200)
+                formula = per_call_us(lambda: attention(q, k, v, mask, path="formula"), 200)
                 print(f"  {name:48s} {n:2d} cached: kernel {kernel:7.1f}  formula {formula:7.1f}")
 
 
@@ -83,10 +82,6 @@ def main() -> None:
 
     tune_malloc()
     torch.set_num_threads(args.threads)
-    import transduce.model.attention  # noqa: F401  (transduce.model exports a function of that name)
-
-    module = sys.modules["transduce.model.attention"]
-    module.FORMULA_MAX_KEYS_CPU_TRAINING = 0  # fast=True must mean the kernel here
     print(f"torch {torch.__version__}, {args.threads} threads")
     training_rows()
     decoding_rows()

@@ -195,7 +195,7 @@ def build_hf(ours, size: dict):
     import torch
     from transformers import MarianConfig, MarianMTModel
 
-    from transduce.model.embedding import positional_table
+    from transduce.model.positions import positional_table
 
     d, h = size["d_model"], size["n_heads"]
     if size["d_k"] * h != d or size["d_v"] != size["d_k"]:
@@ -253,7 +253,7 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     from transduce.data.vocab import BOS, EOS, SPECIALS
     from transduce.export.ctranslate2 import export_model
     from transduce.inference import beam_search, greedy_search
-    from transduce.model.decoding import DecodingModel
+    from transduce.inference.engine import DecodingModel
 
     size = SIZES[size_name]
     ours = build_ours(size)

@@ -44,7 +44,7 @@ SCALED = ("d_model", "d_ff", "d_k", "d_v")
 
 def scaled_model(row: str, width: int, depth: int) -> dict[str, Any]:
     """The model section of preset ``row`` with its sizes divided by width / depth."""
-    from transduce.presets import preset_config
+    from transduce.config import preset_config
 
     model = preset_config(row).model
     changes: dict[str, Any] = {k: max(getattr(model, k) // width, 1) for k in SCALED}
@@ -58,7 +58,7 @@ def row_config(row: str, args: argparse.Namespace, recipe: dict[str, Any]):  # n
     """The Config a row trains with: the recipe, the scaled model of the row, the row's label
     smoothing, the fixed budget, and only the final validation."""
     from transduce.config import from_dict, parse_overrides, update
-    from transduce.presets import preset_config
+    from transduce.config import preset_config
 
     sections = {k: v for k, v in recipe.items() if k != "model"}
     sections["decode"] = {**sections.get("decode", {}), "alpha": args.alpha}
@@ -81,7 +81,7 @@ def describe(row: str) -> str:
 
 def run_row(row: str, args: argparse.Namespace, recipe: dict, vocab_file: Path | None) -> dict:
     from transduce.model.transformer import parameter_breakdown
-    from transduce.training import checkpoint
+    from transduce import checkpoint
     from transduce.training.run import train_translation
 
     cfg = row_config(row, args, recipe)

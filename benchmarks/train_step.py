@@ -124,9 +124,9 @@ def measure_peak(
 ) -> float:
     """Best FLOP/s of n x n x n products (``reps`` runs after a warm-up, each n): n = 1024
     and 2048 on a CPU, 4096 and 8192 on a GPU (smaller products leave a GPU idle part of the
-    time). ``torch.mm``, and on a CPU also ``transduce.model.linear.linear`` with oneDNN: on CPUs
+    time). ``torch.mm``, and on a CPU also ``transduce.kernels.linear`` with oneDNN: on CPUs
     not made by Intel MKL's float32 sgemm (``torch.mm``) reaches half of what the machine does."""
-    from transduce.model.linear import onednn_available, onednn_linear
+    from transduce.kernels.matmul import onednn_available, onednn_linear
 
     products = [torch.mm]
     if device.type == "cpu" and onednn_available():
@@ -170,7 +170,7 @@ class TorchSeq2Seq(nn.Module):
     """``torch.nn.Transformer`` with the paper's embeddings, positions and tied projection."""
 
     def __init__(self, size: dict[str, int]) -> None:
-        from transduce.model.embedding import positional_table
+        from transduce.model.positions import positional_table
 
         super().__init__()
         d = size["d_model"]

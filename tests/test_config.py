@@ -10,43 +10,57 @@ import pytest
 
 from transduce.config import (
     KEY_SECTION,
+    TASKS,
     Config,
     DecodeConfig,
     ModelConfig,
-    TaskConfig,
+    SyntheticTaskConfig,
     TrainConfig,
+    TranslationTaskConfig,
     coerce,
     from_dict,
     load_config,
     parse_overrides,
     resolve_key,
     update,
-    validate,
 )
 from transduce.errors import UserError
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "task": TaskConfig, "decode": DecodeConfig}
+SECTIONS: dict[str, tuple[type, ...]] = {
+    "model": (ModelConfig,), "train": (TrainConfig,),
+    "task": (SyntheticTaskConfig, TranslationTaskConfig), "decode": (DecodeConfig,),
+}  # fmt: skip
 
 
-def test_sections_of_config_are_the_four_dataclasses() -> None:
+def _hint(key: str) -> object:
+    cls = next(c for c in SECTIONS[KEY_SECTION[key]] if key in typing.get_type_hints(c))
+    return typing.get_type_hints(cls)[key]
+
+
+def test_sections_of_config_are_the_four_sections() -> None:
     assert {f.name: f.type for f in dataclasses.fields(Config)} == {
-        name: cls.__name__ for name, cls in SECTIONS.items()
-    }
+        "model": "ModelConfig", "train": "TrainConfig", "task": "TaskConfig",
+        "decode": "DecodeConfig",
+    }  # fmt: skip
+    assert set(TASKS) == {"copy", "reverse", "addition", "translation"}
 
 
 def test_key_names_are_unique_across_sections() -> None:
-    names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    per_section = {
+        section: {f.name for cls in classes for f in dataclasses.fields(cls)}
+        for section, classes in SECTIONS.items()
+    }
+    names = [n for keys in per_section.values() for n in keys]
     duplicates = {n for n in names if names.count(n) > 1}
     assert not duplicates, f"keys in more than one section: {duplicates}"
     assert set(KEY_SECTION) == set(names)
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            assert KEY_SECTION[f.name] == section
+    for section, keys in per_section.items():
+        for name in keys:
+            assert KEY_SECTION[name] == section
 
 
 def test_defaults_are_the_base_model_and_valid() -> None:
     cfg = Config()
-    validate(cfg)
     m = cfg.model
     assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.d_k, m.d_v) == (6, 512, 2048, 8, 64, 64)
     assert m.dropout == 0.1 and m.norm == "post" and m.positional == "sinusoidal"
@@ -108,7 +122,7 @@ def test_values_are_coerced(key: str, text: object, expected: object) -> None:
     "key,bad", [("norm", "mid"), ("positional", "rotary"), ("precision", "fp8"), ("name", "sort")]
 )
 def test_literal_values_are_validated(key: str, bad: str) -> None:
-    hint = typing.get_type_hints(SECTIONS[KEY_SECTION[key]])[key]
+    hint = _hint(key)
     assert get_origin(hint) is Literal
     with pytest.raises(UserError, match=key):
         update(Config(), {key: bad})
@@ -135,9 +149,59 @@ def test_validate_cross_field_checks() -> None:
     with pytest.raises(UserError, match="max_length"):
         update(Config(), {"min_length": 5, "max_length": 2})
     update(Config(), {"min_digits": 3, "max_digits": 3, "max_epochs": 0, "clip_norm": 0.0})
-    with pytest.raises(UserError, match="bpe_dropout .*'addition'"):
+    with pytest.raises(UserError, match="bpe_dropout is not a key of task SyntheticTaskConfig"):
         update(Config(), {"bpe_dropout": 0.1})  # a character vocabulary has no merges to drop
     assert update(Config(), {"name": "translation", "bpe_dropout": 0.1}).task.bpe_dropout == 0.1
+    with pytest.raises(UserError, match="valid_tgt"):
+        update(Config(), {"name": "translation", "valid_src": "a.txt"})
+
+
+@pytest.mark.parametrize(
+    "build,key",
+    [(lambda: ModelConfig(n_heads=0), "n_heads"), (lambda: ModelConfig(d_model="512"), "d_model"),
+     (lambda: ModelConfig(norm="mid"), "norm"), (lambda: TrainConfig(dropout=0.1), None),
+     (lambda: TrainConfig(average_last=9, keep_last=2), "average_last"),
+     (lambda: SyntheticTaskConfig(min_length=3, max_length=2), "max_length"),
+     (lambda: TranslationTaskConfig(bpe_dropout=1.0), "bpe_dropout"),
+     (lambda: DecodeConfig(beam=0), "beam"), (lambda: DecodeConfig(alpha=True), "alpha"),
+     (lambda: Config(task=ModelConfig()), "task")],
+)  # fmt: skip
+def test_configs_built_in_python_are_checked_on_construction(build, key: str | None) -> None:
+    with pytest.raises((UserError, TypeError)) as e:
+        build()
+    if key is not None:
+        assert e.type is UserError and key in str(e.value)
+
+
+def test_an_int_is_taken_for_a_float_in_python() -> None:
+    cfg = TrainConfig(lr_factor=2)
+    assert cfg.lr_factor == 2.0 and type(cfg.lr_factor) is float
+
+
+def test_each_task_sees_only_its_own_keys() -> None:
+    cfg = update(Config(), {"name": "translation", "train_src": "a.en", "vocab_size": 500})
+    assert isinstance(cfg.task, TranslationTaskConfig) and cfg.task.vocab_size == 500
+    assert "min_digits" not in cfg.to_dict()["task"]
+    with pytest.raises(UserError, match="min_digits is not a key of task TranslationTaskConfig"):
+        update(cfg, {"min_digits": 2})
+    back = update(cfg, {"name": "copy", "max_length": 5})  # another task: its own defaults
+    assert back.task == SyntheticTaskConfig(name="copy", max_length=5)
+    with pytest.raises(UserError, match="train_src"):
+        from_dict({"task": {"name": "addition", "train_src": "a.en"}})
+
+
+def test_configs_stored_before_the_task_split_still_load() -> None:
+    # What a checkpoint written before the split holds: every task key, defaults included
+    old = {"model": {"d_model": 64}, "task": {
+        "name": "translation", "train_size": 50000, "valid_size": 1000, "min_digits": 1,
+        "max_digits": 3, "reverse_input": False, "min_length": 1, "max_length": 10,
+        "n_symbols": 10, "data_seed": 1234, "train_src": "t.en", "train_tgt": "t.de",
+        "valid_src": "", "valid_tgt": "", "vocab_size": 8000, "vocab_sample": 0,
+        "bpe_dropout": 0.0, "max_valid_sentences": 0}}  # fmt: skip
+    cfg = from_dict(old, stored=True)
+    assert cfg.task == TranslationTaskConfig(train_src="t.en", train_tgt="t.de")
+    with pytest.raises(UserError, match="train_size"):
+        from_dict(old)  # a user's file is held to the task's own keys
 
 
 def test_parse_overrides() -> None:

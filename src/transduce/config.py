@@ -1,27 +1,75 @@
-"""Configuration as frozen, typed dataclasses; presets are data (``transduce.presets``).
+"""Configuration as frozen, typed dataclasses, checked on construction; presets are data.
 
-A run's configuration has four sections, ``model``, ``train``, ``task`` and ``decode``. Every key
-name is unique across sections, so a command-line override can name a key alone
-(``--set d_model=256``) or with its section (``--set model.d_model=256``). Unknown keys and values
-of the wrong type are ``UserError``s that name the offending key.
+A run's configuration has four sections, ``model``, ``train``, ``task`` and ``decode``. The task
+section is the dataclass of the task named: ``SyntheticTaskConfig`` (copy, reverse, addition) or
+``TranslationTaskConfig``, each with its own keys only. Every key name is unique across sections, so a
+command-line override can name a key alone (``--set d_model=256``) or with its section
+(``--set model.d_model=256``). Unknown keys, a key of another task, values of the wrong type or out
+of range are ``UserError``s naming the key, whether the config comes from a file, the command
+line or Python (``ModelConfig(n_heads=0)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from transduce.errors import UserError
+from transduce.presets import PRESETS
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class _Section:
+    """What every section does on construction: check each value's type (an int is taken for a
+    float), then the section's own ranges (``_check``)."""
+
+    section: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            checked = _typed(f"{self.section}.{f.name}", hints[f.name], value, from_text=False)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+        self._check()
+
+    def _check(self) -> None:
+        """Range and cross-field checks of the section (UserErrors naming the key)."""
+
+
+def _positive(cfg: object, *keys: str) -> None:
+    for key in keys:
+        if getattr(cfg, key) <= 0:
+            raise UserError(f"{key} must be positive; got {getattr(cfg, key)}")
+
+
+def _not_negative(cfg: object, *keys: str) -> None:
+    for key in keys:
+        if getattr(cfg, key) < 0:
+            raise UserError(f"{key} must not be negative; got {getattr(cfg, key)}")
+
+
+def _fraction(cfg: object, *keys: str) -> None:
+    for key in keys:
+        if not 0.0 <= getattr(cfg, key) < 1.0:
+            raise UserError(f"{key} must be in [0, 1); got {getattr(cfg, key)}")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Section):
     """Model shape (the paper's names, Table 3 columns)."""
 
+    section: ClassVar[str] = "model"
     n_layers: int = 6
     d_model: int = 512
     d_ff: int = 2048
@@ -36,11 +84,16 @@ class ModelConfig:
     norm: Literal["post", "pre"] = "post"  # post: LayerNorm(x + Sublayer(x)) as in the paper
     tie_embeddings: bool = True  # share embeddings with the pre-softmax projection (3.4)
 
+    def _check(self) -> None:
+        _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")
+        _fraction(self, "dropout", "attention_dropout", "activation_dropout")
+
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(_Section):
     """Training recipe (section 5)."""
 
+    section: ClassVar[str] = "train"
     label_smoothing: float = 0.1
     warmup: int = 4000
     lr_factor: float = 1.0  # multiplies the schedule of eq. 3
@@ -74,18 +127,31 @@ class TrainConfig:
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)
     tensorboard: bool = True  # also log metrics to run_dir/tensorboard (needs tensorboard)
 
+    def _check(self) -> None:
+        _positive(
+            self, "warmup", "max_tokens", "update_freq", "max_len", "max_steps", "keep_last",
+            "log_every", "save_every", "valid_beam",
+        )  # fmt: skip
+        _not_negative(
+            self, "max_epochs", "max_minutes", "eval_every", "patience", "average_last",
+            "clip_norm", "weight_decay",
+        )  # fmt: skip
+        _fraction(self, "label_smoothing")
+        if not 0.0 <= self.cooldown <= 1.0:
+            raise UserError(f"cooldown must be in [0, 1]; got {self.cooldown}")
+        if self.average_last > self.keep_last:
+            raise UserError(
+                f"average_last ({self.average_last}) exceeds keep_last ({self.keep_last})"
+            )
+
 
 @dataclass(frozen=True)
-class TaskConfig:
-    """What to learn: a synthetic task generated in code (``copy``, ``reverse``, ``addition``)
-    or ``translation`` between sentence-aligned text files.
+class SyntheticTaskConfig(_Section):
+    """A task generated in code: ``copy`` or ``reverse`` a symbol sequence, or ``addition`` of
+    integers written as digits."""
 
-    Translation file paths may hold environment variables (``${TRANSDUCE_DATA}/...``), expanded
-    when training starts; relative paths are relative to the current directory. Files may be
-    gzip-compressed (``.gz``).
-    """
-
-    name: Literal["copy", "reverse", "addition", "translation"] = "addition"
+    section: ClassVar[str] = "task"
+    name: Literal["copy", "reverse", "addition"] = "addition"
     train_size: int = 50_000
     valid_size: int = 1_000
     min_digits: int = 1  # addition: operand lengths
@@ -95,58 +161,115 @@ class TaskConfig:
     max_length: int = 10
     n_symbols: int = 10  # copy / reverse: alphabet size
     data_seed: int = 1234
-    train_src: str = ""  # translation: training source file, one sentence per line
-    train_tgt: str = ""  # translation: its line-aligned target file
-    valid_src: str = ""  # translation: validation files (loss, BLEU, best.pt); optional
-    valid_tgt: str = ""
-    vocab_size: int = 8000  # translation: shared source+target SentencePiece BPE pieces
-    vocab_sample: int = 0  # translation: learn the vocabulary on this many sentences (0 = all)
-    # translation: BPE-dropout (Provilkov et al., 2020; not in the paper) on both sides of the
-    # training text, a new segmentation every epoch; 0 = the one deterministic segmentation.
-    # 0.1 makes Multi30k's training text ~40% more pieces and, in a one-hour CPU budget, learned
-    # far slower (val greedy BLEU 8.7 against 29.0 at 2,000 updates; benchmarks/RESULTS.md)
-    bpe_dropout: float = 0.0
-    max_valid_sentences: int = 0  # translation: validate on the first N pairs only (0 = all)
+
+    def _check(self) -> None:
+        _positive(self, "train_size", "valid_size", "n_symbols", "min_digits", "min_length")
+        if self.max_digits < self.min_digits:
+            raise UserError(
+                f"max_digits ({self.max_digits}) is below min_digits ({self.min_digits})"
+            )
+        if self.max_length < self.min_length:
+            raise UserError(
+                f"max_length ({self.max_length}) is below min_length ({self.min_length})"
+            )
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
+class TranslationTaskConfig(_Section):
+    """``translation`` between sentence-aligned text files.
+
+    File paths may hold environment variables (``${TRANSDUCE_DATA}/...``), expanded when training
+    starts; relative paths are relative to the current directory. Files may be gzip-compressed
+    (``.gz``).
+    """
+
+    section: ClassVar[str] = "task"
+    name: Literal["translation"] = "translation"
+    train_src: str = ""  # training source file, one sentence per line
+    train_tgt: str = ""  # its line-aligned target file
+    valid_src: str = ""  # validation files (loss, BLEU, best.pt); optional
+    valid_tgt: str = ""
+    vocab_size: int = 8000  # shared source+target SentencePiece BPE pieces
+    vocab_sample: int = 0  # learn the vocabulary on this many sentences (0 = all)
+    # BPE-dropout (Provilkov et al., 2020; not in the paper) on both sides of the training text,
+    # a new segmentation every epoch; 0 = the one deterministic segmentation. On Multi30k in a
+    # one-hour CPU budget it learned far slower (benchmarks/RESULTS.md)
+    bpe_dropout: float = 0.0
+    max_valid_sentences: int = 0  # validate on the first N pairs only (0 = all)
+
+    def _check(self) -> None:
+        _positive(self, "vocab_size")
+        _not_negative(self, "vocab_sample", "max_valid_sentences")
+        _fraction(self, "bpe_dropout")
+        if bool(self.valid_src) != bool(self.valid_tgt):
+            given, missing = (
+                ("valid_src", "valid_tgt") if self.valid_src else ("valid_tgt", "valid_src")
+            )
+            raise UserError(
+                f"{given} is set but {missing} is not; give both validation files or neither"
+            )
+
+
+TaskConfig = SyntheticTaskConfig | TranslationTaskConfig
+# task.name -> the dataclass of that task
+TASKS: dict[str, type[SyntheticTaskConfig] | type[TranslationTaskConfig]] = {
+    name: cls for cls in (SyntheticTaskConfig, TranslationTaskConfig) for name in get_args(_hints(cls)["name"])
+}
+
+
+@dataclass(frozen=True)
+class DecodeConfig(_Section):
     """Inference settings (section 6.1: beam 4, alpha 0.6, max length input + 50)."""
 
+    section: ClassVar[str] = "decode"
     beam: int = 4
     alpha: float = 0.6  # GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha
     max_len_offset: int = 50
     decode_batch: int = 256  # sentences per decoding batch
     batch_tokens: int = 4000  # translation: padded source tokens per batch (sorted by length)
 
+    def _check(self) -> None:
+        _positive(self, "beam", "decode_batch", "batch_tokens")
+        _not_negative(self, "max_len_offset", "alpha")
+
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: TaskConfig = field(default_factory=SyntheticTaskConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        for name, cls in (("model", ModelConfig), ("train", TrainConfig),
+                          ("task", (SyntheticTaskConfig, TranslationTaskConfig)), ("decode", DecodeConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise UserError(f"Config.{name} must be a {_type_names(cls)}")  # fmt: skip
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
 
-_SECTION_TYPES = {
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "task": TaskConfig,
-    "decode": DecodeConfig,
+def _type_names(cls: type | tuple[type, ...]) -> str:
+    return " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
+
+
+_SECTION_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (ModelConfig,),
+    "train": (TrainConfig,),
+    "task": (SyntheticTaskConfig, TranslationTaskConfig),
+    "decode": (DecodeConfig,),
 }
 # Key name -> section; names are unique across sections (a test checks it).
 KEY_SECTION: dict[str, str] = {
-    f.name: section for section, cls in _SECTION_TYPES.items() for f in fields(cls)
-}
+    f.name: section for section, classes in _SECTION_TYPES.items()
+    for cls in classes for f in fields(cls)
+}  # fmt: skip
 
 
-def coerce(section: str, key: str, value: Any) -> Any:
-    """Check (and for strings from the command line, convert) ``value`` for ``section.key``."""
-    hint = typing.get_type_hints(_SECTION_TYPES[section])[key]
-    where = f"{section}.{key}"
+def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
+    """``value`` checked against the type ``hint`` of key ``where``; an int is taken for a float,
+    and with ``from_text`` strings are converted (command-line values). A UserError otherwise."""
     origin = get_origin(hint)
     if origin is Literal:
         allowed = get_args(hint)
@@ -158,17 +281,16 @@ def coerce(section: str, key: str, value: Any) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
+        if from_text and isinstance(value, str):
+            if value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
         raise UserError(f"{where} must be true or false; got {value!r}")
     if hint is int:
-        if isinstance(value, bool):
-            raise UserError(f"{where} must be an integer; got {value!r}")
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and from_text:
             return int(value)
-        if isinstance(value, str):
+        if from_text and isinstance(value, str):
             try:
                 return int(value.replace("_", ""))
             except ValueError:
@@ -176,8 +298,8 @@ def coerce(section: str, key: str, value: Any) -> Any:
         raise UserError(f"{where} must be an integer; got {value!r}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            return float(value) if type(value) is not float else value
+        if from_text and isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
@@ -188,6 +310,19 @@ def coerce(section: str, key: str, value: Any) -> Any:
             return value
         raise UserError(f"{where} must be a string; got {value!r}")
     raise AssertionError(f"unsupported config type {hint} for {where}")
+
+
+def _key_class(section: str, key: str) -> type:
+    """The dataclass of ``section`` that has ``key`` (for task keys: the task that has it)."""
+    return next(cls for cls in _SECTION_TYPES[section] if key in _hints(cls))
+
+
+def coerce(section: str, key: str, value: Any) -> Any:
+    """Check, and for strings from the command line or whole floats from a file convert,
+    ``value`` for ``section.key``."""
+    if (section, key) == ("task", "name"):  # every task's name
+        return _typed("task.name", Literal[tuple(TASKS)], value, from_text=True)
+    return _typed(f"{section}.{key}", _hints(_key_class(section, key))[key], value, from_text=True)
 
 
 def resolve_key(key: str) -> tuple[str, str]:
@@ -207,6 +342,17 @@ def resolve_key(key: str) -> tuple[str, str]:
     return KEY_SECTION[key], key
 
 
+def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
+    """``task`` with ``changes``; a new ``name`` of another task starts from that task's
+    defaults. A key the (new) task does not have is a UserError naming it."""
+    cls = TASKS[changes.get("name", task.name)]
+    for key in changes:
+        if key not in _hints(cls):
+            keys = ", ".join(f.name for f in fields(cls))
+            raise UserError(f"task.{key} is not a key of task {cls.__name__} (its keys: {keys})")
+    return replace(task, **changes) if isinstance(task, cls) else cls(**changes)
+
+
 def update(cfg: Config, values: dict[str, Any]) -> Config:
     """Return ``cfg`` with flat or dotted keys replaced; values are type-checked."""
     by_section: dict[str, dict[str, Any]] = {}
@@ -215,8 +361,11 @@ def update(cfg: Config, values: dict[str, Any]) -> Config:
         by_section.setdefault(section, {})[name] = coerce(section, name, value)
     out = cfg
     for section, changes in by_section.items():
-        out = replace(out, **{section: replace(getattr(out, section), **changes)})
-    validate(out)
+        if section == "task":
+            new = _updated_task(out.task, changes)
+        else:
+            new = replace(getattr(out, section), **changes)
+        out = replace(out, **{section: new})
     return out
 
 
@@ -231,27 +380,39 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
-    """Build a Config from nested sections (a parsed YAML file); ``preset`` names a base."""
-    from transduce.presets import preset_config
+def preset_config(name: str) -> Config:
+    """The Config of preset ``name`` (``transduce.presets``); an unknown name is a UserError
+    listing the known ones."""
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return update(Config(), PRESETS[name])
 
+
+def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = False) -> Config:
+    """Build a Config from nested sections (a parsed YAML file); ``preset`` names a base.
+
+    ``stored``: a config kept inside a checkpoint. Those written before the task section was
+    split by task hold every task's keys; the keys of other tasks are dropped there."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
     data = dict(data)
     preset = data.pop("preset", None)
-    cfg = preset_config(preset) if preset is not None else Config()
-    flat: dict[str, Any] = {}
-    for section, values in data.items():
-        if section not in _SECTION_TYPES:
-            raise UserError(
-                f"{source}: unknown section {section!r}; sections are "
-                f"preset, {', '.join(_SECTION_TYPES)}"
-            )
-        if not isinstance(values, dict):
-            raise UserError(f"{source}: section {section!r} must be a mapping")
-        for key, value in values.items():
-            flat[f"{section}.{key}"] = value
     try:
+        cfg = preset_config(preset) if preset is not None else Config()
+        flat: dict[str, Any] = {}
+        for section, values in data.items():
+            if section not in _SECTION_TYPES:
+                raise UserError(
+                    f"unknown section {section!r}; sections are "
+                    f"preset, {', '.join(_SECTION_TYPES)}"
+                )
+            if not isinstance(values, dict):
+                raise UserError(f"section {section!r} must be a mapping")
+            if stored and section == "task":
+                keys = _hints(TASKS[values.get("name", cfg.task.name)])
+                values = {k: v for k, v in values.items() if k in keys}
+            for key, value in values.items():
+                flat[f"{section}.{key}"] = value
         return update(cfg, flat)
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
@@ -282,53 +443,3 @@ def load_config(path: str | Path) -> Config:
         except yaml.YAMLError as e:
             raise UserError(f"{p}: not valid YAML: {e}") from None
     return from_dict(data or {}, source=str(p))
-
-
-def validate(cfg: Config) -> None:
-    """Cross-field checks, each a UserError naming the key."""
-    m, t, k, d = cfg.model, cfg.train, cfg.task, cfg.decode
-    positive = {
-        "n_layers": m.n_layers, "d_model": m.d_model, "d_ff": m.d_ff, "n_heads": m.n_heads,
-        "d_k": m.d_k, "d_v": m.d_v, "max_positions": m.max_positions, "warmup": t.warmup,
-        "max_tokens": t.max_tokens, "update_freq": t.update_freq, "max_len": t.max_len,
-        "max_steps": t.max_steps, "keep_last": t.keep_last, "log_every": t.log_every,
-        "save_every": t.save_every, "train_size": k.train_size, "valid_size": k.valid_size,
-        "beam": d.beam, "decode_batch": d.decode_batch, "n_symbols": k.n_symbols,
-        "min_digits": k.min_digits, "min_length": k.min_length, "vocab_size": k.vocab_size,
-        "valid_beam": t.valid_beam, "batch_tokens": d.batch_tokens,
-    }  # fmt: skip
-    for key, value in positive.items():
-        if value <= 0:
-            raise UserError(f"{key} must be positive; got {value}")
-    for key, value in {"dropout": m.dropout, "attention_dropout": m.attention_dropout,
-                       "activation_dropout": m.activation_dropout,
-                       "label_smoothing": t.label_smoothing,
-                       "bpe_dropout": k.bpe_dropout}.items():  # fmt: skip
-        if not 0.0 <= value < 1.0:
-            raise UserError(f"{key} must be in [0, 1); got {value}")
-    if k.bpe_dropout and k.name != "translation":
-        raise UserError(
-            f"bpe_dropout applies to subword vocabularies (task translation); task.name is "
-            f"{k.name!r}"
-        )
-    if not 0.0 <= t.cooldown <= 1.0:
-        raise UserError(f"cooldown must be in [0, 1]; got {t.cooldown}")
-    if t.average_last > t.keep_last:
-        raise UserError(f"average_last ({t.average_last}) exceeds keep_last ({t.keep_last})")
-    if k.max_digits < k.min_digits:
-        raise UserError(f"max_digits ({k.max_digits}) is below min_digits ({k.min_digits})")
-    if k.max_length < k.min_length:
-        raise UserError(f"max_length ({k.max_length}) is below min_length ({k.min_length})")
-    for key, value in {"max_epochs": t.max_epochs, "max_minutes": t.max_minutes,
-                       "eval_every": t.eval_every, "patience": t.patience,
-                       "average_last": t.average_last, "max_len_offset": d.max_len_offset,
-                       "clip_norm": t.clip_norm, "alpha": d.alpha, "weight_decay": t.weight_decay,
-                       "max_valid_sentences": k.max_valid_sentences,
-                       "vocab_sample": k.vocab_sample}.items():  # fmt: skip
-        if value < 0:
-            raise UserError(f"{key} must not be negative; got {value}")
-    if bool(k.valid_src) != bool(k.valid_tgt):
-        given, missing = ("valid_src", "valid_tgt") if k.valid_src else ("valid_tgt", "valid_src")
-        raise UserError(
-            f"{given} is set but {missing} is not; give both validation files or neither"
-        )

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transduce.config import Config, from_dict, update
+from transduce.checkpoint import load_model
+from transduce.config import Config, SyntheticTaskConfig, from_dict, update
 from transduce.data.synthetic import make_task
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
-from transduce.training.checkpoint import load_model
-from transduce.training.run import predict_ids, train_synthetic
+from transduce.inference.engine import DecodingModel
+from transduce.inference.search import predict_ids
+from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
     "model": {
@@ -54,9 +56,10 @@ def run_demo(
     model_path = out / "best.pt" if (out / "best.pt").exists() else out / "model.pt"
     print(f"run folder: {out.resolve()} (model.pt, best.pt, metrics.jsonl)")
     model, vocab, _ = load_model(model_path)
+    assert isinstance(cfg.task, SyntheticTaskConfig)
     test = make_task(cfg.task).test
     hyps = predict_ids(
-        model, [vocab.encode(s) for s, _ in test],
+        DecodingModel(model), [vocab.encode(s) for s, _ in test],
         batch_size=cfg.decode.decode_batch, max_len_offset=cfg.decode.max_len_offset,
     )  # fmt: skip
     refs = [vocab.encode(t) for _, t in test]

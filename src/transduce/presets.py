@@ -1,6 +1,7 @@
 """The paper's configurations as data: ``base``, ``big`` (Table 3 bottom) and every row of Table 3.
 
-Each preset is a set of changes to the defaults of ``transduce.config`` (which are the base model).
+Each preset is a set of changes to the defaults of ``transduce.config`` (which are the base model);
+``transduce.config.preset_config`` makes the Config of one.
 Table 3 rows are named by their group letter and position within the group, e.g. ``A1`` (h=1) or
 ``C4`` (d_model=256); the comments below say what each group varies, and ``PAPER_PARAMS``
 gives the paper's parameter count (millions) where the table lists one.
@@ -9,9 +10,6 @@ gives the paper's parameter count (millions) where the table lists one.
 from __future__ import annotations
 
 from typing import Any
-
-from transduce.config import Config, update
-from transduce.errors import UserError
 
 _BASE: dict[str, Any] = {}
 _BIG = {"d_model": 1024, "d_ff": 4096, "n_heads": 16, "d_k": 64, "d_v": 64, "dropout": 0.3}
@@ -50,9 +48,3 @@ PAPER_PARAMS: dict[str, float] = {
     "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90,
 }  # fmt: skip
 
-
-def preset_config(name: str) -> Config:
-    """The Config of preset ``name``; an unknown name is a UserError listing the known ones."""
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-    return update(Config(), PRESETS[name])

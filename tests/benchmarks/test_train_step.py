@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from transduce.config import ModelConfig
 from transduce.model import make_model
-from transduce.model.linear import set_cpu_matmul
+from transduce.kernels import KernelOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,15 +39,13 @@ def test_flops_formula_counts_every_matrix_product_of_a_step(d_k: int, d_v: int)
             "vocab": 50}  # fmt: skip
     batch, s, t = 3, 5, 7
     cfg = ModelConfig(n_layers=2, d_model=32, d_ff=64, n_heads=2, d_k=d_k, d_v=d_v, dropout=0.0)
-    model = make_model(cfg, src_vocab_size=50, pad_id=0).train()
+    # oneDNN's operator is invisible to the FLOP counter
+    options = KernelOptions(matmul="mkl")
+    model = make_model(cfg, src_vocab_size=50, pad_id=0, options=options).train()
     g = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(4, 50, (batch, s), generator=g), torch.randint(4, 50, (batch, t), generator=g)
-    previous = set_cpu_matmul("mkl")  # oneDNN's operator is invisible to the FLOP counter
-    try:
-        with FlopCounterMode(display=False) as counter:
-            model(src, tgt).float().square().sum().backward()
-    finally:
-        set_cpu_matmul(previous)
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt).float().square().sum().backward()
     # forward and backward of every product, attention's full T x T scores included
     assert ts.flops_per_step(size, batch, s, t) == counter.get_total_flops()
 

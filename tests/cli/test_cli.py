@@ -155,7 +155,7 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, out, err = _run(["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys)
     assert code == 0, err
     assert len(json.loads(out)["averaged"]) == 2
-    from transduce.training.checkpoint import load_model
+    from transduce.checkpoint import load_model
 
     load_model(avg)
 

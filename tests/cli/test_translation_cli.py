@@ -29,7 +29,7 @@ from transduce.data.parallel import read_parallel
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.inference.translator import Translator
 from transduce.model.transformer import make_model
-from transduce.training import checkpoint
+from transduce import checkpoint
 
 N_TRAIN, N_EVAL, STEPS, VOCAB = 2000, 100, 400, 500
 

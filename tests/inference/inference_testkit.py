@@ -185,7 +185,7 @@ def save_toy_translation_model(path, decode: dict):  # noqa: ANN001, ANN201 - Pa
     from transduce.config import from_dict
     from transduce.data.subword import train_sentencepiece
     from transduce.model.transformer import make_model
-    from transduce.training import checkpoint
+    from transduce import checkpoint
 
     vocab = train_sentencepiece(toy_sentences(300), 60)
     cfg = from_dict({

@@ -11,7 +11,7 @@ from transduce.inference import beam as beam_module
 from transduce.inference import beam_search, greedy_search, length_penalty
 from transduce.inference.beam import parent_slots
 from transduce.inference.topk import CHUNK, chunked_topk
-from transduce.model.decoding import DecodingModel
+from transduce.inference.engine import DecodingModel
 from transduce.model.transformer import make_model
 
 

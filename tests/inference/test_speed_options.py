@@ -11,14 +11,15 @@ import pytest
 import torch
 from inference_testkit import naive_greedy
 
+from transduce import checkpoint
 from transduce.config import Config, update
 from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.inference import beam_search, greedy_search
-from transduce.model.attention import set_fast_attention
-from transduce.model.decoding import DecodingModel
-from transduce.model.linear import onednn_available
-from transduce.training import checkpoint
+from transduce.inference.engine import DecodingModel
+from transduce.kernels import KernelOptions
+from transduce.kernels.matmul import onednn_available
+from transduce.model import make_model
 from transduce.training.run import train_synthetic
 
 
@@ -55,9 +56,14 @@ def test_trained_outputs_are_not_trivial(trained) -> None:
 def test_formula_attention_equals_fused_kernel(trained) -> None:
     model, src = trained
     fast = greedy_search(model, src, max_len_offset=5)
-    slow_model = copy.deepcopy(model)
-    set_fast_attention(slow_model, False)
+    slow_model = make_model(
+        model.config, src_vocab_size=model.generator.out_features,
+        options=KernelOptions(attention="formula"),
+    ).eval()  # fmt: skip
+    slow_model.load_state_dict(model.state_dict())
     assert greedy_search(slow_model, src, max_len_offset=5) == fast
+    formula = DecodingModel(model, attention="formula")
+    assert greedy_search(formula, src, max_len_offset=5) == fast
 
 
 def test_cache_equals_full_recomputation(trained) -> None:
@@ -104,7 +110,7 @@ def test_decoding_model_gives_the_same_translations(trained) -> None:
 @pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
 def test_onednn_and_mkl_products_give_the_same_translations(trained) -> None:
     model, src = trained
-    onednn, mkl = (DecodingModel(model, cpu_matmul=m) for m in ("onednn", "mkl"))
+    onednn, mkl = (DecodingModel(model, matmul=m) for m in ("onednn", "mkl"))
     _assert_same_translations(onednn, mkl, src)
 
 

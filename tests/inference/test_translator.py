@@ -134,7 +134,7 @@ def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
     fits, too_long = " ".join([word] * 11), " ".join([word] * 12)
     assert [len(vocab.encode(s)) for s in (fits, too_long)] == [11, 12]
     from transduce.inference import greedy_search
-    from transduce.training.batching import collate
+    from transduce.data.batching import collate
 
     src = collate([(vocab.encode(fits), [])]).src
     assert len(greedy_search(model, src, max_len_offset=3)[0]) == 15  # the longest output

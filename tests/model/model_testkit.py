@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from transduce.config import ModelConfig
+from transduce.kernels import KernelOptions
 from transduce.model.transformer import Transformer, make_model
 
 PAD = 0
@@ -19,9 +20,13 @@ def tiny_config(**kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
-def tiny_model(seed: int = 0, tgt_vocab: int | None = None, **kw) -> Transformer:
+def tiny_model(
+    seed: int = 0, tgt_vocab: int | None = None, options: KernelOptions = KernelOptions(), **kw
+) -> Transformer:
     torch.manual_seed(seed)
-    model = make_model(tiny_config(**kw), src_vocab_size=V, tgt_vocab_size=tgt_vocab, pad_id=PAD)
+    model = make_model(
+        tiny_config(**kw), src_vocab_size=V, tgt_vocab_size=tgt_vocab, pad_id=PAD, options=options
+    )
     g = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():  # non-trivial biases and norms, so that wiring mistakes show
         for name, p in model.named_parameters():

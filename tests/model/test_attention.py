@@ -9,24 +9,30 @@ import pytest
 import torch
 from torch import nn
 
-from transduce.model.attention import (
-    MultiHeadAttention,
-    attention,
-    attention_weights,
-    set_fast_attention,
-)
+from transduce.kernels import KernelOptions, attention_weights
+from transduce.model.attention import MultiHeadAttention
+from transduce.model.attention import attention as model_attention
 from transduce.model.masks import causal_mask, combine, key_padding_mask
 
 B, H, T, S = 2, 3, 4, 5
-# the module, not the attention() function that transduce.model exports under the same name
-_ATTENTION_MODULE = importlib.import_module("transduce.model.attention")
+# the kernels' module, not the attention() function that transduce.kernels exports
+_ATTENTION_MODULE = importlib.import_module("transduce.kernels.attention")
 
 
 @pytest.fixture(autouse=True)
 def _kernel_means_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    # fast=True takes the formula when training on the CPU with short keys; here it must mean the
+    # "auto" takes the formula when training on the CPU with short keys; here it must mean the
     # fused kernel, or the kernel-vs-formula comparisons would compare the formula with itself.
     monkeypatch.setattr(_ATTENTION_MODULE, "FORMULA_MAX_KEYS_CPU_TRAINING", 0)
+
+
+def _options(fast: bool) -> KernelOptions:
+    return KernelOptions(attention="auto" if fast else "formula")
+
+
+def attention(q, k, v, mask=None, fast: bool = True, is_causal: bool = False):  # noqa: ANN001, ANN201
+    """The model's eq. 1 on the path of ``fast``: "auto" (the kernel here) or the formula."""
+    return model_attention(q, k, v, mask, is_causal=is_causal, options=_options(fast))
 
 
 def _qkv(d_k: int, d_v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -205,7 +211,7 @@ def test_multihead_equals_torch_mha_with_key_padding(fast: bool) -> None:
         ref.out_proj.bias.normal_()
     ours = MultiHeadAttention(d_model=d_model, n_heads=h, d_k=d_model // h, d_v=d_model // h)
     _copy_from_torch_mha(ours, ref)
-    ours.fast = fast
+    ours.options = _options(fast)
     ref.eval()
     ours.eval()
     query = torch.randn(3, 4, d_model)
@@ -257,7 +263,7 @@ def test_multihead_with_free_head_sizes_equals_per_head_loop(fast: bool, d_k: in
     with torch.no_grad():
         for lin in (mha.w_q, mha.w_k, mha.w_v, mha.w_o):
             lin.bias.normal_()
-    mha.fast = fast
+    mha.options = _options(fast)
     assert mha.w_q.weight.shape == (h * d_k, d_model)
     assert mha.w_v.weight.shape == (h * d_v, d_model)
     assert mha.w_o.weight.shape == (d_model, h * d_v)
@@ -270,22 +276,27 @@ def test_multihead_with_free_head_sizes_equals_per_head_loop(fast: bool, d_k: in
     torch.testing.assert_close(got.detach(), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_set_fast_attention_switches_every_module() -> None:
-    block = nn.Sequential(
-        MultiHeadAttention(d_model=8, n_heads=2, d_k=4, d_v=4),
-        nn.Sequential(MultiHeadAttention(d_model=8, n_heads=2, d_k=4, d_v=4)),
-    )
-    set_fast_attention(block, False)
-    assert [m.fast for m in block.modules() if isinstance(m, MultiHeadAttention)] == [False, False]
-    set_fast_attention(block, True)
-    assert [m.fast for m in block.modules() if isinstance(m, MultiHeadAttention)] == [True, True]
+def test_kernel_options_reach_every_projection_and_attention() -> None:
+    from transduce.config import ModelConfig
+    from transduce.kernels import Linear
+    from transduce.model import make_model
+
+    options = KernelOptions(matmul="mkl", attention="formula")
+    cfg = ModelConfig(n_layers=2, d_model=8, d_ff=16, n_heads=2, d_k=4, d_v=4)
+    model = make_model(cfg, src_vocab_size=11, options=options)
+    attns = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(attns) == 6 and all(m.options == options for m in attns)
+    assert linears and all(isinstance(m, Linear) and m.matmul == "mkl" for m in linears)
+    with pytest.raises(ValueError, match="attention"):
+        KernelOptions(attention="fast")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_attention_dropout_only_in_training(fast: bool) -> None:
     torch.manual_seed(3)
     mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, dropout=0.5)
-    mha.fast = fast
+    mha.options = _options(fast)
     x = torch.randn(2, 6, 16)
     mha.train()
     assert not torch.allclose(mha(x, x), mha(x, x))

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from transduce.model.embedding import (
-    Embeddings,
+from transduce.model.embedding import Embeddings
+from transduce.model.positions import (
     LearnedPositions,
     SinusoidalPositions,
     make_positions,

@@ -9,14 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.kernels import dropout, dropout_add
 from transduce.model.attention import MultiHeadAttention
-from transduce.model.layers import (
-    DecoderLayer,
-    EncoderLayer,
-    PositionwiseFeedForward,
-    dropout,
-    dropout_add,
-)
+from transduce.model.feed_forward import PositionwiseFeedForward
+from transduce.model.layers import DecoderLayer, EncoderLayer
 
 D, H, DK, DV, DFF = 16, 2, 6, 5, 24
 
@@ -182,7 +178,7 @@ def test_dropout_rate_scale_and_seed(p: float) -> None:
 
 
 def test_dropout_resolves_p_to_two_to_the_minus_sixteen() -> None:
-    from transduce.model.layers import _keep_mask
+    from transduce.kernels.dropout import _keep_mask
 
     shape = torch.Size((7, 1001))  # an element count that is no multiple of 4
     assert _keep_mask(shape, 2**-17, torch.device("cpu")).all()  # floor(p * 2^16) = 0

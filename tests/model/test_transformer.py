@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from transduce.model.attention import MultiHeadAttention, set_fast_attention
+from transduce.kernels import KernelOptions
+from transduce.model.attention import MultiHeadAttention
 from transduce.model.transformer import (
     Transformer,
     parameter_breakdown,
@@ -78,8 +79,7 @@ def _reference(model: Transformer) -> nn.Transformer:
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_equals_torch_transformer(norm: str, fast: bool) -> None:
-    model = tiny_model(norm=norm)
-    set_fast_attention(model, fast)
+    model = tiny_model(norm=norm, options=KernelOptions(attention="auto" if fast else "formula"))
     ref = _reference(model)
     if norm == "post":
         assert isinstance(model.encoder.final_norm, nn.Identity)
@@ -306,8 +306,7 @@ def test_every_parameter_gets_a_finite_gradient(
 
 
 def test_post_norm_gradients_with_explicit_attention() -> None:
-    model = tiny_model()
-    set_fast_attention(model, False)
+    model = tiny_model(options=KernelOptions(attention="formula"))
     model.train()
     src, tgt = tiny_batch()
     model(src, tgt).square().mean().backward()

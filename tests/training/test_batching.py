@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transduce.data.vocab import BOS, EOS, PAD
-from transduce.training.batching import Batch, collate, model_lengths, token_batches
+from transduce.data.batching import Batch, collate, model_lengths, token_batches
 
 
 def _lengths(n: int = 400, seed: int = 0) -> list[tuple[int, int]]:

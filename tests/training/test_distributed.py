@@ -110,12 +110,13 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     assert _losses(moved) == pytest.approx(single_losses, rel=1e-5)
 
 
-RECORDING_RANK = """
+RECORDING_RANK = f"""
 import os, sys
 from typing import Any
-import transduce.training.checkpoint as ck
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import transduce.checkpoint as ck
 import transduce.training.metrics_log as ml
-from transduce.cli.main import main
+from killed_run import main
 rank = os.environ["RANK"]
 def note(what: str) -> None:  # which rank wrote what, for the test
     with open(os.path.join(sys.argv[3], "writes_rank" + rank), "a") as f:
@@ -128,7 +129,7 @@ def noted_write(self: ml.MetricsLog, record: dict) -> None:
     note("metrics")
     write(self, record)
 ck.save_atomic, ml.MetricsLog.write = noted_save, noted_write
-sys.exit(main(["train", "--config", sys.argv[1], "--out", sys.argv[2], "--quiet", *sys.argv[4:]]))
+sys.exit(main([sys.argv[1], sys.argv[2], *sys.argv[4:]]))
 """
 
 
@@ -141,8 +142,8 @@ def test_killed_two_rank_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RECORDING_RANK)
 
-    def torchrun(out: str, *extra: str, fault_at: int = 0) -> subprocess.CompletedProcess:
-        env = {**_env(), "TRANSDUCE_FAULT_AT_STEP": str(fault_at)}
+    def torchrun(out: str, *extra: str) -> subprocess.CompletedProcess:
+        env = _env()
         (tmp_path / out).mkdir(exist_ok=True)
         return subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -153,7 +154,7 @@ def test_killed_two_rank_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
 
     straight = torchrun("straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    died = torchrun("killed", fault_at=6)  # after the step-4 checkpoint
+    died = torchrun("killed", "--die-at-step", "6")  # after the step-4 checkpoint
     assert died.returncode != 0
     assert max(json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").open()) == 6
     resumed = torchrun("killed", "--resume")

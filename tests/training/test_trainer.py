@@ -21,12 +21,13 @@ from transduce.config import Config, update
 from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.model.transformer import make_model
-from transduce.training import checkpoint
-from transduce.training.batching import collate, model_lengths, token_batches
+from transduce import checkpoint
+from transduce.data.batching import collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.run import encode_pairs, train_synthetic
 from transduce.training.schedule import rate
-from transduce.training.trainer import Trainer, native_bf16, resolve_precision
+from transduce.training.precision import native_bf16, resolve_precision
+from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
     "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
@@ -72,13 +73,12 @@ def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: fl
 # --- kill and resume --------------------------------------------------------------------------
 
 
-def _cli(*args: str, fault_at: int | None = None) -> subprocess.CompletedProcess[str]:
+def _run(config: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """tests/training/killed_run.py in a process of its own (``--die-at-step N`` kills it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # 2 shared cores
-    env.pop("TRANSDUCE_FAULT_AT_STEP", None)
-    if fault_at is not None:
-        env["TRANSDUCE_FAULT_AT_STEP"] = str(fault_at)
+    script = Path(__file__).with_name("killed_run.py")
     return subprocess.run(
-        [sys.executable, "-m", "transduce", "train", *args, "--quiet"],
+        [sys.executable, str(script), str(config), str(out), *args],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -94,7 +94,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     assert main(["--no-malloc-tuning", "train", "--config", str(cfg_file), "--out", str(straight),
                  "--quiet"]) == 0  # fmt: skip
 
-    died = _cli("--config", str(cfg_file), "--out", str(killed), fault_at=25)
+    died = _run(cfg_file, killed, "--die-at-step", "25")
     assert died.returncode == -signal.SIGKILL, died.stderr
     assert [p.name for p in checkpoint.step_checkpoints(killed / "checkpoints")] == [
         "step_00000010.pt", "step_00000020.pt",
@@ -102,7 +102,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     assert max(r["step"] for r in _records(killed)) == 25  # steps 21..25 will be redone
     assert not (killed / "model.pt").exists()
 
-    resumed = _cli("--config", str(cfg_file), "--out", str(killed), "--resume")
+    resumed = _run(cfg_file, killed, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["step"] == 40 and summary["stopped_by"] == "max_steps"
@@ -497,11 +497,12 @@ def test_learns_copy_task_exactly(tmp_path: Path) -> None:
     assert summary["seq_accuracy"] == 1.0, summary
     assert summary["stopped_by"] == "target_seq_accuracy"
     # The saved model really copies held-out strings.
-    from transduce.training.run import predict_ids
+    from transduce.inference.search import predict_ids
 
     model, vocab, _ = checkpoint.load_model(tmp_path / "model.pt")
     task = make_task(cfg.task)
-    hyps = predict_ids(model, [vocab.encode(s) for s, _ in task.valid], batch_size=64, max_len_offset=5)
+    sources = [vocab.encode(s) for s, _ in task.valid]
+    hyps = predict_ids(model, sources, batch_size=64, max_len_offset=5)
     assert [vocab.decode(h) for h in hyps] == [t for _, t in task.valid]
 
 
@@ -524,7 +525,8 @@ def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> No
 
 
 def test_random_states_round_trip_and_keep_no_other_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    from transduce.training.trainer import _rng_state, _set_rng_state
+    from transduce.training.rng import rng_state as _rng_state
+    from transduce.training.rng import set_rng_state as _set_rng_state
 
     cpu = torch.device("cpu")
     torch.manual_seed(5)

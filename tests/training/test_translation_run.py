@@ -18,7 +18,8 @@ import pytest
 from transduce.config import from_dict
 from transduce.data.subword import SentencePieceVocab
 from transduce.errors import UserError
-from transduce.training import checkpoint, run
+from transduce import checkpoint
+from transduce.training import run
 from transduce.training.run import resolve_data_path, train, train_translation
 
 WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()

@@ -45,9 +45,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_params(args: argparse.Namespace) -> int:
     import torch
 
-    from transduce.config import parse_overrides, update
+    from transduce.config import parse_overrides, preset_config, update
     from transduce.model.transformer import make_model, parameter_breakdown
-    from transduce.presets import preset_config
 
     if args.vocab_size <= 0:
         raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
@@ -61,17 +60,12 @@ def _cmd_params(args: argparse.Namespace) -> int:
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from transduce.training import checkpoint
+    from transduce import checkpoint
 
     if args.checkpoints:
         paths = [Path(p) for p in args.checkpoints]
     else:
-        found = checkpoint.step_checkpoints(Path(args.run) / "checkpoints")
-        if not found:
-            raise UserError(f"no checkpoints/step_*.pt in run folder {args.run}")
-        if args.last <= 0:
-            raise UserError(f"--last must be positive; got {args.last}")
-        paths = found[-args.last :]
+        paths = checkpoint.last_checkpoints(args.run, args.last)
     checkpoint.save_atomic(checkpoint.average(paths), args.output)
     print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
     return 0

@@ -18,7 +18,7 @@ import random
 import string
 from dataclasses import dataclass
 
-from transduce.config import TaskConfig
+from transduce.config import SyntheticTaskConfig
 from transduce.data.vocab import CharVocab
 from transduce.errors import UserError
 
@@ -36,7 +36,7 @@ class SyntheticTask:
 HELD_OUT_SHARE = 0.1
 
 
-def _number(rng: random.Random, cfg: TaskConfig) -> int:
+def _number(rng: random.Random, cfg: SyntheticTaskConfig) -> int:
     digits = rng.randint(cfg.min_digits, cfg.max_digits)
     low = 0 if digits == 1 else 10 ** (digits - 1)
     return rng.randint(low, 10**digits - 1)
@@ -46,31 +46,31 @@ def _n_with_digits(d: int) -> int:
     return 10 if d == 1 else 9 * 10 ** (d - 1)
 
 
-def _class_of(cfg: TaskConfig, src: str) -> tuple[int, ...]:
+def _class_of(cfg: SyntheticTaskConfig, src: str) -> tuple[int, ...]:
     """The class an example belongs to: operand lengths for addition, else the length."""
     if cfg.name == "addition":
         return tuple(len(x) for x in src.split("+"))
     return (len(src),)
 
 
-def _class_size(cfg: TaskConfig, cls: tuple[int, ...]) -> int:
+def _class_size(cfg: SyntheticTaskConfig, cls: tuple[int, ...]) -> int:
     if cfg.name == "addition":
         return _n_with_digits(cls[0]) * _n_with_digits(cls[1])
     return cfg.n_symbols ** cls[0]
 
 
-def _addition(rng: random.Random, cfg: TaskConfig) -> TextPair:
+def _addition(rng: random.Random, cfg: SyntheticTaskConfig) -> TextPair:
     a, b = _number(rng, cfg), _number(rng, cfg)
     return f"{a}+{b}", str(a + b)
 
 
-def _sequence(rng: random.Random, cfg: TaskConfig, symbols: str, reverse: bool) -> TextPair:
+def _sequence(rng: random.Random, cfg: SyntheticTaskConfig, symbols: str, reverse: bool) -> TextPair:
     n = rng.randint(cfg.min_length, cfg.max_length)
     s = "".join(rng.choice(symbols) for _ in range(n))
     return s, s[::-1] if reverse else s
 
 
-def _space_size(cfg: TaskConfig) -> int:
+def _space_size(cfg: SyntheticTaskConfig) -> int:
     """How many distinct examples the task can produce (an upper bound is enough)."""
     if cfg.name == "addition":
         per_operand = sum(_n_with_digits(d) for d in range(cfg.min_digits, cfg.max_digits + 1))
@@ -78,7 +78,7 @@ def _space_size(cfg: TaskConfig) -> int:
     return sum(cfg.n_symbols**n for n in range(cfg.min_length, cfg.max_length + 1))
 
 
-def make_task(cfg: TaskConfig) -> SyntheticTask:
+def make_task(cfg: SyntheticTaskConfig) -> SyntheticTask:
     """Build the seeded train and held-out splits of ``cfg.name``.
 
     Source strings are reversed when ``reverse_input`` is set (the target never is).

@@ -41,14 +41,3 @@ class CharVocab:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "char", "symbols": "".join(self.symbols)}
 
-
-def vocab_from_dict(data: dict[str, Any]) -> Vocab:
-    """Rebuild a vocabulary saved with ``to_dict`` (checkpoints carry their vocabulary)."""
-    kind = data.get("kind")
-    if kind == "char":
-        return CharVocab(list(data["symbols"]))
-    if kind == "sentencepiece":
-        from transduce.data.subword import SentencePieceVocab  # imports sentencepiece: lazily
-
-        return SentencePieceVocab.from_dict(data)
-    raise ValueError(f"unknown vocabulary kind {kind!r}")

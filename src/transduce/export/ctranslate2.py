@@ -121,7 +121,7 @@ def _set_ffn(spec: Any, ffn: nn.Module, norm: nn.LayerNorm) -> None:
 
 
 def _positions(module: nn.Module, d_model: int, max_positions: int) -> np.ndarray:
-    from transduce.model.embedding import LearnedPositions, SinusoidalPositions, positional_table
+    from transduce.model.positions import LearnedPositions, SinusoidalPositions, positional_table
 
     if isinstance(module, SinusoidalPositions):
         return _array(positional_table(max_positions, d_model))
@@ -279,7 +279,7 @@ def export_checkpoint(
     """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
     _ct2()  # before loading a large checkpoint
     from transduce.data.subword import SentencePieceVocab
-    from transduce.training.checkpoint import load_model
+    from transduce.checkpoint import load_model
 
     model, vocab, cfg = load_model(path, device="cpu")
     if isinstance(vocab, SentencePieceVocab):

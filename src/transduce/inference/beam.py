@@ -29,12 +29,15 @@ from the batch and the cache, so they cost nothing more.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
+from transduce.inference.contract import DecodableModel
 from transduce.inference.common import (
     check_eval_mode,
     first_forced_step,
@@ -84,7 +87,7 @@ class Hypothesis:
 
 
 def beam_search(
-    model,
+    model: DecodableModel[Any],
     src: Tensor,
     *,
     beam: int = 4,
@@ -111,7 +114,7 @@ def beam_search(
 
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
-    model, src: Tensor, *, max_lens: Tensor, beam: int, alpha: float, nbest: int
+    model: DecodableModel[Any], src: Tensor, *, max_lens: Tensor, beam: int, alpha: float, nbest: int
 ) -> list[list[Hypothesis]]:
     check_eval_mode(model)
     batch, width, device = src.size(0), beam, src.device

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
+from transduce.inference.contract import DecodableModel
 from transduce.inference.common import (
     check_eval_mode,
     first_forced_step,
@@ -15,7 +18,7 @@ from transduce.inference.common import (
 
 
 def greedy_search(
-    model, src: Tensor, *, max_len_offset: int = 50, max_len: int | None = None
+    model: DecodableModel[Any], src: Tensor, *, max_len_offset: int = 50, max_len: int | None = None
 ) -> list[list[int]]:
     """Greedy outputs of a batch: src (B, S) right-padded token ids -> B token lists.
 
@@ -30,7 +33,7 @@ def greedy_search(
 
 
 @torch.inference_mode()
-def greedy_decode(model, src: Tensor, *, max_lens: Tensor) -> list[tuple[list[int], float]]:
+def greedy_decode(model: DecodableModel[Any], src: Tensor, *, max_lens: Tensor) -> list[tuple[list[int], float]]:
     """Greedy search returning, per sentence, (tokens, log-probability including the final EOS).
 
     max_lens (B,) LongTensor from ``max_output_lengths``. Behaves exactly like beam search with a

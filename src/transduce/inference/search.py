@@ -1,13 +1,19 @@
-"""``generate``: decode a batch with the settings of a ``DecodeConfig`` (greedy when beam is 1)."""
+"""``generate``: decode a batch with the settings of a ``DecodeConfig`` (greedy when beam is 1);
+``predict_ids``: greedy outputs of id lists, batched."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from torch import Tensor
 
+from transduce.data.batching import collate
 from transduce.inference.beam import Hypothesis, beam_search
 from transduce.inference.common import max_output_lengths
+from transduce.inference.contract import DecodableModel
 from transduce.inference.greedy import greedy_decode, greedy_search
 from transduce.inference.length_penalty import length_penalty
 
@@ -16,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def generate(
-    model, src: Tensor, decode_cfg: DecodeConfig, nbest: int = 1
+    model: DecodableModel[Any], src: Tensor, decode_cfg: DecodeConfig, nbest: int = 1
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> per sentence its ``nbest`` hypotheses, best first.
 
@@ -47,4 +53,22 @@ def generate(
     return out
 
 
-__all__ = ["Hypothesis", "beam_search", "generate", "greedy_search"]
+def predict_ids(
+    model: DecodableModel[Any],
+    sources: Sequence[list[int]],
+    *,
+    batch_size: int,
+    max_len_offset: int,
+    device: torch.device | str = "cpu",
+) -> list[list[int]]:
+    """Greedy outputs (ids without BOS/EOS) of source id lists, in input order, ``batch_size``
+    sentences at a time on ``device``. Call ``model.eval()`` first."""
+    out: list[list[int]] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start : start + batch_size]
+        src = collate([(s, []) for s in chunk]).src.to(device)
+        out.extend(greedy_search(model, src, max_len_offset=max_len_offset))
+    return out
+
+
+__all__ = ["Hypothesis", "beam_search", "generate", "greedy_search", "predict_ids"]

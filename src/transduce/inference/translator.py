@@ -31,14 +31,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
+from transduce.data.batching import collate
 from transduce.data.vocab import Vocab
 from transduce.device import resolve_device
+from transduce.data.parallel import read_aligned
 from transduce.errors import UserError
+from transduce.evaluation.bleu import corpus_scores
+from transduce.inference.engine import DecodingModel
 from transduce.inference.search import generate
-from transduce.model.decoding import DecodingModel
 from transduce.model.transformer import Transformer
-from transduce.training.batching import collate
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -98,8 +101,6 @@ class Translator:
         ``precision`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
         with bfloat16 instructions and on GPUs, faster), which can change a translation where
         two candidates are nearly tied; "fp32" (the default) decodes as trained."""
-        from transduce.training.checkpoint import load_model
-
         if precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         dev = resolve_device(device)
@@ -242,9 +243,6 @@ def evaluate_files(
     their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
     the ``beam`` and ``alpha`` used. Files of different line counts are a UserError naming both.
     """
-    from transduce.data.parallel import read_aligned
-    from transduce.evaluation.bleu import corpus_scores
-
     sources, references = read_aligned(src_path, ref_path, what="source and reference")
     if not sources:
         raise UserError(f"{src_path}: no lines to translate")

@@ -45,11 +45,6 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
-    # one sentence's encoder-decoder attention folded for DecodingModel: (A, c, M) of
-    # folded_attention.fold_cross_attention, made from cross_k / cross_v when B is 1
-    cross_folded: tuple[Tensor, Tensor, Tensor] | None = None
-    # the layer's stacked self-attention projection (weight, bias), made once per search
-    qkv_weights: tuple[Tensor, Tensor | None] | None = None
     _buffers: list[tuple[Tensor, Tensor]] = field(default_factory=list, repr=False)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -101,8 +96,6 @@ class LayerCache:
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,) of cross_k / cross_v."""
         self.cross_k, self.cross_v = _select(self.cross_k, index), _select(self.cross_v, index)
-        if index.numel() != 1:  # folded for the one sentence (B = 1); one row keeps it
-            self.cross_folded = None
 
 
 def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | None:
@@ -129,8 +122,8 @@ class DecoderCache:
     the per-sentence encoder keys and values.
     """
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, layer: type[LayerCache] = LayerCache) -> None:
+        self.layers = [layer() for _ in range(n_layers)]
         self.length = 0  # target positions already in the cache
 
     def reorder(self, index: Tensor) -> None:

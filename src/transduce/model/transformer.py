@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from torch import Tensor, nn
 
+from transduce import kernels
+from transduce.config import ModelConfig
+from transduce.kernels import KernelOptions
 from transduce.model.cache import DecoderCache
-from transduce.model.embedding import Embeddings, make_positions
-from transduce.model.layers import DecoderLayer, EncoderLayer, dropout
-from transduce.model.linear import linear
+from transduce.model.embedding import Embeddings
+from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.masks import key_padding_mask
-
-if TYPE_CHECKING:
-    from transduce.config import ModelConfig
+from transduce.model.positions import make_positions
 
 
 def source_mask(src_valid: Tensor) -> Tensor | None:
@@ -25,7 +25,7 @@ def source_mask(src_valid: Tensor) -> Tensor | None:
     return key_padding_mask(src_valid)
 
 
-def _layer_kwargs(cfg: ModelConfig) -> dict:
+def _layer_kwargs(cfg: ModelConfig, options: KernelOptions) -> dict[str, Any]:
     return {
         "d_model": cfg.d_model,
         "n_heads": cfg.n_heads,
@@ -36,25 +36,28 @@ def _layer_kwargs(cfg: ModelConfig) -> dict:
         "attention_dropout": cfg.attention_dropout,
         "activation_dropout": cfg.activation_dropout,
         "pre_norm": cfg.norm == "pre",
+        "options": options,
     }
 
 
 class Encoder(nn.Module):
     """Embedding + positions + dropout, then N encoder layers (plus a final norm if pre-norm)."""
 
-    def __init__(self, cfg: ModelConfig, embed: Embeddings) -> None:
+    def __init__(self, cfg: ModelConfig, embed: Embeddings, options: KernelOptions) -> None:
         super().__init__()
         self.embed = embed
         self.positions = make_positions(
             cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
         )
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_layers))
+        self.dropout = cfg.dropout  # P_drop on the sums of embeddings and positions
+        self.layers = nn.ModuleList(
+            EncoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
+        )
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
     def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
-        x = dropout(self.positions(self.embed(src)), self.dropout.p, self.training)
+        x = kernels.dropout(self.positions(self.embed(src)), self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for layer in self.layers:
             x = layer(x, mask)
@@ -64,14 +67,16 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Embedding + positions + dropout, then N decoder layers (plus a final norm if pre-norm)."""
 
-    def __init__(self, cfg: ModelConfig, embed: Embeddings) -> None:
+    def __init__(self, cfg: ModelConfig, embed: Embeddings, options: KernelOptions) -> None:
         super().__init__()
         self.embed = embed
         self.positions = make_positions(
             cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
         )
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_layers))
+        self.dropout = cfg.dropout  # P_drop on the sums of embeddings and positions
+        self.layers = nn.ModuleList(
+            DecoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
+        )
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
     def forward(
@@ -84,7 +89,8 @@ class Decoder(nn.Module):
         With a cache, ``tgt`` holds only the positions after ``cache.length``; the cache grows.
         """
         offset = 0 if cache is None else cache.length
-        x = dropout(self.positions(self.embed(tgt), offset), self.dropout.p, self.training)
+        x = self.positions(self.embed(tgt), offset)
+        x = kernels.dropout(x, self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, mask, None if cache is None else cache.layers[i])
@@ -113,7 +119,9 @@ class Transformer(nn.Module):
         tgt_vocab_size: int,
         shared_vocab: bool,
         pad_id: int = 0,
+        options: KernelOptions = KernelOptions(),
     ) -> None:
+        """``options``: how to compute (matrix library, attention path), not what."""
         super().__init__()
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError(
@@ -127,9 +135,9 @@ class Transformer(nn.Module):
             tgt_embed = src_embed  # three-way sharing (section 3.4)
         else:
             tgt_embed = Embeddings(vocab_size=tgt_vocab_size, d_model=cfg.d_model)
-        self.encoder = Encoder(cfg, src_embed)
-        self.decoder = Decoder(cfg, tgt_embed)
-        self.generator = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.encoder = Encoder(cfg, src_embed, options)
+        self.decoder = Decoder(cfg, tgt_embed, options)
+        self.generator = kernels.Linear(cfg.d_model, tgt_vocab_size, False, options.matmul)
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name and "positions" not in name:
                 nn.init.xavier_uniform_(p)
@@ -154,9 +162,10 @@ class Transformer(nn.Module):
         """tgt (N, T), memory (B, S, D), src_valid (B, S) -> logits (N, T, V) over the next
         token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``)."""
         hidden = self.decoder(tgt, memory, src_valid, cache)  # (N, T, D)
-        return linear(hidden, self.generator.weight)  # (N, T, V)
+        return self.generator(hidden)  # (N, T, V)
 
     def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for ``decode``."""
         return DecoderCache(len(self.decoder.layers))
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
@@ -171,16 +180,17 @@ def make_model(
     src_vocab_size: int,
     tgt_vocab_size: int | None = None,
     pad_id: int = 0,
+    options: KernelOptions = KernelOptions(),
 ) -> Transformer:
     """Build a Transformer. With ``tgt_vocab_size`` None the vocabulary is shared and source
     embedding, target embedding and pre-softmax projection are one matrix (``tie_embeddings``)."""
-    shared = tgt_vocab_size is None
     return Transformer(
         cfg,
         src_vocab_size=src_vocab_size,
-        tgt_vocab_size=src_vocab_size if shared else tgt_vocab_size,
-        shared_vocab=shared,
+        tgt_vocab_size=src_vocab_size if tgt_vocab_size is None else tgt_vocab_size,
+        shared_vocab=tgt_vocab_size is None,
         pad_id=pad_id,
+        options=options,
     )
 
 

@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from transduce.config import Config
+from transduce.config import Config, SyntheticTaskConfig, TranslationTaskConfig
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
-from transduce.inference import greedy_search
+from transduce.data.batching import Pair
+from transduce.inference.engine import DecodingModel
+from transduce.inference.search import predict_ids
 from transduce.model.transformer import Transformer, make_model
 from transduce.training import distributed
-from transduce.training.batching import Pair, collate
-from transduce.training.trainer import Resegment, Trainer, Validator
+from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
 
 if TYPE_CHECKING:
     from transduce.data.parallel import ParallelText
@@ -40,32 +41,19 @@ def encode_pairs(vocab: Vocab, pairs: Sequence[TextPair]) -> list[Pair]:
     return [(vocab.encode(s), vocab.encode(t)) for s, t in pairs]
 
 
-@torch.no_grad()
-def predict_ids(
-    model: Transformer, sources: Sequence[list[int]], *, batch_size: int, max_len_offset: int
-) -> list[list[int]]:
-    """Greedy outputs (ids without BOS/EOS) for source id lists, in input order."""
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[list[int]] = []
-    for start in range(0, len(sources), batch_size):
-        chunk = sources[start : start + batch_size]
-        src = collate([(s, []) for s in chunk]).src.to(device)
-        out.extend(greedy_search(model, src, max_len_offset=max_len_offset))
-    return out
-
-
-def accuracy_validator(cfg: Config, valid: Sequence[Pair]):  # noqa: ANN201 - returns Validator
+def accuracy_validator(cfg: Config, valid: Sequence[Pair]) -> Validator:
     """Exact-match and token accuracy of greedy decoding on the held-out pairs."""
     sources = [s for s, _ in valid]
     refs = [t for _, t in valid]
 
     def validate(model: Transformer) -> dict[str, float]:
+        model.eval()
         hyps = predict_ids(
-            model,
+            DecodingModel(model),
             sources,
             batch_size=cfg.decode.decode_batch,
             max_len_offset=cfg.decode.max_len_offset,
+            device=next(model.parameters()).device,
         )
         return {"seq_accuracy": sequence_accuracy(hyps, refs), "token_accuracy": token_accuracy(hyps, refs)}
 
@@ -73,9 +61,16 @@ def accuracy_validator(cfg: Config, valid: Sequence[Pair]):  # noqa: ANN201 - re
 
 
 def train_synthetic(
-    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    show_progress: bool | None = None,
+    callbacks: Sequence[StepCallback] = (),
 ) -> dict[str, Any]:
     """Train on the synthetic task of ``cfg.task``; returns the Trainer's summary."""
+    if not isinstance(cfg.task, SyntheticTaskConfig):
+        raise UserError(f"task.name is {cfg.task.name!r}, not a synthetic task")
     task = make_task(cfg.task)
     train = encode_pairs(task.vocab, task.train)
     valid = encode_pairs(task.vocab, task.valid)
@@ -97,6 +92,7 @@ def train_synthetic(
         score_key="seq_accuracy",
         resume=resume,
         show_progress=show_progress,
+        callbacks=callbacks,
     )
     return trainer.train()
 
@@ -209,7 +205,7 @@ def _rank0_vocabulary(
 
 def bleu_validator(
     cfg: Config, vocab: Vocab, sources: Sequence[str], references: Sequence[str]
-):  # noqa: ANN201 - returns Validator
+) -> Validator:
     """sacreBLEU BLEU and chrF of the model's translations of ``sources`` (beam
     ``train.valid_beam``; 1 = greedy) against ``references``."""
     from transduce.evaluation.bleu import corpus_scores
@@ -273,6 +269,7 @@ def train_translation(
     resume: bool = False,
     show_progress: bool | None = None,
     log: Log | None = None,
+    callbacks: Sequence[StepCallback] = (),
 ) -> dict[str, Any]:
     """Train a translation model on the files of ``cfg.task`` into ``out_dir``.
 
@@ -328,6 +325,7 @@ def train_translation(
         resume=resume,
         show_progress=show_progress,
         resegment=bpe_dropout_pairs(cfg, vocab, train_text),
+        callbacks=callbacks,
     )
     if trainer.n_filtered:
         log(
@@ -339,9 +337,19 @@ def train_translation(
 
 
 def train(
-    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    show_progress: bool | None = None,
+    callbacks: Sequence[StepCallback] = (),
 ) -> dict[str, Any]:
-    """Train whatever ``cfg.task`` names: translation files or a synthetic task."""
+    """Train whatever ``cfg.task`` names: translation files or a synthetic task. ``callbacks``
+    are called with the run's progress after every update."""
     if cfg.task.name == "translation":
-        return train_translation(cfg, out_dir, resume=resume, show_progress=show_progress)
-    return train_synthetic(cfg, out_dir, resume=resume, show_progress=show_progress)
+        return train_translation(
+            cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
+        )
+    return train_synthetic(
+        cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
+    )

@@ -1,9 +1,9 @@
 """x W^T + b on the library that multiplies fastest on this CPU: MKL or oneDNN.
 
-PyTorch sends float32 products on the CPU to MKL, which picks its sgemm kernels by CPU vendor:
-on an AMD Zen 5 (AVX-512) it ran at 120-220 GFLOP/s where oneDNN, also inside PyTorch, ran at
-260-470 (2 threads; benchmarks/RESULTS.md, 2026-11-24). On Intel CPUs MKL was as fast or faster.
-So float32 products on x86 CPUs not made by Intel go through oneDNN's inner product
+PyTorch sends float32 products on the CPU to MKL, which picks its sgemm kernels by CPU vendor: on
+an AMD Zen 5 (AVX-512) oneDNN, also inside PyTorch, multiplied about twice as fast; on Intel CPUs
+MKL was as fast or faster (benchmarks/RESULTS.md). So with ``matmul="auto"`` float32 products on
+x86 CPUs not made by Intel go through oneDNN's inner product
 (``torch.ops.mkldnn._linear_pointwise``), with a backward of the same library; everything else
 (other CPUs and dtypes, GPUs, autocast) through ``F.linear``. Both compute the same function up
 to float rounding.
@@ -12,24 +12,23 @@ to float rounding.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-CpuMatmul = Literal["auto", "mkl", "onednn"]
+from transduce.kernels.options import Matmul, check_choice
 
 # The weight gradient g^T x of a projection with more entries than this (the vocabulary's) ran
-# slower through oneDNN than MKL on the AMD Zen 5 (1536 x 256 -> 8000: 39 against 29 ms)
+# slower through oneDNN than through MKL on the AMD Zen 5 (benchmarks/RESULTS.md)
 _ONEDNN_WEIGHT_GRAD_MAX_ELEMENTS = 1 << 20
 
 # Weights with at most this many entries multiply one row faster through MKL than through
-# oneDNN even on the AMD Zen 5 (256 x 768: 9 against 19 us; 512 x 1536: 41 against 34)
+# oneDNN even on the AMD Zen 5 (benchmarks/RESULTS.md)
 ONE_ROW_MKL_MAX_ELEMENTS = 1 << 19
-
-_cpu_matmul: CpuMatmul = "auto"
 
 _PACKED_FOR_ROWS = 128  # see onednn_packed
 
@@ -53,17 +52,20 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
+def use_onednn(matmul: Matmul, weight: Tensor) -> bool:
     """Whether float32 products against ``weight`` go through oneDNN: "onednn" (an error where it
     is missing), "mkl" never, "auto" for float32 CPU weights on x86 CPUs not made by Intel. A
     weight off the CPU (a GPU's) never does: the choice is among CPU libraries."""
-    if cpu_matmul not in ("auto", "mkl", "onednn"):
-        raise ValueError(f"cpu_matmul must be 'auto', 'mkl' or 'onednn', not {cpu_matmul!r}")
-    if cpu_matmul == "onednn" and not onednn_available():
-        raise ValueError("cpu_matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
-    if cpu_matmul == "mkl" or weight.device.type != "cpu":
+    if matmul == "auto":  # the common case first: one comparison per call
+        pass
+    elif matmul == "onednn":
+        if not onednn_available():
+            raise ValueError("matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
+    else:
+        check_choice("matmul", matmul, Matmul)
+    if matmul == "mkl" or weight.device.type != "cpu":
         return False
-    if cpu_matmul == "onednn":
+    if matmul == "onednn":
         return True
     return (
         weight.dtype == torch.float32
@@ -71,14 +73,6 @@ def use_onednn(cpu_matmul: CpuMatmul, weight: Tensor) -> bool:
         and onednn_available()
     )
 
-
-def set_cpu_matmul(cpu_matmul: CpuMatmul) -> CpuMatmul:
-    """Choose the library of ``linear`` for the whole process ("auto" by default); returns the
-    previous choice. For comparisons and tests; "auto" is the fast one."""
-    global _cpu_matmul
-    use_onednn(cpu_matmul, torch.empty(0))  # checks the value (and oneDNN for "onednn")
-    previous, _cpu_matmul = _cpu_matmul, cpu_matmul
-    return previous
 
 
 def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -89,9 +83,8 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def onednn_packed(weight: Tensor) -> Tensor:
     """W (out, in) -> a copy in oneDNN's own blocked layout (an opaque mkldnn tensor) that
     ``onednn_linear`` takes in place of W, with the same results, for any row count: a plain W
-    is reordered on every call. On the AMD Zen 5 it made the decoding products 1.05-1.2x faster
-    at 100-640 rows and up to 2x at 2-32 (benchmarks/RESULTS.md, 2026-11-24). A plain copy where
-    this PyTorch lacks the operator."""
+    is reordered on every call (the packed copy is faster, most at few rows; benchmarks/
+    RESULTS.md). A plain copy where this PyTorch lacks the operator."""
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return weight.contiguous().clone()
     # the row count only guides oneDNN's choice of layout; 32 to 1024 measured the same
@@ -130,34 +123,75 @@ class _OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, matmul: Matmul = "auto") -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out),
-    through oneDNN where ``use_onednn`` says so for this process's choice and the operands are
-    float32 outside autocast, not empty and not one row against a small weight (see the module
+    through oneDNN where ``use_onednn(matmul, weight)`` says so and the operands are float32
+    outside autocast, not empty and not one row against a small weight (see the module
     docstring)."""
     if (
         x.dtype == torch.float32
         and x.device.type == "cpu"
         and x.numel() > 0  # oneDNN refuses a weight gradient with no rows
         and (x.numel() > x.size(-1) or weight.numel() > ONE_ROW_MKL_MAX_ELEMENTS)
-        and use_onednn(_cpu_matmul, weight)
+        and use_onednn(matmul, weight)
         and not torch.is_autocast_enabled("cpu")
     ):
         operands = (x, weight) if bias is None else (x, weight, bias)
         if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
             return _OneDnnLinear.apply(x, weight, bias)
-        # no graph to record: the autograd Function's own cost (~10 us a call) would be waste
+        # no graph to record: the autograd Function's own cost per call would be waste
         return _onednn_nd(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state-dict keys) computed by ``linear`` with the
+    library ``matmul``. An input of another dtype than the weight is cast to it outside
+    autocast: attention hands back float32 on the CPU for a low-precision model
+    (``attention_input``)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, matmul: Matmul = "auto"
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        check_choice("matmul", matmul, Matmul)
+        self.matmul = matmul
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., in) -> (..., out)."""
+        if x.dtype != self.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.weight.dtype)
+        return linear(x, self.weight, self.bias, self.matmul)
+
+
+def stacked_weights(layers: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """The weights of ``layers`` (same in_features) stacked: (sum(out_features), in) and their
+    biases (sum(out_features),), or None without biases."""
+    weight = torch.cat([layer.weight for layer in layers])  # (sum(out), in)
+    if layers[0].bias is None:
+        return weight, None
+    return weight, torch.cat([layer.bias for layer in layers])  # (sum(out),)
+
+
+def stacked_linear(x: Tensor, layers: Sequence[Linear]) -> tuple[Tensor, ...]:
+    """Each of ``layers`` applied to x (..., in), as one product against their stacked weights:
+    one matrix product, one input cast under autocast and one backward product per operand
+    instead of ``len(layers)``. Returns views (column slices) of the one output."""
+    if len(layers) == 1:
+        return (layers[0](x),)
+    weight, bias = stacked_weights(layers)
+    out = linear(x, weight, bias, layers[0].matmul)  # (..., sum(out))
+    return out.split([layer.out_features for layer in layers], dim=-1)
+
+
 __all__ = [
     "ONE_ROW_MKL_MAX_ELEMENTS",
-    "CpuMatmul",
+    "Linear",
     "linear",
     "onednn_available",
     "onednn_linear",
     "onednn_packed",
-    "set_cpu_matmul",
+    "stacked_linear",
+    "stacked_weights",
     "use_onednn",
 ]

@@ -7,24 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transduce.model import linear as linear_module
-from transduce.model.linear import (
+from transduce.kernels import Linear, stacked_linear
+from transduce.kernels import matmul as linear_module
+from transduce.kernels.matmul import (
     linear,
     onednn_available,
     onednn_linear,
     onednn_packed,
-    set_cpu_matmul,
     use_onednn,
 )
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch")
-
-
-@pytest.fixture
-def cpu_matmul():  # noqa: ANN201 - sets the process's choice for one test, then restores it
-    previous = set_cpu_matmul("auto")
-    yield set_cpu_matmul
-    set_cpu_matmul(previous)
 
 
 @needs_onednn
@@ -32,7 +25,7 @@ def cpu_matmul():  # noqa: ANN201 - sets the process's choice for one test, then
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("out_features", [24, 1100])  # 1100 x 16 ... the large-weight branch too
 def test_onednn_values_and_gradients_equal_f_linear(
-    cpu_matmul, shape: tuple[int, ...], bias: bool, out_features: int
+    shape: tuple[int, ...], bias: bool, out_features: int
 ) -> None:
     g = torch.Generator().manual_seed(len(shape) + out_features)
     in_f = shape[-1]
@@ -44,8 +37,7 @@ def test_onednn_values_and_gradients_equal_f_linear(
     grad = torch.randn(*shape[:-1], out_features, generator=g)
     results = {}
     for mode in ("mkl", "onednn"):
-        cpu_matmul(mode)
-        out = linear(x, w, b)
+        out = linear(x, w, b, mode)
         params = [x, w] + ([b] if bias else [])
         grads = torch.autograd.grad(out, params, grad, allow_unused=False)
         results[mode] = (out.detach(), grads)
@@ -57,29 +49,29 @@ def test_onednn_values_and_gradients_equal_f_linear(
 
 
 @needs_onednn
-def test_a_bias_alone_that_requires_grad_gets_its_gradient(cpu_matmul) -> None:
-    cpu_matmul("onednn")
+def test_a_bias_alone_that_requires_grad_gets_its_gradient() -> None:
     x, w = torch.randn(3, 4), torch.randn(5, 4)  # frozen weight, trainable bias
     b = torch.zeros(5, requires_grad=True)
-    linear(x, w, b).sum().backward()
+    linear(x, w, b, "onednn").sum().backward()
     torch.testing.assert_close(b.grad, torch.full((5,), 3.0))
 
 
 @needs_onednn
-def test_onednn_is_not_used_under_autocast_or_for_other_dtypes(cpu_matmul, monkeypatch) -> None:
-    cpu_matmul("onednn")
+def test_onednn_is_not_used_under_autocast_or_for_other_dtypes(monkeypatch) -> None:
     calls = []
     real = linear_module.onednn_linear
     monkeypatch.setattr(linear_module, "onednn_linear", lambda *a: calls.append(1) or real(*a))
     x, w = torch.randn(3, 4), torch.randn(5, 4)
-    linear(x, w)
+    linear(x, w, None, "onednn")
     assert calls == [1]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert linear(x, w).dtype == torch.bfloat16  # autocast's F.linear, not oneDNN
-    linear(x.double(), w.double())
-    linear(x[:1], w)  # one row against a small weight: MKL's, faster there
+        # autocast's F.linear, not oneDNN
+        assert linear(x, w, None, "onednn").dtype == torch.bfloat16
+    linear(x.double(), w.double(), None, "onednn")
+    linear(x[:1], w, None, "onednn")  # one row against a small weight: MKL's, faster there
+    linear(x, w, None, "mkl")
     assert calls == [1]
-    linear(x[:1], torch.randn(140_000, 4))  # a large weight: oneDNN even for one row
+    linear(x[:1], torch.randn(140_000, 4), None, "onednn")  # a large weight: oneDNN, one row too
     assert calls == [1, 1]
 
 
@@ -104,7 +96,7 @@ def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
 
 
 def test_weights_off_the_cpu_never_take_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    # oneDNN's operators are CPU kernels: a GPU model with cpu_matmul="onednn" keeps F.linear
+    # oneDNN's operators are CPU kernels: a GPU model with matmul="onednn" keeps F.linear
     # ("meta" stands in for a GPU here)
     monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(linear_module, "onednn_available", lambda: True)
@@ -114,10 +106,29 @@ def test_weights_off_the_cpu_never_take_onednn(monkeypatch: pytest.MonkeyPatch) 
         use_onednn("blas", weight)  # type: ignore[arg-type]
 
 
-def test_an_unknown_choice_is_refused(cpu_matmul) -> None:
+def test_an_unknown_choice_is_refused() -> None:
     with pytest.raises(ValueError, match="'blas'"):
-        cpu_matmul("blas")
-    assert linear_module._cpu_matmul == "auto"
+        linear(torch.randn(3, 4), torch.randn(5, 4), None, "blas")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'blas'"):
+        Linear(4, 5, matmul="blas")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("matmul", ["auto", "mkl"])
+def test_linear_module_equals_nn_linear_and_stacks(matmul: str) -> None:
+    torch.manual_seed(0)
+    layers = [Linear(6, n, matmul=matmul) for n in (4, 4, 3)]  # type: ignore[arg-type]
+    x = torch.randn(2, 5, 6, requires_grad=True)
+    assert sorted(layers[0].state_dict()) == ["bias", "weight"]  # nn.Linear's keys
+    for layer in layers:
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    stacked = stacked_linear(x, layers)
+    for layer, out in zip(layers, stacked, strict=True):
+        torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+    sum(o.sum() for o in stacked).backward()
+    assert all(layer.weight.grad is not None for layer in layers)
+    # an input of another dtype is cast to the weight's (attention hands back float32)
+    low = Linear(6, 4).to(torch.bfloat16)
+    assert low(torch.randn(3, 6)).dtype == torch.bfloat16
 
 
 @needs_onednn

@@ -3,24 +3,60 @@ Transformer.decode computes, for every model variant, beams and low precision.""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from typing import Any, Literal, get_args, get_origin
+
 import pytest
 import torch
 
+from transduce.config import ModelConfig
 from transduce.inference import beam_search, greedy_search
-from transduce.model.decoding import DecodingModel
-from transduce.model.projection import Projection
-from transduce.model.linear import onednn_available
+from transduce.inference.engine import DecodingModel
+from transduce.inference.engine.decoding import IMPLEMENTED
+from transduce.inference.engine.projection import Projection
+from transduce.kernels.matmul import onednn_available
 
 from model_testkit import decode_reordered, tiny_batch, tiny_model
 
+def _config_variants() -> list[dict[str, Any]]:
+    """The base model and, for every field of ModelConfig, each other Literal value and the
+    flipped bool: a new option of the model is compared here without anyone listing it."""
+    out: list[dict[str, Any]] = [{}]
+    hints = typing.get_type_hints(ModelConfig)
+    for f in dataclasses.fields(ModelConfig):
+        hint = hints[f.name]
+        if get_origin(hint) is Literal:
+            out += [{f.name: v} for v in get_args(hint) if v != f.default]
+        elif hint is bool:
+            out.append({f.name: not f.default})
+    return out
+
+
 _VARIANTS = [
-    {},
-    {"norm": "pre"},
-    {"positional": "learned"},
+    *_config_variants(),
     {"d_k": 5, "d_v": 7, "n_heads": 3},
     {"tgt_vocab": 11},
     {"tgt_vocab": 11, "tie_embeddings": False},
 ]
+
+
+def test_variants_cover_every_literal_and_bool_of_the_model_config() -> None:
+    flipped = {k for kw in _config_variants() for k in kw}
+    assert {"norm", "positional", "tie_embeddings"} <= flipped
+
+
+def test_a_model_option_the_engine_does_not_implement_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert set(IMPLEMENTED) == {f.name for f in dataclasses.fields(ModelConfig)}
+    model = tiny_model(norm="pre")
+    monkeypatch.delitem(IMPLEMENTED, "norm")  # as if ModelConfig had gained a field
+    with pytest.raises(ValueError, match="ModelConfig.norm"):
+        DecodingModel(model)
+    monkeypatch.setitem(IMPLEMENTED, "norm", ("post",))  # a value it does not implement
+    with pytest.raises(ValueError, match="ModelConfig.norm = 'pre'"):
+        DecodingModel(model)
 
 
 def _steps(model, src, tgt, g: int = 1) -> tuple[torch.Tensor, object]:
@@ -42,12 +78,12 @@ _MATMULS = [
 ]
 
 
-@pytest.mark.parametrize("cpu_matmul", _MATMULS)
+@pytest.mark.parametrize("matmul", _MATMULS)
 @pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
-def test_steps_equal_transformer_decode(kw: dict, cpu_matmul: str) -> None:
+def test_steps_equal_transformer_decode(kw: dict, matmul: str) -> None:
     model = tiny_model(**kw)
     src, tgt = tiny_batch()  # source padding in two rows
-    fast, cache = _steps(DecodingModel(model, cpu_matmul=cpu_matmul), src, tgt)
+    fast, cache = _steps(DecodingModel(model, matmul=matmul), src, tgt)
     ref, _ = _steps(model, src, tgt)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # and the full pass, which shares no code with the steps
@@ -155,11 +191,11 @@ def test_one_row_parts_default_and_check() -> None:
         DecodingModel(tiny_model().to(torch.bfloat16), fold_one_sentence=True)
 
 
-@pytest.mark.parametrize("cpu_matmul", _MATMULS)
+@pytest.mark.parametrize("matmul", _MATMULS)
 @pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
-def test_encode_equals_transformer_encode(kw: dict, cpu_matmul: str) -> None:
+def test_encode_equals_transformer_encode(kw: dict, matmul: str) -> None:
     model = tiny_model(**kw)
-    fast = DecodingModel(model, cpu_matmul=cpu_matmul)
+    fast = DecodingModel(model, matmul=matmul)
     src, _ = tiny_batch()  # source padding in two rows
     with torch.no_grad():
         memory, valid = fast.encode(src)
@@ -265,10 +301,10 @@ def test_snapshot_keeps_the_weights_it_was_made_from() -> None:
     assert not torch.allclose(changed, before, atol=1e-3)  # a new one sees the change
 
 
-@pytest.mark.parametrize("cpu_matmul", _MATMULS)
-def test_searches_give_the_model_s_outputs(cpu_matmul: str) -> None:
+@pytest.mark.parametrize("matmul", _MATMULS)
+def test_searches_give_the_model_s_outputs(matmul: str) -> None:
     model = tiny_model(tgt_vocab=None)
-    fast = DecodingModel(model, cpu_matmul=cpu_matmul)
+    fast = DecodingModel(model, matmul=matmul)
     src, _ = tiny_batch()
     assert greedy_search(fast, src, max_len=6) == greedy_search(model, src, max_len=6)
     mine = beam_search(fast, src, beam=3, max_len=6, nbest=3)
@@ -292,6 +328,6 @@ def test_training_mode_is_the_model_s_and_searches_refuse_it() -> None:
     assert not fast.training
 
 
-def test_an_unknown_cpu_matmul_is_refused() -> None:
+def test_an_unknown_matmul_is_refused() -> None:
     with pytest.raises(ValueError, match="'blas'"):
-        DecodingModel(tiny_model(), cpu_matmul="blas")  # type: ignore[arg-type]
+        DecodingModel(tiny_model(), matmul="blas")  # type: ignore[arg-type]

@@ -53,9 +53,8 @@ class FoldWeights:
 def fold_pays(n_keys: int, d_model: int, d_k: int, d_v: int) -> bool:
     """Whether A and M (2 H S D numbers) are fewer than what a step would read instead: W^Q,
     W^O (D H (d_k + d_v)) and the keys and values (H S (d_k + d_v)): up to 73 source tokens for
-    the paper's base model, 85 for d_model 256 with 64-wide heads. Measured for base on the CPU
-    (benchmarks/RESULTS.md): the step's encoder-decoder attention 2.4x faster at 20 tokens, 1.07x
-    at 80, 1.8x slower at 120."""
+    the paper's base model, 85 for d_model 256 with 64-wide heads; measured on the CPU, the
+    rule's cut-off is about where the fold stops paying (benchmarks/RESULTS.md)."""
     return n_keys * (2 * d_model - d_k - d_v) < d_model * (d_k + d_v)
 
 

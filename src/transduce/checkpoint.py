@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, the last K kept, loading with clear errors, averaging (section 6.1).
+"""Model files and checkpoints: atomic writes, the last K kept, loading with clear errors,
+averaging (section 6.1), and the model and vocabulary a file holds (``load_model``).
 
 A training checkpoint is a dict with ``config`` (Config.to_dict()), ``vocab`` (Vocab.to_dict()),
 ``model`` (state dict) and, for resuming, ``optimizer``, ``step``, ``epoch``, ``batch_index``,
@@ -17,7 +18,11 @@ from typing import Any
 
 import torch
 
+from transduce.config import Config, from_dict
+from transduce.data.subword import SentencePieceVocab
+from transduce.data.vocab import CharVocab, Vocab
 from transduce.errors import UserError
+from transduce.model.transformer import Transformer, make_model
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -108,14 +113,30 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     return out
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu"):  # noqa: ANN201
-    """(model in eval mode, vocabulary, Config) from a checkpoint file or run folder."""
-    from transduce.config import from_dict
-    from transduce.data.vocab import vocab_from_dict
-    from transduce.model.transformer import make_model
+def last_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
+    """The newest ``last`` step checkpoints of a run folder; a UserError when there are none."""
+    if last <= 0:
+        raise UserError(f"--last must be positive; got {last}")
+    found = step_checkpoints(Path(run_dir) / "checkpoints")
+    if not found:
+        raise UserError(f"no checkpoints/step_*.pt in run folder {run_dir}")
+    return found[-last:]
 
+
+def vocab_from_dict(data: dict[str, Any]) -> Vocab:
+    """Rebuild a vocabulary saved with its ``to_dict`` (checkpoints carry their vocabulary)."""
+    kind = data.get("kind")
+    if kind == "char":
+        return CharVocab(list(data["symbols"]))
+    if kind == "sentencepiece":
+        return SentencePieceVocab.from_dict(data)
+    raise ValueError(f"unknown vocabulary kind {kind!r}")
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Vocab, Config]:
+    """(model in eval mode, vocabulary, Config) from a checkpoint file or run folder."""
     data = load(path)
-    cfg = from_dict(data["config"], source=str(path))
+    cfg = from_dict(data["config"], source=str(path), stored=True)
     vocab = vocab_from_dict(data["vocab"])
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     model.load_state_dict(data["model"])

@@ -3,7 +3,7 @@ multiplied it fastest (``DecodingModel`` keeps one per weight; see benchmarks/RE
 
 - MKL's ``addmm`` on W^T (in, out) stored contiguous, which MKL multiplies faster than
   nn.Linear's (out, in) at most decoding shapes;
-- oneDNN's inner product on W in oneDNN's own blocked layout (``model.linear.onednn_packed``) on
+- oneDNN's inner product on W in oneDNN's own blocked layout (``kernels.matmul.onednn_packed``) on
   x86 CPUs not made by Intel, where MKL's sgemm runs without its AVX-512 kernels;
 - for one row, W^T's columns in P blocks multiplied by one ``bmm`` (``split_columns``), so P
   threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transduce.model.linear import ONE_ROW_MKL_MAX_ELEMENTS, onednn_linear, onednn_packed
+from transduce.kernels.matmul import ONE_ROW_MKL_MAX_ELEMENTS, onednn_linear, onednn_packed
 
 
 def transposed(weight: Tensor, block: int = 256) -> Tensor:
@@ -49,7 +49,7 @@ def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tens
 class Projection:
     """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
     it fastest (benchmarks/RESULTS.md): MKL's addmm on W^T (in, out) stored contiguous
-    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``model.linear``), and
+    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``kernels.matmul``), and
     for one row a batched product over W^T's columns in P blocks (``blocks``), a block a thread.
     Made by ``of``."""
 

@@ -3,60 +3,90 @@ a snapshot of the weights laid out for it.
 
 ``Transformer.decode`` runs the decoder modules, which serve training too: every step pays for
 module calls, attribute lookups and the general code paths of training (dropout, masks, T
-positions); on a CPU at batch 1 that was about a fifth of a step (the speed-ups below).
-``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for the
-single-position steps of a search, with plain tensor operations on weights it copied once:
+positions). ``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for
+the single-position steps of a search, with plain tensor operations on weights it copied once:
 
-- every projection as a ``Projection`` (``model/projection.py``): MKL's ``addmm`` on the weight
-  transposed to (in, out), which MKL multiplies faster than nn.Linear's (out, in) layout at most
-  decoding shapes (Intel machine, 2 threads, float32: 1.0-1.2x at 1, 32 and 128 rows; up to 2.5x
-  for one or two rows on the AMD machine); on x86 CPUs not made by Intel, oneDNN's inner product
-  on weights in its own layout instead (MKL's sgemm runs AVX-512 kernels only on Intel's CPUs:
-  1.3-2.7x faster products at 4-128 rows on an AMD Zen 5); for one row, the weight's columns in
-  one block per thread, so that every thread reads part of it (benchmarks/RESULTS.md);
+- every projection as a ``Projection`` (``projection.py``): each row count on the layout and
+  library that multiplied it fastest (MKL's ``addmm`` on W^T; oneDNN's inner product on weights
+  in its own layout on x86 CPUs not made by Intel; for one row, the weight's columns in one block
+  per thread);
 - W^Q, W^K, W^V of self-attention stacked into one product, W^K, W^V of encoder-decoder
   attention into another;
 - for one sentence, encoder-decoder attention folded into two products a step, with W^Q and W^O
-  multiplied into the sentence's keys and values once (``model/folded_attention.py``).
+  multiplied into the sentence's keys and values once (``folded_attention.py``).
 
-Against ``Transformer.decode``, before the one-row blocks, the fold, prepacked oneDNN weights
-and the encoder snapshot (benchmarks/RESULTS.md, 2026-11-23, Intel machine): 1.22-1.25x faster
-batch-1 greedy search, 1.18-1.21x batch-32 greedy, 1.06-1.08x batch-32 beam 4, SMALL and BASE.
-Those four and the formula for beams' encoder-decoder attention then made searches 1.13-1.51x
-faster on an AMD Zen 5 (RESULTS.md, 2026-11-24, "All of it").
+The encoder runs from the same kind of snapshot (``encode``). It is a snapshot: after the model's
+weights change (training, ``load_state_dict``, ``.to``), make a new one. Embeddings, positions and
+layer norms use the model's own parameters; decoding several positions at once (``tgt`` with
+T > 1, or no cache) and a model in training mode run the model itself. The speed-ups over
+``Transformer.decode`` are measured in benchmarks/RESULTS.md.
 
-The encoder runs from the same kind of snapshot (``encode``; its products then take the same
-layouts: 1.4-1.6x faster for one sentence, 1.1x for 32 on an AMD Zen 5, benchmarks/RESULTS.md).
-It is a snapshot: after the model's weights change (training, ``load_state_dict``, ``.to``),
-make a new one. Embeddings, positions and layer norms use the model's own parameters; decoding
-several positions at once (``tgt`` with T > 1, or no cache) and a model in training mode run the
-model itself.
+The engine implements the ``ModelConfig`` fields and values listed in ``IMPLEMENTED`` and refuses
+a model with any other, so a new model option cannot be decoded wrongly in silence.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from transduce.model.attention import _fp32_on_cpu, attention
-from transduce.model.cache import DecoderCache, LayerCache
-from transduce.model.layers import DecoderLayer, EncoderLayer
-from transduce.model.folded_attention import (
+from transduce import kernels
+from transduce.config import ModelConfig
+from transduce.inference.engine.cache import EngineCache, EngineLayerCache
+from transduce.inference.engine.folded_attention import (
     FoldWeights,
     fold_cross_attention,
     fold_pays,
     folded_cross_attention,
 )
-from transduce.model.linear import CpuMatmul, use_onednn
-from transduce.model.projection import Projection
+from transduce.inference.engine.projection import Projection
+from transduce.kernels import AttentionPath, Matmul
+from transduce.kernels.matmul import use_onednn
+from transduce.model.attention import split_heads
+from transduce.model.layers import DecoderLayer, EncoderLayer, residual
 from transduce.model.transformer import Transformer, source_mask
 
+Norm = Callable[[Tensor], Tensor]
 
-Norm = tuple[tuple[int, ...], Tensor, Tensor, float]  # torch.layer_norm's arguments after x
+# Every ModelConfig field with the values the engine implements (None: every value). Dropout is
+# any value since the engine decodes in eval mode (a model in training mode runs itself).
+IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
+    "n_layers": None, "d_model": None, "d_ff": None, "n_heads": None, "d_k": None, "d_v": None,
+    "dropout": None, "attention_dropout": None, "activation_dropout": None,
+    "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
+    "tie_embeddings": (True, False),
+}  # fmt: skip
+
+
+def check_implemented(cfg: ModelConfig) -> None:
+    """A ValueError naming the first field of ``cfg`` (or its value) the engine does not
+    implement."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name not in IMPLEMENTED:
+            raise ValueError(
+                f"DecodingModel does not implement ModelConfig.{f.name} (= {value!r}); "
+                "teach inference/engine/decoding.py about it and add it to IMPLEMENTED"
+            )
+        allowed = IMPLEMENTED[f.name]
+        if allowed is not None and value not in allowed:
+            raise ValueError(
+                f"DecodingModel does not implement ModelConfig.{f.name} = {value!r} "
+                f"(it implements {', '.join(map(repr, allowed))})"
+            )
+
+
+def _layer_norm(norm: nn.LayerNorm) -> Norm:
+    """The layer norm as a closure over the model's own parameters; ``torch.layer_norm``:
+    ``F.layer_norm``'s checks cost a fifth of the call at batch 1."""
+    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+    return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
 
 
 @dataclass(frozen=True)
@@ -87,7 +117,7 @@ class _DecoderLayerWeights(_LayerWeights):
 
 def _layer_fields(
     layer: EncoderLayer | DecoderLayer, onednn: bool, parts: int, one_row: bool
-) -> dict:
+) -> dict[str, Any]:
     """``_LayerWeights``' fields for ``layer``'s self-attention, FFN and norms."""
     sa, ffn = layer.self_attn, layer.ffn
 
@@ -95,11 +125,11 @@ def _layer_fields(
         return Projection.of(weight, bias, onednn, parts, one_row=one_row)
 
     return {
-        "qkv": projection(*sa.stack_qkv()),
+        "qkv": projection(*kernels.matmul.stacked_weights((sa.w_q, sa.w_k, sa.w_v))),
         "self_out": projection(sa.w_o.weight, sa.w_o.bias),
         "ffn_in": projection(ffn.w_1.weight, ffn.w_1.bias),
         "ffn_out": projection(ffn.w_2.weight, ffn.w_2.bias),
-        "norms": tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in layer.norms),
+        "norms": tuple(_layer_norm(n) for n in layer.norms),
         "n_heads": sa.n_heads,
         "d_k": sa.d_k,
         "d_v": sa.d_v,
@@ -119,7 +149,9 @@ def _decoder_layer_weights(
         **_layer_fields(layer, onednn, parts, one_row=True),
         cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, onednn, parts),
         # the encoder output, once per search (many rows): no layout for one row
-        cross_kv=Projection.of(*ca.stack_kv(), onednn, one_row=False),
+        cross_kv=Projection.of(
+            *kernels.matmul.stacked_weights((ca.w_k, ca.w_v)), onednn, one_row=False
+        ),
         cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, onednn, parts),
         fold=FoldWeights.of(ca) if fold else None,
     )
@@ -130,22 +162,9 @@ def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
     return w.ffn_out(w.ffn_in(x).relu_())
 
 
-def _split_heads(x: Tensor, b: int, s: int, n_heads: int) -> Tensor:
-    """(B*S, H*size) -> (B, H, S, size), a view (also of a column slice): S positions of B
-    sentences, or S = G hypotheses of B sentences."""
-    size = x.size(1) // n_heads  # not -1: a view of no rows cannot infer it
-    return x.view(b, s, n_heads, size).transpose(1, 2)  # (B, S, H, size) -> (B, H, S, size)
-
-
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
     # a Python comparison costs less than the call to .to() that would return x unchanged
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def _attention_input(x: Tensor) -> Tensor:
-    # On the CPU attention() runs in float32 for low-precision inputs; casting the projection
-    # once here keeps the cache in float32, as Transformer.decode does (MultiHeadAttention).
-    return x.float() if _fp32_on_cpu(x) else x
 
 
 class DecodingModel:
@@ -154,10 +173,13 @@ class DecodingModel:
     module docstring). Greedy and beam search take it in place of the model; ``Translator`` uses
     one.
 
-    ``cpu_matmul`` picks the library for the float32 products on the CPU (``use_onednn``):
-    "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn". The two give the
-    same function up to float rounding. What runs the model's modules (several positions at once,
-    training mode) takes the library ``model.linear.set_cpu_matmul`` chooses.
+    ``matmul`` picks the library for the float32 products on the CPU (``kernels.Matmul``):
+    "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn"; ``attention``
+    the attention path (``kernels.AttentionPath``): "auto" takes the fused kernel, and the
+    formula for the encoder-decoder attention of beams on the CPU, whose batched products beat
+    the fused kernel's blocks of G queries (benchmarks/RESULTS.md). Either gives the same function
+    up to float rounding. What runs the model's modules (several positions at once, training
+    mode) takes the model's own ``KernelOptions``.
 
     ``one_row_parts``: one-row products (a batch of one sentence, greedy) split W's columns into
     this many blocks multiplied at once, one per thread, where MKL's and oneDNN's one-row products
@@ -167,7 +189,7 @@ class DecodingModel:
 
     ``fold_one_sentence``: for a batch of one sentence whose source is short enough
     (``fold_pays``), encoder-decoder attention in two products a step instead of four
-    (``model/folded_attention.py``); None = on for float32 CPU weights; float32 only.
+    (``folded_attention.py``); None = on for float32 CPU weights; float32 only.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
@@ -178,15 +200,20 @@ class DecodingModel:
     def __init__(
         self,
         model: Transformer,
-        cpu_matmul: CpuMatmul = "auto",
+        *,
+        matmul: Matmul = "auto",
+        attention: AttentionPath = "auto",
         one_row_parts: int | None = None,
         fold_one_sentence: bool | None = None,
     ) -> None:
+        check_implemented(model.config)
+        kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
         if model.generator.bias is not None:
             raise ValueError("the pre-softmax projection of a Transformer has no bias")
         self.model = model
+        self.attention = attention
         weight = model.generator.weight
-        self.onednn = use_onednn(cpu_matmul, weight)
+        self.onednn = use_onednn(matmul, weight)
         cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
         if one_row_parts is None:
             one_row_parts = torch.get_num_threads() if cpu_fp32 else 1
@@ -230,11 +257,12 @@ class DecodingModel:
             x = self._encoder_layer(x, weights, b, s, mask)
         return encoder.final_norm(x.view(b, s, d)), src_valid
 
-    def new_cache(self) -> DecoderCache:
-        return self.model.new_cache()
+    def new_cache(self) -> EngineCache:
+        """An empty cache for ``decode`` (the model's, with room for the fold)."""
+        return EngineCache(len(self.layers))
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
+        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: EngineCache | None = None
     ) -> Tensor:
         """``Transformer.decode`` in eval mode: tgt (N, T), memory (B, S, D), src_valid (B, S)
         -> logits (N, T, V), N = B*G target rows, G per sentence (rows sentence-major). In
@@ -267,22 +295,19 @@ class DecodingModel:
 
     def _sublayer(self, x: Tensor, norm: Norm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """The layers' residual wrapping (post- or pre-norm), without dropout."""
-        # torch.layer_norm: F.layer_norm's checks cost a fifth of the call at batch 1
-        if self.pre_norm:
-            return x + sublayer(torch.layer_norm(x, *norm))
-        return torch.layer_norm(x + sublayer(x), *norm)
+        return residual(x, sublayer, norm, pre_norm=self.pre_norm, dropout=0.0, training=False)
 
     def _encoder_layer(
         self, x: Tensor, w: _LayerWeights, b: int, s: int, mask: Tensor | None
     ) -> Tensor:
         """x (B*S, D) -> (B*S, D): one encoder layer (``EncoderLayer.forward``), B sentences."""
-        h, dtype = w.n_heads, x.dtype
+        h, dtype, path = w.n_heads, x.dtype, self.attention
 
         def self_attention(y: Tensor) -> Tensor:
-            qkv = _attention_input(w.qkv(y))  # (B*S, H*K + H*K + H*Dv)
+            qkv = kernels.attention_input(w.qkv(y), path)  # (B*S, H*K + H*K + H*Dv)
             sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
-            q, k, v = (_split_heads(t, b, s, h) for t in qkv.split(sizes, 1))  # (B, H, S, size)
-            out = attention(q, k, v, mask)  # (B, H, S, Dv)
+            q, k, v = (split_heads(t, h, s) for t in qkv.split(sizes, 1))  # (B, H, S, size)
+            out = kernels.attention(q, k, v, mask, path=path)  # (B, H, S, Dv)
             out = out.transpose(1, 2).reshape(b * s, h * w.d_v)  # (B, S, H, Dv) -> (B*S, H*Dv)
             return w.self_out(_as_dtype(out, dtype))
 
@@ -293,24 +318,23 @@ class DecodingModel:
         self,
         x: Tensor,
         w: _DecoderLayerWeights,
-        cache: LayerCache,
+        cache: EngineLayerCache,
         memory: Tensor,
         mask: Tensor | None,
     ) -> Tensor:
         """x (N, D) -> (N, D): one decoder layer (``DecoderLayer.forward``) for one position."""
-        h, n = w.n_heads, x.size(0)
-        dtype = x.dtype
+        h, n, dtype, path = w.n_heads, x.size(0), x.dtype, self.attention
 
         def self_attention(y: Tensor) -> Tensor:
-            qkv = _attention_input(w.qkv(y))  # (N, H*K + H*K + H*Dv)
+            qkv = kernels.attention_input(w.qkv(y), path)  # (N, H*K + H*K + H*Dv)
             if w.d_k == w.d_v:  # one call for the three views
                 q, k, v = qkv.view(n, 3, h, 1, w.d_k).unbind(1)  # 3 x (N, H, 1, K)
             else:
                 sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
-                q, k, v = (_split_heads(t, n, 1, h) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
+                q, k, v = (split_heads(t, h, 1) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
             keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
             # the one new query may see every cached key: no mask
-            out = attention(q, keys, values)  # (N, H, 1, Dv)
+            out = kernels.attention(q, keys, values, path=path)  # (N, H, 1, Dv)
             return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
         x = self._sublayer(x, w.norms[0], self_attention)
@@ -323,38 +347,40 @@ class DecodingModel:
         self,
         y: Tensor,
         w: _DecoderLayerWeights,
-        cache: LayerCache,
+        cache: EngineLayerCache,
         memory: Tensor,
         mask: Tensor | None,
     ) -> Tensor:
         """y (N, D) -> (N, D): encoder-decoder attention of N = B*G rows, G per sentence."""
         if cache.cross_folded is not None:  # this sentence's fold, made at its first step below
             return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
+        path = self.attention
         if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
-            kv = _attention_input(w.cross_kv(memory.flatten(0, 1)))  # (B*S, H*K + H*Dv)
+            kv = kernels.attention_input(w.cross_kv(memory.flatten(0, 1)), path)  # (B*S, H*K + H*Dv)
             k, v = kv.split((w.n_heads * w.d_k, w.n_heads * w.d_v), 1)
             # (B, H, S, size), copied once: the formula below multiplies them faster
             cache.cross_k, cache.cross_v = (
-                _split_heads(t, *memory.shape[:2], w.n_heads).contiguous() for t in (k, v)
+                split_heads(t, w.n_heads, memory.size(1)).contiguous() for t in (k, v)
             )
-        b, _, s, _ = cache.cross_k.shape  # (B, H, S, K)
+        keys, values = cache.cross_k, cache.cross_v
+        assert values is not None
+        b, _, s, _ = keys.shape  # (B, H, S, K)
         n = y.size(0)
         if b == 1 and w.fold is not None and fold_pays(s, y.size(1), w.d_k, w.d_v):
             valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
-            cache.cross_folded = fold_cross_attention(w.fold, cache.cross_k, cache.cross_v, valid)
+            cache.cross_folded = fold_cross_attention(w.fold, keys, values, valid)
             if cache.cross_folded is not None:  # None: no valid source position
                 return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
         if n % b:
             raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
         # The G = N / B hypotheses of a sentence query its keys together as G positions
         # (see DecoderLayer._cross_attention).
-        q = _split_heads(_attention_input(w.cross_query(y)), b, n // b, w.n_heads)  # (B,H,G,K)
-        # G > 1 (beams) on the CPU: the formula's batched products beat the fused kernel's
-        # blocks of G queries (2.5-4x at 4 queries, 20-60 keys; benchmarks/RESULTS.md)
-        fast = n == b or q.device.type != "cpu"
-        out = attention(q, cache.cross_k, cache.cross_v, mask, fast=fast)  # (B, H, G, Dv)
+        q = split_heads(kernels.attention_input(w.cross_query(y), path), w.n_heads, n // b)
+        if path == "auto" and n != b and q.device.type == "cpu":
+            path = "formula"  # beams (G > 1) on the CPU: see the class docstring
+        out = kernels.attention(q, keys, values, mask, path=path)  # (B, H, G, Dv)
         out = out.transpose(1, 2).reshape(n, w.n_heads * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
         return w.cross_out(_as_dtype(out, y.dtype))
 
 
-__all__ = ["DecodingModel"]
+__all__ = ["IMPLEMENTED", "DecodingModel", "check_implemented"]

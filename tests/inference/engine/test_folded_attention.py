@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transduce.model.attention import MultiHeadAttention
-from transduce.model.folded_attention import (
+from transduce.inference.engine.folded_attention import (
     FoldWeights,
     fold_cross_attention,
     fold_pays,

@@ -1,0 +1,143 @@
+"""softmax(Q K^T / sqrt(d_k)) V on the fastest path for the device and dtype.
+
+Two paths compute the same function (tests/kernels/test_attention.py): PyTorch's fused kernel
+(``F.scaled_dot_product_attention``) and the explicit formula (``attention_weights`` then a
+product). The fused kernel is the default; training on the CPU with short keys takes the formula,
+which is faster there: PyTorch's CPU flash-attention pays per (batch x head) block, and batches of
+many short sentences have thousands of them. On the CPU the fused kernel runs in float32 for
+bfloat16/float16 inputs too, its low-precision backward being several times slower, and a
+low-precision softmax runs in float32 (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.kernels.options import AttentionPath
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+# Training on the CPU with keys at most this long takes the formula ("auto"); about where the two
+# paths were even in float32 on 2 cores (benchmarks/attention_paths.py)
+FORMULA_MAX_KEYS_CPU_TRAINING = 128
+
+
+def _fp32_on_cpu(x: Tensor) -> bool:
+    """Whether attention on ``x`` runs in float32 although ``x`` is low precision."""
+    return x.device.type == "cpu" and x.dtype in _LOW_PRECISION
+
+
+def attention_input(x: Tensor, path: AttentionPath = "auto") -> Tensor:
+    """A projection's output as the fused kernel will take it: float32 on the CPU for a
+    low-precision ``x`` when no gradient is recorded (decoding), else ``x``. Casting the
+    projection once before splitting heads costs less than one cast per head tensor."""
+    if path != "formula" and _fp32_on_cpu(x) and not torch.is_grad_enabled():
+        return x.float()
+    return x
+
+
+def _every_row_attends(mask: Tensor) -> bool:
+    """Whether every query row of ``mask`` may attend to at least one key, so that softmax makes
+    no NaN row. Asked only when training on the CPU, where skipping the zeroing pays and the check
+    costs no device synchronisation; elsewhere False, and the rows are zeroed anyway."""
+    return mask.device.type == "cpu" and torch.is_grad_enabled() and bool(mask.any(dim=-1).all())
+
+
+def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) as an explicit formula.
+
+    query (B, H, T, K), key (B, H, T', K), mask bool broadcastable to (B, H, T, T') with True =
+    may attend. Returns (B, H, T, T') in the dtype of ``query``. A query row whose keys are all
+    masked gets all-zero weights (not NaN), as ``F.scaled_dot_product_attention`` gives. On the
+    CPU a low-precision softmax runs in float32 and is rounded once at the end.
+    """
+    # scaled in place: the product's backward needs only query and key
+    scores = torch.matmul(query, key.transpose(-2, -1)).mul_(1 / math.sqrt(query.size(-1)))
+    blocked = None if mask is None else ~mask
+    if blocked is not None:
+        # -inf keeps masked keys at exactly zero weight in any dtype; in place, since the
+        # scaling's backward needs no saved scores either
+        scores = scores.masked_fill_(blocked, float("-inf"))
+    if _fp32_on_cpu(scores):
+        weights = scores.softmax(dim=-1, dtype=torch.float32)
+    else:
+        weights = scores.softmax(dim=-1)
+    if blocked is not None and mask is not None and not _every_row_attends(mask):
+        weights = weights.masked_fill(blocked, 0.0)  # fully masked rows are NaN after softmax
+    return weights.to(query.dtype)
+
+
+def _formula_is_faster(query: Tensor, key: Tensor) -> bool:
+    """Whether the formula beats the fused kernel here: CPU, gradients on, short keys."""
+    return (
+        query.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and key.size(-2) <= FORMULA_MAX_KEYS_CPU_TRAINING
+    )
+
+
+def _causal(n_queries: int, n_keys: int, device: torch.device) -> Tensor:
+    # (T, T'): query i sees keys 0 .. i + (T' - T), as transduce.model.masks.causal_mask
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
+
+
+def _fused(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> Tensor:
+    """The fused kernel; on the CPU in float32 for low-precision inputs and outside autocast."""
+    if query.device.type != "cpu":
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    dtype = query.dtype
+    if dtype in _LOW_PRECISION:
+        query, key, value = query.float(), key.float(), value.float()
+    # autocast would run it in bfloat16; leaving it costs a few microseconds a call, much of a
+    # batch-1 decoding step's attention, so only when it is on
+    if torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        return out.to(dtype)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+    return out if out.dtype == dtype else out.to(dtype)  # the check costs less than .to
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    path: AttentionPath = "auto",
+) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) V with dropout ``dropout_p`` on the weights.
+
+    query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
+    (B, H, T, T') with True = may attend. ``is_causal`` (T == T') adds the causal mask without
+    building it, which lets the fused kernel skip the masked blocks. Returns (B, H, T, Dv) in the
+    dtype of ``query``. ``path``: see ``KernelOptions``.
+    """
+    fused = path == "fused" or (path == "auto" and not _formula_is_faster(query, key))
+    if is_causal and (mask is not None or not fused):
+        causal = _causal(query.size(-2), key.size(-2), query.device)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    if fused:
+        return _fused(query, key, value, mask, dropout_p, is_causal)
+    weights = attention_weights(query, key, mask)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ value
+
+
+__all__ = ["FORMULA_MAX_KEYS_CPU_TRAINING", "attention", "attention_input", "attention_weights"]

@@ -1,0 +1,58 @@
+"""Dropout on the CPU from 16-bit random draws; elsewhere PyTorch's own (one fused kernel)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
+    """Bernoulli(1 - p) booleans of ``shape``, True = keep.
+
+    Uniform 16-bit integers compared with p * 2^16, so P(drop) = floor(p * 2^16) / 2^16: within
+    2^-16 of p (0.0999908 for 0.1), and the kept values are scaled by exactly 1 / (1 - p). Each
+    64-bit draw of the default generator (``torch.manual_seed`` governs it) gives four of them:
+    drawing the random bits is most of the cost, so this is several times faster on the CPU than
+    ``bernoulli_`` (benchmarks/RESULTS.md).
+    """
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
+    words.random_(-(2**63), 2**63 - 1)  # the full 64-bit range, so all four quarters are uniform
+    threshold = int(p * 2**16) - 2**15  # int16 draws below this are dropped
+    return words.view(torch.int16)[:n].view(shape) >= threshold
+
+
+def _use_fast_dropout(x: Tensor, p: float) -> bool:
+    # elsewhere (CUDA) F.dropout is one fused kernel already
+    return x.device.type == "cpu" and p < 1.0
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """``F.dropout(x, p, training)``: zero each element with probability p and scale the rest by
+    1 / (1 - p); on the CPU with ``_keep_mask``."""
+    if not training or p == 0.0:
+        return x
+    if not _use_fast_dropout(x, p):
+        return F.dropout(x, p, training)
+    return x * _keep_mask(x.shape, p, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
+def dropout_add(residual: Tensor, x: Tensor, p: float, training: bool) -> Tensor:
+    """``residual + dropout(x, p, training)``. On the CPU one fused multiply-add
+    (``torch.addcmul``) when both have one dtype; under autocast (float32 residual stream,
+    bfloat16 ``x``) a bfloat16 multiply and a mixed add, since ``addcmul`` would first copy its
+    operands to float32."""
+    if not training or p == 0.0:
+        return residual + x
+    if not _use_fast_dropout(x, p):
+        return residual + F.dropout(x, p, training)
+    scale = _keep_mask(x.shape, p, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
+    if residual.dtype == x.dtype:
+        return torch.addcmul(residual, x, scale)
+    return residual + x * scale
+
+
+__all__ = ["dropout", "dropout_add"]

@@ -1,0 +1,53 @@
+"""Training precision: which autocast dtype a run uses on its device (``train.precision``)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+
+# Autocast dtype of each train.precision (fp32: autocast off). The master weights, the optimizer
+# state and the loss stay float32 in every case.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively, so bf16 autocast speeds training up:
+    a CUDA GPU of compute capability 8 (Ampere) or newer, a ROCm GPU, an x86 CPU with AVX512-BF16
+    or AMX-BF16. Elsewhere bfloat16 is emulated through float32 conversions, slower than float32
+    itself."""
+    if device.type == "cuda":
+        # not torch.cuda.is_bf16_supported(): by default it also says yes where bfloat16 is only
+        # emulated (before Ampere), and it asks about the current device, not this one
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+    if device.type == "cpu":
+        caps = torch.cpu.get_capabilities()
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision with ``auto`` made concrete for ``device``: bf16 where ``native_bf16``,
+    else fp32; any other value unchanged."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
+def autocast(precision: str, device: torch.device) -> AbstractContextManager[object]:
+    """The autocast context of a concrete ``precision`` (fp32: a disabled one)."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return torch.autocast(
+        device_type=device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
+    )
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A loss scaler, enabled for fp16 only. float16 has 5 exponent bits: small gradients flush
+    to 0 unless the loss is scaled up before backward. The scaler unscales the gradients, skips
+    an update whose gradients hold inf/NaN and adapts the scale. bfloat16 has float32's range and
+    needs none; disabled, the scaler is a no-op."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+__all__ = ["AUTOCAST_DTYPES", "autocast", "grad_scaler", "native_bf16", "resolve_precision"]

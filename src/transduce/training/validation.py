@@ -1,0 +1,44 @@
+"""Validation loss and perplexity of a model on held-out pairs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from transduce.data.batching import Pair, collate, model_lengths, token_batches
+from transduce.data.vocab import PAD
+from transduce.model.transformer import Transformer
+from transduce.training.loss import label_smoothed_nll
+
+
+@torch.no_grad()
+def validation_loss(
+    model: Transformer,
+    pairs: Sequence[Pair],
+    *,
+    max_tokens: int,
+    label_smoothing: float,
+    device: torch.device,
+) -> dict[str, float]:
+    """``valid_loss`` (label-smoothed) and ``valid_nll`` per target token, ``valid_ppl`` =
+    exp(NLL) and ``neg_valid_nll`` (a score: higher is better) of ``model`` on ``pairs`` (not
+    empty), in batches of at most ``max_tokens`` padded tokens. Puts the model in eval mode."""
+    model.eval()
+    loss = nll = 0.0
+    n = 0
+    batches = token_batches(model_lengths(pairs), max_tokens, seed=0, epoch=0, shuffle=False)
+    for idx in batches:
+        b = collate([pairs[i] for i in idx]).to(device)
+        sums = label_smoothed_nll(
+            model(b.src, b.tgt_in), b.tgt_out, epsilon=label_smoothing, ignore_index=PAD
+        )
+        loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens
+    return {
+        "valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(nll / n),
+        "neg_valid_nll": -nll / n,
+    }  # fmt: skip
+
+
+__all__ = ["validation_loss"]
