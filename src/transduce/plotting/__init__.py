@@ -1,11 +1,13 @@
 """Figures of what a model learns, drawn from plain data (no model, trainer or GPU needed).
 
 - ``read_metrics``, ``plot_curves``: learning curves of runs from their ``metrics.jsonl``.
+- ``plot_attention``: attention weights as heat maps per head or the paper's token-line figures.
 
 matplotlib (``pip install 'transduce[plot]'``) is imported only when a figure is drawn.
 """
 
+from transduce.plotting.attention import plot_attention
 from transduce.plotting.curves import plot_curves
 from transduce.plotting.records import read_metrics
 
-__all__ = ["plot_curves", "read_metrics"]
+__all__ = ["plot_attention", "plot_curves", "read_metrics"]
