@@ -35,11 +35,15 @@ def run_records(
             valid = {"step": s, "split": "valid", "valid_loss": nll + 0.2, "valid_nll": nll + 0.1,
                      "valid_ppl": math.exp(nll + 0.1), "neg_valid_nll": -(nll + 0.1)}  # fmt: skip
             if task == "translation":
-                valid.update(bleu=30.0 * (1 - math.exp(-s / 80)), chrf=50.0 * (1 - math.exp(-s / 80)))
+                valid.update(
+                    bleu=30.0 * (1 - math.exp(-s / 80)), chrf=50.0 * (1 - math.exp(-s / 80))
+                )
             else:
                 seq = min(1.0, s / learn_steps)
                 pos = [min(1.0, seq + (positions - p) * 0.05) for p in range(1, positions + 1)]
-                valid.update(seq_accuracy=seq, token_accuracy=sum(pos) / positions, position_accuracy=pos)
+                valid.update(
+                    seq_accuracy=seq, token_accuracy=sum(pos) / positions, position_accuracy=pos
+                )
             lines.append({**valid, "valid_seconds": 1.5})
     return lines
 
@@ -67,11 +71,15 @@ def check_png(path: Path, size: tuple[int, int] | None = None, min_colors: int =
 
 
 def check_vector(path: Path) -> str:
-    """Asserts ``path`` starts as its suffix says (SVG or PDF); returns the SVG text ("" for PDF)."""
+    """Asserts that ``path`` is what its suffix says (SVG or PDF); returns SVG text, "" for PDF."""
     data = path.read_bytes()
     if path.suffix == ".pdf":
         assert data.startswith(b"%PDF-")
         return ""
     text = data.decode()
-    assert text.lstrip().startswith("<?xml") and "<svg" in text[:2000] and text.rstrip().endswith("</svg>")
+    assert (
+        text.lstrip().startswith("<?xml")
+        and "<svg" in text[:2000]
+        and text.rstrip().endswith("</svg>")
+    )
     return text

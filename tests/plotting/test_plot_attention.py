@@ -10,7 +10,12 @@ import pytest
 from plot_helpers import check_png, check_vector
 
 from transduce.errors import UserError
-from transduce.plotting.attention import attention_lines, plot_attention, select_heads, strongest_keys
+from transduce.plotting.attention import (
+    attention_lines,
+    plot_attention,
+    select_heads,
+    strongest_keys,
+)
 
 pytest.importorskip("matplotlib")
 
@@ -69,7 +74,9 @@ def test_grid_png_size_and_content(tmp_path):
 
 
 def test_lines_svg_has_the_tokens(tmp_path):
-    out = plot_attention(toy_weights(), QUERIES, KEYS, tmp_path / "lines.svg", style="lines", heads=[0, 2])
+    out = plot_attention(
+        toy_weights(), QUERIES, KEYS, tmp_path / "lines.svg", style="lines", heads=[0, 2]
+    )
     text = check_vector(out)
     for token in ("cat", "$5", "&lt;EOS&gt;", "&amp;", "head 0", "head 2"):
         assert token in text
@@ -77,8 +84,15 @@ def test_lines_svg_has_the_tokens(tmp_path):
 
 
 def test_html_is_self_contained(tmp_path):
-    out = plot_attention(toy_weights(), QUERIES, KEYS, tmp_path / "a" / "attn.html", style="lines",
-                         heads=2, title="Layer <2>")  # fmt: skip
+    out = plot_attention(
+        toy_weights(),
+        QUERIES,
+        KEYS,
+        tmp_path / "a" / "attn.html",
+        style="lines",
+        heads=2,
+        title="Layer <2>",
+    )
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "http" not in page and "<title>Layer &lt;2&gt;</title>" in page

@@ -24,7 +24,9 @@ def test_read_metrics_splits_and_sorts(make_run):
     assert valid[0].scalar("loss") is None and valid[0].scalar("valid_loss") is not None
     # lists come back as tuples; a list is not a scalar and a number is not a vector
     # step 100: sequence accuracy 100/120, position p 0.05 * (4 - p) above it
-    assert valid[1].vector("position_accuracy") == pytest.approx((59 / 60, 56 / 60, 53 / 60, 50 / 60))
+    assert valid[1].vector("position_accuracy") == pytest.approx(
+        (59 / 60, 56 / 60, 53 / 60, 50 / 60)
+    )
     assert valid[1].scalar("position_accuracy") is None and valid[1].vector("seq_accuracy") is None
 
 
@@ -98,10 +100,19 @@ def test_minutes_map_and_series_on_time_axis(make_run):
 
 def test_available_panels_follow_the_task(make_run):
     synthetic = available_panels([read_metrics(make_run("a"))])
-    assert list(synthetic)[:6] == ["loss", "ppl", "seq_accuracy", "token_accuracy", "lr", "tokens_per_s"]
+    assert list(synthetic)[:6] == [
+        "loss",
+        "ppl",
+        "seq_accuracy",
+        "token_accuracy",
+        "lr",
+        "tokens_per_s",
+    ]
     assert "bleu" not in synthetic and "epoch" not in synthetic and "valid_loss" in synthetic
     assert synthetic["valid_loss"].label == synthetic["loss"].label
-    both = available_panels([read_metrics(make_run("b", task="translation")), read_metrics(make_run("c"))])
+    both = available_panels(
+        [read_metrics(make_run("b", task="translation")), read_metrics(make_run("c"))]
+    )
     assert {"bleu", "chrf", "seq_accuracy"} <= set(both)
     assert both["bleu"].train_key is None and both["loss"].train_key == "loss"
 
@@ -135,7 +146,9 @@ def test_plot_curves_vector_formats(make_run, tmp_path, suffix, x):
 
 def test_plot_curves_errors(make_run, tmp_path):
     run = make_run("base")
-    with pytest.raises(UserError, match=r"unknown metric 'bleu'; these runs have: loss, ppl, seq_accuracy"):
+    with pytest.raises(
+        UserError, match=r"unknown metric 'bleu'; these runs have: loss, ppl, seq_accuracy"
+    ):
         plot_curves([run], tmp_path / "c.png", metrics=["bleu"])
     with pytest.raises(UserError, match="expected one of .png, .svg, .pdf"):
         plot_curves([run], tmp_path / "c.jpg")

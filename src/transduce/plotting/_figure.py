@@ -68,7 +68,7 @@ def style() -> Iterator[None]:
 
 
 def new_figure(width: float, height: float) -> Figure:
-    """An empty figure of ``width`` x ``height`` inches on an Agg canvas, laid out by constraints."""
+    """An empty figure, ``width`` x ``height`` inches, on an Agg canvas with constrained layout."""
     matplotlib_module()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -87,7 +87,7 @@ def save(fig: Figure, output: Path, dpi: int = 110) -> Path:
     return output
 
 
-def head_colors(n: int) -> list[tuple[float, float, float, float]]:
+def distinct_colors(n: int) -> list[tuple[float, float, float, float]]:
     """``n`` distinct RGBA colours: tab10 up to 10, then evenly spaced hues."""
     mpl = matplotlib_module()
     if n <= 10:

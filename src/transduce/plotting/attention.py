@@ -31,7 +31,10 @@ MIN_LINE_SHARE = 0.02  # lines weaker than this share of the largest weight woul
 
 
 def select_heads(
-    weights: ArrayLike, queries: Sequence[str], keys: Sequence[str], heads: int | Sequence[int] | None = None
+    weights: ArrayLike,
+    queries: Sequence[str],
+    keys: Sequence[str],
+    heads: int | Sequence[int] | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
     """The weights of the chosen heads as a float array (H', T_q, T_k), and those heads' indices.
 
@@ -43,7 +46,9 @@ def select_heads(
     if w.ndim == 2:
         w = w[None]
     if w.ndim != 3:
-        raise UserError(f"attention weights: expected an array (heads, queries, keys), got shape {w.shape}")
+        raise UserError(
+            f"attention weights: expected an array (heads, queries, keys), got shape {w.shape}"
+        )
     if w.shape[1:] != (len(queries), len(keys)):
         raise UserError(
             f"attention weights of shape {w.shape} (heads, queries, keys) but {len(queries)} query "
@@ -51,7 +56,13 @@ def select_heads(
         )
     if w.size == 0 or not np.isfinite(w).all() or (w < 0).any():
         raise UserError("attention weights: expected finite, non-negative numbers (softmax rows)")
-    chosen = tuple(range(w.shape[0])) if heads is None else (heads,) if isinstance(heads, int) else tuple(heads)
+    chosen = (
+        tuple(range(w.shape[0]))
+        if heads is None
+        else (heads,)
+        if isinstance(heads, int)
+        else tuple(heads)
+    )
     bad = [h for h in chosen if not 0 <= h < w.shape[0]]
     if bad or not chosen or len(set(chosen)) != len(chosen):
         raise UserError(
@@ -116,8 +127,13 @@ def _label(token: str) -> str:
     return token.replace("$", r"\$")
 
 
-def _draw_grid(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], keys: Sequence[str],
-               title: str | None) -> Figure:  # fmt: skip
+def _draw_grid(
+    w: np.ndarray,
+    heads: Sequence[int],
+    queries: Sequence[str],
+    keys: Sequence[str],
+    title: str | None,
+) -> Figure:
     """One heat map per head, 4 to a row, sharing their axes and one colour bar."""
     n = len(heads)
     ncols = min(n, 4)
@@ -128,10 +144,13 @@ def _draw_grid(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], keys
     fig = _figure.new_figure(width, height)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     vmax = float(w.max()) or 1.0
-    image = None
+    images = []
     for ax, head, weights in zip(axes.ravel(), heads, w):
-        image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto",
-                          interpolation="nearest")  # fmt: skip
+        images.append(
+            ax.imshow(
+                weights, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+            )
+        )
         ax.set_title(f"head {head}")
         ax.grid(False)
         ax.set_xticks(range(len(keys)), [_label(t) for t in keys], rotation=90, fontsize=7)
@@ -142,14 +161,19 @@ def _draw_grid(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], keys
         ax.set_xlabel("key")
     for ax in axes[:, 0]:
         ax.set_ylabel("query")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.colorbar(images[0], ax=axes, shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title)
     return fig
 
 
-def _draw_lines(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], keys: Sequence[str],
-                title: str | None) -> Figure:  # fmt: skip
+def _draw_lines(
+    w: np.ndarray,
+    heads: Sequence[int],
+    queries: Sequence[str],
+    keys: Sequence[str],
+    title: str | None,
+) -> Figure:
     """Two token columns joined by lines (the paper's Figures 3-5), one colour per head."""
     from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
@@ -161,14 +185,21 @@ def _draw_lines(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], key
     yq = np.arange(len(queries)) + (rows - len(queries)) / 2
     yk = np.arange(len(keys)) + (rows - len(keys)) / 2
     top = float(w.max()) or 1.0
-    colors = _figure.head_colors(len(heads)) if len(heads) > 1 else [(0.12, 0.35, 0.75, 1.0)]
+    colors = _figure.distinct_colors(len(heads)) if len(heads) > 1 else [(0.12, 0.35, 0.75, 1.0)]
     for lines, color in zip(attention_lines(w), colors):
         q, k, weight = lines[:, 0].astype(int), lines[:, 1].astype(int), lines[:, 2] / top
-        segments = np.stack([np.column_stack([np.zeros_like(weight), yq[q]]),
-                             np.column_stack([np.ones_like(weight), yk[k]])], axis=1)  # fmt: skip
+        segments = np.stack(
+            [
+                np.column_stack([np.zeros_like(weight), yq[q]]),
+                np.column_stack([np.ones_like(weight), yk[k]]),
+            ],
+            axis=1,
+        )
         rgba = np.tile(color, (len(weight), 1))
         rgba[:, 3] = weight
-        ax.add_collection(LineCollection(segments, colors=rgba, linewidths=0.4 + 2.6 * weight))
+        ax.add_collection(
+            LineCollection(list(segments), colors=rgba, linewidths=0.4 + 2.6 * weight)
+        )
     ax.set_xlim(0, 1)
     ax.set_ylim(rows - 0.5, -0.5)
     ax.set_yticks(yq, [_label(t) for t in queries])
@@ -184,14 +215,24 @@ def _draw_lines(w: np.ndarray, heads: Sequence[int], queries: Sequence[str], key
         for spine in a.spines.values():
             spine.set_visible(False)
     if len(heads) > 1:
-        handles = [Line2D([], [], color=c, linewidth=2, label=f"head {h}") for c, h in zip(colors, heads)]
-        fig.legend(handles=handles, loc="outside upper center", ncols=min(len(heads), 4), frameon=False)
+        handles = [
+            Line2D([], [], color=c, linewidth=2, label=f"head {h}") for c, h in zip(colors, heads)
+        ]
+        fig.legend(
+            handles=handles, loc="outside upper center", ncols=min(len(heads), 4), frameon=False
+        )
     ax.set_title(title if title else f"head {heads[0]}" if len(heads) == 1 else "")
     return fig
 
 
-def _html_page(png: bytes, w: np.ndarray, heads: Sequence[int], queries: Sequence[str],
-               keys: Sequence[str], title: str | None) -> str:  # fmt: skip
+def _html_page(
+    png: bytes,
+    w: np.ndarray,
+    heads: Sequence[int],
+    queries: Sequence[str],
+    keys: Sequence[str],
+    title: str | None,
+) -> str:
     """A page needing nothing else: the figure as a data: URL, the tokens, and a table of each
     query's strongest key (and its weight) per head."""
     e = html.escape
@@ -200,7 +241,9 @@ def _html_page(png: bytes, w: np.ndarray, heads: Sequence[int], queries: Sequenc
     header = "".join(f"<th>head {h}</th>" for h in heads)
     rows = "".join(
         f"<tr><td>{i}</td><td>{e(q)}</td>"
-        + "".join(f"<td>{e(keys[best[h, i]])} ({w[h, i, best[h, i]]:.2f})</td>" for h in range(len(heads)))
+        + "".join(
+            f"<td>{e(keys[best[h, i]])} ({w[h, i, best[h, i]]:.2f})</td>" for h in range(len(heads))
+        )
         + "</tr>\n"
         for i, q in enumerate(queries)
     )

@@ -33,14 +33,15 @@ __all__ = [
     "Panel",
     "Series",
     "available_panels",
-    "x_map",
     "panel_series",
     "plot_curves",
     "read_metrics",
     "run_labels",
+    "x_map",
 ]
 
 XAxis = Literal["step", "epoch", "time"]
+Split = Literal["train", "valid"]
 X_LABELS = {
     "step": "training step (updates)",
     "epoch": "epoch (passes over the training data)",
@@ -81,7 +82,7 @@ _AXIS_FIELDS = ("epoch", "elapsed")  # x axes, not metrics
 class Series:
     """The points of one run's training or validation values in a panel: x and y arrays (N,)."""
 
-    split: Literal["train", "valid"]
+    split: Split
     x: np.ndarray
     y: np.ndarray
 
@@ -105,7 +106,10 @@ def available_panels(runs: Sequence[RunMetrics]) -> dict[str, Panel]:
             panels[p.name] = Panel(p.name, train, valid, p.label, p.log_y)
     for key in sorted(train_keys | valid_keys):
         if key not in panels:
-            train, valid = (key if key in train_keys else None), (key if key in valid_keys else None)
+            train, valid = (
+                (key if key in train_keys else None),
+                (key if key in valid_keys else None),
+            )
             panels[key] = Panel(key, train, valid, labels.get(key, key))
     return panels
 
@@ -125,12 +129,16 @@ def panel_series(run: RunMetrics, panel: Panel, to_x: StepMap | None) -> list[Se
     """The training and validation points of ``run`` in ``panel`` (those it has), x mapped from
     steps by ``to_x`` (None: x is the step). Empty series are left out."""
     out = []
-    for split, records, key in (("train", run.train, panel.train_key), ("valid", run.valid, panel.valid_key)):
+    parts: tuple[tuple[Split, Sequence[Record], str | None], ...] = (
+        ("train", run.train, panel.train_key),
+        ("valid", run.valid, panel.valid_key),
+    )
+    for split, records, key in parts:
         if key is None:
             continue
         steps, values = series(records, key)
         if len(steps):
-            out.append(Series(split, steps if to_x is None else to_x(steps), values))  # type: ignore[arg-type]
+            out.append(Series(split, steps if to_x is None else to_x(steps), values))
     return out
 
 
@@ -151,7 +159,9 @@ def _choose(panels: dict[str, Panel], metrics: Sequence[str] | None) -> list[Pan
     if metrics is None:
         chosen = [panels[n] for n in DEFAULT_PANELS if n in panels]
         if not chosen:
-            raise UserError("the runs hold none of the default metrics: " + ", ".join(DEFAULT_PANELS))
+            raise UserError(
+                "the runs hold none of the default metrics: " + ", ".join(DEFAULT_PANELS)
+            )
         return chosen
     unknown = [m for m in metrics if m not in panels]
     if unknown:
@@ -200,8 +210,13 @@ def _log_axis(ax: Axes) -> None:
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
-def _draw(runs: Sequence[RunMetrics], names: Sequence[str], to_x: Sequence[StepMap | None],
-          panels: Sequence[Panel], x: XAxis) -> Figure:  # fmt: skip
+def _draw(
+    runs: Sequence[RunMetrics],
+    names: Sequence[str],
+    to_x: Sequence[StepMap | None],
+    panels: Sequence[Panel],
+    x: XAxis,
+) -> Figure:
     """The figure: a grid of panels and one legend on top."""
     from matplotlib.lines import Line2D
 
@@ -209,26 +224,35 @@ def _draw(runs: Sequence[RunMetrics], names: Sequence[str], to_x: Sequence[StepM
     nrows = -(-len(panels) // ncols)
     fig = _figure.new_figure(4.6 * ncols, 3.2 * nrows + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    colors = _figure.head_colors(len(runs))
+    colors = _figure.distinct_colors(len(runs))
     for ax, panel in zip(axes, panels):
         for run, color, mapping in zip(runs, colors, to_x):
             for s in panel_series(run, panel, mapping):
                 if s.split == "train":
                     ax.plot(s.x, s.y, color=color, linewidth=1.2)
                 else:
-                    ax.plot(s.x, s.y, color=color, linewidth=1.2, linestyle="--", marker="o",
-                            markersize=3)  # fmt: skip
+                    ax.plot(
+                        s.x,
+                        s.y,
+                        color=color,
+                        linewidth=1.2,
+                        linestyle="--",
+                        marker="o",
+                        markersize=3,
+                    )
         ax.set_title(panel.name)
         ax.set_ylabel(panel.label)
         ax.set_xlabel(X_LABELS[x])
         if panel.log_y:
             _log_axis(ax)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     handles = [Line2D([], [], color=c, linewidth=2, label=n) for c, n in zip(colors, names)]
     handles += [
         Line2D([], [], color="0.3", label="training"),
         Line2D([], [], color="0.3", linestyle="--", marker="o", markersize=3, label="validation"),
     ]
-    fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 6), frameon=False)
+    fig.legend(
+        handles=handles, loc="outside upper center", ncols=min(len(handles), 6), frameon=False
+    )
     return fig

@@ -8,6 +8,7 @@ validation metrics. Nothing here imports the model or the trainer: any file of t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ class Record:
 
 
 class RunMetrics(NamedTuple):
-    """A run's records, each split sorted by step: unpacks as ``train, valid = read_metrics(...)``."""
+    """A run's records, each split sorted by step (``train, valid = read_metrics(...)``)."""
 
     train: tuple[Record, ...]
     valid: tuple[Record, ...]
@@ -89,7 +90,9 @@ def _metrics_path(run_dir: Path) -> Path:
         raise UserError(f"{run_dir}: no such run folder")
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise UserError(f"{path}: not found (a run folder holds the metrics.jsonl that training writes)")
+        raise UserError(
+            f"{path}: not found (a run folder holds the metrics.jsonl that training writes)"
+        )
     return path
 
 
@@ -177,7 +180,7 @@ def epoch_map(train: Sequence[Record]) -> StepMap | None:
         last[int(e)] = r.step
     epochs = sorted(first)
     anchors = [(0.0, 0.0)] if epochs and epochs[0] == 0 else []
-    for before, e in zip(epochs, epochs[1:]):
+    for before, e in itertools.pairwise(epochs):
         anchors.append(((last[before] + first[e]) / 2, float(e)))
     if len(anchors) < 2:
         return None
