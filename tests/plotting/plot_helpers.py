@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+# on tests that draw; the computations are tested without matplotlib
+requires_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed"
+)
 
 
 def run_records(

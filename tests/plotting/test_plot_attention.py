@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from plot_helpers import check_png, check_vector
+from plot_helpers import check_png, check_vector, requires_matplotlib
 
 from transduce.errors import UserError
 from transduce.plotting.attention import (
@@ -16,8 +16,6 @@ from transduce.plotting.attention import (
     select_heads,
     strongest_keys,
 )
-
-pytest.importorskip("matplotlib")
 
 QUERIES = ["<s>", "the", "cat", "$5"]
 KEYS = ["le", "chat", "<EOS>", "&", "x"]
@@ -67,12 +65,14 @@ def test_attention_lines_and_strongest_keys():
     assert strongest_keys(w).tolist() == [[0, 1, 2, 3], [0, 0, 0, 0], [4, 4, 4, 4]]
 
 
+@requires_matplotlib
 def test_grid_png_size_and_content(tmp_path):
     out = plot_attention(toy_weights(), QUERIES, KEYS, tmp_path / "grid.png", title="toy")
     # 3 heads in a row of 2.6 x 2.4 in panels, plus 1.6 in (colour bar) by 0.8 in, at 100 dpi
     check_png(out, size=(940, 320), min_colors=6)
 
 
+@requires_matplotlib
 def test_lines_svg_has_the_tokens(tmp_path):
     out = plot_attention(
         toy_weights(), QUERIES, KEYS, tmp_path / "lines.svg", style="lines", heads=[0, 2]
@@ -83,6 +83,7 @@ def test_lines_svg_has_the_tokens(tmp_path):
     assert "head 1" not in text
 
 
+@requires_matplotlib
 def test_html_is_self_contained(tmp_path):
     out = plot_attention(
         toy_weights(),

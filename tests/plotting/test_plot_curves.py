@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from plot_helpers import check_png, check_vector, run_records, write_run
+from plot_helpers import check_png, check_vector, requires_matplotlib, run_records, write_run
 
 from transduce.errors import UserError
 from transduce.plotting.curves import available_panels, panel_series, plot_curves, run_labels, x_map
@@ -123,6 +126,7 @@ def test_run_labels_are_folder_names_made_unique():
     assert run_labels([Path("/x/run/metrics.jsonl"), Path("/y/run")]) == ["x/run", "y/run"]
 
 
+@requires_matplotlib
 def test_plot_curves_png_two_runs(make_run, tmp_path):
     import matplotlib
 
@@ -135,6 +139,7 @@ def test_plot_curves_png_two_runs(make_run, tmp_path):
     assert dict(matplotlib.rcParams) == before  # no global style change
 
 
+@requires_matplotlib
 @pytest.mark.parametrize(("suffix", "x"), [(".svg", "epoch"), (".pdf", "time")])
 def test_plot_curves_vector_formats(make_run, tmp_path, suffix, x):
     runs = [make_run("base", task="translation")]
@@ -165,3 +170,22 @@ def test_step_map_needs_two_anchors():
     with pytest.raises(ValueError):
         StepMap((0.0,), (0.0,))
     assert StepMap((0.0, 10.0), (0.0, 1.0))(np.array([[5.0, -10.0]])).tolist() == [[0.5, -1.0]]
+
+
+def test_importing_plotting_loads_no_matplotlib_torch_or_model():
+    # plotting draws from plain data: it must import without torch, and without matplotlib
+    # until a figure is drawn
+    code = (
+        "import sys, transduce.plotting\n"
+        "banned = ('matplotlib', 'torch', 'transduce.model', 'transduce.training',"
+        " 'transduce.inference')\n"
+        "print([m for m in sys.modules if m.startswith(banned)])"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from plot_helpers import check_png, run_records, write_run
+from plot_helpers import check_png, requires_matplotlib, run_records, write_run
 
 from transduce.errors import UserError
 from transduce.plotting.records import Record, read_metrics
@@ -14,8 +14,6 @@ from transduce.plotting.reversal import (
     reversal_figure,
     reversal_summary,
 )
-
-pytest.importorskip("matplotlib")
 
 
 def test_summary_by_hand(make_run):
@@ -53,7 +51,9 @@ def test_summary_when_never_reached_or_no_clock(make_run):
 def test_translation_run_is_a_user_error(make_run, tmp_path):
     with pytest.raises(UserError, match="no validation line holds seq_accuracy"):
         reversal_summary(read_metrics(make_run("wmt", task="translation")))
-    with pytest.raises(UserError, match="^wmt: no validation line holds seq_accuracy"):
+    with pytest.raises(
+        UserError, match=r"^input reversed \(wmt\): no validation line holds seq_accuracy"
+    ):
         plot_reversal(make_run("base"), tmp_path / "wmt", tmp_path / "r.png")
 
 
@@ -73,6 +73,7 @@ def test_curves_positions_and_epochs(tmp_path):
     assert curves.epochs(np.array([55.0, 130.0])) == pytest.approx([1.0, 2.5])
 
 
+@requires_matplotlib
 def test_figure_shares_limits_and_shows_epochs(make_run):
     base = read_metrics(make_run("base", steps=300))
     reversed_input = read_metrics(make_run("rev", learn_steps=60.0, steps=200))
@@ -92,6 +93,7 @@ def test_figure_shares_limits_and_shows_epochs(make_run):
     assert "99% sequence accuracy at step 150 (1.5 min)" in fig.subfigs[0]._suptitle.get_text()
 
 
+@requires_matplotlib
 def test_plot_reversal_png(make_run, tmp_path):
     base, rev = make_run("base"), make_run("rev", learn_steps=60.0, positions=10)
     out = plot_reversal(base, rev, tmp_path / "reversal.png")

@@ -125,10 +125,11 @@ def reversal_curves(records: Records) -> ReversalCurves:
     )
 
 
-def _load(run: Path | str | Records, name: str) -> tuple[str, Records]:
+def _load(run: Path | str | Records, role: str) -> tuple[str, Records]:
+    """The row's name (its role, and its folder when read from one) and the run's records."""
     if isinstance(run, Path | str):
-        return Path(run).name, read_metrics(run)
-    return name, run
+        return f"{role} ({Path(run).name})", read_metrics(run)
+    return role, run
 
 
 def plot_reversal(
@@ -146,8 +147,8 @@ def plot_reversal(
     """
     path = _figure.check_output(output)
     rows = []
-    for run, name in ((baseline, "baseline"), (reversed_input, "input reversed")):
-        label, records = _load(run, name)
+    for run, role in ((baseline, "baseline"), (reversed_input, "input reversed")):
+        label, records = _load(run, role)
         try:
             rows.append((label, reversal_summary(records, threshold), reversal_curves(records)))
         except UserError as e:
