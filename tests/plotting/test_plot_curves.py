@@ -159,7 +159,7 @@ def test_plot_curves_errors(make_run, tmp_path):
         plot_curves([run], tmp_path / "c.jpg")
     with pytest.raises(UserError, match="unknown x axis 'wall'"):
         plot_curves([run], tmp_path / "c.png", x="wall")  # type: ignore[arg-type]
-    with pytest.raises(UserError, match="short: cannot place the run on a epoch axis"):
+    with pytest.raises(UserError, match="short: cannot place the run on the epoch axis"):
         plot_curves([run, make_run("short", steps=40)], tmp_path / "c.png", x="epoch")
     with pytest.raises(UserError, match="no run folders"):
         plot_curves([], tmp_path / "c.png")

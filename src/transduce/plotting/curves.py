@@ -106,10 +106,8 @@ def available_panels(runs: Sequence[RunMetrics]) -> dict[str, Panel]:
             panels[p.name] = Panel(p.name, train, valid, p.label, p.log_y)
     for key in sorted(train_keys | valid_keys):
         if key not in panels:
-            train, valid = (
-                (key if key in train_keys else None),
-                (key if key in valid_keys else None),
-            )
+            train = key if key in train_keys else None
+            valid = key if key in valid_keys else None
             panels[key] = Panel(key, train, valid, labels.get(key, key))
     return panels
 
@@ -121,7 +119,7 @@ def x_map(run: RunMetrics, x: XAxis, name: str) -> StepMap | None:
     found = epoch_map(run.train) if x == "epoch" else minutes_map(run.train)
     if found is None:
         what = "no epoch has ended" if x == "epoch" else "no training line holds 'elapsed'"
-        raise UserError(f"{name}: cannot place the run on a {x} axis ({what}); try x=step")
+        raise UserError(f"{name}: cannot place the run on the {x} axis ({what}); try x=step")
     return found
 
 
