@@ -1,6 +1,6 @@
 import pytest
 
-from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
+from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
 
 
 def test_sequence_accuracy():
@@ -39,3 +39,40 @@ def test_errors():
         token_accuracy([], [])
     with pytest.raises(ValueError):
         token_accuracy([[1]], [[]])
+
+
+def test_position_accuracy_by_hand():
+    refs = [[5, 6, 7], [8, 9, 10], [4, 4, 4]]
+    hyps = [[5, 6, 0], [8, 0, 0], [0, 4, 4]]
+    # position 1: 2 of 3 right, position 2: 2 of 3, position 3: 1 of 3
+    assert position_accuracy(hyps, refs) == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    assert position_accuracy(refs, refs) == [1.0, 1.0, 1.0]
+
+
+def test_position_accuracy_mixed_lengths():
+    refs = [[1, 2, 3, 4], [1, 2], [7]]
+    # too short: [1] lacks positions 2-4 of the first reference; too long: [1, 2, 9] has an
+    # extra token the second reference does not count
+    hyps = [[1], [1, 2, 9], [7, 7, 7, 7]]
+    # position 1: 3 of 3; position 2: only the second pair is right (1 of 2 references with a
+    # position 2); positions 3 and 4: only the first reference has them, and its hypothesis is
+    # too short
+    assert position_accuracy(hyps, refs) == pytest.approx([1.0, 0.5, 0.0, 0.0])
+
+
+def test_position_accuracy_weighted_mean_is_token_accuracy():
+    refs = [[1, 2, 3, 4], [1, 2], [7], [3, 3, 3]]
+    hyps = [[1, 0, 3], [1, 2, 9], [7, 7], [0, 3, 0]]
+    shares = position_accuracy(hyps, refs)
+    present = [sum(len(r) > p for r in refs) for p in range(len(shares))]
+    weighted = sum(s * n for s, n in zip(shares, present)) / sum(present)
+    assert weighted == pytest.approx(token_accuracy(hyps, refs))
+
+
+def test_position_accuracy_errors():
+    with pytest.raises(ValueError):
+        position_accuracy([[1]], [[1], [2]])
+    with pytest.raises(ValueError):
+        position_accuracy([], [])
+    with pytest.raises(ValueError):
+        position_accuracy([[1], []], [[], []])
