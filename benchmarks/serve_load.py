@@ -51,10 +51,10 @@ def demo_checkpoint(folder: Path, quick: bool) -> Path:
     """A random model with a SentencePiece vocabulary, saved as a checkpoint."""
     import torch
 
+    from transduce import checkpoint
     from transduce.config import from_dict
     from transduce.data.subword import train_sentencepiece
     from transduce.model.transformer import make_model
-    from transduce import checkpoint
 
     vocab = train_sentencepiece(generated_sentences(2000, seed=1), 200, hard_vocab_limit=False)
     model_cfg = ({"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32}

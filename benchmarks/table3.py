@@ -57,8 +57,7 @@ def scaled_model(row: str, width: int, depth: int) -> dict[str, Any]:
 def row_config(row: str, args: argparse.Namespace, recipe: dict[str, Any]):  # noqa: ANN201
     """The Config a row trains with: the recipe, the scaled model of the row, the row's label
     smoothing, the fixed budget, and only the final validation."""
-    from transduce.config import from_dict, parse_overrides, update
-    from transduce.config import preset_config
+    from transduce.config import from_dict, parse_overrides, preset_config, update
 
     sections = {k: v for k, v in recipe.items() if k != "model"}
     sections["decode"] = {**sections.get("decode", {}), "alpha": args.alpha}
@@ -80,8 +79,8 @@ def describe(row: str) -> str:
 
 
 def run_row(row: str, args: argparse.Namespace, recipe: dict, vocab_file: Path | None) -> dict:
-    from transduce.model.transformer import parameter_breakdown
     from transduce import checkpoint
+    from transduce.model.transformer import parameter_breakdown
     from transduce.training.run import train_translation
 
     cfg = row_config(row, args, recipe)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from transduce.config import load_config
-from transduce.config import preset_config
+from transduce.config import load_config, preset_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

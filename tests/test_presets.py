@@ -7,10 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from transduce.config import Config
+from transduce.config import Config, preset_config
 from transduce.errors import UserError
 from transduce.model.transformer import make_model, parameter_breakdown
-from transduce.config import preset_config
 from transduce.presets import PAPER_PARAMS, PRESETS
 
 VOCAB = 37000  # the shared BPE vocabulary of WMT 2014 English-German (section 5.1)

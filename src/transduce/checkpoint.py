@@ -107,7 +107,7 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     model = {
         k: (sums[k] / len(paths)).to(v.dtype) if k in sums else v for k, v in last["model"].items()
     }
-    out = {key: last[key] for key in ("config", "vocab") if key in last}
+    out: dict[str, Any] = {key: last[key] for key in ("config", "vocab") if key in last}
     out["model"] = model
     out["averaged"] = [str(p) for p in paths]
     return out

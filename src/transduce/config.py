@@ -12,7 +12,6 @@ line or Python (``ModelConfig(n_heads=0)``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -23,7 +22,6 @@ from transduce.errors import UserError
 from transduce.presets import PRESETS
 
 
-@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -361,6 +359,7 @@ def update(cfg: Config, values: dict[str, Any]) -> Config:
         by_section.setdefault(section, {})[name] = coerce(section, name, value)
     out = cfg
     for section, changes in by_section.items():
+        new: Any
         if section == "task":
             new = _updated_task(out.task, changes)
         else:

@@ -14,8 +14,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from transduce.config import ModelConfig
-from transduce.model import make_model
 from transduce.kernels import KernelOptions
+from transduce.model import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

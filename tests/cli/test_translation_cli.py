@@ -23,13 +23,13 @@ import pytest
 import sacrebleu
 import torch
 
+from transduce import checkpoint
 from transduce.cli.main import main
 from transduce.config import from_dict
 from transduce.data.parallel import read_parallel
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.inference.translator import Translator
 from transduce.model.transformer import make_model
-from transduce import checkpoint
 
 N_TRAIN, N_EVAL, STEPS, VOCAB = 2000, 100, 400, 500
 

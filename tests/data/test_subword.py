@@ -5,8 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from transduce.data.subword import SentencePieceVocab, train_sentencepiece, train_sentencepiece_files
 from transduce.checkpoint import vocab_from_dict
+from transduce.data.subword import (
+    SentencePieceVocab,
+    train_sentencepiece,
+    train_sentencepiece_files,
+)
 from transduce.data.vocab import BOS, EOS, PAD, UNK
 from transduce.errors import UserError
 

@@ -1,8 +1,8 @@
 import pytest
 import sacrebleu
 
-from transduce.evaluation.bleu import corpus_scores
 from transduce.errors import UserError
+from transduce.evaluation.bleu import corpus_scores
 
 REFS = [
     "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",

@@ -182,10 +182,10 @@ def toy_sentences(n: int, seed: int = 0) -> list[str]:
 def save_toy_translation_model(path, decode: dict):  # noqa: ANN001, ANN201 - Path in, Path out
     """Write a checkpoint holding an untrained tiny model and a 60-piece SentencePiece vocabulary
     learned on ``toy_sentences(300)`` (the checkpoint alone is enough to translate)."""
+    from transduce import checkpoint
     from transduce.config import from_dict
     from transduce.data.subword import train_sentencepiece
     from transduce.model.transformer import make_model
-    from transduce import checkpoint
 
     vocab = train_sentencepiece(toy_sentences(300), 60)
     cfg = from_dict({

@@ -8,8 +8,8 @@ full, cache-free forward pass.
 
 import pytest
 import torch
-
 from inference_testkit import enumerate_outputs, random_sources, ranked, tiny_model
+
 from transduce.inference import beam_search
 
 L = 3

@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
+from inference_testkit import B_, A, ScriptedModel
 
-from inference_testkit import A, B_, ScriptedModel
 from transduce.data.vocab import EOS, PAD
 from transduce.inference import beam_search, greedy_search
 

@@ -3,15 +3,15 @@ full-forward log-probabilities, lengths respect the limit."""
 
 import pytest
 import torch
-
 from inference_testkit import random_sources, sequence_log_probs, tiny_model
+
 from transduce.config import ModelConfig
 from transduce.data.vocab import PAD
 from transduce.inference import beam as beam_module
 from transduce.inference import beam_search, greedy_search, length_penalty
 from transduce.inference.beam import parent_slots
-from transduce.inference.topk import CHUNK, chunked_topk
 from transduce.inference.engine import DecodingModel
+from transduce.inference.topk import CHUNK, chunked_topk
 from transduce.model.transformer import make_model
 
 

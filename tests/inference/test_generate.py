@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from inference_testkit import random_sources, tiny_model
+
 from transduce.config import DecodeConfig
 from transduce.inference import beam_search, generate, greedy_search
 

@@ -26,6 +26,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 
+from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
+
 from transduce.errors import UserError  # noqa: E402
 from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
 from transduce.inference.server import (  # noqa: E402
@@ -35,7 +37,6 @@ from transduce.inference.server import (  # noqa: E402
     serve,
 )
 from transduce.inference.translator import Translator  # noqa: E402
-from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
 TIMEOUT = 60.0  # seconds, for every HTTP call
 

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
 from transduce.errors import UserError
 from transduce.inference.translator import (
@@ -18,8 +19,6 @@ from transduce.inference.translator import (
     Translator,
     length_batches,
 )
-from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
-
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +132,8 @@ def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
     word = next(w for w in " ".join(toy_sentences(50)).split() if len(vocab.encode(w)) == 1)
     fits, too_long = " ".join([word] * 11), " ".join([word] * 12)
     assert [len(vocab.encode(s)) for s in (fits, too_long)] == [11, 12]
-    from transduce.inference import greedy_search
     from transduce.data.batching import collate
+    from transduce.inference import greedy_search
 
     src = collate([(vocab.encode(fits), [])]).src
     assert len(greedy_search(model, src, max_len_offset=3)[0]) == 15  # the longest output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_testkit import PAD, V, decode_reordered, tiny_batch, tiny_config, tiny_model
 from torch import nn
 
 from transduce.kernels import KernelOptions
@@ -14,8 +15,6 @@ from transduce.model.transformer import (
     parameter_breakdown,
     source_mask,
 )
-
-from model_testkit import PAD, V, decode_reordered, tiny_batch, tiny_config, tiny_model
 
 # --------------------------------------------------------------------------------------------
 # torch.nn.Transformer reference

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from transduce.data.vocab import BOS, EOS, PAD
 from transduce.data.batching import Batch, collate, model_lengths, token_batches
+from transduce.data.vocab import BOS, EOS, PAD
 
 
 def _lengths(n: int = 400, seed: int = 0) -> list[tuple[int, int]]:

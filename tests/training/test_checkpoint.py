@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from transduce import checkpoint
 from transduce.config import Config, update
 from transduce.data.vocab import CharVocab
 from transduce.errors import UserError
 from transduce.model.transformer import make_model
-from transduce import checkpoint
 
 TINY = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8, "dropout": 0.0}
 

@@ -16,17 +16,17 @@ import pytest
 import torch
 import yaml
 
+from transduce import checkpoint
 from transduce.cli.main import main
 from transduce.config import Config, update
+from transduce.data.batching import collate, model_lengths, token_batches
 from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.model.transformer import make_model
-from transduce import checkpoint
-from transduce.data.batching import collate, model_lengths, token_batches
 from transduce.training.loss import label_smoothed_nll
+from transduce.training.precision import native_bf16, resolve_precision
 from transduce.training.run import encode_pairs, train_synthetic
 from transduce.training.schedule import rate
-from transduce.training.precision import native_bf16, resolve_precision
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {

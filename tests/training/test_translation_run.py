@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from transduce import checkpoint
 from transduce.config import from_dict
 from transduce.data.subword import SentencePieceVocab
 from transduce.errors import UserError
-from transduce import checkpoint
 from transduce.training import run
 from transduce.training.run import resolve_data_path, train, train_translation
 

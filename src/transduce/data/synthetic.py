@@ -92,7 +92,7 @@ def make_task(cfg: SyntheticTaskConfig) -> SyntheticTask:
     wanted = cfg.train_size + 2 * cfg.valid_size
     if cfg.name == "addition":
         digits = range(cfg.min_digits, cfg.max_digits + 1)
-        classes = [(a, b) for a in digits for b in digits]
+        classes: list[tuple[int, ...]] = [(a, b) for a in digits for b in digits]
     else:
         classes = [(n,) for n in range(cfg.min_length, cfg.max_length + 1)]
     capacity = sum(max(1, int(HELD_OUT_SHARE * _class_size(cfg, c))) for c in classes)
@@ -132,7 +132,7 @@ def make_task(cfg: SyntheticTaskConfig) -> SyntheticTask:
             continue
         held_out[src] = tgt
         per_class[cls] = per_class.get(cls, 0) + 1
-    train = []
+    train: list[TextPair] = []
     while len(train) < cfg.train_size:
         src, tgt = draw()
         if src not in held_out:

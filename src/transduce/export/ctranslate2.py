@@ -54,6 +54,7 @@ from torch import nn
 
 from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from transduce.errors import UserError
+from transduce.model.transformer import Transformer
 
 __all__ = [
     "QUANTIZATIONS",
@@ -98,7 +99,7 @@ def _set_norm(spec: Any, norm: nn.LayerNorm) -> None:
     spec.beta = _array(norm.bias)
 
 
-def _set_attention(spec: Any, mha: nn.Module, norm: nn.LayerNorm, *, self_attention: bool) -> None:
+def _set_attention(spec: Any, mha: Any, norm: nn.LayerNorm, *, self_attention: bool) -> None:
     for name in ("w_q", "w_k", "w_v", "w_o"):
         if not isinstance(getattr(mha, name, None), nn.Linear):
             raise UserError(
@@ -114,7 +115,7 @@ def _set_attention(spec: Any, mha: nn.Module, norm: nn.LayerNorm, *, self_attent
     _set_norm(spec.layer_norm, norm)
 
 
-def _set_ffn(spec: Any, ffn: nn.Module, norm: nn.LayerNorm) -> None:
+def _set_ffn(spec: Any, ffn: Any, norm: nn.LayerNorm) -> None:
     _set_linear(spec.linear_0, [ffn.w_1])
     _set_linear(spec.linear_1, [ffn.w_2])
     _set_norm(spec.layer_norm, norm)
@@ -149,7 +150,7 @@ def _check_tokens(tokens: Sequence[str], vocab_size: int) -> list[str]:
 
 
 def build_spec(
-    model: nn.Module, tokens: Sequence[str], *, max_positions: int = DEFAULT_MAX_POSITIONS
+    model: Transformer, tokens: Sequence[str], *, max_positions: int = DEFAULT_MAX_POSITIONS
 ) -> Any:
     """A filled ``ctranslate2.specs.TransformerSpec`` of ``model`` (a ``transduce.model.
     Transformer``) with ``tokens`` (the pieces by id) as its source and target vocabulary."""
@@ -211,7 +212,7 @@ def build_spec(
 
 
 def export_model(
-    model: nn.Module,
+    model: Transformer,
     tokens: Sequence[str],
     output_dir: str | Path,
     *,
@@ -278,8 +279,8 @@ def export_checkpoint(
 ) -> dict[str, Any]:
     """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
     _ct2()  # before loading a large checkpoint
-    from transduce.data.subword import SentencePieceVocab
     from transduce.checkpoint import load_model
+    from transduce.data.subword import SentencePieceVocab
 
     model, vocab, cfg = load_model(path, device="cpu")
     if isinstance(vocab, SentencePieceVocab):
@@ -337,7 +338,7 @@ def translate_with_ctranslate2(
         groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
     options.setdefault("suppress_sequences", [[SPECIALS[PAD]], [SPECIALS[BOS]]])
     for length, todo in groups.items():
-        if length is not None:
+        if length is not None and max_len_offset is not None:  # grouped by length: an offset
             options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
         results = translator.translate_batch(
             [pieces[i] for i in todo], beam_size=beam_size, **options

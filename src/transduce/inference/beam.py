@@ -29,24 +29,22 @@ from the batch and the cache, so they cost nothing more.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
-from transduce.inference.contract import DecodableModel
 from transduce.inference.common import (
     check_eval_mode,
     first_forced_step,
     max_output_lengths,
     next_token_log_probs,
 )
+from transduce.inference.contract import DecodableModel
 from transduce.inference.length_penalty import length_penalty
 from transduce.inference.topk import chunked_topk
-
 
 # Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).

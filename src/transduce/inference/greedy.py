@@ -8,13 +8,13 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
-from transduce.inference.contract import DecodableModel
 from transduce.inference.common import (
     check_eval_mode,
     first_forced_step,
     max_output_lengths,
     next_token_log_probs,
 )
+from transduce.inference.contract import DecodableModel
 
 
 def greedy_search(

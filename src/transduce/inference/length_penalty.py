@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 from torch import Tensor
 
 
-def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
+@overload
+def length_penalty(length: float, alpha: float) -> float: ...
+@overload
+def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
+
+
+def length_penalty(length: float | Tensor, alpha: float) -> float | Tensor:
     """lp(Y) = ((5 + |Y|) / 6) ** alpha.
 
     ``|Y|`` counts the generated tokens *including* the final EOS (BOS is not generated and never

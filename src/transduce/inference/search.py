@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from torch import Tensor
 
 from transduce.data.batching import collate

@@ -44,7 +44,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transduce.errors import UserError
-
 from transduce.inference.dynamic_batching import (
     BatchingConfig,
     DynamicBatcher,

@@ -34,9 +34,9 @@ from tqdm import tqdm
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
 from transduce.data.batching import collate
+from transduce.data.parallel import read_aligned
 from transduce.data.vocab import Vocab
 from transduce.device import resolve_device
-from transduce.data.parallel import read_aligned
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
 from transduce.inference.engine import DecodingModel

@@ -56,7 +56,7 @@ class LayerCache:
             capacity = max(2 * (t + new), 16)
             kb = k.new_empty(n, capacity, k.size(1), k.size(3))  # (N, capacity, H, K)
             vb = v.new_empty(n, capacity, v.size(1), v.size(3))  # (N, capacity, H, Dv)
-            if t:
+            if self.self_k is not None and self.self_v is not None:  # t > 0
                 kb.narrow(1, 0, t).copy_(self.self_k.transpose(1, 2))
                 vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
             self._buffers = [(kb, vb)]
@@ -73,6 +73,7 @@ class LayerCache:
             self.self_k, self.self_v = _select(self.self_k, index), _select(self.self_v, index)
             return
         kb, vb = self._buffers[0]
+        assert self.self_k is not None and self.self_v is not None  # buffers hold them
         n, t = index.numel(), self.self_k.size(2)
         spare = self._buffers[1] if len(self._buffers) > 1 else None
         if spare is None or spare[0].size(0) < n or spare[0].size(1) != kb.size(1):

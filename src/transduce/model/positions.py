@@ -32,6 +32,7 @@ class SinusoidalPositions(nn.Module):
     def __init__(self, *, d_model: int, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
+        self.table: Tensor
         self.register_buffer("table", positional_table(max_positions, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
@@ -72,7 +73,9 @@ class LearnedPositions(nn.Module):
         return self.weight.narrow(0, offset, length)
 
 
-def make_positions(kind: str, *, d_model: int, max_positions: int) -> nn.Module:
+def make_positions(
+    kind: str, *, d_model: int, max_positions: int
+) -> SinusoidalPositions | LearnedPositions:
     """'sinusoidal' (the paper's default) or 'learned' (Table 3 row E)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(d_model=d_model, max_positions=max_positions)

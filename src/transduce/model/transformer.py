@@ -198,7 +198,7 @@ def parameter_breakdown(model: Transformer) -> dict[str, int]:
     """Parameters by part, each shared tensor counted once (under the first part that owns it)."""
     seen: set[int] = set()
     parts: dict[str, int] = {}
-    groups = {
+    groups: dict[str, list[nn.Module]] = {
         "embeddings": [model.encoder.embed, model.decoder.embed, model.generator],
         "positions": [model.encoder.positions, model.decoder.positions],
         "encoder": [model.encoder.layers, model.encoder.final_norm],

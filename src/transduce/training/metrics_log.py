@@ -10,7 +10,7 @@ from typing import Any
 _tensorboard_notice_shown = False
 
 
-def _summary_writer(log_dir: Path, purge_step: int | None):  # noqa: ANN202 - SummaryWriter | None
+def _summary_writer(log_dir: Path, purge_step: int | None) -> Any:  # a SummaryWriter, or None
     """A TensorBoard SummaryWriter, or None (with a one-time notice) without tensorboard."""
     global _tensorboard_notice_shown
     try:

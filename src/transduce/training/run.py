@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from transduce.config import Config, SyntheticTaskConfig, TranslationTaskConfig
+from transduce.data.batching import Pair
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
-from transduce.data.batching import Pair
 from transduce.inference.engine import DecodingModel
 from transduce.inference.search import predict_ids
 from transduce.model.transformer import Transformer, make_model
@@ -122,6 +122,13 @@ def resolve_data_path(value: str, key: str) -> Path:
     return Path(expanded)
 
 
+def _translation(cfg: Config) -> TranslationTaskConfig:
+    """``cfg.task``, which must be a translation task."""
+    if not isinstance(cfg.task, TranslationTaskConfig):
+        raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
+    return cfg.task
+
+
 def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
     from transduce.data.parallel import read_parallel
 
@@ -151,6 +158,7 @@ def _vocabulary(
     set) and saved as ``vocab.model`` (the run folder is made first)."""
     from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 
+    task = _translation(cfg)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -162,12 +170,12 @@ def _vocabulary(
         return vocab
     vocab = train_sentencepiece(
         itertools.chain(train.source, train.target),
-        cfg.task.vocab_size,
-        input_sentence_size=cfg.task.vocab_sample,
+        task.vocab_size,
+        input_sentence_size=task.vocab_sample,
         seed=cfg.train.seed,
     )
     vocab.save(path)
-    sample = f" (a sample of {cfg.task.vocab_sample} sentences)" if cfg.task.vocab_sample else ""
+    sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
     log(f"vocabulary: {len(vocab)} shared BPE pieces learned on the training text{sample} "
         f"-> {path}")
     return vocab
@@ -220,7 +228,7 @@ def bleu_validator(
 
 
 def _validation(
-    cfg: Config, vocab: Vocab, valid_text: ParallelText | None, summary: dict[str, Any], log: Log
+    cfg: Config, vocab: SentencePieceVocab, valid_text: ParallelText | None, summary: dict[str, Any], log: Log
 ) -> tuple[list[Pair], Validator | None]:
     """The validation pairs and the BLEU validator (none without validation files); adds the
     validation counts to ``summary``."""
@@ -230,7 +238,7 @@ def _validation(
             "no BLEU, best.pt or early stopping"
         )
         return [], None
-    n = cfg.task.max_valid_sentences or len(valid_text)
+    n = _translation(cfg).max_valid_sentences or len(valid_text)
     sources, references = valid_text.source[:n], valid_text.target[:n]
     valid_pairs = list(
         zip(vocab.encode_batch(sources), vocab.encode_batch(references), strict=True)
@@ -247,7 +255,7 @@ def bpe_dropout_pairs(
     """Each epoch's training pairs under BPE-dropout ``task.bpe_dropout`` (None when 0): both
     sides segmented anew, seeded by ``train.seed``, the epoch and the side, so that every rank
     and a resumed run draw the same pairs."""
-    p = cfg.task.bpe_dropout
+    p = _translation(cfg).bpe_dropout
     if not p:
         return None
 

@@ -44,9 +44,9 @@ from transduce.training.loss import label_smoothed_nll
 from transduce.training.loss_window import LossWindow
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.optimizer import make_optimizer
+from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.progress import Progress, budget_spent, stop_reason
 from transduce.training.resume import change_world_size, load_training_state
-from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.rng import rng_state, seed_all, set_rng_state
 from transduce.training.schedule import cooldown, rate
 from transduce.training.validation import validation_loss

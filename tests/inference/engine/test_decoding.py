@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import torch
+from model_testkit import decode_reordered, tiny_batch, tiny_model
 
 from transduce.config import ModelConfig
 from transduce.inference import beam_search, greedy_search
@@ -17,7 +18,6 @@ from transduce.inference.engine.decoding import IMPLEMENTED
 from transduce.inference.engine.projection import Projection
 from transduce.kernels.matmul import onednn_available
 
-from model_testkit import decode_reordered, tiny_batch, tiny_model
 
 def _config_variants() -> list[dict[str, Any]]:
     """The base model and, for every field of ModelConfig, each other Literal value and the

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transduce.model.attention import MultiHeadAttention
 from transduce.inference.engine.folded_attention import (
     FoldWeights,
     fold_cross_attention,
     fold_pays,
     folded_cross_attention,
 )
+from transduce.model.attention import MultiHeadAttention
 from transduce.model.masks import key_padding_mask
 
 

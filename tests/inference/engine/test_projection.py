@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transduce.kernels.matmul import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
 from transduce.inference.engine.projection import Projection, split_columns, transposed
+from transduce.kernels.matmul import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +129,7 @@ def _layer_fields(
         "self_out": projection(sa.w_o.weight, sa.w_o.bias),
         "ffn_in": projection(ffn.w_1.weight, ffn.w_1.bias),
         "ffn_out": projection(ffn.w_2.weight, ffn.w_2.bias),
-        "norms": tuple(_layer_norm(n) for n in layer.norms),
+        "norms": tuple(_layer_norm(cast(nn.LayerNorm, n)) for n in layer.norms),
         "n_heads": sa.n_heads,
         "d_k": sa.d_k,
         "d_v": sa.d_v,
@@ -196,6 +196,15 @@ class DecodingModel:
     column blocks; with oneDNN and no split, the small ones' transposed copies instead); with the
     fold, a third of the decoder's W^Q and W^O.
     """
+
+    model: Transformer
+    attention: AttentionPath
+    onednn: bool
+    one_row_parts: int
+    encoder_layers: tuple[_LayerWeights, ...]
+    layers: tuple[_DecoderLayerWeights, ...]
+    generator: Projection
+    pre_norm: bool
 
     def __init__(
         self,

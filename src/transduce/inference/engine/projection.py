@@ -87,18 +87,18 @@ class Projection:
         return cls(weight.size(0), bias, weight_t, plain, blocks, blocks_bias)
 
     def __call__(self, x: Tensor) -> Tensor:
-        rows = x.size(0)
-        if rows == 1 and self.blocks is not None:
-            return self._one_row(x)
-        if self.weight is not None and (self.weight_t is None or rows > 1):
+        rows, blocks, weight_t = x.size(0), self.blocks, self.weight_t
+        if rows == 1 and blocks is not None:
+            return self._one_row(x, blocks)
+        if self.weight is not None and (weight_t is None or rows > 1):
             return onednn_linear(x, self.weight, self.bias)
+        assert weight_t is not None  # of (no oneDNN weight) or (one row, small weight)
         if self.bias is None:
-            return x @ self.weight_t
-        return torch.addmm(self.bias, x, self.weight_t)
+            return x @ weight_t
+        return torch.addmm(self.bias, x, weight_t)
 
-    def _one_row(self, x: Tensor) -> Tensor:
-        """x (1, in) -> (1, out) through the column blocks."""
-        blocks = self.blocks
+    def _one_row(self, x: Tensor, blocks: Tensor) -> Tensor:
+        """x (1, in) -> (1, out) through the column ``blocks`` (P, in, C)."""
         xs = x.expand(blocks.size(0), 1, x.size(1))  # (1, in) -> (P, 1, in), a view
         if self.blocks_bias is None:
             y = torch.bmm(xs, blocks)  # (P, 1, C)

@@ -1,0 +1,93 @@
+"""The layers of the package: each imports only from itself and the layers below it.
+
+Walks every module's syntax tree, imports inside functions and under TYPE_CHECKING included, so
+that a dependency on a layer above cannot hide in a lazy import.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import transduce
+
+PACKAGE = Path(transduce.__file__).parent
+
+# Lowest first. A unit is a top-level module or package of transduce.
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"device", "runtime", "presets"},
+    {"config"},
+    {"kernels"},  # device and dtype dispatch: matrix library, dropout, attention paths
+    {"model", "data", "evaluation"},  # the paper's model; corpora and vocabularies; metrics
+    {"checkpoint", "plotting"},  # model files; figures from plain data
+    {"inference"},  # searches, the inference engine, Translator, the server
+    {"training", "export"},
+    {"demo"},
+    {"cli"},
+    {"__main__"},
+]
+LEVEL = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def _unit(module: str) -> str:
+    """'transduce.model.attention' -> 'model'."""
+    return module.split(".")[1]
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every transduce import in the file, wherever it stands."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("transduce.")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "transduce":  # from transduce import kernels
+                found += [(node.lineno, f"transduce.{a.name}") for a in node.names]
+            elif node.module.startswith("transduce."):
+                found.append((node.lineno, node.module))
+    return found
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in _modules()}
+    assert units - set(LEVEL) == set(), "place new modules in LAYERS"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_only_from_itself_and_below(path: Path) -> None:
+    unit = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    above = [
+        f"line {line}: {module}"
+        for line, module in _imports(path)
+        if _unit(module) != unit and LEVEL[_unit(module)] >= LEVEL[unit]
+    ]
+    assert not above, f"{unit} (layer {LEVEL[unit]}) imports from its layer or above: {above}"
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from transduce.training.run import train\n    import transduce.cli\n")
+    assert _imports(bad) == [(2, "transduce.training.run"), (3, "transduce.cli")]
+
+
+def test_the_model_names_no_cpu_vendor_or_matrix_library() -> None:
+    # the paper's model says what it computes; how (MKL, oneDNN, AVX-512 on AMD or Intel) is the
+    # kernels' business, and measured figures live in benchmarks/RESULTS.md
+    words = re.compile(r"\b(mkl|onednn|mkldnn|amd|intel|avx\w*|zen|results\.md)\b", re.I)
+    hits = [
+        f"{p.name}:{i}: {line.strip()}"
+        for p in sorted((PACKAGE / "model").glob("*.py"))
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if words.search(line)
+    ]
+    assert not hits
+    lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / "model").glob("*.py"))
+    assert lines < 1100, f"model/ has {lines} lines: speed code belongs in kernels/ or inference/"
