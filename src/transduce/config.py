@@ -118,8 +118,8 @@ class TrainConfig(_Section):
     device: str = "cpu"
     # bf16: autocast to bfloat16 (CPUs with bfloat16 instructions, GPUs); fp16: autocast to
     # float16 with loss scaling (GPUs); fp32 master weights in both. auto: bf16 where the
-    # device computes in bfloat16 natively (training.trainer.native_bf16), else fp32: 1.7x
-    # faster on a 2-core AMX CPU, the same val BLEU at equal updates (benchmarks/RESULTS.md)
+    # device computes in bfloat16 natively (training.precision.native_bf16), else fp32: faster,
+    # with the same val BLEU at equal updates (benchmarks/RESULTS.md)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)

@@ -1,8 +1,8 @@
 """Process-level settings that make PyTorch on the CPU faster.
 
 glibc's malloc serves large blocks with mmap and gives freed memory back to the system at once, so
-every training step pays page faults on fresh memory for its activations (measured: 1.03-1.4x
-slower training steps on an AMD Zen 5, 4-5x on an older shared machine; benchmarks/RESULTS.md).
+every training step pays page faults on fresh memory for its activations (slower training steps,
+by how much depends on the machine; benchmarks/RESULTS.md).
 ``tune_malloc`` keeps freed memory in the heap instead, which is what setting
 ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=... MALLOC_TOP_PAD_=...`` does. The CLI calls it at
 start-up unless ``TRANSDUCE_MALLOC_TUNING=0`` or ``--no-malloc-tuning``.
@@ -29,9 +29,8 @@ _M_MMAP_MAX = -4
 
 _tuned = False
 
-# Kernels oneDNN keeps (its default: 1024). Measured on 2 cores with AMX (bfloat16 autocast,
-# Multi30k token batches, steady state after one epoch): 1024 -> 5300-5500 target tokens/s,
-# 16384 -> 6900, 65536 -> 7150-7260, for about 200 MB more memory than the default.
+# Kernels oneDNN keeps (its default: 1024): bfloat16 training on Multi30k's token batches ran
+# fastest at this size, for about 200 MB more memory than the default (benchmarks/RESULTS.md)
 ONEDNN_CACHE_CAPACITY = 65536
 _ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 

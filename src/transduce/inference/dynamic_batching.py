@@ -13,9 +13,9 @@ only the request that fails gets the error.
 Which thread decodes matters on the CPU. PyTorch's OpenMP runtime (GNU libgomp) lets the workers
 of a parallel region spin between regions only while no more OpenMP threads exist than CPUs;
 once a second thread starts parallel regions besides the main thread, which loaded the model,
-its workers sleep between regions and each region wakes them (a small product or attention call
-cost 5-10x more). One sentence at a time, beam 4, took 34 ms on a worker thread against 17-20 ms
-on the main thread (2 cores, benchmarks/RESULTS.md, 2026-11-24). So ``server.serve`` runs this
+its workers sleep between regions and each region wakes them: small products and attention
+calls, and so one sentence at a time, ran much slower on a worker thread than on the main thread
+(benchmarks/RESULTS.md). So ``server.serve`` runs this
 worker loop on the main thread (``keep_in_caller_thread`` then ``run``) and the HTTP server on a
 thread of its own; ``start`` gives the loop a thread of its own (tests, embedding).
 

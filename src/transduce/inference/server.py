@@ -420,7 +420,7 @@ def serve(
     (``ServerThread`` serves from a background one).
 
     The app's batching worker decodes on the main thread, which loaded the model, and uvicorn runs
-    on a thread of its own: decoding on a second thread was 1.8x slower one request at a time
+    on a thread of its own: decoding on a second thread was slower one request at a time
     (``inference.dynamic_batching``). SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
     stops accepting and waits up to 10 s for the requests in progress (this thread keeps
     translating them); then the worker stops and the requests still queued fail. A second signal

@@ -1,8 +1,8 @@
 """The k largest entries of each row of a wide matrix, found through the maxima of its chunks.
 
-``torch.topk`` on the CPU costs about as much as a partial sort of every row: 677 µs for the 4
-best of each of 128 rows of 8000 log-probabilities (one SMALL beam step, batch 32 x beam 4),
-about twice the ``log_softmax`` over them (311 µs). ``chunked_topk`` cuts each row into chunks
+``torch.topk`` on the CPU costs about as much as a partial sort of every row: for the 4 best of
+each of a beam step's rows of log-probabilities, about twice the ``log_softmax`` over them
+(benchmarks/RESULTS.md). ``chunked_topk`` cuts each row into chunks
 of C entries, takes every chunk's maximum (one vectorised reduction over the row), keeps the k
 chunks with the largest maxima and takes the k best of their k*C entries, together with the
 last V mod C entries of the row, which are in no chunk and are candidates as they are.
@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# Entries per chunk, k = 4 (benchmarks/RESULTS.md): the fastest at 4 and 32 rows of 8000; at 128
-# rows 128-entry chunks are a little faster (359 against 372 µs at 8000, 626 against 722 at 37000)
-# but 1.5x slower at 32 rows.
+# Entries per chunk, k = 4: the fastest at 4 and 32 rows; 128 was a little faster at 128 rows
+# but slower at 32 (benchmarks/RESULTS.md)
 CHUNK = 64
 
 

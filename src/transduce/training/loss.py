@@ -46,8 +46,8 @@ def label_smoothed_nll(
     dz = softmax(z) - q, straight into the logits' dtype. The point is memory: the paper's base
     batch (25k target tokens, 37k vocabulary) would otherwise hold several 3.7 GB float32 (N, V)
     tensors. The fused ``log_softmax`` / ``softmax`` kernels, which read bfloat16 logits without
-    a float32 copy, also made it 1.5x faster than the logsumexp form it replaced (BASE bf16
-    batch, 1536 x 37000: 64.6 -> 42.6 ms forward + backward on 2 cores; benchmarks/RESULTS.md).
+    a float32 copy, also made it faster than the logsumexp form it replaced
+    (benchmarks/RESULTS.md).
     """
     keep = target != ignore_index  # (B, T)
     loss, nll = _SmoothedCrossEntropy.apply(
