@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"inference"},  # searches, the inference engine, Translator, the server
     {"training", "export"},
     {"demo"},
+    {"experiments"},  # several runs and their figures
     {"cli"},
     {"__main__"},
 ]

@@ -199,6 +199,31 @@ def test_translate_keeps_empty_lines_and_order(trained, corpus, capsys, tmp_path
     assert [o for o in out if o] == [translator.translate([s])[0] for s in sources]
 
 
+def test_translate_alignments_are_pharaoh_pairs_over_words(
+    trained, corpus, capsys, tmp_path
+) -> None:
+    sources = (corpus / "eval.en").read_text(encoding="utf-8").split("\n")[:12]
+    write_lines(tmp_path / "in.en", [*sources[:6], "", *sources[6:]])
+    model = str(trained["run"] / "model.pt")
+    code, out, err = run_cli(["translate", "--model", model, "--input", str(tmp_path / "in.en"),
+                              "--alignments", "--quiet"], capsys)  # fmt: skip
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 13 and lines[6] == "\t"  # an empty line: no words, no pairs
+    plain, _ = Translator.load(model).translate(sources), None
+    lines = lines[:6] + lines[7:]
+    for source, line, text in zip(sources, lines, plain, strict=True):
+        translation, alignment = line.split("\t")
+        assert translation == text  # the same translation, then its alignment
+        pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+        targets = sorted(j for _, j in pairs)
+        assert targets == list(range(len(text.split())))  # each target word once
+        assert all(0 <= i < len(source.split()) for i, _ in pairs)
+    code, _, err = run_cli(["translate", "--model", model, "--input", str(tmp_path / "in.en"),
+                            "--alignments", "--alignment-layer", "7", "--quiet"], capsys)  # fmt: skip
+    assert code == 2 and "layer 7" in err
+
+
 def test_translate_nbest_format(trained, corpus, capsys, tmp_path) -> None:
     lines = ["A dog runs.", "", "Two men play soccer."]
     write_lines(tmp_path / "in.en", lines)

@@ -9,11 +9,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from transduce.cli import serve_commands, training_commands, translation_commands
+from transduce.cli import (
+    analysis_commands,
+    serve_commands,
+    training_commands,
+    translation_commands,
+)
 from transduce.errors import UserError
 
 # Each module adds its subcommands with register(subparsers).
-COMMAND_MODULES = [training_commands, translation_commands, serve_commands]
+COMMAND_MODULES = [training_commands, translation_commands, serve_commands, analysis_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -87,8 +87,13 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         "beam": args.beam, "alpha": args.alpha, "batch_tokens": args.batch_tokens,
         "max_len_offset": args.max_len_offset, "show_progress": None if not args.quiet else False,
     }  # fmt: skip
+    if args.alignments and args.nbest != 1:
+        raise UserError("--alignments goes with one translation per line (--nbest 1)")
     if args.nbest == 1:
         out = [_one_line(t) for t in translator.translate(sentences, **options)]
+        if args.alignments:
+            aligned = translator.align(sentences, out, layer=args.alignment_layer)
+            out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
     else:
         out = [
             f"{i}\t{h.score:.4f}\t{_one_line(h.text)}"
@@ -199,6 +204,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-len-offset", type=int, default=None, metavar="N",
         help="outputs have at most source tokens + N tokens (default: the model's, 50)",
+    )  # fmt: skip
+    p.add_argument(
+        "--alignments", action="store_true",
+        help="append a TAB and the word alignment in Pharaoh format (i-j: source word i, target "
+        "word j), from encoder-decoder attention averaged over the heads of one layer",
+    )  # fmt: skip
+    p.add_argument(
+        "--alignment-layer", type=int, default=-1, metavar="L",
+        help="the layer whose attention aligns (default: the last, -1)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_translate)
 

@@ -39,6 +39,7 @@ from transduce.data.vocab import Vocab
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
+from transduce.inference.attention_maps import attention_maps, pharaoh, word_alignment
 from transduce.inference.engine import DecodingModel
 from transduce.inference.search import generate
 from transduce.model.transformer import Transformer
@@ -204,6 +205,24 @@ class Translator:
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]
                 bar.update(len(batch))
+        return out
+
+    def align(
+        self, sentences: Sequence[str], translations: Sequence[str], *, layer: int = -1
+    ) -> list[str]:
+        """For each pair, the Pharaoh word alignment (``i-j``: source word i, target word j) of
+        the model's encoder-decoder attention in ``layer`` (default: the last), averaged over its
+        heads (``inference.attention_maps.word_alignment``); "" where either side is empty."""
+        n_layers = self.cfg.model.n_layers
+        if not -n_layers <= layer < n_layers:
+            raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")
+        out = []
+        for source, target in zip(sentences, translations, strict=True):
+            if not source.strip() or not target.strip():
+                out.append("")
+                continue
+            maps = attention_maps(self.model, self.vocab, source, target)
+            out.append(pharaoh(word_alignment(maps, self.vocab, layer)))
         return out
 
     def _check_lengths(

@@ -27,7 +27,7 @@ the residual connections), ``transformer`` (Figure 1), ``cache`` (keys and value
 decoding steps).
 """
 
-from transduce.model.attention import MultiHeadAttention, attention
+from transduce.model.attention import AttentionRecord, MultiHeadAttention, attention
 from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings
 from transduce.model.feed_forward import PositionwiseFeedForward
@@ -37,6 +37,7 @@ from transduce.model.positions import positional_table
 from transduce.model.transformer import Decoder, Encoder, Transformer, make_model
 
 __all__ = [
+    "AttentionRecord",
     "Decoder",
     "DecoderCache",
     "DecoderLayer",

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from torch import Tensor, nn
 
 from transduce import kernels
 from transduce.kernels import KernelOptions
+from transduce.model.masks import causal_mask
+
+
+@dataclass
+class AttentionRecord:
+    """Attention weights kept by a pass that asks for them (``Transformer.encode`` / ``decode``
+    with ``record=``): one tensor per layer, (B, H, T, T') each, rows summing to 1 over the keys
+    a query may attend (all-zero rows where it may attend none)."""
+
+    encoder: list[Tensor] = field(default_factory=list)  # self-attention, (B, H, S, S)
+    decoder: list[Tensor] = field(default_factory=list)  # masked self-attention, (N, H, T, T')
+    cross: list[Tensor] = field(default_factory=list)  # encoder-decoder, (N, H, T, S)
 
 
 def attention(
@@ -98,19 +112,49 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool = False,
+        record: list[Tensor] | None = None,
     ) -> Tensor:
-        """Projected heads -> (B, T, D): attention per head, concatenation, W^O."""
+        """Projected heads -> (B, T, D): attention per head, concatenation, W^O. With ``record``,
+        the weights softmax(QK^T/sqrt(d_k)) (B, H, T, T') are appended to it (dropout aside)."""
         p = self.dropout if self.training else 0.0
-        heads = attention(q, k, v, mask, dropout_p=p, is_causal=is_causal, options=self.options)
+        if record is None:
+            heads = attention(q, k, v, mask, dropout_p=p, is_causal=is_causal, options=self.options)
+        else:
+            heads = self._attend_recorded(q, k, v, mask, is_causal, record)
         return self.w_o(merge_heads(heads))  # (B, H, T, Dv) -> (B, T, H*Dv) -> (B, T, D)
 
-    def forward(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
-        """query (B, T, D) attends over memory (B, T', D); mask broadcastable to (B, H, T, T')."""
+    def _attend_recorded(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+        record: list[Tensor],
+    ) -> Tensor:  # fmt: skip
+        """Eq. 1 through its weights, which are kept: (B, H, T, Dv)."""
+        if is_causal:
+            causal = causal_mask(q.size(-2), k.size(-2), device=q.device)
+            mask = causal if mask is None else mask & causal
+        weights = kernels.attention_weights(q, k, mask)  # (B, H, T, T')
+        record.append(weights.detach())
+        p = self.dropout if self.training else 0.0
+        return kernels.dropout(weights, p, self.training) @ v
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor,
+        mask: Tensor | None = None,
+        record: list[Tensor] | None = None,
+    ) -> Tensor:
+        """query (B, T, D) attends over memory (B, T', D); mask broadcastable to (B, H, T, T').
+        ``record``: see ``attend``."""
         if query is memory:  # self-attention: one stacked projection
-            return self.attend(*self.project_qkv(query), mask)
+            return self.attend(*self.project_qkv(query), mask, record=record)
         k, v = self.project_key_value(memory)
-        return self.attend(self.project_query(query), k, v, mask)
+        return self.attend(self.project_query(query), k, v, mask, record=record)
 
 
-__all__ = ["MultiHeadAttention", "attention", "merge_heads", "split_heads"]
+__all__ = ["AttentionRecord", "MultiHeadAttention", "attention", "merge_heads", "split_heads"]

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from transduce import kernels
 from transduce.kernels import KernelOptions
-from transduce.model.attention import MultiHeadAttention
+from transduce.model.attention import AttentionRecord, MultiHeadAttention
 from transduce.model.cache import LayerCache
 from transduce.model.feed_forward import PositionwiseFeedForward
 from transduce.model.masks import causal_mask
@@ -72,9 +72,13 @@ class EncoderLayer(_Sublayers):
             d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout, options=options
         )
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, S, D); mask broadcastable to (B, H, S, S) (source padding). Returns (B, S, D)."""
-        x = self.residual(0, x, lambda h: self.self_attn(h, h, mask))
+    def forward(
+        self, x: Tensor, mask: Tensor | None, record: AttentionRecord | None = None
+    ) -> Tensor:
+        """x (B, S, D); mask broadcastable to (B, H, S, S) (source padding). Returns (B, S, D).
+        ``record`` keeps the attention weights (``AttentionRecord.encoder``)."""
+        weights = None if record is None else record.encoder
+        x = self.residual(0, x, lambda h: self.self_attn(h, h, mask, weights))
         return self.residual(1, x, self.ffn)
 
 
@@ -107,19 +111,26 @@ class DecoderLayer(_Sublayers):
             d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout, options=options
         )
 
-    def _self_attention(self, h: Tensor, cache: LayerCache | None) -> Tensor:
+    def _self_attention(
+        self, h: Tensor, cache: LayerCache | None, record: list[Tensor] | None
+    ) -> Tensor:
         q, k, v = self.self_attn.project_qkv(h)  # (N, H, T, K), (N, H, T, K), (N, H, T, Dv)
         if cache is not None:
             k, v = cache.append(k, v)  # (N, H, t + T, K), (N, H, t + T, Dv)
         n_q, n_k = q.size(2), k.size(2)
         if n_q == n_k:  # no cached prefix: plain causal attention, no mask tensor needed
-            return self.self_attn.attend(q, k, v, None, is_causal=True)
+            return self.self_attn.attend(q, k, v, None, is_causal=True, record=record)
         # A single new query may see every cached key, so no mask is needed then.
         mask = None if n_q == 1 else causal_mask(n_q, n_k, device=h.device)
-        return self.self_attn.attend(q, k, v, mask)
+        return self.self_attn.attend(q, k, v, mask, record=record)
 
     def _cross_attention(
-        self, h: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None
+        self,
+        h: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: LayerCache | None,
+        record: list[Tensor] | None,
     ) -> Tensor:
         if cache is not None and cache.cross_k is not None and cache.cross_v is not None:
             k, v = cache.cross_k, cache.cross_v
@@ -130,7 +141,7 @@ class DecoderLayer(_Sublayers):
         q = self.cross_attn.project_query(h)  # (N, H, T, K)
         n, b, t = q.size(0), k.size(0), q.size(2)
         if n == b:
-            return self.cross_attn.attend(q, k, v, memory_mask)
+            return self.cross_attn.attend(q, k, v, memory_mask, record=record)
         # N = B*G hypotheses, G per sentence (a beam). The G hypotheses of a sentence attend to
         # the same keys, so they are queried together as G*T positions: one product per sentence
         # rather than G, and no per-hypothesis copies of the encoder keys and values.
@@ -138,7 +149,11 @@ class DecoderLayer(_Sublayers):
             raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
         g = n // b
         q = q.unflatten(0, (b, g)).transpose(1, 2).flatten(2, 3)  # (B, G, H, T, K) -> (B, H, G*T, K)
-        out = self.cross_attn.attend(q, k, v, memory_mask)  # (B, G*T, D)
+        grouped: list[Tensor] | None = None if record is None else []
+        out = self.cross_attn.attend(q, k, v, memory_mask, record=grouped)  # (B, G*T, D)
+        if record is not None and grouped:
+            # (B, H, G*T, S) -> (B, H, G, T, S) -> (B, G, H, T, S) -> (N, H, T, S)
+            record.append(grouped[0].unflatten(2, (g, t)).transpose(1, 2).flatten(0, 1))
         return out.unflatten(1, (g, t)).flatten(0, 1)  # (B, G, T, D) -> (N, T, D)
 
     def forward(
@@ -147,13 +162,18 @@ class DecoderLayer(_Sublayers):
         memory: Tensor,
         memory_mask: Tensor | None,
         cache: LayerCache | None = None,
+        record: AttentionRecord | None = None,
     ) -> Tensor:
         """x (N, T, D) target states, memory (B, S, D) encoder output, memory_mask broadcastable
         to (B, H, T, S); N = B, or N = B*G for G hypotheses per sentence, rows sentence-major.
         With a cache, x holds only the new positions, and keys/values of the earlier ones come
-        from (and are appended to) the cache. Returns (N, T, D)."""
-        x = self.residual(0, x, lambda h: self._self_attention(h, cache))
-        x = self.residual(1, x, lambda h: self._cross_attention(h, memory, memory_mask, cache))
+        from (and are appended to) the cache. Returns (N, T, D). ``record`` keeps the attention
+        weights (``AttentionRecord.decoder`` and ``.cross``)."""
+        own, cross = (None, None) if record is None else (record.decoder, record.cross)
+        x = self.residual(0, x, lambda h: self._self_attention(h, cache, own))
+        x = self.residual(
+            1, x, lambda h: self._cross_attention(h, memory, memory_mask, cache, cross)
+        )
         return self.residual(2, x, self.ffn)
 
 

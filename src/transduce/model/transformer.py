@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from transduce import kernels
 from transduce.config import ModelConfig
 from transduce.kernels import KernelOptions
+from transduce.model.attention import AttentionRecord
 from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings
 from transduce.model.layers import DecoderLayer, EncoderLayer
@@ -55,12 +56,14 @@ class Encoder(nn.Module):
         )
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
-    def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
+    def forward(
+        self, src: Tensor, src_valid: Tensor, record: AttentionRecord | None = None
+    ) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
         x = kernels.dropout(self.positions(self.embed(src)), self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, record)
         return self.final_norm(x)
 
 
@@ -80,7 +83,12 @@ class Decoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
     def forward(
-        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: DecoderCache | None = None
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_valid: Tensor,
+        cache: DecoderCache | None = None,
+        record: AttentionRecord | None = None,
     ) -> Tensor:
         """tgt (N, T) shifted-right target ids (right-padded), memory (B, S, D) -> (N, T, D).
 
@@ -93,7 +101,7 @@ class Decoder(nn.Module):
         x = kernels.dropout(x, self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, mask, None if cache is None else cache.layers[i])
+            x = layer(x, memory, mask, None if cache is None else cache.layers[i], record)
         if cache is not None:
             cache.length += tgt.size(1)
         return self.final_norm(x)
@@ -146,11 +154,18 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.generator.weight = tgt_embed.weight  # pre-softmax projection = target embedding
 
-    def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """src (B, S) -> memory (B, S, D), src_valid (B, S) (True on non-pad tokens)."""
+    def encode(
+        self,
+        src: Tensor,
+        src_valid: Tensor | None = None,
+        *,
+        record: AttentionRecord | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_valid (B, S) (True on non-pad tokens). ``record``
+        keeps every layer's attention weights (``AttentionRecord.encoder``)."""
         if src_valid is None:
             src_valid = src != self.pad_id
-        return self.encoder(src, src_valid), src_valid
+        return self.encoder(src, src_valid, record), src_valid
 
     def decode(
         self,
@@ -158,10 +173,13 @@ class Transformer(nn.Module):
         memory: Tensor,
         src_valid: Tensor,
         cache: DecoderCache | None = None,
+        *,
+        record: AttentionRecord | None = None,
     ) -> Tensor:
         """tgt (N, T), memory (B, S, D), src_valid (B, S) -> logits (N, T, V) over the next
-        token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``)."""
-        hidden = self.decoder(tgt, memory, src_valid, cache)  # (N, T, D)
+        token at each position; N = B*G, G hypotheses per sentence (see ``Decoder.forward``).
+        ``record`` keeps every layer's attention weights (``.decoder`` and ``.cross``)."""
+        hidden = self.decoder(tgt, memory, src_valid, cache, record)  # (N, T, D)
         return self.generator(hidden)  # (N, T, V)
 
     def new_cache(self) -> DecoderCache:

@@ -23,7 +23,7 @@ from transduce.data.batching import Pair
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
-from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
+from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
 from transduce.inference.engine import DecodingModel
 from transduce.inference.search import predict_ids
 from transduce.model.transformer import Transformer, make_model
@@ -46,7 +46,7 @@ def accuracy_validator(cfg: Config, valid: Sequence[Pair]) -> Validator:
     sources = [s for s, _ in valid]
     refs = [t for _, t in valid]
 
-    def validate(model: Transformer) -> dict[str, float]:
+    def validate(model: Transformer) -> dict[str, Any]:
         model.eval()
         hyps = predict_ids(
             DecodingModel(model),
@@ -55,7 +55,11 @@ def accuracy_validator(cfg: Config, valid: Sequence[Pair]) -> Validator:
             max_len_offset=cfg.decode.max_len_offset,
             device=next(model.parameters()).device,
         )
-        return {"seq_accuracy": sequence_accuracy(hyps, refs), "token_accuracy": token_accuracy(hyps, refs)}
+        return {
+            "seq_accuracy": sequence_accuracy(hyps, refs),
+            "token_accuracy": token_accuracy(hyps, refs),
+            "position_accuracy": position_accuracy(hyps, refs),  # a list: answer positions 1, 2..
+        }
 
     return validate
 

@@ -51,7 +51,8 @@ from transduce.training.rng import rng_state, seed_all, set_rng_state
 from transduce.training.schedule import cooldown, rate
 from transduce.training.validation import validation_loss
 
-Validator = Callable[[Transformer], dict[str, float]]
+# The task's validation metrics: numbers, or lists of numbers (accuracy per answer position)
+Validator = Callable[[Transformer], dict[str, Any]]
 # The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
 Resegment = Callable[[int], Sequence[Pair]]
 

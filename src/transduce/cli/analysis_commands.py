@@ -1,0 +1,91 @@
+"""Subcommands that show what a model learned: attention, plot curves, experiment reversal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _cmd_attention(args: argparse.Namespace) -> int:
+    from transduce.checkpoint import load_model
+    from transduce.inference.attention_maps import draw_attention
+
+    model, vocab, _ = load_model(args.model)
+    path = draw_attention(
+        model, vocab, args.src, Path(args.output), target=args.tgt, kind=args.kind,
+        layer=args.layer, head=args.head, style=args.style,
+    )  # fmt: skip
+    print(json.dumps({"output": str(path)}))
+    return 0
+
+
+def _cmd_plot_curves(args: argparse.Namespace) -> int:
+    from transduce.plotting.curves import plot_curves
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    path = plot_curves([Path(r) for r in args.runs], Path(args.output), x=args.x, metrics=metrics)
+    print(json.dumps({"output": str(path)}))
+    return 0
+
+
+def _cmd_reversal(args: argparse.Namespace) -> int:
+    from transduce.errors import UserError
+    from transduce.experiments import reversal
+
+    if args.minutes <= 0:
+        raise UserError(f"--minutes must be positive; got {args.minutes}")
+    summary = reversal(
+        args.out, task=args.task, minutes=args.minutes, show_progress=not args.quiet
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="draw a model's attention on one sentence",
+        description="Draw the attention weights of a checkpoint (translation or synthetic task) "
+        "on --src (and --tgt; without it the model's greedy output): heat maps per head (grid) "
+        "or the paper's appendix style (lines). Outputs .png, .svg, .pdf or .html.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint file or run folder")
+    p.add_argument("--src", required=True, help="the source sentence")
+    p.add_argument("--tgt", default=None, help="the target sentence (default: greedy output)")
+    p.add_argument("--kind", choices=("cross", "encoder", "decoder"), default="cross")
+    p.add_argument("--layer", type=int, default=-1, help="0-based; -1 (default) is the last")
+    p.add_argument("--head", type=int, default=None, help="0-based head (default: all)")
+    p.add_argument("--style", choices=("grid", "lines"), default="grid")
+    p.add_argument("--output", required=True, help="FILE.png, .svg, .pdf or .html")
+    p.set_defaults(func=_cmd_attention)
+
+    plot = sub.add_parser("plot", help="draw figures of runs")
+    plot_sub = plot.add_subparsers(dest="figure", required=True, metavar="FIGURE")
+    p = plot_sub.add_parser(
+        "curves",
+        help="learning curves of one or more runs",
+        description="Training and validation curves from each run's metrics.jsonl (a run still "
+        "training too), runs overlaid, one panel per metric.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or metrics.jsonl)")
+    p.add_argument("--x", choices=("step", "epoch", "time"), default="step")
+    p.add_argument(
+        "--metrics", default=None, help="comma-separated, e.g. loss,bleu (default: all present)"
+    )
+    p.add_argument("--output", required=True, help="FILE.png, .svg or .pdf")
+    p.set_defaults(func=_cmd_plot_curves)
+
+    exp = sub.add_parser("experiment", help="train several runs and draw what they show")
+    exp_sub = exp.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    p = exp_sub.add_parser(
+        "reversal",
+        help="does reversing the input help a Transformer? (a few minutes)",
+        description="Train a synthetic task as is and with reversed input, same split, seed and "
+        "budget; write DIR/reversal.png and DIR/summary.json.",
+    )
+    p.add_argument("--task", choices=("addition", "copy", "reverse"), default="addition")
+    p.add_argument("--minutes", type=float, default=2.5, help="per run (default: 2.5)")
+    p.add_argument("--out", default="runs/reversal", help="folder (default: runs/reversal)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_reversal)

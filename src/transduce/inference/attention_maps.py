@@ -1,0 +1,155 @@
+"""The attention weights of a trained model on one sentence pair, drawn or read as alignments.
+
+``attention_maps`` runs the model once, teacher-forced on the pair, and keeps every layer's and
+head's weights: encoder self-attention, decoder self-attention and encoder-decoder attention.
+Row t of the decoder's maps is the decoder state that predicts output token t (the t-th piece,
+then EOS), as fairseq and CTranslate2 report attention; the decoder's keys are its inputs (BOS,
+then the pieces). ``word_alignment`` turns encoder-decoder attention into a word alignment in
+Pharaoh format (``i-j``: source word i, target word j, over whitespace-separated words of the
+detokenized texts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from transduce.data.batching import collate
+from transduce.data.vocab import SPECIALS, Vocab
+from transduce.errors import UserError
+from transduce.inference.engine import DecodingModel
+from transduce.inference.search import predict_ids
+from transduce.model.attention import AttentionRecord
+from transduce.model.transformer import Transformer
+
+Kind = Literal["cross", "encoder", "decoder"]
+BOS_TOKEN, EOS_TOKEN = SPECIALS[1], SPECIALS[2]
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """One sentence pair's attention weights, every layer and head (float32, on the CPU).
+
+    source (S,): the source pieces and EOS; inputs (T,): BOS and the target pieces; outputs (T,):
+    the target pieces and EOS. encoder (L, H, S, S), decoder (L, H, T, T), cross (L, H, T, S).
+    """
+
+    source: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    source_ids: list[int]
+    target_ids: list[int]
+    encoder: Tensor
+    decoder: Tensor
+    cross: Tensor
+
+    def of(self, kind: Kind) -> tuple[Tensor, list[str], list[str]]:
+        """(weights (L, H, T_q, T_k), query tokens, key tokens) of ``kind``."""
+        if kind == "encoder":
+            return self.encoder, self.source, self.source
+        if kind == "decoder":
+            return self.decoder, self.outputs, self.inputs
+        return self.cross, self.outputs, self.source
+
+
+def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
+    to_piece = getattr(vocab, "id_to_piece", None)
+    if to_piece is not None:
+        return [to_piece(i) for i in ids]
+    return [vocab.decode([i]) or f"<{i}>" for i in ids]
+
+
+@torch.no_grad()
+def attention_maps(
+    model: Transformer, vocab: Vocab, source: str, target: str | None = None,
+    *, max_len_offset: int = 50,
+) -> AttentionMaps:  # fmt: skip
+    """The weights of ``model`` on ``source`` and ``target`` (None: the model's greedy output)."""
+    model.eval()
+    src_ids = vocab.encode(source.strip())
+    if not src_ids:
+        raise UserError("the source sentence is empty")
+    device = next(model.parameters()).device
+    if target is None:
+        tgt_ids = predict_ids(
+            DecodingModel(model), [src_ids], batch_size=1, max_len_offset=max_len_offset,
+            device=device,
+        )[0]  # fmt: skip
+    else:
+        tgt_ids = vocab.encode(target.strip())
+    batch = collate([(src_ids, tgt_ids)]).to(device)
+    record = AttentionRecord()
+    memory, valid = model.encode(batch.src, record=record)
+    model.decode(batch.tgt_in, memory, valid, record=record)
+
+    def stacked(maps: list[Tensor]) -> Tensor:
+        return torch.stack([m[0] for m in maps]).float().cpu()  # L x (H, T, T') -> (L, H, T, T')
+
+    pieces = _pieces(vocab, tgt_ids)
+    return AttentionMaps(
+        source=[*_pieces(vocab, src_ids), EOS_TOKEN], inputs=[BOS_TOKEN, *pieces],
+        outputs=[*pieces, EOS_TOKEN], source_ids=src_ids, target_ids=tgt_ids,
+        encoder=stacked(record.encoder), decoder=stacked(record.decoder),
+        cross=stacked(record.cross),
+    )  # fmt: skip
+
+
+def word_index(vocab: Vocab, ids: list[int]) -> list[int]:
+    """The 0-based whitespace-separated word of the detokenized text that each piece of ``ids``
+    belongs to: the number of words in the text of the pieces up to it, less one."""
+    out = []
+    for i in range(len(ids)):
+        out.append(max(len(vocab.decode(ids[: i + 1]).split()) - 1, 0))
+    return out
+
+
+def word_alignment(maps: AttentionMaps, vocab: Vocab, layer: int = -1) -> list[tuple[int, int]]:
+    """Pharaoh pairs (source word, target word), sorted: each target word aligned to the source
+    word receiving the most encoder-decoder attention in ``layer``, averaged over its heads and
+    summed over the pieces of both words (EOS on either side takes no part)."""
+    n_src, n_tgt = len(maps.source_ids), len(maps.target_ids)
+    if not n_tgt:
+        return []
+    weights = maps.cross[layer].mean(0)[:n_tgt, :n_src]  # (H, T, S) -> (T, S), pieces only
+    src_words = torch.tensor(word_index(vocab, maps.source_ids))
+    tgt_words = torch.tensor(word_index(vocab, maps.target_ids))
+    # (T, S) -> (T, source words) -> (target words, source words): sums over pieces
+    per_src = torch.zeros(n_tgt, int(src_words.max()) + 1).index_add_(1, src_words, weights)
+    per_word = torch.zeros(int(tgt_words.max()) + 1, per_src.size(1)).index_add_(
+        0, tgt_words, per_src
+    )
+    return [(int(i), j) for j, i in enumerate(per_word.argmax(1).tolist())]
+
+
+def pharaoh(pairs: list[tuple[int, int]]) -> str:
+    """'0-0 1-2 ...' of (source, target) pairs."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
+
+
+def draw_attention(
+    model: Transformer, vocab: Vocab, source: str, output: Path, *, target: str | None = None,
+    kind: Kind = "cross", layer: int = -1, head: int | None = None,
+    style: Literal["grid", "lines"] = "grid",
+) -> Path:  # fmt: skip
+    """Draw one layer's attention of ``kind`` on the pair into ``output`` (.png, .svg, .pdf or
+    .html; ``transduce.plotting.plot_attention``): all heads, or ``head`` alone."""
+    from transduce.plotting.attention import plot_attention
+
+    maps = attention_maps(model, vocab, source, target)
+    weights, queries, keys = maps.of(kind)
+    n_layers = weights.size(0)
+    if not -n_layers <= layer < n_layers:
+        raise UserError(f"--layer {layer}: this model has layers 0 to {n_layers - 1}")
+    title = f"{kind} attention, layer {layer % n_layers}"
+    return plot_attention(
+        weights[layer].numpy(), queries, keys, output, style=style, heads=head, title=title
+    )
+
+
+__all__ = [
+    "AttentionMaps", "attention_maps", "draw_attention", "pharaoh", "word_alignment", "word_index",
+]  # fmt: skip
