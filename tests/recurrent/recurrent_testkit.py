@@ -6,17 +6,18 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import PAD
-from transduce.recurrent import RecurrentSeq2Seq
+from transduce.recurrent import AttentionKind, RecurrentSeq2Seq
 
 V = 13
-KINDS = [(a, f) for a in ("general", "additive") for f in (False, True)]
+ATTENTIONS: tuple[AttentionKind, ...] = ("general", "additive")
+KINDS = [(a, f) for a in ATTENTIONS for f in (False, True)]  # (attention, input_feeding)
 KIND_IDS = [f"{a}-{'feed' if f else 'nofeed'}" for a, f in KINDS]
 
 
 def tiny_model(
     seed: int = 0,
     *,
-    attention: str = "general",
+    attention: AttentionKind = "general",
     input_feeding: bool = True,
     n_layers: int = 2,
     embed_dim: int = 8,

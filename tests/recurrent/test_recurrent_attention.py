@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
-from transduce.recurrent import Attention, group_rows, masked_softmax
+from transduce.recurrent import Attention, AttentionKind, group_rows, masked_softmax
 
 
-def _naive(att: Attention, h_t: torch.Tensor, h_s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def _naive(att: Attention, h_t: Tensor, h_s: Tensor, valid: Tensor) -> Tensor:
     """One query h_t (H,) over h_s (S, H) with valid (S,) -> context (H,), formula by formula."""
     scores = []
     for s in range(h_s.size(0)):
@@ -21,7 +22,7 @@ def _naive(att: Attention, h_t: torch.Tensor, h_s: torch.Tensor, valid: torch.Te
 
 
 @pytest.mark.parametrize("kind", ["general", "additive"])
-def test_context_equals_per_hypothesis_formula(kind: str) -> None:
+def test_context_equals_per_hypothesis_formula(kind: AttentionKind) -> None:
     torch.manual_seed(0)
     b, g, t, s, h = 2, 3, 4, 5, 6
     att = Attention(kind, h)
@@ -56,4 +57,4 @@ def test_group_rows_is_sentence_major_and_checks_rows() -> None:
 
 def test_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="attention"):
-        Attention("dot", 4)
+        Attention("dot", 4)  # type: ignore[arg-type]

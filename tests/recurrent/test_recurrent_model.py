@@ -8,24 +8,25 @@ import torch
 from torch import nn
 
 from transduce.data.vocab import PAD
-from transduce.recurrent import RecurrentCache, parameter_count
+from transduce.recurrent import AttentionKind, RecurrentCache, parameter_count
 
 from recurrent_testkit import KIND_IDS, KINDS, V, step_by_step, tiny_batch, tiny_model
 
-TOL = dict(atol=1e-5, rtol=1e-5)
 
 # --------------------------------------------------------------------------------------------
 # cached decoding
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_cached_step_by_step_equals_teacher_forcing(attention: str, feeding: bool) -> None:
+def test_cached_step_by_step_equals_teacher_forcing(
+    attention: AttentionKind, feeding: bool
+) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding)
     src, tgt = tiny_batch()
     with torch.no_grad():
         full = model(src, tgt)
     assert full.shape == (3, 5, V)
-    torch.testing.assert_close(step_by_step(model, src, tgt, [1] * 5), full, **TOL)
+    torch.testing.assert_close(step_by_step(model, src, tgt, [1] * 5), full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("feeding", [False, True])
@@ -35,7 +36,7 @@ def test_cached_chunks_equal_teacher_forcing(chunks: list[int], feeding: bool) -
     src, tgt = tiny_batch()
     with torch.no_grad():
         full = model(src, tgt)
-    torch.testing.assert_close(step_by_step(model, src, tgt, chunks), full, **TOL)
+    torch.testing.assert_close(step_by_step(model, src, tgt, chunks), full, atol=1e-5, rtol=1e-5)
 
 
 def test_cache_holds_hypothesis_and_source_rows() -> None:
@@ -57,7 +58,7 @@ def test_cache_holds_hypothesis_and_source_rows() -> None:
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_batch_equals_single_sentences(attention: str, feeding: bool) -> None:
+def test_batch_equals_single_sentences(attention: AttentionKind, feeding: bool) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding)
     src, tgt = tiny_batch()
     src_len, tgt_len = (src != PAD).sum(1), (tgt != PAD).sum(1)
@@ -65,19 +66,19 @@ def test_batch_equals_single_sentences(attention: str, feeding: bool) -> None:
         batched = model(src, tgt)
         for i in range(3):
             alone = model(src[i : i + 1, : src_len[i]], tgt[i : i + 1, : tgt_len[i]])
-            torch.testing.assert_close(batched[i, : tgt_len[i]], alone[0], **TOL)
+            torch.testing.assert_close(batched[i, : tgt_len[i]], alone[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_source_padding_does_not_change_outputs(attention: str, feeding: bool) -> None:
+def test_source_padding_does_not_change_outputs(attention: AttentionKind, feeding: bool) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding)
     src, tgt = tiny_batch()
     padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
     with torch.no_grad():
         mem, valid = model.encode(src)
         mem_padded, _ = model.encode(padded)
-        torch.testing.assert_close(model(padded, tgt), model(src, tgt), **TOL)
-    torch.testing.assert_close(mem_padded[:, :6][valid], mem[valid], **TOL)
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mem_padded[:, :6][valid], mem[valid], atol=1e-5, rtol=1e-5)
     assert mem_padded[:, :6][~valid].abs().sum() == 0 and mem_padded[:, 6:].abs().sum() == 0
 
 
@@ -94,7 +95,7 @@ def test_source_tokens_matter_padded_positions_do_not() -> None:
         base = model(src, tgt)
         assert not torch.allclose(model(changed, tgt)[1], base[1])
         memory, valid = model.encode(hidden, src != PAD)
-        torch.testing.assert_close(model.decode(tgt, memory, valid), base, **TOL)
+        torch.testing.assert_close(model.decode(tgt, memory, valid), base, atol=1e-5, rtol=1e-5)
 
 
 def test_empty_source_gives_finite_padding_invariant_outputs() -> None:
@@ -104,7 +105,7 @@ def test_empty_source_gives_finite_padding_invariant_outputs() -> None:
         short = model(torch.full((3, 1), PAD), tgt)
         long = model(torch.full((3, 4), PAD), tgt)
     assert torch.isfinite(short).all()
-    torch.testing.assert_close(short, long, **TOL)
+    torch.testing.assert_close(short, long, atol=1e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def test_empty_source_gives_finite_padding_invariant_outputs() -> None:
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_grouped_hypotheses_equal_expanded_memory(attention: str, feeding: bool) -> None:
+def test_grouped_hypotheses_equal_expanded_memory(attention: AttentionKind, feeding: bool) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding)
     src, _ = tiny_batch()
     g = 3
@@ -122,11 +123,11 @@ def test_grouped_hypotheses_equal_expanded_memory(attention: str, feeding: bool)
         memory, valid = model.encode(src)
         rows = torch.arange(src.size(0)).repeat_interleave(g)  # sentence of each hypothesis
         expected = model.decode(tgt, memory[rows], valid[rows])
-        torch.testing.assert_close(model.decode(tgt, memory, valid), expected, **TOL)
+        torch.testing.assert_close(model.decode(tgt, memory, valid), expected, atol=1e-5, rtol=1e-5)
         cache = model.new_cache()
         steps = [model.decode(tgt[:, t : t + 1], memory, valid, cache) for t in range(5)]
     assert cache.keys.size(0) == src.size(0)  # never copied per hypothesis
-    torch.testing.assert_close(torch.cat(steps, dim=1), expected, **TOL)
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_rows_must_divide() -> None:
@@ -157,7 +158,7 @@ def test_reorder_and_select_sources_equal_decoding_the_selected_batch(feeding: b
         rest = [model.decode(tgt_r[:, t : t + 1], memory, valid, cache) for t in range(2, 5)]
         expected = model(src[rows], tgt_r)[:, 2:]
     assert cache.length == 5 and cache.keys.size(0) == 2 and cache.h.size(1) == 4
-    torch.testing.assert_close(torch.cat(rest, dim=1), expected, **TOL)
+    torch.testing.assert_close(torch.cat(rest, dim=1), expected, atol=1e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def test_reorder_and_select_sources_equal_decoding_the_selected_batch(feeding: b
      ("general", False, False, None, 8), ("additive", True, False, 11, 8)],
 )  # fmt: skip
 def test_every_parameter_gets_a_finite_gradient(
-    attention: str, feeding: bool, tie: bool, tgt_vocab: int | None, embed: int
+    attention: AttentionKind, feeding: bool, tie: bool, tgt_vocab: int | None, embed: int
 ) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding, tie_embeddings=tie,
                        tgt_vocab_size=tgt_vocab, embed_dim=embed, dropout=0.1)  # fmt: skip

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.inference import beam_search, greedy_search, length_penalty
-from transduce.recurrent import RecurrentSeq2Seq
+from transduce.recurrent import AttentionKind, RecurrentSeq2Seq
 
 from recurrent_testkit import KIND_IDS, KINDS, V, tiny_model
 
@@ -35,7 +35,7 @@ def _log_prob(model: RecurrentSeq2Seq, src_row: Tensor, out: list[int]) -> float
 
 def _naive_greedy(model: RecurrentSeq2Seq, src_row: Tensor, max_len: int) -> list[int]:
     """Greedy search rerunning teacher forcing on the whole prefix at every step."""
-    src1, out = src_row[src_row != PAD][None], []
+    src1, out = src_row[src_row != PAD][None], list[int]()
     with torch.no_grad():
         while len(out) < max_len:
             logits = model(src1, torch.tensor([[BOS, *out]]))[0, -1]
@@ -48,7 +48,7 @@ def _naive_greedy(model: RecurrentSeq2Seq, src_row: Tensor, max_len: int) -> lis
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_greedy_equals_naive_and_beam_one(attention: str, feeding: bool) -> None:
+def test_greedy_equals_naive_and_beam_one(attention: AttentionKind, feeding: bool) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding, scale=0.8)
     src = _sources(1, [5, 2, 6, 1, 4])
     greedy = greedy_search(model, src, max_len=7)
@@ -59,7 +59,7 @@ def test_greedy_equals_naive_and_beam_one(attention: str, feeding: bool) -> None
 
 
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
-def test_beam_scores_are_log_probs_of_the_outputs(attention: str, feeding: bool) -> None:
+def test_beam_scores_are_log_probs_of_the_outputs(attention: AttentionKind, feeding: bool) -> None:
     """Each n-best hypothesis's log-probability is that of its sequence by teacher forcing, so
     the cache rows followed their hypotheses through reorder and select_sources."""
     model = tiny_model(attention=attention, input_feeding=feeding, scale=0.8)

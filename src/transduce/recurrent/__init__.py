@@ -29,7 +29,7 @@ from transduce.recurrent.attention import (
     masked_softmax,
 )
 from transduce.recurrent.cache import RecurrentCache
-from transduce.recurrent.config import ATTENTION_KINDS, RecurrentConfig
+from transduce.recurrent.config import ATTENTION_KINDS, AttentionKind, RecurrentConfig
 from transduce.recurrent.decoder import RecurrentDecoder, masked_mean
 from transduce.recurrent.encoder import RecurrentEncoder
 from transduce.recurrent.model import RecurrentSeq2Seq, parameter_count
@@ -37,6 +37,7 @@ from transduce.recurrent.model import RecurrentSeq2Seq, parameter_count
 __all__ = [
     "ATTENTION_KINDS",
     "Attention",
+    "AttentionKind",
     "RecurrentCache",
     "RecurrentConfig",
     "RecurrentDecoder",

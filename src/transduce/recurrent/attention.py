@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from transduce.recurrent.config import ATTENTION_KINDS
+from transduce.recurrent.config import ATTENTION_KINDS, AttentionKind
 
 
 def group_rows(x: Tensor, b: int) -> Tensor:
@@ -56,7 +56,7 @@ def masked_softmax(scores: Tensor, valid: Tensor) -> Tensor:
 class Attention(nn.Module):
     """One attention kind over the encoder output: its parameters, keys and context."""
 
-    def __init__(self, kind: str, hidden_size: int) -> None:
+    def __init__(self, kind: AttentionKind, hidden_size: int) -> None:
         super().__init__()
         if kind not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {kind!r}")

@@ -28,7 +28,7 @@ class RecurrentCache:
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (LongTensor (N_new,)), in that order; rows may repeat
         (B sentences -> B*W beams)."""
-        if self.h is not None:
+        if self.h is not None and self.c is not None:
             self.h = self.h.index_select(1, index)  # (L, N, H) -> (L, N_new, H)
             self.c = self.c.index_select(1, index)
         if self.feed is not None:

@@ -7,7 +7,8 @@ from typing import Literal
 
 from transduce.data.vocab import PAD, SPECIALS
 
-ATTENTION_KINDS = ("general", "additive")
+AttentionKind = Literal["general", "additive"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = ("general", "additive")
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -47,7 +48,7 @@ class RecurrentConfig:
     hidden_size: int = 256
     n_layers: int = 1
     dropout: float = 0.1
-    attention: Literal["general", "additive"] = "general"
+    attention: AttentionKind = "general"
     input_feeding: bool = True
     tie_embeddings: bool = True
     pad_id: int = PAD
@@ -61,7 +62,9 @@ class RecurrentConfig:
         _check_int("n_layers", self.n_layers, 1)
         _check_int("pad_id", self.pad_id, 0)
         if self.pad_id >= self.vocab_size:
-            raise ValueError(f"pad_id must be below vocab_size ({self.vocab_size}); got {self.pad_id}")
+            raise ValueError(
+                f"pad_id must be below vocab_size ({self.vocab_size}); got {self.pad_id}"
+            )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise ValueError(f"dropout must be a number in [0, 1); got {self.dropout!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -83,4 +86,4 @@ class RecurrentConfig:
         return self.tgt_vocab_size is None
 
 
-__all__ = ["ATTENTION_KINDS", "RecurrentConfig"]
+__all__ = ["ATTENTION_KINDS", "AttentionKind", "RecurrentConfig"]

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from transduce.recurrent.attention import Attention
 from transduce.recurrent.cache import RecurrentCache
+from transduce.recurrent.config import AttentionKind
 
 State = tuple[Tensor, Tensor]  # (h, c), each (L, N, H)
 
@@ -38,7 +39,7 @@ class RecurrentDecoder(nn.Module):
         hidden_size: int,
         n_layers: int,
         dropout: float,
-        attention: str,
+        attention: AttentionKind,
         input_feeding: bool,
     ) -> None:
         super().__init__()
@@ -77,12 +78,14 @@ class RecurrentDecoder(nn.Module):
         n, b = tgt.size(0), memory.size(0)
         if n % b:
             raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
-        if cache is not None and cache.h is not None:
+        if cache is not None and cache.h is not None and cache.c is not None:
             state, feed, keys = (cache.h, cache.c), cache.feed, cache.keys
         else:
             state, feed, keys = self._start(n, memory, src_valid)
+        assert keys is not None  # made with the first state
         x = self.dropout(self.embed(tgt))  # (N, T, E)
         if self.input_feeding:
+            assert feed is not None  # h~_0 = 0 from _start
             out, state, feed = self._steps(x, state, feed, keys, memory, src_valid)
         else:
             h, state = self.lstm(x, state)  # (N, T, H): fused over the T positions
@@ -92,7 +95,9 @@ class RecurrentDecoder(nn.Module):
             cache.length += tgt.size(1)
         return out
 
-    def _start(self, n: int, memory: Tensor, src_valid: Tensor) -> tuple[State, Tensor | None, Tensor]:
+    def _start(
+        self, n: int, memory: Tensor, src_valid: Tensor
+    ) -> tuple[State, Tensor | None, Tensor]:
         """The state before the first target position, expanded to the N hypothesis rows, the
         zero h~_0 (input feeding) and the attention keys (B, S, H), one row per sentence."""
         h0, c0 = self.initial_state(memory, src_valid)  # (L, B, H) each

@@ -14,7 +14,9 @@ class RecurrentEncoder(nn.Module):
     starts at the last real token, not at the padding, and padding positions of memory are 0.
     """
 
-    def __init__(self, embed: nn.Embedding, hidden_size: int, n_layers: int, dropout: float) -> None:
+    def __init__(
+        self, embed: nn.Embedding, hidden_size: int, n_layers: int, dropout: float
+    ) -> None:
         super().__init__()
         self.embed = embed
         self.dropout = nn.Dropout(dropout)

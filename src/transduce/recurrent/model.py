@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal
-
 from torch import Tensor, nn
 
 from transduce.data.vocab import PAD
 from transduce.recurrent.cache import RecurrentCache
-from transduce.recurrent.config import RecurrentConfig
+from transduce.recurrent.config import AttentionKind, RecurrentConfig
 from transduce.recurrent.decoder import RecurrentDecoder
 from transduce.recurrent.encoder import RecurrentEncoder
 
@@ -40,7 +38,7 @@ class RecurrentSeq2Seq(nn.Module):
         hidden_size: int,
         n_layers: int,
         dropout: float,
-        attention: Literal["general", "additive"],
+        attention: AttentionKind,
         input_feeding: bool,
         tie_embeddings: bool,
         pad_id: int = PAD,
@@ -75,8 +73,9 @@ class RecurrentSeq2Seq(nn.Module):
             attention=attention,
             input_feeding=input_feeding,
         )
-        tied_bridge = tie_embeddings and embed_dim != hidden_size
-        self.bridge = nn.Linear(hidden_size, embed_dim, bias=False) if tied_bridge else nn.Identity()
+        self.bridge: nn.Module = nn.Identity()
+        if tie_embeddings and embed_dim != hidden_size:  # h~ (H) to the embedding size (E)
+            self.bridge = nn.Linear(hidden_size, embed_dim, bias=False)
         out_dim = embed_dim if tie_embeddings else hidden_size
         self.generator = nn.Linear(out_dim, cfg.target_vocab_size, bias=False)
         for p in self.parameters():
@@ -86,6 +85,7 @@ class RecurrentSeq2Seq(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: RecurrentConfig) -> RecurrentSeq2Seq:
+        """The model of a (checked) RecurrentConfig."""
         return cls(**asdict(cfg))
 
     def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -103,6 +103,7 @@ class RecurrentSeq2Seq(nn.Module):
         return self.generator(self.bridge(hidden))  # (N, T, H) -> (N, T, E or H) -> (N, T, V)
 
     def new_cache(self) -> RecurrentCache:
+        """An empty cache: the first ``decode`` on it starts the state from memory."""
         return RecurrentCache()
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
