@@ -32,7 +32,8 @@ class RecurrentEncoder(nn.Module):
 
     def forward(self, src: Tensor, src_valid: Tensor) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool (True on real tokens, a prefix of each
-        row: right padding) -> memory (B, S, H), zero at padding."""
+        row: right padding) -> memory (B, S, H), zero at padding (but for the one token run
+        for an empty source)."""
         # packing needs the lengths on the CPU (one device sync on a GPU); an empty source is
         # run as one token, which attention then masks (masked_softmax gives it no weight)
         lengths = src_valid.sum(dim=1).clamp(min=1).cpu()  # (B,)
