@@ -22,7 +22,8 @@ LAYERS: list[set[str]] = [
     {"device", "runtime", "presets"},
     {"config"},
     {"kernels"},  # device and dtype dispatch: matrix library, dropout, attention paths
-    {"model", "data", "evaluation"},  # the paper's model; corpora and vocabularies; metrics
+    # the paper's model; the recurrent baseline; corpora and vocabularies; metrics
+    {"model", "recurrent", "data", "evaluation"},
     {"checkpoint", "plotting"},  # model files; figures from plain data
     {"inference"},  # searches, the inference engine, Translator, the server
     {"training", "export"},
