@@ -22,8 +22,8 @@ LAYERS: list[set[str]] = [
     {"device", "runtime", "presets"},
     {"config"},
     {"kernels"},  # device and dtype dispatch: matrix library, dropout, attention paths
-    # the paper's model; the recurrent baseline; corpora and vocabularies; metrics
-    {"model", "recurrent", "data", "evaluation"},
+    {"data", "evaluation"},  # corpora, vocabularies (PAD, BOS, EOS), batches; metrics
+    {"model", "recurrent"},  # the paper's model; the recurrent baseline it argues against
     {"checkpoint", "plotting"},  # model files; figures from plain data
     {"inference"},  # searches, the inference engine, Translator, the server
     {"training", "export"},
