@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"kernels"},  # device and dtype dispatch: matrix library, dropout, attention paths
     {"data", "evaluation"},  # corpora, vocabularies (PAD, BOS, EOS), batches; metrics
     {"model", "recurrent"},  # the paper's model; the recurrent baseline it argues against
+    {"architectures"},  # build the model a config names
     {"checkpoint", "plotting"},  # model files; figures from plain data
     {"inference"},  # searches, the inference engine, Translator, the server
     {"training", "export"},

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, from_dict
 from transduce.data.subword import SentencePieceVocab
 from transduce.data.vocab import CharVocab, Vocab
 from transduce.errors import UserError
-from transduce.model.transformer import Transformer, make_model
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -133,11 +133,13 @@ def vocab_from_dict(data: dict[str, Any]) -> Vocab:
     raise ValueError(f"unknown vocabulary kind {kind!r}")
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Vocab, Config]:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Seq2Seq, Vocab, Config]:
     """(model in eval mode, vocabulary, Config) from a checkpoint file or run folder."""
     data = load(path)
     cfg = from_dict(data["config"], source=str(path), stored=True)
     vocab = vocab_from_dict(data["vocab"])
-    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    model = build_model(cfg.model, src_vocab_size=len(vocab))
     model.load_state_dict(data["model"])
     return model.to(device).eval(), vocab, cfg

@@ -81,6 +81,12 @@ class ModelConfig(_Section):
     max_positions: int = 1024  # size of the learned table (and initial sinusoid table)
     norm: Literal["post", "pre"] = "post"  # post: LayerNorm(x + Sublayer(x)) as in the paper
     tie_embeddings: bool = True  # share embeddings with the pre-softmax projection (3.4)
+    # transformer: the paper's model. rnn: the recurrent baseline it argues against
+    # (transduce.recurrent: a bidirectional LSTM encoder and an attentional LSTM decoder, with
+    # d_model as embedding and hidden size, n_layers, dropout and tie_embeddings as above)
+    architecture: Literal["transformer", "rnn"] = "transformer"
+    rnn_attention: Literal["general", "additive"] = "general"  # rnn: Luong's or Bahdanau's
+    input_feeding: bool = True  # rnn: the last attentional state fed to the next step (Luong)
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")

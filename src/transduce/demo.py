@@ -14,8 +14,7 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, SyntheticTaskConfig, from_dict, update
 from transduce.data.synthetic import make_task
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
-from transduce.inference.engine import DecodingModel
-from transduce.inference.search import predict_ids
+from transduce.inference.search import predict_ids, searchable
 from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
@@ -59,7 +58,7 @@ def run_demo(
     assert isinstance(cfg.task, SyntheticTaskConfig)
     test = make_task(cfg.task).test
     hyps = predict_ids(
-        DecodingModel(model), [vocab.encode(s) for s, _ in test],
+        searchable(model), [vocab.encode(s) for s, _ in test],
         batch_size=cfg.decode.decode_batch, max_len_offset=cfg.decode.max_len_offset,
     )  # fmt: skip
     refs = [vocab.encode(t) for _, t in test]

@@ -179,21 +179,20 @@ def toy_sentences(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(TOY_WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
 
 
-def save_toy_translation_model(path, decode: dict):  # noqa: ANN001, ANN201 - Path in, Path out
-    """Write a checkpoint holding an untrained tiny model and a 60-piece SentencePiece vocabulary
-    learned on ``toy_sentences(300)`` (the checkpoint alone is enough to translate)."""
+def save_toy_translation_model(path, decode: dict, model: dict | None = None):  # noqa: ANN001, ANN201
+    """Write a checkpoint holding an untrained tiny model (``model``: changes to its section,
+    e.g. the rnn architecture) and a 60-piece SentencePiece vocabulary learned on
+    ``toy_sentences(300)`` (the checkpoint alone is enough to translate)."""
     from transduce import checkpoint
+    from transduce.architectures import build_model
     from transduce.config import from_dict
     from transduce.data.subword import train_sentencepiece
-    from transduce.model.transformer import make_model
 
     vocab = train_sentencepiece(toy_sentences(300), 60)
-    cfg = from_dict({
-        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
-        "decode": decode,
-    })  # fmt: skip
+    sizes = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
+    cfg = from_dict({"model": {**sizes, **(model or {})}, "decode": decode})
     torch.manual_seed(0)
-    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    model = build_model(cfg.model, src_vocab_size=len(vocab))
     checkpoint.save_atomic(
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from recurrent_testkit import KIND_IDS, KINDS, V, step_by_step, tiny_batch, tiny_model
 from torch import nn
 
 from transduce.data.vocab import PAD
 from transduce.recurrent import AttentionKind, RecurrentCache, parameter_count
-
-from recurrent_testkit import KIND_IDS, KINDS, V, step_by_step, tiny_batch, tiny_model
-
 
 # --------------------------------------------------------------------------------------------
 # cached decoding

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from recurrent_testkit import KIND_IDS, KINDS, V, tiny_model
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.inference import beam_search, greedy_search, length_penalty
 from transduce.recurrent import AttentionKind, RecurrentSeq2Seq
-
-from recurrent_testkit import KIND_IDS, KINDS, V, tiny_model
 
 
 def _sources(seed: int, lengths: list[int], n_symbols: int = V - 4) -> Tensor:

@@ -43,17 +43,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_params(args: argparse.Namespace) -> int:
-    import torch
-
+    from transduce.architectures import parameter_counts
     from transduce.config import parse_overrides, preset_config, update
-    from transduce.model.transformer import make_model, parameter_breakdown
 
     if args.vocab_size <= 0:
         raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
     cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
-    with torch.device("meta"):  # counts need shapes only; no memory, no init time
-        model = make_model(cfg.model, src_vocab_size=args.vocab_size)
-    parts = parameter_breakdown(model)
+    parts = parameter_counts(cfg.model, args.vocab_size)
     print(json.dumps({"preset": args.preset, "vocab_size": args.vocab_size,
                       "parameters": parts["total"], "breakdown": parts}))  # fmt: skip
     return 0

@@ -283,6 +283,11 @@ def export_checkpoint(
     from transduce.data.subword import SentencePieceVocab
 
     model, vocab, cfg = load_model(path, device="cpu")
+    if not isinstance(model, Transformer):
+        raise UserError(
+            f"{path}: CTranslate2 takes a Transformer; this is the {cfg.model.architecture!r} "
+            "baseline (model.architecture)"
+        )
     if isinstance(vocab, SentencePieceVocab):
         tokens = [vocab.id_to_piece(i) for i in range(len(vocab))]
         sp_model: bytes | None = vocab.model_proto

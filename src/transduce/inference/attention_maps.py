@@ -18,11 +18,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
 from transduce.data.vocab import SPECIALS, Vocab
 from transduce.errors import UserError
-from transduce.inference.engine import DecodingModel
-from transduce.inference.search import predict_ids
+from transduce.inference.search import predict_ids, searchable
 from transduce.model.attention import AttentionRecord
 from transduce.model.transformer import Transformer
 
@@ -65,10 +65,12 @@ def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
 
 @torch.no_grad()
 def attention_maps(
-    model: Transformer, vocab: Vocab, source: str, target: str | None = None,
+    model: Seq2Seq, vocab: Vocab, source: str, target: str | None = None,
     *, max_len_offset: int = 50,
 ) -> AttentionMaps:  # fmt: skip
     """The weights of ``model`` on ``source`` and ``target`` (None: the model's greedy output)."""
+    if not isinstance(model, Transformer):
+        raise UserError("attention maps are drawn of a Transformer (model.architecture)")
     model.eval()
     src_ids = vocab.encode(source.strip())
     if not src_ids:
@@ -76,7 +78,7 @@ def attention_maps(
     device = next(model.parameters()).device
     if target is None:
         tgt_ids = predict_ids(
-            DecodingModel(model), [src_ids], batch_size=1, max_len_offset=max_len_offset,
+            searchable(model), [src_ids], batch_size=1, max_len_offset=max_len_offset,
             device=device,
         )[0]  # fmt: skip
     else:
@@ -131,7 +133,7 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
 
 
 def draw_attention(
-    model: Transformer, vocab: Vocab, source: str, output: Path, *, target: str | None = None,
+    model: Seq2Seq, vocab: Vocab, source: str, output: Path, *, target: str | None = None,
     kind: Kind = "cross", layer: int = -1, head: int | None = None,
     style: Literal["grid", "lines"] = "grid",
 ) -> Path:  # fmt: skip

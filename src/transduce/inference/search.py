@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
 from transduce.inference.beam import Hypothesis, beam_search
 from transduce.inference.common import max_output_lengths
 from transduce.inference.contract import DecodableModel
+from transduce.inference.engine import DecodingModel
 from transduce.inference.greedy import greedy_decode, greedy_search
 from transduce.inference.length_penalty import length_penalty
+from transduce.model.transformer import Transformer
 
 if TYPE_CHECKING:
     from transduce.config import DecodeConfig
@@ -52,6 +55,12 @@ def generate(
     return out
 
 
+def searchable(model: Seq2Seq) -> DecodableModel[Any]:
+    """What searches should run for ``model``: a Transformer's inference engine (a snapshot of
+    its weights: make a new one after they change), any other model itself."""
+    return DecodingModel(model) if isinstance(model, Transformer) else model
+
+
 def predict_ids(
     model: DecodableModel[Any],
     sources: Sequence[list[int]],
@@ -70,4 +79,4 @@ def predict_ids(
     return out
 
 
-__all__ = ["Hypothesis", "beam_search", "generate", "greedy_search", "predict_ids"]
+__all__ = ["Hypothesis", "beam_search", "generate", "greedy_search", "predict_ids", "searchable"]

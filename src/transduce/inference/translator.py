@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
 from transduce.data.batching import collate
@@ -40,8 +41,7 @@ from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
 from transduce.inference.attention_maps import attention_maps, pharaoh, word_alignment
-from transduce.inference.engine import DecodingModel
-from transduce.inference.search import generate
+from transduce.inference.search import generate, searchable
 from transduce.model.transformer import Transformer
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -86,11 +86,11 @@ class Translator:
     Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
     for encoding and step-by-step decoding. Make a new Translator after changing the weights."""
 
-    def __init__(self, model: Transformer, vocab: Vocab, cfg: Config) -> None:
+    def __init__(self, model: Seq2Seq, vocab: Vocab, cfg: Config) -> None:
         self.model = model
         self.vocab = vocab
         self.cfg = cfg
-        self.decoding = DecodingModel(model)
+        self.decoding = searchable(model)
 
     @classmethod
     def load(
@@ -213,6 +213,8 @@ class Translator:
         """For each pair, the Pharaoh word alignment (``i-j``: source word i, target word j) of
         the model's encoder-decoder attention in ``layer`` (default: the last), averaged over its
         heads (``inference.attention_maps.word_alignment``); "" where either side is empty."""
+        if not isinstance(self.model, Transformer):
+            raise UserError("alignments come from a Transformer's attention, not the rnn's")
         n_layers = self.cfg.model.n_layers
         if not -n_layers <= layer < n_layers:
             raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")

@@ -131,6 +131,8 @@ class Transformer(nn.Module):
     ) -> None:
         """``options``: how to compute (matrix library, attention path), not what."""
         super().__init__()
+        if cfg.architecture != "transformer":
+            raise ValueError(f"a Transformer of architecture {cfg.architecture!r}")
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 f"a shared vocabulary needs equal sizes, got {src_vocab_size} and {tgt_vocab_size}"

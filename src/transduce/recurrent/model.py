@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+
 from torch import Tensor, nn
 
 from transduce.data.vocab import PAD

@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, SyntheticTaskConfig, TranslationTaskConfig
 from transduce.data.batching import Pair
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
-from transduce.inference.engine import DecodingModel
-from transduce.inference.search import predict_ids
-from transduce.model.transformer import Transformer, make_model
+from transduce.inference.search import predict_ids, searchable
 from transduce.training import distributed
 from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
 
@@ -46,10 +45,10 @@ def accuracy_validator(cfg: Config, valid: Sequence[Pair]) -> Validator:
     sources = [s for s, _ in valid]
     refs = [t for _, t in valid]
 
-    def validate(model: Transformer) -> dict[str, Any]:
+    def validate(model: Seq2Seq) -> dict[str, Any]:
         model.eval()
         hyps = predict_ids(
-            DecodingModel(model),
+            searchable(model),
             sources,
             batch_size=cfg.decode.decode_batch,
             max_len_offset=cfg.decode.max_len_offset,
@@ -79,7 +78,7 @@ def train_synthetic(
     train = encode_pairs(task.vocab, task.train)
     valid = encode_pairs(task.vocab, task.valid)
     torch.manual_seed(cfg.train.seed)
-    model = make_model(cfg.model, src_vocab_size=len(task.vocab))
+    model = build_model(cfg.model, src_vocab_size=len(task.vocab))
     out = Path(out_dir)
     world, _ = distributed.init_from_env(cfg.train.device)
     if world.is_main:  # only rank 0 writes (the Trainer too)
@@ -223,7 +222,7 @@ def bleu_validator(
     from transduce.evaluation.bleu import corpus_scores
     from transduce.inference.translator import Translator
 
-    def validate(model: Transformer) -> dict[str, float]:
+    def validate(model: Seq2Seq) -> dict[str, float]:
         hyps = Translator(model, vocab, cfg).translate(sources, beam=cfg.train.valid_beam)
         scores = corpus_scores(hyps, references)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
@@ -322,7 +321,7 @@ def train_translation(
     }  # fmt: skip
     valid_pairs, validator = _validation(cfg, vocab, valid_text, summary_data, log)
     torch.manual_seed(cfg.train.seed)
-    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    model = build_model(cfg.model, src_vocab_size=len(vocab))
     if world.is_main:
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(

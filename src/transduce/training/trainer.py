@@ -34,11 +34,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from transduce import checkpoint
+from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.batching import Batch, Pair, collate, model_lengths, token_batches
 from transduce.data.vocab import PAD, Vocab
 from transduce.errors import UserError
-from transduce.model.transformer import Transformer
 from transduce.training import distributed
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.loss_window import LossWindow
@@ -52,7 +52,7 @@ from transduce.training.schedule import cooldown, rate
 from transduce.training.validation import validation_loss
 
 # The task's validation metrics: numbers, or lists of numbers (accuracy per answer position)
-Validator = Callable[[Transformer], dict[str, Any]]
+Validator = Callable[[Seq2Seq], dict[str, Any]]
 # The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
 Resegment = Callable[[int], Sequence[Pair]]
 
@@ -66,7 +66,7 @@ class Trainer:
     def __init__(
         self,
         cfg: Config,
-        model: Transformer,
+        model: Seq2Seq,
         vocab: Vocab,
         train_pairs: Sequence[Pair],
         *,

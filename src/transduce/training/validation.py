@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import torch
 
+from transduce.architectures import Seq2Seq
 from transduce.data.batching import Pair, collate, model_lengths, token_batches
 from transduce.data.vocab import PAD
-from transduce.model.transformer import Transformer
 from transduce.training.loss import label_smoothed_nll
 
 
 @torch.no_grad()
 def validation_loss(
-    model: Transformer,
+    model: Seq2Seq,
     pairs: Sequence[Pair],
     *,
     max_tokens: int,

@@ -60,7 +60,8 @@ IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
     "n_layers": None, "d_model": None, "d_ff": None, "n_heads": None, "d_k": None, "d_v": None,
     "dropout": None, "attention_dropout": None, "activation_dropout": None,
     "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
-    "tie_embeddings": (True, False),
+    "tie_embeddings": (True, False), "architecture": ("transformer",),
+    "rnn_attention": None, "input_feeding": None,  # the recurrent baseline's, not read here
 }  # fmt: skip
 
 

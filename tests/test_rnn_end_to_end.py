@@ -1,0 +1,111 @@
+"""The recurrent baseline (model.architecture = rnn) through every tool the Transformer has:
+training, resume, averaging, greedy and beam search, translate, evaluate, serve; export and
+attention refuse it with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from inference_testkit import save_toy_translation_model, toy_sentences
+
+from transduce import checkpoint
+from transduce.cli.main import main
+from transduce.config import Config, update
+from transduce.data.synthetic import make_task
+from transduce.inference import beam_search, greedy_search
+from transduce.inference.search import predict_ids
+from transduce.inference.translator import Translator
+from transduce.recurrent import RecurrentSeq2Seq
+from transduce.training.run import train_synthetic
+
+RNN_COPY = {
+    "architecture": "rnn", "n_layers": 1, "d_model": 64, "dropout": 0.0,
+    "label_smoothing": 0.0, "warmup": 50, "lr_factor": 1.0, "clip_norm": 1.0, "max_tokens": 512,
+    "max_steps": 300, "eval_every": 100, "save_every": 50, "keep_last": 3, "log_every": 50,
+    "tensorboard": False, "name": "copy", "train_size": 2000, "valid_size": 100,
+    "max_length": 5, "n_symbols": 8, "beam": 1,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Config, dict]:
+    cfg = update(Config(), RNN_COPY)
+    run = tmp_path_factory.mktemp("rnn")
+    return run, cfg, train_synthetic(cfg, run, show_progress=False)
+
+
+def test_rnn_learns_copy_and_searches_run_on_it(copy_run) -> None:
+    run, cfg, summary = copy_run
+    assert summary["seq_accuracy"] >= 0.8, summary
+    model, vocab, _ = checkpoint.load_model(run / "model.pt")
+    assert isinstance(model, RecurrentSeq2Seq)
+    task = make_task(cfg.task)
+    sources = [vocab.encode(s) for s, _ in task.valid[:50]]
+    hyps = predict_ids(model, sources, batch_size=16, max_len_offset=5)
+    assert sum(vocab.decode(h) == t for h, (_, t) in zip(hyps, task.valid)) >= 40
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor([*s, 2]) for s in sources], True)
+    beams = beam_search(model, src, beam=1, max_len_offset=5)
+    assert [b[0].tokens for b in beams] == greedy_search(model, src, max_len_offset=5)
+
+
+def test_rnn_run_resumes_exactly_and_averages(copy_run, tmp_path: Path) -> None:
+    _, cfg, _ = copy_run
+    short = update(cfg, {"max_steps": 60, "eval_every": 30, "save_every": 30})
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_synthetic(short, straight, show_progress=False)
+    train_synthetic(update(short, {"max_steps": 30}), resumed, show_progress=False)
+    train_synthetic(short, resumed, resume=True, show_progress=False)
+    a = checkpoint.load(straight / "model.pt")["model"]
+    b = checkpoint.load(resumed / "model.pt")["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    out = tmp_path / "avg.pt"
+    assert main(["--no-malloc-tuning", "average", "--run", str(straight), "--last", "2",
+                 "--output", str(out)]) == 0  # fmt: skip
+    assert isinstance(checkpoint.load_model(out)[0], RecurrentSeq2Seq)
+
+
+@pytest.fixture(scope="module")
+def rnn_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rnn_toy") / "model.pt"
+    return save_toy_translation_model(path, {"beam": 3, "max_len_offset": 4},
+                                      model={"architecture": "rnn"})  # fmt: skip
+
+
+def test_translate_evaluate_and_serve_an_rnn(rnn_file: Path, tmp_path: Path, capsys) -> None:
+    from transduce.inference.server import ServerThread, create_app
+
+    lines = toy_sentences(6, seed=3)
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    code = main(["--no-malloc-tuning", "translate", "--model", str(rnn_file), "--input",
+                 str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    translator = Translator.load(rnn_file)
+    out = (tmp_path / "out.txt").read_text().splitlines()
+    assert out == translator.translate(lines)
+    code = main(["--no-malloc-tuning", "evaluate", "--model", str(rnn_file), "--src",
+                 str(tmp_path / "in.txt"), "--ref", str(tmp_path / "in.txt"), "--quiet"])
+    assert code == 0 and "bleu" in json.loads(capsys.readouterr().out)
+    import urllib.request
+
+    with ServerThread(create_app(translator)) as srv:
+        body = json.dumps({"text": lines}).encode()
+        req = urllib.request.Request(srv.url + "/translate", data=body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert json.loads(resp.read())["translations"] == out
+
+
+@pytest.mark.parametrize("command", ["export", "attention"])
+def test_export_and_attention_refuse_an_rnn(rnn_file: Path, tmp_path: Path, capsys, command) -> None:
+    if command == "export":
+        argv = ["export", "ctranslate2", "--model", str(rnn_file), "--output", str(tmp_path / "ct")]
+    else:
+        argv = ["attention", "--model", str(rnn_file), "--src", "a b", "--output",
+                str(tmp_path / "a.png")]  # fmt: skip
+    assert main(["--no-malloc-tuning", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("rnn" in err[0] or "Transformer" in err[0])
