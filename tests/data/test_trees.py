@@ -37,11 +37,21 @@ def data_root() -> Path:
 
 
 @pytest.fixture(scope="module")
-def sample_trees() -> list[Tree]:
+def sample_texts() -> dict[str, str]:
     with zipfile.ZipFile(data_root() / "ptb-sample" / "treebank.zip") as z:
         names = sorted(n for n in z.namelist() if n.endswith(".mrg"))
-        texts = [z.read(n).decode("utf-8") for n in names]
-    return [t for text, name in zip(texts, names) for t in parse_trees(text, name=name, clean=True)]
+        return {n: z.read(n).decode("utf-8") for n in names}
+
+
+@pytest.fixture(scope="module")
+def sample_trees(sample_texts) -> list[Tree]:
+    return [t for n, text in sample_texts.items() for t in parse_trees(text, name=n, clean=True)]
+
+
+def test_cleaning_while_reading_equals_clean_tree(sample_texts):
+    for name in list(sample_texts)[::10]:  # every 10th file: 20 files, ~400 trees
+        raw = parse_trees(sample_texts[name])
+        assert parse_trees(sample_texts[name], clean=True) == [clean_tree(t) for t in raw]
 
 
 def test_parse_nltk_root_and_several_trees():

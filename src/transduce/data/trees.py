@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transduce.errors import UserError
@@ -129,11 +129,18 @@ def to_brackets(node: Node) -> str:
 
 @dataclass
 class _Open:
-    """A constituent being read: its label, the line of its ``(`` and its children so far."""
+    """A constituent being read: its label, the line of its ``(``, its children so far and how
+    many it had before cleaning removed any."""
 
     label: str
     line: int
-    children: list[Node]
+    children: list[Node] = field(default_factory=list)
+    seen: int = 0
+
+    def add(self, child: Node | None) -> None:
+        self.seen += 1
+        if child is not None:
+            self.children.append(child)
 
 
 _Token = str | Leaf
@@ -162,12 +169,12 @@ def _read_open(toks: list[tuple[_Token, int]], i: int, name: str) -> tuple[int, 
     if nxt is None:
         raise UserError(f"{name}: line {line}: '(' at the end of the text; expected a label")
     if nxt == "(" or isinstance(nxt, Leaf):
-        return i + 1, _Open("", line, [])  # an unlabelled constituent: NLTK's empty root
+        return i + 1, _Open("", line)  # an unlabelled constituent: NLTK's empty root
     if nxt == ")":
         raise UserError(f"{name}: line {line}: empty brackets '()'; expected a label")
     after = toks[i + 2][0] if i + 2 < len(toks) else None
     if after in ("(", ")", None) or isinstance(after, Leaf):
-        return i + 2, _Open(nxt, line, [])
+        return i + 2, _Open(nxt, line)
     end = toks[i + 3][0] if i + 3 < len(toks) else None
     if end != ")":
         raise UserError(
@@ -177,8 +184,28 @@ def _read_open(toks: list[tuple[_Token, int]], i: int, name: str) -> tuple[int, 
     return i + 4, Leaf(nxt, after)
 
 
-def _parse(text: str, name: str) -> Iterator[tuple[int, Tree]]:
-    """Yield (line of the opening bracket, tree) for each tree in ``text``."""
+def _close(done: _Open, name: str, clean: bool) -> Tree | None:
+    """The tree of a constituent whose ``)`` was read; None when cleaning left it empty."""
+    if not done.seen:
+        raise UserError(
+            f"{name}: line {done.line}: constituent ({done.label} has no children; "
+            "expected a constituent or (tag word) inside it"
+        )
+    if not done.children:
+        return None  # only empty elements, removed by cleaning
+    return Tree(strip_function_tags(done.label) if clean else done.label, tuple(done.children))
+
+
+def _root(tree: Tree) -> Tree:
+    """``clean_tree``'s root rule on a tree cleaned below its root."""
+    if tree.label in _ROOT_LABELS:
+        return Tree(ROOT_LABEL, tree.children)
+    return Tree(ROOT_LABEL, (Tree(strip_function_tags(tree.label), tree.children),))
+
+
+def _parse(text: str, name: str, clean: bool) -> Iterator[tuple[int, Tree | None]]:
+    """Yield (line of the opening bracket, tree) for each tree in ``text``; with ``clean``, the
+    tree cleaned as it is read (None when nothing is left), as ``clean_tree`` would."""
     toks = _tokens(text)
     stack: list[_Open] = []
     i = 0
@@ -189,25 +216,22 @@ def _parse(text: str, name: str) -> Iterator[tuple[int, Tree]]:
             i, item = (i + 1, tok) if isinstance(tok, Leaf) else _read_open(toks, i, name)
             if isinstance(item, _Open):
                 stack.append(item)
-            elif stack:
-                stack[-1].children.append(item)
+                continue
+            kept = item if not (clean and item.tag == EMPTY_TAG) else None
+            if stack:
+                stack[-1].add(kept)
             else:  # a lone (tag word) is a one-word tree without a root
-                yield line, Tree("", (item,))
+                yield line, Tree(ROOT_LABEL if clean else "", (kept,)) if kept is not None else None
             continue
         if tok == ")":
             if not stack:
                 raise UserError(f"{name}: line {line}: ')' closes no open bracket")
             done = stack.pop()
-            if not done.children:
-                raise UserError(
-                    f"{name}: line {done.line}: constituent ({done.label} has no children; "
-                    "expected a constituent or (tag word) inside it"
-                )
-            tree = Tree(done.label, tuple(done.children))
+            tree = _close(done, name, clean)
             if stack:
-                stack[-1].children.append(tree)
+                stack[-1].add(tree)
             else:
-                yield done.line, tree
+                yield done.line, _root(tree) if clean and tree is not None else tree
         elif stack:
             raise UserError(
                 f"{name}: line {line}: word {tok!r} directly inside ({stack[-1].label}; "
@@ -226,17 +250,15 @@ def _parse(text: str, name: str) -> Iterator[tuple[int, Tree]]:
 def parse_trees(text: str, *, name: str = "<string>", clean: bool = False) -> list[Tree]:
     """The trees in ``text`` (Penn Treebank brackets, any layout, several trees per text).
 
-    ``name`` is how error messages call the text (a file name). With ``clean`` each tree goes
-    through ``clean_tree``; a tree left with no words by that is a ``UserError`` naming its line.
-    Malformed brackets are a ``UserError`` naming the line and what was expected.
+    ``name`` is how error messages call the text (a file name). With ``clean`` each tree is
+    cleaned as ``clean_tree`` does (while it is read: one pass); a tree left with no words by
+    that is a ``UserError`` naming its line. Malformed brackets are a ``UserError`` naming the
+    line and what was expected.
     """
     trees: list[Tree] = []
-    for line, tree in _parse(text, name):
-        if clean:
-            cleaned = clean_tree(tree)
-            if cleaned is None:
-                raise UserError(f"{name}: line {line}: tree has no words besides empty elements")
-            tree = cleaned
+    for line, tree in _parse(text, name, clean):
+        if tree is None:
+            raise UserError(f"{name}: line {line}: tree has no words besides empty elements")
         trees.append(tree)
     return trees
 
