@@ -75,10 +75,15 @@ def test_allowed_is_exactly_the_completable_tokens(trees, n_words, max_tokens):
         assert {VOCAB[i] for i in np.flatnonzero(mask)} == expected
         for token in ALPHABET:
             if token in expected:
-                todo.append((prefix + (token,), constraint.advance(state, token)))
+                after = constraint.advance(state, token)
+                assert advance(state, token) == after  # the vocabulary-free function agrees
+                todo.append((prefix + (token,), after))
             else:
                 with pytest.raises(ValueError, match="not allowed"):
                     constraint.advance(state, token)
+                if token != "(D":  # without a vocabulary, (D is an open bracket like any
+                    with pytest.raises(ValueError, match="not allowed"):
+                        advance(state, token)
     assert visited == len(completable | {()})  # the start is visited even when nothing fits
 
 

@@ -99,23 +99,25 @@ def advance(
     ``word_tokens``). ``ValueError`` when ``token`` is not allowed in ``state`` (this includes
     the end of sentence, which ends decoding rather than advancing)."""
     nxt = next_tokens(state)
-    emitted = state.emitted + 1
-    if is_open(token) and nxt.open:
-        return TreeState(
-            state.n_words, state.max_tokens, emitted, state.placed,
-            state.open_labels + (token[1:],), False, True,
-        )
-    if is_close(token) and nxt.close == token[1:]:
-        return TreeState(
-            state.n_words, state.max_tokens, emitted, state.placed,
-            state.open_labels[:-1], True, True,
-        )
-    if token in word_tokens and nxt.word:
-        return TreeState(
-            state.n_words, state.max_tokens, emitted, state.placed + 1,
-            state.open_labels, True, True,
-        )
-    raise ValueError(f"token {token!r} is not allowed here ({nxt})")
+    allowed = (
+        (is_open(token) and nxt.open)
+        or (is_close(token) and nxt.close == token[1:])
+        or (token in word_tokens and nxt.word)
+    )
+    if not allowed:
+        raise ValueError(f"token {token!r} is not allowed here ({nxt})")
+    return _step(state, token, word_tokens)
+
+
+def _step(state: TreeState, token: str, word_tokens: Collection[str]) -> TreeState:
+    """The state after an allowed ``token`` (not checked)."""
+    n, budget, emitted = state.n_words, state.max_tokens, state.emitted + 1
+    if token in word_tokens:
+        return TreeState(n, budget, emitted, state.placed + 1, state.open_labels, True, True)
+    if is_open(token):
+        labels = state.open_labels + (token[1:],)
+        return TreeState(n, budget, emitted, state.placed, labels, False, True)
+    return TreeState(n, budget, emitted, state.placed, state.open_labels[:-1], True, True)
 
 
 class TreeConstraint:
@@ -151,7 +153,7 @@ class TreeConstraint:
         index = token if isinstance(token, int) else self._ids.get(token)
         if index is None or not self.mask(state)[index]:
             raise ValueError(f"token {token!r} is not allowed here ({next_tokens(state)})")
-        return advance(state, self.vocab[index], word_tokens=self.word_tokens)
+        return _step(state, self.vocab[index], self.word_tokens)
 
     def mask(self, state: TreeState) -> np.ndarray:
         """A read-only boolean array over the vocabulary: True where the token may come next."""
