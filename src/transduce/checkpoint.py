@@ -21,7 +21,7 @@ import torch
 from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, from_dict
 from transduce.data.subword import SentencePieceVocab
-from transduce.data.vocab import CharVocab, Vocab
+from transduce.data.vocab import CharVocab, TokenVocab, Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -130,6 +130,10 @@ def vocab_from_dict(data: dict[str, Any]) -> Vocab:
         return CharVocab(list(data["symbols"]))
     if kind == "sentencepiece":
         return SentencePieceVocab.from_dict(data)
+    if kind == "tokens":
+        return TokenVocab(list(data["tokens"]))
+    if kind == "pair":
+        return VocabPair(vocab_from_dict(data["source"]), vocab_from_dict(data["target"]))
     raise ValueError(f"unknown vocabulary kind {kind!r}")
 
 
@@ -140,6 +144,7 @@ def load_model(
     data = load(path)
     cfg = from_dict(data["config"], source=str(path), stored=True)
     vocab = vocab_from_dict(data["vocab"])
-    model = build_model(cfg.model, src_vocab_size=len(vocab))
+    src_size, tgt_size = vocab_sizes(vocab)
+    model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(data["model"])
     return model.to(device).eval(), vocab, cfg

@@ -193,8 +193,11 @@ class TranslationTaskConfig(_Section):
     train_tgt: str = ""  # its line-aligned target file
     valid_src: str = ""  # validation files (loss, BLEU, best.pt); optional
     valid_tgt: str = ""
-    vocab_size: int = 8000  # shared source+target SentencePiece BPE pieces
+    vocab_size: int = 8000  # SentencePiece BPE pieces (of each vocabulary when not shared)
     vocab_sample: int = 0  # learn the vocabulary on this many sentences (0 = all)
+    # one vocabulary learned on both sides (the paper's), or one per side, the target embedding
+    # then tied to the output layer alone
+    shared_vocab: bool = True
     # BPE-dropout (Provilkov et al., 2020; not in the paper) on both sides of the training text,
     # a new segmentation every epoch; 0 = the one deterministic segmentation. On Multi30k in a
     # one-hour CPU budget it learned far slower (benchmarks/RESULTS.md)
@@ -214,10 +217,37 @@ class TranslationTaskConfig(_Section):
             )
 
 
-TaskConfig = SyntheticTaskConfig | TranslationTaskConfig
+@dataclass(frozen=True)
+class ParsingTaskConfig(_Section):
+    """``parsing``: English constituency parsing as translation (section 6.3): the words in, the
+    tree out, linearised as in Vinyals et al. (2014) (``transduce.data.linearise``).
+
+    ``parse_data`` names a folder of ``{train,dev}.words`` (one tokenised sentence a line) and
+    ``{train,dev}.trees`` (one tree a line), as ``transduce data ptb-sample`` writes it; ``$VAR``s
+    are expanded. The source is the words in SentencePiece BPE pieces, the target a closed set of
+    bracket tokens: separate vocabularies, the target embedding tied to the output layer.
+    """
+
+    section: ClassVar[str] = "task"
+    name: Literal["parsing"] = "parsing"
+    parse_data: str = "data/ptb-sample"
+    src_vocab_size: int = 4000  # BPE pieces of the source words
+    keep_tags: bool = False  # part-of-speech tags as the word tokens instead of one XX
+    # beyond the paper: the search may only emit what can still become a well-formed tree with
+    # the input's number of words (validation, parse and evaluate; they can override it)
+    constrained: bool = False
+
+    def _check(self) -> None:
+        _positive(self, "src_vocab_size")
+
+
+TaskConfig = SyntheticTaskConfig | TranslationTaskConfig | ParsingTaskConfig
 # task.name -> the dataclass of that task
-TASKS: dict[str, type[SyntheticTaskConfig] | type[TranslationTaskConfig]] = {
-    name: cls for cls in (SyntheticTaskConfig, TranslationTaskConfig) for name in get_args(_hints(cls)["name"])
+_TASK_CLASSES = (SyntheticTaskConfig, TranslationTaskConfig, ParsingTaskConfig)
+TASKS: dict[str, type[TaskConfig]] = {
+    name: cls
+    for cls in _TASK_CLASSES
+    for name in get_args(_hints(cls)["name"])
 }
 
 
@@ -246,7 +276,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name, cls in (("model", ModelConfig), ("train", TrainConfig),
-                          ("task", (SyntheticTaskConfig, TranslationTaskConfig)), ("decode", DecodeConfig)):
+                          ("task", _TASK_CLASSES), ("decode", DecodeConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise UserError(f"Config.{name} must be a {_type_names(cls)}")  # fmt: skip
 
@@ -261,7 +291,7 @@ def _type_names(cls: type | tuple[type, ...]) -> str:
 _SECTION_TYPES: dict[str, tuple[type, ...]] = {
     "model": (ModelConfig,),
     "train": (TrainConfig,),
-    "task": (SyntheticTaskConfig, TranslationTaskConfig),
+    "task": _TASK_CLASSES,
     "decode": (DecodeConfig,),
 }
 # Key name -> section; names are unique across sections (a test checks it).

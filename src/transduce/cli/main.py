@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from transduce.cli import (
     analysis_commands,
+    parsing_commands,
     serve_commands,
     training_commands,
     translation_commands,
@@ -18,7 +19,9 @@ from transduce.cli import (
 from transduce.errors import UserError
 
 # Each module adds its subcommands with register(subparsers).
-COMMAND_MODULES = [training_commands, translation_commands, serve_commands, analysis_commands]
+COMMAND_MODULES = [
+    training_commands, translation_commands, parsing_commands, serve_commands, analysis_commands,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transduce.cli.parsing_commands import add_data_command
 from transduce.errors import UserError
 
 
@@ -105,12 +106,12 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from transduce.inference.translator import Translator, evaluate_files
+    from transduce.inference.parsing import evaluate_checkpoint
 
-    translator = Translator.load(args.model, device=args.device, precision=args.precision)
-    scores, hyps = evaluate_files(
-        translator, args.src, args.ref, beam=args.beam, alpha=args.alpha,
-        batch_tokens=args.batch_tokens, lowercase=args.lowercase,
+    scores, hyps = evaluate_checkpoint(
+        args.model, args.src, args.ref, device=args.device, precision=args.precision,
+        beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+        lowercase=args.lowercase, constrained=args.constrained,
         show_progress=None if not args.quiet else False,
     )  # fmt: skip
     if args.output:
@@ -186,6 +187,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--force", action="store_true", help="fetch again files already there")
     m.add_argument("--quiet", action="store_true", help="no progress bar")
     m.set_defaults(func=_cmd_data_multi30k)
+    add_data_command(data_sub)
 
     p = sub.add_parser(
         "translate",
@@ -218,14 +220,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "evaluate",
-        help="sacreBLEU BLEU and chrF of a model on a test set",
+        help="sacreBLEU BLEU and chrF of a model on a test set (EVALB F1 for a parser)",
         description="Translate --src and score it against --ref with sacreBLEU; prints one JSON "
-        "object (bleu, chrf, their signatures, bleu_lowercase, lines).",
+        "object (bleu, chrf, their signatures, bleu_lowercase, lines). For a parsing model "
+        "(--src: words, --ref: trees) EVALB's precision, recall, F1, exact match, F1 on "
+        "sentences of at most 40 words, the share well-formed and the repairs.",
     )
     _add_decoding(p)
     p.add_argument("--src", required=True, help="source file, one sentence per line (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive bleu and chrf")
+    p.add_argument(
+        "--constrained", action=argparse.BooleanOptionalAction, default=None,
+        help="a parsing model: decode only continuations that can still become a well-formed "
+        "tree with the input's words (default: the model's task.constrained)",
+    )  # fmt: skip
     p.add_argument("--output", default=None, help="also write the translations to this file")
     p.set_defaults(func=_cmd_evaluate)
 

@@ -41,3 +41,68 @@ class CharVocab:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "char", "symbols": "".join(self.symbols)}
 
+
+
+class TokenVocab:
+    """A closed set of whitespace-separated tokens, one id each (the bracket tokens of a
+    linearised tree); a token outside the set encodes as UNK."""
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        if len(set(tokens)) != len(tokens) or any(not t or t.split() != [t] for t in tokens):
+            raise ValueError("tokens must be distinct and free of whitespace")
+        if set(tokens) & set(SPECIALS):
+            raise ValueError(f"tokens must not include the specials {SPECIALS}")
+        self.tokens = list(tokens)
+        self._index = {t: i + len(SPECIALS) for i, t in enumerate(self.tokens)}
+
+    @classmethod
+    def learn(cls, texts: Sequence[str]) -> TokenVocab:
+        """The tokens of ``texts``, most frequent first (ties in order of appearance)."""
+        counts: dict[str, int] = {}
+        for text in texts:
+            for t in text.split():
+                counts[t] = counts.get(t, 0) + 1
+        return cls(sorted(counts, key=lambda t: -counts[t]))
+
+    def __len__(self) -> int:
+        return len(SPECIALS) + len(self.tokens)
+
+    def encode(self, text: str) -> list[int]:
+        return [self._index.get(t, UNK) for t in text.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        n = len(SPECIALS)
+        return " ".join(self.tokens[i - n] for i in ids if i >= n)
+
+    def id_to_piece(self, i: int) -> str:
+        return SPECIALS[i] if i < len(SPECIALS) else self.tokens[i - len(SPECIALS)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tokens", "tokens": list(self.tokens)}
+
+
+class VocabPair:
+    """Separate source and target vocabularies as one ``Vocab``: ``encode`` is the source's,
+    ``decode`` the target's; ``len`` is the target's (the output layer)."""
+
+    def __init__(self, source: Vocab, target: Vocab) -> None:
+        self.source, self.target = source, target
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def encode(self, text: str) -> list[int]:
+        return self.source.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.target.decode(ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "pair", "source": self.source.to_dict(), "target": self.target.to_dict()}
+
+
+def vocab_sizes(vocab: Vocab) -> tuple[int, int | None]:
+    """(source size, target size or None for one shared vocabulary) of a model's vocabulary."""
+    if isinstance(vocab, VocabPair):
+        return len(vocab.source), len(vocab.target)
+    return len(vocab), None

@@ -41,6 +41,7 @@ from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
 from transduce.inference.attention_maps import attention_maps, pharaoh, word_alignment
+from transduce.inference.contract import DecodableModel
 from transduce.inference.search import generate, searchable
 from transduce.model.transformer import Transformer
 
@@ -86,11 +87,19 @@ class Translator:
     Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
     for encoding and step-by-step decoding. Make a new Translator after changing the weights."""
 
-    def __init__(self, model: Seq2Seq, vocab: Vocab, cfg: Config) -> None:
+    def __init__(
+        self,
+        model: Seq2Seq,
+        vocab: Vocab,
+        cfg: Config,
+        decoding: DecodableModel[Any] | None = None,
+    ) -> None:
+        """``decoding``: what the searches run (default: ``searchable(model)``), e.g. a
+        constrained wrapper of it."""
         self.model = model
         self.vocab = vocab
         self.cfg = cfg
-        self.decoding = searchable(model)
+        self.decoding = searchable(model) if decoding is None else decoding
 
     @classmethod
     def load(

@@ -103,7 +103,7 @@ def train_synthetic(
 # --- translation ----------------------------------------------------------------------------------
 
 
-def _stderr(message: str) -> None:
+def stderr_log(message: str) -> None:
     print(f"transduce: {message}", file=sys.stderr, flush=True)
 
 
@@ -292,7 +292,7 @@ def train_translation(
     it), writes files and reports.
     """
     world, _ = distributed.init_from_env(cfg.train.device)
-    log = (log or _stderr) if world.is_main else _silent  # one report, not one per rank
+    log = (log or stderr_log) if world.is_main else _silent  # one report, not one per rank
     if cfg.task.name != "translation":
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
     if not cfg.task.train_src or not cfg.task.train_tgt:
@@ -355,10 +355,17 @@ def train(
     show_progress: bool | None = None,
     callbacks: Sequence[StepCallback] = (),
 ) -> dict[str, Any]:
-    """Train whatever ``cfg.task`` names: translation files or a synthetic task. ``callbacks``
+    """Train whatever ``cfg.task`` names: translation files, parsing (``training.parsing_run``)
+    or a synthetic task. ``callbacks``
     are called with the run's progress after every update."""
     if cfg.task.name == "translation":
         return train_translation(
+            cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
+        )
+    if cfg.task.name == "parsing":
+        from transduce.training.parsing_run import train_parsing  # it imports this module
+
+        return train_parsing(
             cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
         )
     return train_synthetic(

@@ -1,0 +1,156 @@
+"""Words in, trees out: ``Parser``, the Python API behind ``transduce parse`` and the evaluation of
+a parsing model (section 6.3).
+
+A parsing checkpoint (``task.name: parsing``) holds a source vocabulary of word pieces and a
+target vocabulary of bracket tokens. Parsing a sentence decodes its linearised tree (by default
+with the checkpoint's ``decode`` section; ``configs/ptb_parsing.yaml`` sets the paper's beam 21,
+alpha 0.3 and input + 300 tokens; ``constrained`` lets the search emit only what can still
+become a well-formed tree with the input's number of words),
+then ``delinearise`` puts the words back in order and repairs malformed output, counting repairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transduce.architectures import Seq2Seq
+from transduce.checkpoint import load_model
+from transduce.config import Config, ParsingTaskConfig
+from transduce.data.linearise import WORD_SLOT, delinearise
+from transduce.data.parallel import read_lines
+from transduce.data.tree_constraint import TreeConstraint
+from transduce.data.trees import Tree, read_tree_file
+from transduce.data.vocab import SPECIALS, Vocab, VocabPair
+from transduce.device import resolve_device
+from transduce.errors import UserError
+from transduce.evaluation.evalb import score_corpus
+from transduce.inference.constrained import ConstrainedTrees
+from transduce.inference.search import searchable
+from transduce.inference.translator import Translator
+
+
+@dataclass(frozen=True)
+class Parse:
+    """One sentence's tree (``TOP`` root, a preterminal around every word), the repairs its
+    decoded tokens needed (0: well-formed as decoded) and those tokens."""
+
+    tree: Tree
+    repairs: int
+    tokens: str
+
+
+class Parser:
+    """A trained parsing model with its vocabularies and the task's settings."""
+
+    def __init__(self, model: Seq2Seq, vocab: Vocab, cfg: Config) -> None:
+        if not isinstance(cfg.task, ParsingTaskConfig) or not isinstance(vocab, VocabPair):
+            raise UserError(f"not a parsing model (task.name is {cfg.task.name!r})")
+        self.model, self.vocab, self.cfg, self.task = model, vocab, cfg, cfg.task
+        self.translator = Translator(model, vocab, cfg)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> Parser:
+        model, vocab, cfg = load_model(path, device=resolve_device(device))
+        return cls(model, vocab, cfg)
+
+    def _constrained(self, max_len_offset: int) -> Translator:
+        """A Translator whose searches run under the tree constraint."""
+        assert isinstance(self.vocab, VocabPair)
+        target, source = self.vocab.target, self.vocab.source
+        tokens = [getattr(target, "id_to_piece")(i) for i in range(len(target))]
+        words = {t for t in tokens[len(SPECIALS) :] if t[0] not in "()"}
+        constraint = TreeConstraint(tokens, eos=SPECIALS[2], word_tokens=words or {WORD_SLOT})
+
+        to_piece = getattr(source, "id_to_piece")
+
+        def n_words(ids: list[int]) -> int:  # SentencePiece starts every word with "▁"
+            return sum(to_piece(i).startswith("▁") for i in ids)
+
+        wrapped = ConstrainedTrees(searchable(self.model), constraint, n_words, max_len_offset)
+        return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
+
+    def parse(
+        self, sentences: Sequence[Sequence[str]], *, beam: int | None = None,
+        alpha: float | None = None, max_len_offset: int | None = None,
+        constrained: bool | None = None, show_progress: bool | None = False,
+    ) -> list[Parse]:  # fmt: skip
+        """One ``Parse`` per sentence (a list of words). Unset settings take the checkpoint's
+        ``decode`` section and the task's ``constrained``."""
+        cfg = self.translator.decode_config(beam=beam, alpha=alpha, max_len_offset=max_len_offset)
+        use = self.task.constrained if constrained is None else constrained
+        translator = self._constrained(cfg.max_len_offset) if use else self.translator
+        texts = [" ".join(words) for words in sentences]
+        decoded = translator.translate(
+            texts, beam=cfg.beam, alpha=cfg.alpha, max_len_offset=cfg.max_len_offset,
+            show_progress=show_progress,
+        )  # fmt: skip
+        out = []
+        for words, tokens in zip(sentences, decoded, strict=True):
+            tree, repairs = delinearise(tokens.split(), list(words), tags=self.task.keep_tags)
+            out.append(Parse(tree, repairs, tokens))
+        return out
+
+
+def evaluate_parser(
+    parser: Parser, words_path: str | Path, trees_path: str | Path, **options: Any
+) -> dict[str, Any]:
+    """Parse ``words_path`` (one tokenised sentence a line) and score the trees against
+    ``trees_path`` (one gold tree a line) with ``evaluation.evalb``: precision, recall, F1,
+    exact match, F1 on sentences of at most 40 words, the share well-formed as decoded, the
+    repairs and the number of sentences. ``options``: those of ``Parser.parse``."""
+    sentences = [line.split() for line in read_lines(words_path)]
+    gold = read_tree_file(trees_path)
+    if len(gold) != len(sentences):
+        raise UserError(
+            f"{words_path} has {len(sentences)} sentences but {trees_path} has {len(gold)} trees"
+        )
+    parses = parser.parse(sentences, **options)
+    scores = score_corpus(gold, [p.tree for p in parses]).as_dict()
+    repairs = sum(p.repairs for p in parses)
+    well_formed = sum(p.repairs == 0 for p in parses) / max(len(parses), 1)
+    return {**scores, "well_formed": well_formed, "repairs": repairs}
+
+
+def parsing_scores(parser: Parser, sentences: Sequence[Sequence[str]], gold: Sequence[Tree],
+                   **options: Any) -> dict[str, float]:  # fmt: skip
+    """EVALB F1 (and precision, recall, exact match) of ``parser`` on ``sentences`` against
+    ``gold``, for validation during training."""
+    parses = parser.parse(sentences, **options)
+    scores = score_corpus(gold, [p.tree for p in parses])
+    return {"f1": scores.f1, "precision": scores.precision, "recall": scores.recall,
+            "exact_match": scores.exact_match,
+            "well_formed": sum(p.repairs == 0 for p in parses) / max(len(parses), 1)}  # fmt: skip
+
+
+__all__ = [
+    "evaluate_checkpoint", "Parse", "Parser", "evaluate_parser", "parsing_scores"]
+
+
+def evaluate_checkpoint(
+    path: str | Path, src: str | Path, ref: str | Path, *, device: str = "cpu",
+    precision: str = "fp32", beam: int | None = None, alpha: float | None = None,
+    batch_tokens: int | None = None, lowercase: bool = False, constrained: bool | None = None,
+    show_progress: bool | None = False,
+) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """Scores and outputs of the checkpoint at ``path`` on ``src`` against ``ref``: EVALB's for
+    a parsing model (outputs: trees), sacreBLEU's for a translation model."""
+    from transduce.inference.translator import PRECISIONS, evaluate_files
+
+    model, vocab, cfg = load_model(path, device=resolve_device(device))
+    if cfg.task.name == "parsing":
+        parser = Parser(model, vocab, cfg)
+        scores = evaluate_parser(parser, src, ref, beam=beam, alpha=alpha,
+                                 constrained=constrained, show_progress=show_progress)  # fmt: skip
+        return scores, []
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    translator = Translator(model.to(PRECISIONS[precision]), vocab, cfg)
+    return evaluate_files(
+        translator, src, ref, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
+        lowercase=lowercase, show_progress=show_progress,
+    )  # fmt: skip

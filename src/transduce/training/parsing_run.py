@@ -1,0 +1,106 @@
+"""From a parsing config to a trained run folder (section 6.3): trees -> linearised targets,
+separate vocabularies (word pieces in, bracket tokens out), validation by EVALB F1 on dev."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transduce.architectures import Seq2Seq, build_model
+from transduce.config import Config, ParsingTaskConfig
+from transduce.data.batching import Pair
+from transduce.data.linearise import linearise
+from transduce.data.parallel import read_lines
+from transduce.data.subword import train_sentencepiece
+from transduce.data.trees import Tree, read_tree_file
+from transduce.data.vocab import TokenVocab, VocabPair
+from transduce.errors import UserError
+from transduce.inference.parsing import Parser, parsing_scores
+from transduce.training import distributed
+from transduce.training.run import Log, resolve_data_path, stderr_log
+from transduce.training.trainer import StepCallback, Trainer, Validator
+
+
+def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
+    """The sentences (word lists) and gold trees of ``folder/{split}.words`` / ``.trees``."""
+    words_path, trees_path = folder / f"{split}.words", folder / f"{split}.trees"
+    for path in (words_path, trees_path):
+        if not path.is_file():
+            raise UserError(
+                f"{path} not found: task.parse_data names a folder that `transduce data "
+                "ptb-sample --dest FOLDER` fills"
+            )
+    sentences = [line.split() for line in read_lines(words_path)]
+    trees = read_tree_file(trees_path)
+    if len(sentences) != len(trees):
+        raise UserError(f"{words_path}: {len(sentences)} sentences but {len(trees)} trees")
+    return sentences, trees
+
+
+def parsing_vocab(sentences: Sequence[Sequence[str]], targets: Sequence[str], size: int,
+                  seed: int) -> VocabPair:  # fmt: skip
+    """Word pieces learned on the training sentences, and the training targets' tokens (both
+    deterministic, so every rank and a resumed run learn the same)."""
+    source = train_sentencepiece([" ".join(s) for s in sentences], size, seed=seed,
+                                 hard_vocab_limit=False)  # fmt: skip
+    return VocabPair(source, TokenVocab.learn(targets))
+
+
+def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
+                 gold: list[Tree]) -> Validator:  # fmt: skip
+    """EVALB F1 of the model's parses of dev (beam ``train.valid_beam``)."""
+
+    def validate(model: Seq2Seq) -> dict[str, Any]:
+        parser = Parser(model, vocab, cfg)
+        return parsing_scores(parser, sentences, gold, beam=cfg.train.valid_beam)
+
+    return validate
+
+
+def train_parsing(
+    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
+    log: Log | None = None, callbacks: Sequence[StepCallback] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """Train a parser on ``task.parse_data``'s train split, validating on dev; best.pt by F1."""
+    task = cfg.task
+    if not isinstance(task, ParsingTaskConfig):
+        raise UserError(f"task.name is {task.name!r}, not 'parsing'")
+    world, _ = distributed.init_from_env(cfg.train.device)
+    log = (log or stderr_log) if world.is_main else (lambda message: None)
+    folder = resolve_data_path(task.parse_data, "parse_data")
+    train_words, train_trees = read_split(folder, "train")
+    dev_words, dev_trees = read_split(folder, "dev")
+    targets = [" ".join(linearise(t, tags=task.keep_tags)) for t in train_trees]
+    vocab = parsing_vocab(train_words, targets, task.src_vocab_size, cfg.train.seed)
+    log(f"parsing: {len(train_words)} training and {len(dev_words)} dev sentences from "
+        f"{folder}; {len(vocab.source)} source pieces, {len(vocab.target)} target tokens")
+    train_pairs: list[Pair] = [
+        (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
+        for w, t in zip(train_words, targets, strict=True)
+    ]
+    dev_targets = [" ".join(linearise(t, tags=task.keep_tags)) for t in dev_trees]
+    dev_pairs: list[Pair] = [
+        (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
+        for w, t in zip(dev_words, dev_targets, strict=True)
+    ]
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, src_vocab_size=len(vocab.source),
+                        tgt_vocab_size=len(vocab.target))  # fmt: skip
+    out = Path(out_dir)
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    trainer = Trainer(
+        cfg, model, vocab, train_pairs, run_dir=out, valid_pairs=dev_pairs,
+        validator=f1_validator(cfg, vocab, dev_words, dev_trees), score_key="f1",
+        resume=resume, show_progress=show_progress, callbacks=callbacks,
+    )  # fmt: skip
+    summary = trainer.train()
+    return {**summary, "train_sentences": len(train_words), "dev_sentences": len(dev_words)}
+
+
+__all__ = ["f1_validator", "parsing_vocab", "read_split", "train_parsing"]
