@@ -14,6 +14,7 @@ from transduce.config import (
     Config,
     DecodeConfig,
     ModelConfig,
+    ParsingTaskConfig,
     SyntheticTaskConfig,
     TrainConfig,
     TranslationTaskConfig,
@@ -28,7 +29,8 @@ from transduce.errors import UserError
 
 SECTIONS: dict[str, tuple[type, ...]] = {
     "model": (ModelConfig,), "train": (TrainConfig,),
-    "task": (SyntheticTaskConfig, TranslationTaskConfig), "decode": (DecodeConfig,),
+    "task": (SyntheticTaskConfig, TranslationTaskConfig, ParsingTaskConfig),
+    "decode": (DecodeConfig,),
 }  # fmt: skip
 
 
@@ -42,7 +44,7 @@ def test_sections_of_config_are_the_four_sections() -> None:
         "model": "ModelConfig", "train": "TrainConfig", "task": "TaskConfig",
         "decode": "DecodeConfig",
     }  # fmt: skip
-    assert set(TASKS) == {"copy", "reverse", "addition", "translation"}
+    assert set(TASKS) == {"copy", "reverse", "addition", "translation", "parsing"}
 
 
 def test_key_names_are_unique_across_sections() -> None:

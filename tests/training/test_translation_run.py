@@ -293,3 +293,29 @@ def test_tensorboard_can_be_switched_off(tmp_path) -> None:
         show_progress=False, log=lambda _: None,
     )  # fmt: skip
     assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_separate_vocabularies_per_side(tmp_path) -> None:
+    from dataclasses import replace
+
+    from transduce.data.vocab import VocabPair
+    from transduce.inference.translator import Translator
+
+    paths = write_corpus(tmp_path / "data")
+    base = tiny_config(paths, max_steps=6, eval_every=6, save_every=3)
+    cfg = replace(base, task=replace(base.task, shared_vocab=False, vocab_size=40))
+    out = tmp_path / "run"
+    train_translation(cfg, out, show_progress=False, log=lambda m: None)
+    assert (out / "vocab.src.model").is_file() and (out / "vocab.tgt.model").is_file()
+    model, vocab, _ = checkpoint.load_model(out / "model.pt")
+    assert isinstance(vocab, VocabPair) and len(vocab.source) == len(vocab.target) == 40
+    src_pieces = {vocab.source.id_to_piece(i) for i in range(40)}  # type: ignore[attr-defined]
+    tgt_pieces = {vocab.target.id_to_piece(i) for i in range(40)}  # type: ignore[attr-defined]
+    assert "▁DOG" in tgt_pieces and "▁DOG" not in src_pieces  # each side learned on its own text
+    # two embeddings, the target's tied to the output layer
+    assert model.encoder.embed.weight is not model.decoder.embed.weight
+    assert model.generator.weight is model.decoder.embed.weight
+    assert len(Translator(model, vocab, cfg).translate(["the dog runs"])) == 1
+    resumed = replace(cfg, train=replace(cfg.train, max_steps=9))
+    summary = train_translation(resumed, out, resume=True, show_progress=False, log=lambda m: None)
+    assert summary["step"] == 9

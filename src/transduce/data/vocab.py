@@ -97,6 +97,11 @@ class VocabPair:
     def decode(self, ids: Sequence[int]) -> str:
         return self.target.decode(ids)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode`` of each text (the source's batched encoder where it has one)."""
+        batch = getattr(self.source, "encode_batch", None)
+        return batch(texts) if batch is not None else [self.source.encode(t) for t in texts]
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "pair", "source": self.source.to_dict(), "target": self.target.to_dict()}
 

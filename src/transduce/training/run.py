@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, SyntheticTaskConfig, TranslationTaskConfig
 from transduce.data.batching import Pair
 from transduce.data.synthetic import TextPair, make_task
-from transduce.data.vocab import Vocab
+from transduce.data.vocab import Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
 from transduce.inference.search import predict_ids, searchable
@@ -153,41 +153,60 @@ def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
     return text
 
 
+def _sides(vocab: SentencePieceVocab | VocabPair) -> tuple[SentencePieceVocab, SentencePieceVocab]:
+    """(source vocabulary, target vocabulary): the one shared vocabulary twice, or the pair's."""
+    if isinstance(vocab, VocabPair):
+        return vocab.source, vocab.target  # type: ignore[return-value]  # SentencePiece both
+    return vocab, vocab
+
+
+def _learn(texts: Iterable[str], task: TranslationTaskConfig, seed: int) -> SentencePieceVocab:
+    from transduce.data.subword import train_sentencepiece
+
+    return train_sentencepiece(
+        texts, task.vocab_size, input_sentence_size=task.vocab_sample, seed=seed
+    )
+
+
 def _vocabulary(
     cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log
-) -> SentencePieceVocab:
-    """The run's shared vocabulary: ``vocab.model`` of the run when resuming, else learned on
-    the training source and target sentences (a sample of ``task.vocab_sample`` of them, if
-    set) and saved as ``vocab.model`` (the run folder is made first)."""
-    from transduce.data.subword import SentencePieceVocab, train_sentencepiece
+) -> SentencePieceVocab | VocabPair:
+    """The run's vocabulary: ``vocab.model`` (shared) or ``vocab.src.model`` and
+    ``vocab.tgt.model`` (``task.shared_vocab`` false) of the run when resuming, else learned on
+    the training sentences (a sample of ``task.vocab_sample`` of them, if set) and saved there
+    (the run folder is made first)."""
+    from transduce.data.subword import SentencePieceVocab
 
     task = _translation(cfg)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{run_dir}: cannot create the run folder ({e.strerror or e})") from None
-    path = run_dir / "vocab.model"
-    if resume and path.is_file():
-        vocab = SentencePieceVocab.load(path)
-        log(f"vocabulary: {len(vocab)} pieces from {path} (resumed run)")
-        return vocab
-    vocab = train_sentencepiece(
-        itertools.chain(train.source, train.target),
-        task.vocab_size,
-        input_sentence_size=task.vocab_sample,
-        seed=cfg.train.seed,
-    )
-    vocab.save(path)
+    names = ["vocab.model"] if task.shared_vocab else ["vocab.src.model", "vocab.tgt.model"]
+    paths = [run_dir / name for name in names]
+    if resume and all(p.is_file() for p in paths):
+        loaded = [SentencePieceVocab.load(p) for p in paths]
+        log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
+            f"{', '.join(map(str, paths))} (resumed run)")
+        return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
+    if task.shared_vocab:
+        learned = [_learn(itertools.chain(train.source, train.target), task, cfg.train.seed)]
+    else:
+        learned = [_learn(train.source, task, cfg.train.seed),
+                   _learn(train.target, task, cfg.train.seed)]  # fmt: skip
+    for vocab, path in zip(learned, paths, strict=True):
+        vocab.save(path)
     sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
-    log(f"vocabulary: {len(vocab)} shared BPE pieces learned on the training text{sample} "
-        f"-> {path}")
-    return vocab
+    kind = "shared" if task.shared_vocab else "source and target"
+    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces learned on "
+        f"the training text{sample} -> {', '.join(map(str, paths))}")
+    return learned[0] if task.shared_vocab else VocabPair(learned[0], learned[1])
 
 
 def _rank0_vocabulary(
     cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log,
     world: distributed.World,
-) -> SentencePieceVocab:  # fmt: skip
+) -> SentencePieceVocab | VocabPair:  # fmt: skip
     """``_vocabulary`` (and the run folder) on rank 0 only; the other ranks receive its bytes:
     no shared file system needed, no rank learning or writing a vocabulary of its own. Rank 0's
     UserError, if any, is raised on every rank, so none waits for a vocabulary that never
@@ -196,13 +215,13 @@ def _rank0_vocabulary(
 
     if not world.distributed:
         return _vocabulary(cfg, run_dir, train, resume=resume, log=log)
-    vocab: SentencePieceVocab | None = None
+    vocab: SentencePieceVocab | VocabPair | None = None
     failure: Exception | None = None
-    sent: bytes | UserError = b""
+    sent: list[bytes] | UserError = []
     if world.is_main:
         try:
             vocab = _vocabulary(cfg, run_dir, train, resume=resume, log=log)
-            sent = vocab.model_proto
+            sent = [v.model_proto for v in dict.fromkeys(_sides(vocab))]
         except Exception as e:  # tell the others, then fail here as before
             failure = e
             sent = e if isinstance(e, UserError) else UserError(f"rank 0: {type(e).__name__}: {e}")
@@ -211,7 +230,10 @@ def _rank0_vocabulary(
         raise failure
     if isinstance(received, UserError):
         raise received
-    return vocab if vocab is not None else SentencePieceVocab(received, name="rank 0's vocabulary")
+    if vocab is not None:
+        return vocab
+    protos = [SentencePieceVocab(p, name="rank 0's vocabulary") for p in received]
+    return protos[0] if len(protos) == 1 else VocabPair(protos[0], protos[1])
 
 
 def bleu_validator(
@@ -231,7 +253,8 @@ def bleu_validator(
 
 
 def _validation(
-    cfg: Config, vocab: SentencePieceVocab, valid_text: ParallelText | None, summary: dict[str, Any], log: Log
+    cfg: Config, vocab: SentencePieceVocab | VocabPair, valid_text: ParallelText | None,
+    summary: dict[str, Any], log: Log,
 ) -> tuple[list[Pair], Validator | None]:
     """The validation pairs and the BLEU validator (none without validation files); adds the
     validation counts to ``summary``."""
@@ -244,7 +267,8 @@ def _validation(
     n = _translation(cfg).max_valid_sentences or len(valid_text)
     sources, references = valid_text.source[:n], valid_text.target[:n]
     valid_pairs = list(
-        zip(vocab.encode_batch(sources), vocab.encode_batch(references), strict=True)
+        zip(_sides(vocab)[0].encode_batch(sources), _sides(vocab)[1].encode_batch(references),
+            strict=True)
     )
     summary.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
     if n < len(valid_text):
@@ -253,7 +277,7 @@ def _validation(
 
 
 def bpe_dropout_pairs(
-    cfg: Config, vocab: SentencePieceVocab, train: ParallelText
+    cfg: Config, vocab: SentencePieceVocab | VocabPair, train: ParallelText
 ) -> Resegment | None:
     """Each epoch's training pairs under BPE-dropout ``task.bpe_dropout`` (None when 0): both
     sides segmented anew, seeded by ``train.seed``, the epoch and the side, so that every rank
@@ -261,12 +285,13 @@ def bpe_dropout_pairs(
     p = _translation(cfg).bpe_dropout
     if not p:
         return None
+    source, target = _sides(vocab)
 
     def pairs(epoch: int) -> list[Pair]:
         seed = cfg.train.seed * 1_000_003 + 2 * epoch
         return list(zip(
-            vocab.sample_batch(train.source, dropout=p, seed=seed % 2**32),
-            vocab.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
+            source.sample_batch(train.source, dropout=p, seed=seed % 2**32),
+            target.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
             strict=True,
         ))  # fmt: skip
 
@@ -306,7 +331,8 @@ def train_translation(
     vocab = _rank0_vocabulary(cfg, out, train_text, resume=resume, log=log, world=world)
     train_pairs = list(
         zip(
-            vocab.encode_batch(train_text.source), vocab.encode_batch(train_text.target),
+            _sides(vocab)[0].encode_batch(train_text.source),
+            _sides(vocab)[1].encode_batch(train_text.target),
             strict=True,
         )
     )
@@ -321,7 +347,8 @@ def train_translation(
     }  # fmt: skip
     valid_pairs, validator = _validation(cfg, vocab, valid_text, summary_data, log)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, src_vocab_size=len(vocab))
+    src_size, tgt_size = vocab_sizes(vocab)
+    model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     if world.is_main:
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
