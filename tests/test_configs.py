@@ -60,3 +60,13 @@ def test_cpu_sized_big_recipe_makes_the_paper_s_base_to_big_changes() -> None:
     same = ("max_tokens", "update_freq", "warmup", "lr_factor", "cooldown", "label_smoothing")
     assert all(getattr(big.train, k) == getattr(tiny.train, k) for k in same)
     assert big.decode == tiny.decode and big.task == tiny.task
+
+
+def test_parsing_recipe_makes_the_papers_changes() -> None:
+    from transduce.config import ParsingTaskConfig
+
+    cfg = load_config(CONFIGS / "ptb_parsing.yaml")
+    assert isinstance(cfg.task, ParsingTaskConfig) and cfg.task.parse_data == "data/ptb-sample"
+    assert cfg.model.n_layers == 4  # section 6.3: 4 layers
+    assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_offset) == (21, 0.3, 300)
+    assert cfg.train.max_minutes == 30

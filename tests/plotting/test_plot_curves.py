@@ -189,3 +189,25 @@ def test_importing_plotting_loads_no_matplotlib_torch_or_model():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_plot_curves_command(tmp_path: Path, capsys) -> None:
+    import json
+
+    from transduce.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": s, "epoch": 0, "loss": 5.0 / s, "nll": 4.0 / s, "ppl": 2.0, "lr": 1e-3,
+              "tokens_per_s": 1000.0, "elapsed": float(s)} for s in range(1, 30)]  # fmt: skip
+    lines += [{"step": 10, "split": "valid", "valid_loss": 1.0, "bleu": 10.0},
+              {"step": 20, "split": "valid", "valid_loss": 0.8, "bleu": 14.0}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = tmp_path / "curves.png"
+    code = main(["--no-malloc-tuning", "plot", "curves", str(run), "--metrics", "loss,bleu",
+                 "--x", "time", "--output", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert out.stat().st_size > 5_000
+    code = main(["--no-malloc-tuning", "plot", "curves", str(run), "--metrics", "nope",
+                 "--output", str(out)])  # fmt: skip
+    assert code == 2 and "nope" in capsys.readouterr().err
