@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
+from transduce.data.download import download
 from transduce.data.parallel import iter_lines
 from transduce.errors import UserError
 
@@ -114,33 +111,6 @@ def _is_valid(path: Path, expected: int) -> bool:
     return True
 
 
-def _download(url: str, out: Path, *, progress: bool, timeout: float) -> None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r, open(out, "wb") as f:
-            total = r.headers.get("Content-Length")
-            with tqdm(
-                total=int(total) if total and total.isdigit() else None,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc=url.rsplit("/", 1)[-1],
-                disable=not progress,
-                leave=False,
-            ) as bar:
-                while chunk := r.read(1 << 16):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-    except urllib.error.HTTPError as e:
-        raise UserError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise UserError(
-            f"cannot download {url}: {e.reason}; without network, copy the files from a local "
-            "mirror with from_dir"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot download {url}: {e}") from None
-
-
 def _mirror_file(from_dir: Path, name: str) -> Path:
     for candidate in (from_dir / name, from_dir / "multi30k" / name):
         if candidate.is_file():
@@ -207,7 +177,11 @@ def fetch_multi30k(
                         ) from None
                 else:
                     name = base_url + target.name
-                    _download(name, tmp, progress=progress, timeout=timeout)
+                    download(
+                        name, tmp, timeout=timeout, progress=progress,
+                        offline_hint="without network, copy the files from a local mirror "
+                        "with from_dir",
+                    )
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)
             finally:

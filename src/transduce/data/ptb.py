@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from transduce.data.download import download
 from transduce.data.trees import Tree, parse_trees, read_tree_file, to_brackets
 from transduce.errors import UserError
 
@@ -132,21 +131,6 @@ def split_treebank(files: Sequence[MrgFile]) -> dict[str, list[Tree]]:
     return out
 
 
-def _download(url: str, out: Path, timeout: float) -> None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r, open(out, "wb") as f:
-            shutil.copyfileobj(r, f, 1 << 16)
-    except urllib.error.HTTPError as e:
-        raise UserError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise UserError(
-            f"cannot download {url}: {e.reason}; without network, copy treebank.zip from a "
-            "local mirror with from_folder"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot download {url}: {e}") from None
-
-
 def _mirror_zip(folder: Path) -> Path:
     for candidate in (folder / "treebank.zip", folder / "ptb-sample" / "treebank.zip"):
         if candidate.is_file():
@@ -178,7 +162,11 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
             except OSError as e:
                 raise UserError(f"cannot copy {source} to {dest}: {e.strerror or e}") from None
         else:
-            _download(url, tmp, timeout)
+            download(
+                url, tmp, timeout=timeout, progress=False,
+                offline_hint="without network, copy treebank.zip from a local mirror with "
+                "from_folder",
+            )
         files = read_treebank(tmp)  # every member decompresses (CRC-checked) and parses
         os.replace(tmp, target)
     finally:

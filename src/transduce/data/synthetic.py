@@ -64,7 +64,9 @@ def _addition(rng: random.Random, cfg: SyntheticTaskConfig) -> TextPair:
     return f"{a}+{b}", str(a + b)
 
 
-def _sequence(rng: random.Random, cfg: SyntheticTaskConfig, symbols: str, reverse: bool) -> TextPair:
+def _sequence(
+    rng: random.Random, cfg: SyntheticTaskConfig, symbols: str, reverse: bool
+) -> TextPair:
     n = rng.randint(cfg.min_length, cfg.max_length)
     s = "".join(rng.choice(symbols) for _ in range(n))
     return s, s[::-1] if reverse else s

@@ -33,7 +33,9 @@ def greedy_search(
 
 
 @torch.inference_mode()
-def greedy_decode(model: DecodableModel[Any], src: Tensor, *, max_lens: Tensor) -> list[tuple[list[int], float]]:
+def greedy_decode(
+    model: DecodableModel[Any], src: Tensor, *, max_lens: Tensor
+) -> list[tuple[list[int], float]]:
     """Greedy search returning, per sentence, (tokens, log-probability including the final EOS).
 
     max_lens (B,) LongTensor from ``max_output_lengths``. Behaves exactly like beam search with a

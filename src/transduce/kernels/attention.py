@@ -86,7 +86,12 @@ def _causal(n_queries: int, n_keys: int, device: torch.device) -> Tensor:
 
 
 def _fused(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
 ) -> Tensor:
     """The fused kernel; on the CPU in float32 for low-precision inputs and outside autocast."""
     if query.device.type != "cpu":

@@ -123,7 +123,9 @@ class _OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, matmul: Matmul = "auto") -> Tensor:
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, matmul: Matmul = "auto"
+) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out),
     through oneDNN where ``use_onednn(matmul, weight)`` says so and the operands are float32
     outside autocast, not empty and not one row against a small weight (see the module

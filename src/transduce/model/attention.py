@@ -54,7 +54,8 @@ def split_heads(x: Tensor, n_heads: int, length: int | None = None) -> Tensor:
     else:
         batch, length = x.size(0), x.size(1)
     size = x.size(-1) // n_heads
-    return x.view(batch, length, n_heads, size).transpose(1, 2)  # (B, T, H, size) -> (B, H, T, size)
+    # (B, T, H, size) -> (B, H, T, size)
+    return x.view(batch, length, n_heads, size).transpose(1, 2)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -64,7 +65,8 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     W^Q, W^K: (D, H*K); W^V: (D, H*Dv); W^O: (H*Dv, D). ``d_k`` and ``d_v`` are independent of
     ``d_model / n_heads`` (Table 3 rows A and B).

@@ -148,7 +148,8 @@ class DecoderLayer(_Sublayers):
         if n % b:
             raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
         g = n // b
-        q = q.unflatten(0, (b, g)).transpose(1, 2).flatten(2, 3)  # (B, G, H, T, K) -> (B, H, G*T, K)
+        # (N, H, T, K) -> (B, G, H, T, K) -> (B, H, G, T, K) -> (B, H, G*T, K)
+        q = q.unflatten(0, (b, g)).transpose(1, 2).flatten(2, 3)
         grouped: list[Tensor] | None = None if record is None else []
         out = self.cross_attn.attend(q, k, v, memory_mask, record=grouped)  # (B, G*T, D)
         if record is not None and grouped:

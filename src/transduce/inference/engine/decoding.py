@@ -366,7 +366,8 @@ class DecodingModel:
             return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
         path = self.attention
         if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
-            kv = kernels.attention_input(w.cross_kv(memory.flatten(0, 1)), path)  # (B*S, H*K + H*Dv)
+            kv = w.cross_kv(memory.flatten(0, 1))  # (B*S, H*K + H*Dv)
+            kv = kernels.attention_input(kv, path)
             k, v = kv.split((w.n_heads * w.d_k, w.n_heads * w.d_v), 1)
             # (B, H, S, size), copied once: the formula below multiplies them faster
             cache.cross_k, cache.cross_v = (
