@@ -38,7 +38,10 @@ from transduce.data.prepared import FORMAT, MANIFEST, VERSION, file_sha256, voca
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.errors import UserError
 
-__all__ = ["DEFAULT_VOCAB_SAMPLE", "prepare", "scan_input", "vocabulary"]
+__all__ = [
+    "DEFAULT_VOCAB_SAMPLE", "prepare", "reused_vocabulary", "scan_input", "vocabulary",
+    "write_vocabulary",
+]
 
 Log = Callable[[str], None]
 DEFAULT_VOCAB_SAMPLE = 1_000_000  # sentences SentencePiece learns from when vocab_sample is 0
@@ -103,7 +106,7 @@ def _sample(paths: list[Path], lines: list[int], k: int, seed: int) -> list[str]
     return picked
 
 
-def _reuse(task: TranslationTaskConfig) -> list[SentencePieceVocab]:
+def reused_vocabulary(task: TranslationTaskConfig) -> list[SentencePieceVocab]:
     """The vocabulary named by ``task.vocab_model``: a .model file or a folder of them."""
     where = resolve_data_path(task.vocab_model, "vocab_model")
     if where.is_dir():
@@ -121,7 +124,7 @@ def vocabulary(
     ``task.vocab_sample`` (or ``DEFAULT_VOCAB_SAMPLE``) training sentences."""
     task = _translation(cfg)
     if task.vocab_model:
-        vocabs = _reuse(task)
+        vocabs = reused_vocabulary(task)
         log(f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} pieces reused from "
             f"{task.vocab_model}")  # fmt: skip
         return vocabs
@@ -135,8 +138,9 @@ def vocabulary(
                          k, cfg.train.seed)  # fmt: skip
         vocabs.append(train_sentencepiece(sample, task.vocab_size, seed=cfg.train.seed))
         del sample
+    drawn = min(k, src["lines"] + tgt["lines"] if task.shared_vocab else src["lines"])
     log(f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} BPE pieces learned on a sample "
-        f"of {k} sentences in {time.monotonic() - started:.0f} s")  # fmt: skip
+        f"of {drawn} lines in {time.monotonic() - started:.0f} s")  # fmt: skip
     return vocabs
 
 

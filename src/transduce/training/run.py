@@ -174,7 +174,11 @@ def _vocabulary(
         log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
             f"{', '.join(map(str, paths))} (resumed run)")
         return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
-    if task.shared_vocab:
+    if task.vocab_model:  # an existing SentencePiece vocabulary, reused
+        from transduce.data.prepare import reused_vocabulary
+
+        learned = reused_vocabulary(task)
+    elif task.shared_vocab:
         learned = [_learn(itertools.chain(train.source, train.target), task, cfg.train.seed)]
     else:
         learned = [_learn(train.source, task, cfg.train.seed),
@@ -183,8 +187,10 @@ def _vocabulary(
         vocab.save(path)
     sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
     kind = "shared" if task.shared_vocab else "source and target"
-    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces learned on "
-        f"the training text{sample} -> {', '.join(map(str, paths))}")
+    how = f"reused from {task.vocab_model}" if task.vocab_model else (
+        f"learned on the training text{sample}")
+    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces {how} -> "
+        f"{', '.join(map(str, paths))}")
     return learned[0] if task.shared_vocab else VocabPair(learned[0], learned[1])
 
 
@@ -316,6 +322,10 @@ def train_translation(
             "task translation needs task.train_src and task.train_tgt (the training files)"
         )
     out = Path(out_dir)
+    task = _translation(cfg)
+    if task.clean_max_len or task.clean_ratio or task.clean_identical or task.clean_dedup:
+        log("the task.clean_* keys apply to transduce prepare; training from the files keeps "
+            "every pair with both sides non-empty")  # fmt: skip
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
