@@ -194,7 +194,8 @@ class TranslationTaskConfig(_Section):
     valid_src: str = ""  # validation files (loss, BLEU, best.pt); optional
     valid_tgt: str = ""
     vocab_size: int = 8000  # SentencePiece BPE pieces (of each vocabulary when not shared)
-    vocab_sample: int = 0  # learn the vocabulary on this many sentences (0 = all)
+    # learn the vocabulary on this many sentences (0 = all; `transduce prepare`: 1,000,000)
+    vocab_sample: int = 0
     # one vocabulary learned on both sides (the paper's), or one per side, the target embedding
     # then tied to the output layer alone
     shared_vocab: bool = True
@@ -203,11 +204,24 @@ class TranslationTaskConfig(_Section):
     # one-hour CPU budget it learned far slower (benchmarks/RESULTS.md)
     bpe_dropout: float = 0.0
     max_valid_sentences: int = 0  # validate on the first N pairs only (0 = all)
+    # a folder written by `transduce prepare`: train from its memory-mapped ids and vocabulary;
+    # the file, vocabulary and cleaning keys are then ignored
+    prepared: str = ""
+    # reuse a SentencePiece vocabulary instead of learning one: a .model file (shared), or a
+    # folder holding vocab.model, or vocab.src.model and vocab.tgt.model (shared_vocab false)
+    vocab_model: str = ""
+    # cleaning by `transduce prepare` (pairs with an empty side are always dropped):
+    clean_max_len: int = 0  # drop pairs with a side of more than N subword pieces (0 = keep)
+    clean_ratio: float = 0.0  # drop pairs whose longer side has over N x the pieces (Moses' -ratio)
+    clean_identical: bool = False  # drop pairs whose source equals their target
+    clean_dedup: bool = False  # drop exact repeats of a pair (the first is kept)
 
     def _check(self) -> None:
         _positive(self, "vocab_size")
-        _not_negative(self, "vocab_sample", "max_valid_sentences")
+        _not_negative(self, "vocab_sample", "max_valid_sentences", "clean_max_len")
         _fraction(self, "bpe_dropout")
+        if self.clean_ratio and self.clean_ratio < 1.0:
+            raise UserError(f"clean_ratio must be 0 (off) or at least 1; got {self.clean_ratio}")
         if bool(self.valid_src) != bool(self.valid_tgt):
             given, missing = (
                 ("valid_src", "valid_tgt") if self.valid_src else ("valid_tgt", "valid_src")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from transduce.cli import (
     analysis_commands,
     parsing_commands,
+    prepare_commands,
     serve_commands,
     training_commands,
     translation_commands,
@@ -21,6 +22,7 @@ from transduce.errors import UserError
 # Each module adds its subcommands with register(subparsers).
 COMMAND_MODULES = [
     training_commands, translation_commands, parsing_commands, serve_commands, analysis_commands,
+    prepare_commands,
 ]
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transduce.cli.parsing_commands import add_data_command
+from transduce.cli.prepare_commands import add_data_command as add_wmt14_command
 from transduce.errors import UserError
 
 
@@ -188,6 +189,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--quiet", action="store_true", help="no progress bar")
     m.set_defaults(func=_cmd_data_multi30k)
     add_data_command(data_sub)
+    add_wmt14_command(data_sub)
 
     p = sub.add_parser(
         "translate",

@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,42 +30,59 @@ class Batch(NamedTuple):
         )
 
 
+def token_batch_arrays(
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """Group example indices into batches of at most ``max_tokens`` padded tokens.
+
+    ``lengths`` holds (source, target) lengths as the model sees them (with EOS / BOS): a
+    sequence of pairs or an (N, 2) integer array (a prepared dataset's length index; no pair
+    is read). A batch's cost is n_examples * max(longest source, longest target); examples are
+    sorted by length (ties broken at random) so little is padding, and the batch order is
+    shuffled. The result depends only on (seed, epoch), so a resumed run recomputes the same
+    batches. An example longer than ``max_tokens`` gets a batch of its own. Each batch is an
+    int64 array of indices (8 bytes per example: millions of pairs stay compact).
+    """
+    table = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    rng = random.Random(seed * 1_000_003 + epoch)
+    shuffled = list(range(len(table)))
+    if shuffle:
+        rng.shuffle(shuffled)  # random tie-breaking among equal lengths (the sort is stable)
+    order = np.array(shuffled, dtype=np.int64)
+    del shuffled
+    src, tgt = table[order, 0], table[order, 1]
+    by_length = np.lexsort((src, tgt))  # stable: by target length, then source length
+    order, sizes = order[by_length], np.maximum(src, tgt)[by_length]
+    bounds: list[int] = []
+    count = longest = 0
+    for k, size in enumerate(sizes.tolist()):
+        if count and (count + 1) * max(longest, size) > max_tokens:
+            bounds.append(k)
+            count = longest = 0
+        count += 1
+        longest = max(longest, size)
+    batches = np.split(order, bounds) if len(order) else []
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
 def token_batches(
-    lengths: Sequence[tuple[int, int]],
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
     max_tokens: int,
     *,
     seed: int,
     epoch: int,
     shuffle: bool = True,
 ) -> list[list[int]]:
-    """Group example indices into batches of at most ``max_tokens`` padded tokens.
-
-    ``lengths`` holds (source, target) lengths as the model sees them (with EOS / BOS). A batch's
-    cost is n_examples * max(longest source, longest target); examples are sorted by length (ties
-    broken at random) so little is padding, and the batch order is shuffled. The result depends
-    only on (seed, epoch), so a resumed run recomputes the same batches. An example longer than
-    ``max_tokens`` gets a batch of its own.
-    """
-    rng = random.Random(seed * 1_000_003 + epoch)
-    order = list(range(len(lengths)))
-    if shuffle:
-        rng.shuffle(order)  # random tie-breaking among equal lengths (sort is stable)
-    order.sort(key=lambda i: (lengths[i][1], lengths[i][0]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        size = max(lengths[i])
-        if current and (len(current) + 1) * max(longest, size) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, size)
-    if current:
-        batches.append(current)
-    if shuffle:
-        rng.shuffle(batches)
-    return batches
+    """``token_batch_arrays`` as lists of ints."""
+    arrays = token_batch_arrays(lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle)
+    return [b.tolist() for b in arrays]
 
 
 def collate(pairs: Sequence[Pair]) -> Batch:
@@ -86,3 +104,25 @@ def collate(pairs: Sequence[Pair]) -> Batch:
 def model_lengths(pairs: Sequence[Pair]) -> list[tuple[int, int]]:
     """(source + EOS, BOS + target) lengths, the sizes ``token_batches`` budgets."""
     return [(len(s) + 1, len(t) + 1) for s, t in pairs]
+
+
+def length_index(pairs: Sequence[Pair]) -> np.ndarray:
+    """The (N, 2) int32 array of ``model_lengths``: read from the pairs' own length index when
+    they have one (``model_lengths()`` of a prepared dataset: no pair is read), else counted."""
+    own = getattr(pairs, "model_lengths", None)
+    if callable(own):
+        return np.asarray(own(), dtype=np.int32).reshape(-1, 2)
+    table = np.fromiter(
+        (n for s, t in pairs for n in (len(s) + 1, len(t) + 1)), dtype=np.int32,
+        count=2 * len(pairs),
+    )  # fmt: skip
+    return table.reshape(-1, 2)
+
+
+def select_pairs(pairs: Sequence[Pair], kept: np.ndarray) -> Sequence[Pair]:
+    """The pairs numbered ``kept`` (an int array), in that order: a view through the pairs'
+    ``select`` when they have one (a prepared dataset: nothing is read), else a list."""
+    own = getattr(pairs, "select", None)
+    if callable(own):
+        return own(kept)
+    return [pairs[i] for i in kept.tolist()]

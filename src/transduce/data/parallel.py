@@ -12,6 +12,8 @@ mark at the start of a file is dropped, and each line is stripped of surrounding
 from __future__ import annotations
 
 import gzip
+import os
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from typing import BinaryIO
 
 from transduce.errors import UserError
 
-__all__ = ["ParallelText", "iter_lines", "read_lines", "read_parallel"]
+__all__ = ["ParallelText", "iter_lines", "read_lines", "read_parallel", "resolve_data_path"]
 
 _BOM = "\ufeff"
 
@@ -133,3 +135,17 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
         else:
             skipped_lines.append(i)
     return ParallelText(source, target, len(skipped_lines), skipped_lines)
+
+
+_UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def resolve_data_path(value: str, key: str) -> Path:
+    """A config path with ``$VAR`` / ``${VAR}`` and ``~`` expanded (relative paths stay relative
+    to the current directory); an unset variable is a UserError naming the key."""
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    m = _UNSET_VARIABLE.search(expanded)
+    if m:
+        name = m.group(1).strip("{}")
+        raise UserError(f"task.{key} = {value!r}: environment variable {name} is not set")
+    return Path(expanded)

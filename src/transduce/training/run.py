@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch
 from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, SyntheticTaskConfig, TranslationTaskConfig
 from transduce.data.batching import Pair
+from transduce.data.parallel import resolve_data_path
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
@@ -111,20 +110,6 @@ def _silent(message: str) -> None:
     """The log of ranks other than 0."""
 
 
-_UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
-
-
-def resolve_data_path(value: str, key: str) -> Path:
-    """A config path with ``$VAR`` / ``${VAR}`` and ``~`` expanded (relative paths stay relative
-    to the current directory); an unset variable is a UserError naming the key."""
-    expanded = os.path.expanduser(os.path.expandvars(value))
-    m = _UNSET_VARIABLE.search(expanded)
-    if m:
-        name = m.group(1).strip("{}")
-        raise UserError(f"task.{key} = {value!r}: environment variable {name} is not set")
-    return Path(expanded)
-
-
 def _translation(cfg: Config) -> TranslationTaskConfig:
     """``cfg.task``, which must be a translation task."""
     if not isinstance(cfg.task, TranslationTaskConfig):
@@ -189,7 +174,11 @@ def _vocabulary(
         log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
             f"{', '.join(map(str, paths))} (resumed run)")
         return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
-    if task.shared_vocab:
+    if task.vocab_model:  # an existing SentencePiece vocabulary, reused
+        from transduce.data.prepare import reused_vocabulary
+
+        learned = reused_vocabulary(task)
+    elif task.shared_vocab:
         learned = [_learn(itertools.chain(train.source, train.target), task, cfg.train.seed)]
     else:
         learned = [_learn(train.source, task, cfg.train.seed),
@@ -198,8 +187,10 @@ def _vocabulary(
         vocab.save(path)
     sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
     kind = "shared" if task.shared_vocab else "source and target"
-    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces learned on "
-        f"the training text{sample} -> {', '.join(map(str, paths))}")
+    how = f"reused from {task.vocab_model}" if task.vocab_model else (
+        f"learned on the training text{sample}")
+    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces {how} -> "
+        f"{', '.join(map(str, paths))}")
     return learned[0] if task.shared_vocab else VocabPair(learned[0], learned[1])
 
 
@@ -311,7 +302,8 @@ def train_translation(
 
     Reads the training (and, if named, validation) files, reporting how many pairs were skipped
     for an empty side; learns the shared vocabulary (``vocab.model``; reused with ``resume``);
-    trains with validation BLEU as the score that picks ``best.pt``. ``log`` receives one-line
+    trains with validation BLEU as the score that picks ``best.pt``. With ``task.prepared`` it
+    trains from that prepared folder instead (``training.prepared_run``). ``log`` receives one-line
     reports (default: stderr). Returns the Trainer's summary plus the data counts. Under
     torchrun every rank reads the files; rank 0 alone learns the vocabulary (the others receive
     it), writes files and reports.
@@ -320,11 +312,20 @@ def train_translation(
     log = (log or stderr_log) if world.is_main else _silent  # one report, not one per rank
     if cfg.task.name != "translation":
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
+    if _translation(cfg).prepared:  # memory-mapped ids from transduce prepare
+        from transduce.training.prepared_run import train_prepared  # it imports this module
+
+        return train_prepared(cfg, out_dir, resume=resume, show_progress=show_progress, log=log,
+                              callbacks=callbacks)  # fmt: skip
     if not cfg.task.train_src or not cfg.task.train_tgt:
         raise UserError(
             "task translation needs task.train_src and task.train_tgt (the training files)"
         )
     out = Path(out_dir)
+    task = _translation(cfg)
+    if task.clean_max_len or task.clean_ratio or task.clean_identical or task.clean_dedup:
+        log("the task.clean_* keys apply to transduce prepare; training from the files keeps "
+            "every pair with both sides non-empty")  # fmt: skip
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None

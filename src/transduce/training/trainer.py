@@ -29,6 +29,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -36,7 +37,8 @@ from tqdm import tqdm
 from transduce import checkpoint
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
-from transduce.data.batching import Batch, Pair, collate, model_lengths, token_batches
+from transduce.data.batching import Batch, Pair, collate, length_index, select_pairs
+from transduce.data.batching import token_batch_arrays
 from transduce.data.vocab import PAD, Vocab
 from transduce.errors import UserError
 from transduce.training import distributed
@@ -123,15 +125,19 @@ class Trainer:
                 self.ddp = DistributedDataParallel(self.model, broadcast_buffers=False)
 
     def _use_pairs(self, pairs: Sequence[Pair]) -> None:
-        """Train on ``pairs`` from now on, less those longer than max_len."""
+        """Train on ``pairs`` from now on, less those longer than max_len: chosen by their
+        length index (a prepared dataset's is read from disk, no pair is), the kept ones a
+        view (``select_pairs``)."""
         max_len = self.cfg.train.max_len
-        self.pairs = [p for p in pairs if max(len(p[0]), len(p[1])) + 1 <= max_len]
-        if not self.pairs:
+        lengths = length_index(pairs)
+        kept = np.flatnonzero(lengths.max(axis=1, initial=0) <= max_len)
+        if not len(kept):
             raise UserError(
                 f"no training pairs are within max_len={max_len} tokens "
                 f"(all {len(pairs)} are longer); raise max_len"
             )
-        self.lengths = model_lengths(self.pairs)
+        self.pairs = select_pairs(pairs, kept)
+        self.lengths = lengths[kept]
 
     # --- state --------------------------------------------------------------------------------
 
@@ -313,13 +319,15 @@ class Trainer:
         finally:
             self.log.close()
 
-    def _epoch_batches(self) -> list[list[int]]:
+    def _epoch_batches(self) -> list[np.ndarray]:
         """The batches of this rank for the current epoch; called once as each epoch starts (or
         resumes), which is when ``resegment`` draws that epoch's pairs."""
         t = self.cfg.train
         if self.resegment is not None:
             self._use_pairs(self.resegment(self.progress.epoch))
-        batches = token_batches(self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch)
+        batches = token_batch_arrays(
+            self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch
+        )
         return distributed.shard(batches, self.world)
 
     def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
@@ -334,7 +342,8 @@ class Trainer:
             while reason is None and p.batch_index < len(batches):
                 idx = batches[p.batch_index : p.batch_index + t.update_freq]
                 p.batch_index += len(idx)
-                window.add(*self._update([collate([self.pairs[i] for i in b]) for b in idx]))
+                group = [collate([self.pairs[i] for i in b.tolist()]) for b in idx]
+                window.add(*self._update(group))
                 p.step += 1
                 p.elapsed = base_elapsed + time.monotonic() - started
                 if p.step % t.log_every == 0:

@@ -1,0 +1,167 @@
+"""A prepared dataset: token ids encoded once, memory-mapped, read pair by pair.
+
+``transduce prepare`` (``transduce.data.prepare``) writes a folder:
+
+* ``manifest.json``: format and version, the id dtype, the vocabulary files with their SHA-256,
+  the inputs (path, bytes, lines, SHA-256), the cleaning applied with what each filter removed,
+  and per split its pairs, tokens and shards, each output file with its bytes and SHA-256.
+* ``vocab.model`` (shared) or ``vocab.src.model`` and ``vocab.tgt.model``: SentencePiece models.
+* per split (``train``, ``valid``) and shard ``K`` (``train.000``, ``train.001`` ...):
+  ``SPLIT.K.src.bin`` and ``SPLIT.K.tgt.bin``, the ids of every pair one after another, no
+  BOS/EOS, as raw little-endian ``uint16`` (vocabularies of at most 65,536 pieces) or
+  ``uint32``; ``SPLIT.K.idx.npy``, int64 (pairs + 1, 2): where each pair's source and target
+  start in the two ``.bin`` files (the last row: their lengths in ids).
+* ``SPLIT.lengths.npy``: uint32 (pairs, 2), each pair's (source, target) length in ids, over
+  all shards in order: the length index that batching reads without touching a pair.
+* ``valid.src.txt`` and ``valid.tgt.txt``: the kept validation sentences as text (for BLEU).
+
+``PreparedSplit`` opens a split with numpy memory maps: opening reads the length index only;
+``split[i]`` reads pair ``i``'s ids, so a process holds in memory the pages of the pairs it
+reads, whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from transduce.errors import UserError
+
+__all__ = ["FORMAT", "VERSION", "PreparedSplit", "file_sha256", "read_manifest", "vocab_files"]
+
+FORMAT = "transduce-prepared"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+Pair = tuple[list[int], list[int]]
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def vocab_files(shared: bool) -> list[str]:
+    """The vocabulary file names of a prepared folder (and of a run folder)."""
+    return ["vocab.model"] if shared else ["vocab.src.model", "vocab.tgt.model"]
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest of a prepared folder, its format and version checked, and the vocabulary
+    files checked against their hashes (a UserError naming the file otherwise)."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{folder}: not a prepared dataset (no {MANIFEST}; run transduce prepare)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"{path}: not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise UserError(
+            f"{path}: format version {manifest.get('version')}, this transduce reads {VERSION}; "
+            "prepare the data again"
+        )
+    for name, digest in manifest["vocab"]["sha256"].items():
+        if file_sha256(folder / name) != digest:
+            raise UserError(
+                f"{folder / name}: vocabulary hash differs from {path}; the folder was changed "
+                "after transduce prepare (prepare it again)"
+            )
+    return manifest
+
+
+class PreparedSplit(Sequence[Pair]):
+    """One split of a prepared folder as a sequence of (source ids, target ids) lists, like
+    in-memory pairs; ``model_lengths()`` and ``select()`` let batching work from the length
+    index alone (``transduce.data.batching.length_index``, ``select_pairs``)."""
+
+    def __init__(self, folder: str | Path, split: str, manifest: dict[str, Any] | None = None):
+        self.folder = Path(folder)
+        self.manifest = manifest if manifest is not None else read_manifest(self.folder)
+        if split not in self.manifest["splits"]:
+            raise UserError(f"{self.folder}: no {split!r} split in the prepared dataset")
+        info = self.manifest["splits"][split]
+        self.split = split
+        self.dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
+        self._shards = [self._open_shard(s["name"], s["pairs"]) for s in info["shards"]]
+        counts = [s["pairs"] for s in info["shards"]]
+        self._starts = np.cumsum([0, *counts], dtype=np.int64)
+        lengths_path = self.folder / f"{split}.lengths.npy"
+        self._lengths = self._load(lengths_path, mmap=False)
+        if self._lengths.shape != (int(self._starts[-1]), 2):
+            raise UserError(f"{lengths_path}: {self._lengths.shape[0]} pairs, manifest says "
+                            f"{int(self._starts[-1])}; prepare the data again")  # fmt: skip
+        self._rows: np.ndarray | None = None  # the pairs numbered (select), or all
+
+    def _load(self, path: Path, *, mmap: bool) -> np.ndarray:
+        try:
+            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: cannot read ({e})") from None
+
+    def _open_shard(self, name: str, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        index = self._load(self.folder / f"{name}.idx.npy", mmap=True)
+        sides = []
+        for side, column in (("src", 0), ("tgt", 1)):
+            path = self.folder / f"{name}.{side}.bin"
+            expected = int(index[-1, column]) * self.dtype.itemsize
+            size = path.stat().st_size if path.is_file() else -1
+            if size != expected or index.shape != (pairs + 1, 2):
+                raise UserError(f"{path}: {size} bytes, the index says {expected}; the prepared "
+                                "folder is incomplete or changed")  # fmt: skip
+            # an empty file cannot be mapped
+            sides.append(np.memmap(path, dtype=self.dtype, mode="r") if size else
+                         np.zeros(0, self.dtype))  # fmt: skip
+        return index, sides[0], sides[1]
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else int(self._starts[-1])
+
+    @overload
+    def __getitem__(self, i: int) -> Pair: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Pair]: ...
+    def __getitem__(self, i: int | slice) -> Pair | list[Pair]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"pair {i} of {n}")
+        pair = int(self._rows[i]) if self._rows is not None else i % n
+        shard = int(np.searchsorted(self._starts, pair, side="right")) - 1
+        index, src, tgt = self._shards[shard]
+        row = pair - int(self._starts[shard])
+        (s0, t0), (s1, t1) = index[row : row + 2].tolist()
+        return src[s0:s1].tolist(), tgt[t0:t1].tolist()
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self[k] for k in range(len(self)))
+
+    def model_lengths(self) -> np.ndarray:
+        """(N, 2) int32: (source + EOS, BOS + target) lengths, from the length index alone."""
+        table = self._lengths if self._rows is None else self._lengths[self._rows]
+        return table.astype(np.int32) + 1
+
+    def select(self, rows: np.ndarray) -> PreparedSplit:
+        """A view of the pairs numbered ``rows`` (int array, numbers of this view), sharing the
+        memory maps; nothing is read."""
+        view = object.__new__(PreparedSplit)
+        view.__dict__.update(self.__dict__)
+        base = np.asarray(rows, dtype=np.int64)
+        view._rows = base if self._rows is None else self._rows[base]
+        return view

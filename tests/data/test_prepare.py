@@ -1,0 +1,210 @@
+"""transduce prepare: cleaning counts, the ids on disk, shards, the manifest, the checks on
+opening, and training (and resuming) from a prepared folder."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transduce.cli.main import main
+from transduce.config import Config, load_config
+from transduce.data.batching import length_index, select_pairs, token_batches
+from transduce.data.prepare import prepare
+from transduce.data.prepared import PreparedSplit, read_manifest
+from transduce.data.subword import SentencePieceVocab
+from transduce.errors import UserError
+
+WORDS = "the a house cat dog runs sees big small red blue green tree river walks over".split()
+CONFIG = """
+model: {n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, d_k: 16, d_v: 16, dropout: 0.0}
+train: {max_tokens: 300, warmup: 10, max_steps: 6, log_every: 1, save_every: 3, eval_every: 0,
+        keep_last: 3, tensorboard: false, device: cpu, max_len: 40}
+task: {name: translation, train_src: DIR/train.src, train_tgt: DIR/train.tgt,
+       valid_src: DIR/valid.src, valid_tgt: DIR/valid.tgt, vocab_size: 60}
+decode: {beam: 1}
+"""
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_corpus(folder: Path, n: int = 600, seed: int = 0) -> dict[str, int]:
+    """A toy parallel corpus with known defects; returns how many of each it holds."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        s = _sentence(rng, rng.randint(2, 12))
+        src.append(s)
+        tgt.append(s.upper())
+    defects = {"empty": 3, "identical": 4, "duplicate": 5, "too_long": 2, "ratio": 3}
+    src += ["", "a tree", ""]
+    tgt += ["A TREE", "", ""]
+    src += ["same words here"] * 4
+    tgt += ["same words here"] * 4
+    src += [src[0]] * 5
+    tgt += [tgt[0]] * 5
+    src += [_sentence(rng, 80)] * 1 + [_sentence(rng, 90)]
+    tgt += [_sentence(rng, 80).upper()] + [_sentence(rng, 90).upper()]
+    src += ["the cat", "a dog", "big"]
+    tgt += [_sentence(rng, 9).upper() for _ in range(3)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.src").write_text("\n".join(src) + "\n")
+    (folder / "train.tgt").write_text("\n".join(tgt) + "\n")
+    (folder / "valid.src").write_text("\n".join(src[:20]) + "\n\n")
+    (folder / "valid.tgt").write_text("\n".join(tgt[:20]) + "\nX\n")
+    return defects
+
+
+def config(folder: Path, **task: object) -> Config:
+    path = folder / "run.yaml"
+    path.write_text(CONFIG.replace("DIR", str(folder)))
+    cfg = load_config(path)
+    from transduce.config import update
+
+    return update(cfg, {k: v for k, v in task.items()})
+
+
+CLEAN = {"clean_max_len": 50, "clean_ratio": 2.5, "clean_identical": True, "clean_dedup": True}
+
+
+def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    m = prepare(config(tmp_path, **CLEAN), tmp_path / "p", workers=1, shard_pairs=100,
+                show_progress=False, log=lambda _: None)  # fmt: skip
+    removed = m["splits"]["train"]["removed"]
+    lines = [(tmp_path / f"train.{side}").read_text().splitlines() for side in ("src", "tgt")]
+    pairs = [(s, t) for s, t in zip(*lines, strict=True) if s and t]
+    # dedup comes first: of the 4 identical pairs, 3 are repeats; the corpus repeats others
+    assert removed["empty"] == 3 and removed["identical"] == 1
+    assert removed["duplicate"] == len(pairs) - len(set(pairs)) >= 5 + 3
+    vocab = SentencePieceVocab.load(tmp_path / "p" / "vocab.model")
+    lens = [(len(vocab.encode(s)), len(vocab.encode(t))) for s, t in dict.fromkeys(pairs)
+            if s != t]  # fmt: skip
+    too_long = [n for n in lens if max(n) > 50]
+    assert removed["too_long"] == len(too_long) >= 2
+    assert removed["ratio"] == sum(max(n) > 2.5 * min(n) for n in lens if max(n) <= 50) >= 3
+    train = PreparedSplit(tmp_path / "p", "train")
+    assert len(train) == m["splits"]["train"]["pairs"] == 617 - sum(removed.values())
+    assert len(m["splits"]["train"]["shards"]) == -(-len(train) // 100)
+    assert m["dtype"] == "uint16" and m["vocab"]["sizes"] == [60]
+    assert m["inputs"]["train_src"]["lines"] == 617 and len(m["inputs"]["train_src"]["sha256"]) == 64
+    assert m["cleaning"] == {"empty": True, "max_len": 50, "ratio": 2.5, "identical": True,
+                             "dedup": True}  # fmt: skip
+    # The ids are SentencePiece's for the kept pairs, in input order.
+    first = (tmp_path / "train.src").read_text().splitlines()[0]
+    assert train[0][0] == vocab.encode(first)
+    assert train[-1] == train[len(train) - 1]
+    for s, t in train:
+        assert 0 < len(s) <= 50 and 0 < len(t) <= 50 and max(len(s), len(t)) <= 2.5 * min(len(s), len(t))
+    expected = np.array([[len(s) + 1, len(t) + 1] for s, t in train])
+    assert (train.model_lengths() == expected).all()
+    # The validation split keeps all but the empty pair, with its text for BLEU.
+    valid = PreparedSplit(tmp_path / "p", "valid")
+    assert len(valid) == 20 and m["splits"]["valid"]["removed"]["empty"] == 1
+    assert (tmp_path / "p" / "valid.src.txt").read_text().splitlines()[0] == first
+
+
+def test_workers_write_the_same_files(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    cfg = config(tmp_path, **CLEAN)
+    one = prepare(cfg, tmp_path / "one", workers=1, shard_pairs=250, show_progress=False,
+                  log=lambda _: None)  # fmt: skip
+    two = prepare(config(tmp_path, **CLEAN, vocab_model=str(tmp_path / "one")), tmp_path / "two",
+                  workers=2, shard_pairs=250, show_progress=False, log=lambda _: None)  # fmt: skip
+    assert one["splits"]["train"]["shards"] == two["splits"]["train"]["shards"]
+    assert two["vocab"]["source"] == str(tmp_path / "one")
+
+
+def test_uint32_for_a_large_vocabulary_and_select(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    prepare(config(tmp_path), tmp_path / "p", workers=1, show_progress=False, log=lambda _: None)
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    manifest["dtype"] = "uint32"  # what prepare writes above 65,536 pieces: read the same way
+    for name in ("src", "tgt"):
+        data = np.fromfile(tmp_path / "p" / f"train.000.{name}.bin", dtype="<u2")
+        data.astype("<u4").tofile(tmp_path / "p" / f"train.000.{name}.bin")
+    wide = PreparedSplit(tmp_path / "p", "train", manifest)
+    narrow_ids = np.fromfile(tmp_path / "p" / "train.000.src.bin", dtype="<u4")
+    assert wide[0][0] == narrow_ids[: len(wide[0][0])].tolist()
+    view = select_pairs(wide, np.array([5, 2]))
+    assert isinstance(view, PreparedSplit) and len(view) == 2 and view[1] == wide[2]
+    assert (length_index(view) == wide.model_lengths()[[5, 2]]).all()
+    assert view[0:2] == [wide[5], wide[2]]
+
+
+def test_batches_from_an_array_equal_those_from_a_list() -> None:
+    rng = random.Random(3)
+    lengths = [(rng.randint(2, 40), rng.randint(2, 40)) for _ in range(500)]
+    as_array = np.array(lengths, dtype=np.int32)
+    assert token_batches(as_array, 200, seed=1, epoch=3) == token_batches(lengths, 200, seed=1,
+                                                                          epoch=3)  # fmt: skip
+
+
+def test_opening_checks_the_folder(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    cfg = config(tmp_path)
+    prepare(cfg, tmp_path / "p", workers=1, show_progress=False, log=lambda _: None)
+    with pytest.raises(UserError, match="exists and is not an empty folder"):
+        prepare(cfg, tmp_path / "p", workers=1, show_progress=False, log=lambda _: None)
+    with pytest.raises(UserError, match="not a prepared dataset"):
+        read_manifest(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "p", broken)
+    with open(broken / "train.000.tgt.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(UserError, match="train.000.tgt.bin: .* bytes, the index says"):
+        PreparedSplit(broken, "train")
+    (broken / "vocab.model").write_bytes((broken / "vocab.model").read_bytes() + b"x")
+    with pytest.raises(UserError, match="vocabulary hash differs"):
+        read_manifest(broken)
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r and r.get("split") != "valid"]
+
+
+def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    base = ["--config", str(tmp_path / "run.yaml")]
+    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", "--quiet",
+                 "--set", "clean_dedup=true"]) == 0  # fmt: skip
+    prepared = ["--set", f"prepared={tmp_path / 'p'}", "--set", "train_src=/nowhere"]
+    assert main(["train", *base, "--out", str(tmp_path / "full"), "--quiet", *prepared]) == 0
+    assert (tmp_path / "full" / "vocab.model").read_bytes() == (
+        tmp_path / "p" / "vocab.model").read_bytes()  # fmt: skip
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "full", cut)
+    for name in ("step_00000006.pt",):
+        (cut / "checkpoints" / name).unlink()
+    assert main(["train", *base, "--out", str(cut), "--quiet", "--resume", *prepared]) == 0
+    assert _losses(cut) == pytest.approx(_losses(tmp_path / "full"), rel=1e-6)
+    # Another prepared folder does not continue this run.
+    assert main(["prepare", *base, "--out", str(tmp_path / "q"), "--workers", "1", "--quiet"]) == 0
+    other = ["--set", f"prepared={tmp_path / 'q'}"]
+    assert main(["train", *base, "--out", str(cut), "--quiet", "--resume", *other]) == 2
+
+
+def test_vocab_command_and_reuse(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    base = ["--config", str(tmp_path / "run.yaml")]
+    assert main(["vocab", *base, "--out", str(tmp_path / "v"), "--set", "shared_vocab=false"]) == 0
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["vocab.src.model",
+                                                                  "vocab.tgt.model"]  # fmt: skip
+    reuse = ["--set", "shared_vocab=false", "--set", f"vocab_model={tmp_path / 'v'}"]
+    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--quiet", "--workers", "1",
+                 *reuse]) == 0  # fmt: skip
+    for side in ("src", "tgt"):
+        assert (tmp_path / "p" / f"vocab.{side}.model").read_bytes() == (
+            tmp_path / "v" / f"vocab.{side}.model").read_bytes()  # fmt: skip
+    assert main(["prepare", *base, "--out", str(tmp_path / "x"), "--set",
+                 f"vocab_model={tmp_path / 'v' / 'vocab.src.model'}", "--set",
+                 "shared_vocab=false"]) == 2  # fmt: skip

@@ -1,0 +1,104 @@
+"""transduce data wmt14 against a local mirror of tiny archives with the public names and
+layout: the files it writes, MD5 checks, resuming a partial download."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from transduce.cli.main import main
+from transduce.data import wmt14
+from transduce.data.wmt14 import fetch_wmt14
+from transduce.errors import UserError
+
+
+def _tgz(path: Path, members: dict[str, str]) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _sgm(lines: list[str]) -> str:
+    segs = "".join(f'<seg id="{i}">{x}</seg>\n' for i, x in enumerate(lines, 1))
+    return f'<srcset setid="x">\n<doc docid="d">\n{segs}</doc>\n</srcset>\n'
+
+
+def mirror(folder: Path) -> dict[str, str]:
+    """The en-de archives, a few lines each; their MD5s."""
+    folder.mkdir()
+    _tgz(folder / "training-parallel-europarl-v7.tgz", {
+        "training/europarl-v7.de-en.en": "Resumption of the session\nHello\n",
+        "training/europarl-v7.de-en.de": "Wiederaufnahme der Sitzung\nHallo\n",
+        "training/europarl-v7.fr-en.en": "not this pair\n",
+    })  # fmt: skip
+    _tgz(folder / "training-parallel-commoncrawl.tgz", {
+        "commoncrawl.de-en.en": "a crawled line", "commoncrawl.de-en.de": "eine Zeile",
+    })  # fmt: skip
+    _tgz(folder / "training-parallel-nc-v9.tgz", {
+        "training/news-commentary-v9.de-en.en": "news\n",
+        "training/news-commentary-v9.de-en.de": "Nachrichten\n",
+    })  # fmt: skip
+    _tgz(folder / "test.tgz", {
+        "test/newstest2013-src.en.sgm": _sgm(["A  dev  sentence", "two"]),
+        "test/newstest2013-src.de.sgm": _sgm(["Ein Satz", "zwei"]),
+    })  # fmt: skip
+    _tgz(folder / "test-full.tgz", {
+        "test-full/newstest2014-deen-src.en.sgm": _sgm(["test one"]),
+        "test-full/newstest2014-deen-ref.de.sgm": _sgm(["Test eins"]),
+    })  # fmt: skip
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+def test_fetch_from_a_mirror_writes_the_corpus(tmp_path: Path) -> None:
+    md5 = mirror(tmp_path / "mirror")
+    record = fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5,
+                         progress=False)  # fmt: skip
+    out = tmp_path / "wmt"
+    assert (out / "train.en").read_text().splitlines() == [
+        "Resumption of the session", "Hello", "a crawled line", "news"]  # fmt: skip
+    assert (out / "train.de").read_text().splitlines()[2:] == ["eine Zeile", "Nachrichten"]
+    assert (out / "newstest2013.en").read_text() == "A dev sentence\ntwo\n"
+    assert (out / "newstest2014.de").read_text() == "Test eins\n"
+    assert record["files"] == {"train": 4, "newstest2013": 2, "newstest2014": 1}
+    assert json.loads((out / "wmt14.json").read_text())["archives"]["test.tgz"]["md5_checked"]
+    assert not list((out / "downloads").glob("*.part"))
+
+
+def test_resume_and_checksums(tmp_path: Path) -> None:
+    md5 = mirror(tmp_path / "mirror")
+    downloads = tmp_path / "wmt" / "downloads"
+    downloads.mkdir(parents=True)
+    whole = (tmp_path / "mirror" / "test-full.tgz").read_bytes()
+    (downloads / "test-full.tgz.part").write_bytes(whole[: len(whole) // 2])  # interrupted
+    bad = (tmp_path / "mirror" / "test.tgz").read_bytes()
+    (downloads / "test.tgz.part").write_bytes(b"X" + bad[1:10])  # a broken start: refetched
+    fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5, progress=False)
+    assert (downloads / "test-full.tgz").read_bytes() == whole
+    assert (downloads / "test.tgz").read_bytes() == bad
+    # A mirror whose file is not the published one fails its MD5, naming it.
+    wrong = {**md5, "test.tgz": "0" * 32}
+    with pytest.raises(UserError, match="test.tgz: MD5 differs from the published 0000"):
+        fetch_wmt14(tmp_path / "other", from_dir=tmp_path / "mirror", checksums=wrong,
+                    progress=False)  # fmt: skip
+
+
+def test_cli_and_missing_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    md5 = mirror(tmp_path / "mirror")
+    monkeypatch.setattr(wmt14, "PUBLISHED_MD5", md5)
+    args = ["data", "wmt14", "--dest", str(tmp_path / "wmt"), "--from", str(tmp_path / "mirror")]
+    assert main([*args, "--quiet"]) == 0
+    assert (tmp_path / "wmt" / "newstest2014.en").read_text() == "test one\n"
+    assert main(["data", "wmt14", "--pair", "en-fr", "--dest", str(tmp_path / "fr"), "--from",
+                 str(tmp_path / "mirror"), "--quiet"]) == 2  # no UN archive in the mirror  # fmt: skip
+
+
+def test_public_urls_are_statmt() -> None:
+    assert all(url.startswith("https://www.statmt.org/") for url in wmt14.ARCHIVES.values())
