@@ -194,7 +194,7 @@ def save_toy_translation_model(path, decode: dict):  # noqa: ANN001, ANN201 - Pa
     })  # fmt: skip
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
-    checkpoint.save_atomic(
+    checkpoint.save(
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )
     return path

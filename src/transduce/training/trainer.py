@@ -157,7 +157,7 @@ class Trainer:
                 rng=rngs[0],
                 rng_ranks=rngs,
             )
-            checkpoint.save_atomic(state, path)
+            checkpoint.save(state, path)
             checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
         distributed.barrier(self.world)
         return path
@@ -166,15 +166,20 @@ class Trainer:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
         load_training_state(state, path, self.model, self.optimizer, self.scaler)
-        self.progress = Progress(**state["progress"])
-        rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
-        if len(rngs) == self.world.size:
-            set_rng_state(rngs[self.world.rank], self.device)
-        else:
-            change_world_size(
-                self.progress, len(rngs), state["rng"], self.world, self.cfg.train.seed,
-                self.device,
-            )  # fmt: skip
+        try:
+            self.progress = Progress(**state["progress"])
+            rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
+            if len(rngs) == self.world.size:
+                set_rng_state(rngs[self.world.rank], self.device)
+            else:
+                change_world_size(
+                    self.progress, len(rngs), state["rng"], self.world, self.cfg.train.seed,
+                    self.device,
+                )  # fmt: skip
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise UserError(
+                f"{path}: not a complete training checkpoint ({type(e).__name__}: {e})"
+            ) from None
         if self.world.is_main:
             self.log.truncate_after(self.progress.step)
 
@@ -279,7 +284,7 @@ class Trainer:
         score = metrics.get(self.score_key, -math.inf)
         if score > p.best_score:
             p.best_score, p.bad_evals = score, 0
-            checkpoint.save_atomic(self._model_state(), self.run_dir / "best.pt")
+            checkpoint.save(self._model_state(), self.run_dir / "best.pt")
         else:
             p.bad_evals += 1
         if t.patience and p.bad_evals >= t.patience:
@@ -382,7 +387,9 @@ class Trainer:
                 final = checkpoint.average(paths)
             else:
                 final = self._model_state()
-            checkpoint.save_atomic(final, self.run_dir / "model.pt")
+            checkpoint.save(final, self.run_dir / "model.pt")
+            if checkpoint.safetensors_available():  # the same model for other tools
+                checkpoint.save_safetensors(final, self.run_dir / "model.safetensors")
         distributed.barrier(self.world)
         return {
             "stopped_by": reason,
