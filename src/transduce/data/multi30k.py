@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from transduce.console import is_terminal
 from transduce.data.parallel import iter_lines
 from transduce.errors import UserError
 
@@ -210,6 +212,9 @@ def fetch_multi30k(
                     _download(name, tmp, progress=progress, timeout=timeout)
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)
+                if progress and not is_terminal():  # the bar's news, where no bar shows
+                    print(f"transduce: {target}: {expected} lines, checked", file=sys.stderr,
+                          flush=True)  # fmt: skip
             finally:
                 tmp.unlink(missing_ok=True)
     return Multi30k(dest, src, tgt, files)

@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from transduce.checkpoint import load_model
+from transduce.console import PeriodicLines, is_terminal
 from transduce.config import Config, DecodeConfig
 from transduce.data.batching import collate
 from transduce.data.vocab import Vocab
@@ -191,6 +192,9 @@ class Translator:
         device = self.device
         # +1: the EOS every source gets (collate), as in training.
         batches = length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
+        # without a terminal (tqdm then shows nothing): a plain line every 30 s of long work
+        lines = (PeriodicLines("translate", len(todo), unit="sentences")
+                 if show_progress is not False and not is_terminal() else None)  # fmt: skip
         with tqdm(
             total=len(todo), unit="sent", desc="translate", disable=show_progress is False or None,
             leave=False,
@@ -204,6 +208,10 @@ class Translator:
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]
                 bar.update(len(batch))
+                if lines is not None:
+                    lines.update(len(batch))
+        if lines is not None:
+            lines.close()
         return out
 
     def _check_lengths(

@@ -160,6 +160,8 @@ def _vocabulary(
         vocab = SentencePieceVocab.load(path)
         log(f"vocabulary: {len(vocab)} pieces from {path} (resumed run)")
         return vocab
+    log(f"learning a shared BPE vocabulary of {cfg.task.vocab_size} pieces "
+        f"on {2 * len(train)} sentences (may take minutes on a large corpus)")
     vocab = train_sentencepiece(
         itertools.chain(train.source, train.target),
         cfg.task.vocab_size,

@@ -13,9 +13,11 @@ the target tokens of all ranks together, so N ranks with update_freq k take the 
 process with update_freq N*k. Only rank 0 writes files; resuming reads the run folder, which must
 be on storage that every rank sees.
 
-The progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for ``max_steps``)
-and shows the loss, learning rate, target tokens per second and, under a ``max_minutes`` budget,
-the minutes left before it stops the run (``left``).
+On a terminal a progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for
+``max_steps``) and shows the loss, learning rate, target tokens per second and, under a
+``max_minutes`` budget, the minutes left before it stops the run (``left``). Without one (nohup,
+cron, SLURM, CI) the same goes to stderr as plain lines, one every ``log_every`` steps and one per
+validation (``training/report.py``); ``show_progress=False`` (``--quiet``) silences both.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tqdm import tqdm
 
 from transduce import checkpoint
 from transduce.config import Config
+from transduce.console import is_terminal
 from transduce.data.batching import Batch, Pair, collate, model_lengths, token_batches
 from transduce.data.vocab import PAD, Vocab
 from transduce.errors import UserError
@@ -45,6 +48,7 @@ from transduce.training.loss_window import LossWindow
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.optimizer import make_optimizer
 from transduce.training.progress import Progress, budget_spent, stop_reason
+from transduce.training.report import eta_seconds, step_line, valid_line
 from transduce.training.resume import change_world_size, load_training_state
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.rng import rng_state, seed_all, set_rng_state
@@ -95,8 +99,11 @@ class Trainer:
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
-        # None: a bar when stderr is a terminal; False: never. Only rank 0 shows one.
-        self.bar_disabled = True if show_progress is False or not self.world.is_main else None
+        # Progress (unless show_progress is False; rank 0 only): a bar when stderr is a
+        # terminal, else plain lines (training/report.py)
+        shown = show_progress is not False and self.world.is_main
+        self.bar_disabled = not (shown and is_terminal(sys.stderr))
+        self.plain_lines = shown and not is_terminal(sys.stderr)
         self.optimizer = make_optimizer(
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
@@ -261,6 +268,8 @@ class Trainer:
             self._log({"step": self.progress.step, "split": "valid", **metrics,
                        "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
             reason = self._after_validation(metrics)
+            if self.plain_lines:
+                print(valid_line(self.progress.step, metrics), file=sys.stderr, flush=True)
         self.progress.last_valid_step = self.progress.step
         metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
         return metrics, reason
@@ -331,6 +340,7 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
                    dynamic_ncols=True, desc="train")  # fmt: skip
         last_metrics: dict[str, float] = {}
+        self._pace_from = (p.step, started)  # for the ETA of the plain lines
         window = LossWindow()  # since the last log line (or since this process started)
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
@@ -377,6 +387,14 @@ class Trainer:
         if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
             postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
         bar.set_postfix(postfix)
+        if self.plain_lines:
+            first_step, first_time = self._pace_from
+            eta = eta_seconds(p, t, steps_here=p.step - first_step,
+                              seconds_here=time.monotonic() - first_time)  # fmt: skip
+            line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
+                             lr=lr, tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed,
+                             eta=eta)  # fmt: skip
+            print(line, file=sys.stderr, flush=True)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
