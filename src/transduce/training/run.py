@@ -134,9 +134,12 @@ def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
             raise UserError(f"task.{key} is not set; name the {split} {key[-3:]} file")
     src, tgt = resolve_data_path(src_value, src_key), resolve_data_path(tgt_value, tgt_key)
     text = read_parallel(src, tgt)
+    notes = [f"{text.skipped} with an empty side skipped"] if text.skipped else []
+    if text.normalised.describe():
+        notes.append(f"{text.normalised.describe()} normalised")
     log(
         f"{split}: {len(text)} sentence pairs from {src} and {tgt}"
-        + (f" ({text.skipped} with an empty side skipped)" if text.skipped else "")
+        + (f" ({'; '.join(notes)})" if notes else "")
     )
     if not len(text):
         raise UserError(f"{src} and {tgt}: no sentence pairs with both sides non-empty")

@@ -268,7 +268,7 @@ class Trainer:
             self._log({"step": self.progress.step, "split": "valid", **metrics,
                        "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
             reason = self._after_validation(metrics)
-            if self.plain_lines:
+            if self.plain_lines and metrics:  # (no validation data: nothing to say)
                 print(valid_line(self.progress.step, metrics), file=sys.stderr, flush=True)
         self.progress.last_valid_step = self.progress.step
         metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
