@@ -224,7 +224,7 @@ def export_model(
     """Write ``model`` with vocabulary ``tokens`` as a CTranslate2 model folder; returns a dict
     describing it (also written to ``transduce.json``). ``quantization``: None (float32, as
     trained) or one of ``QUANTIZATIONS``. An existing ``output_dir`` is an error unless
-    ``force``."""
+    ``force``, and even then unless it is empty or a previous export (holds ``model.bin``)."""
     ct2 = _ct2()
     from ctranslate2.converters.converter import Converter
 
@@ -237,6 +237,11 @@ def export_model(
         raise UserError(f"{out} already exists; pass --force (force=True) to replace it")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "model.bin").is_file():
+        # --force replaces the folder as a whole: only a previous export, never "." or a run
+        raise UserError(
+            f"{out} is a folder that holds no CTranslate2 model (model.bin); not replacing it"
+        )
     spec = build_spec(model, tokens, max_positions=max_positions)
 
     class _Loaded(Converter):

@@ -133,7 +133,12 @@ class Translator:
         for key in ("alpha", "max_len_offset"):
             if key in changes and changes[key] < 0:
                 raise UserError(f"{key} must not be negative; got {changes[key]}")
-        return replace(self.cfg.decode, **changes)
+        cfg = replace(self.cfg.decode, **changes)
+        if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
+            raise UserError(
+                f"beam ({cfg.beam}) must not exceed the vocabulary size ({len(self.vocab)})"
+            )
+        return cfg
 
     def translate(
         self,
