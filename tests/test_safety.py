@@ -290,14 +290,17 @@ TINY: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _trainer(run_dir: Path, resume: bool = False, **values: Any) -> Trainer:
+TINY_SEED = update(Config(), TINY).train.seed
+
+
+def _trainer(run_dir: Path, resume: bool = False, callbacks: Any = (), **values: Any) -> Trainer:
     cfg = update(Config(), {**TINY, **values})
     task = make_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(task.vocab))
     return Trainer(cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=run_dir,
                    valid_pairs=encode_pairs(task.vocab, task.valid), resume=resume,
-                   show_progress=False)  # fmt: skip
+                   show_progress=False, callbacks=callbacks)  # fmt: skip
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -310,7 +313,10 @@ def test_resume_from_a_converted_old_checkpoint_is_exact(tmp_path: Path, capsys)
     resumes to the same losses as a run never stopped: the random states come back exactly.
     Every file of the runs loads with weights_only=True and holds the format key."""
     _trainer(tmp_path / "a", max_steps=10).train()
-    _trainer(tmp_path / "b", max_steps=6).train()  # checkpoints at steps 4 and 6
+    # checkpoints at steps 4 and 6, with Python's and NumPy's generators drawn from, so that
+    # their saved states are not the seeded ones a resume starts from anyway
+    draws = [lambda p: (random.random(), np.random.standard_normal())]
+    _trainer(tmp_path / "b", max_steps=6, callbacks=draws).train()
     step6 = checkpoint.step_path(tmp_path / "b" / "checkpoints", 6)
     new = torch.load(step6, weights_only=True)
     for path in [*(tmp_path / "a").rglob("*.pt"), *(tmp_path / "b").rglob("*.pt")]:
@@ -325,10 +331,15 @@ def test_resume_from_a_converted_old_checkpoint_is_exact(tmp_path: Path, capsys)
     assert code == 0, err
     converted = torch.load(step6, weights_only=True)
     assert converted["rng"]["numpy"][1] == new["rng"]["numpy"][1]
+    random.seed(TINY_SEED)
+    np.random.seed(TINY_SEED)
+    assert np.random.get_state()[1].tolist() != new["rng"]["numpy"][1]  # (drawn from)
     second = _trainer(tmp_path / "b", resume=True, max_steps=10)
     assert second.progress.step == 6
     assert random.getstate()[1] == tuple(new["rng"]["python"][1])
-    assert np.random.get_state()[1].tolist() == new["rng"]["numpy"][1]
+    numpy_state = np.random.get_state()
+    assert numpy_state[1].tolist() == new["rng"]["numpy"][1]
+    assert list(numpy_state[2:]) == new["rng"]["numpy"][2:]
     second.train()
     assert _losses(tmp_path / "b") == pytest.approx(_losses(tmp_path / "a"), abs=1e-6)
 
