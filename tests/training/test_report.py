@@ -166,3 +166,24 @@ def test_periodic_lines_only_for_long_work() -> None:
         "translate done=30/60 sentences/s=1.0 elapsed=0:00:30 eta=0:00:30",
         "translate done=60/60 sentences/s=1.0 elapsed=0:01:00 eta=0:00:00",  # no repeat
     ]
+
+
+def test_translation_without_a_terminal_reports_every_interval(tmp_path: Path, monkeypatch,
+                                                               capsys) -> None:  # fmt: skip
+    """translate and evaluate: the same lines for work that takes minutes (here every 0 s)."""
+    import functools
+
+    import transduce.inference.translator as translator_module
+    from inference_testkit import save_toy_translation_model, toy_sentences
+
+    model = save_toy_translation_model(tmp_path / "m.pt", {"beam": 1, "max_len_offset": 3})
+    translator = translator_module.Translator.load(model)
+    monkeypatch.setattr(translator_module, "PeriodicLines",
+                        functools.partial(PeriodicLines, every_s=0.0))  # fmt: skip
+    translator.translate(toy_sentences(6), batch_tokens=8, show_progress=None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(re.fullmatch(r"translate done=\d+/6 sentences/s=\S+ elapsed=\S+ eta=\S+",
+                                      line) for line in lines), lines  # fmt: skip
+    assert lines[-1].startswith("translate done=6/6")
+    translator.translate(toy_sentences(6), batch_tokens=8, show_progress=False)  # --quiet
+    assert capsys.readouterr().err == ""
