@@ -52,7 +52,7 @@ EDGES = ["", "-", "--", "0", "-1", "1", "2", "3", "7", "0.5", "-0.5", "nan", "in
          "train.max_steps=-2", "beam=0", "dropout=2", "name=translation", "nokey=1",
          "max_minutes=nan", "warmup=1e3", "vocab_size=3", "tie_embeddings=maybe",
          "device=cuda", "precision=fp16", "\u00e9\u00e8", "\udcff", "--set", "--model",
-         "--help"]  # fmt: skip
+         "--help", "n" * 300, "fx/" + "n" * 300 + ".pt"]  # fmt: skip
 SAFE_TEXT = st.text(
     alphabet=st.characters(blacklist_characters="/.~\\\x00", blacklist_categories=("Cs",)),
     max_size=8,
@@ -251,3 +251,17 @@ def test_the_fuzz_reaches_the_commands(fixture_files, tmp_path) -> None:
         ["serve", "--model", "fx/model.pt", "--port", "0"],
     ):
         assert _run_example(tmp_path, fixture_files, argv) == 0, argv
+
+
+def test_system_errors_are_one_line(fixture_files, tmp_path) -> None:
+    """What the operating system refuses (a name longer than it allows) is one line, exit 2."""
+    long_name = "n" * 5000
+    for argv in (
+        ["translate", "--model", long_name],
+        ["train", "--config", long_name, "--out", "run"],
+        ["evaluate", "--model", "fx/model.pt", "--src", long_name, "--ref", long_name],
+        ["average", "--checkpoints", long_name, "--output", "avg.pt"],
+        ["translate", "--model", "fx/model.pt", "--input", long_name],
+        ["translate", "--model", "fx/model.pt", "--input", "fx/in.txt", "--output", long_name],
+    ):
+        assert _run_example(tmp_path, fixture_files, argv) == 2, argv

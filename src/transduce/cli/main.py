@@ -1,8 +1,9 @@
 """``transduce`` entry point: one command, subcommands, no logic beyond argument handling.
 
-User errors (``UserError``) print one line ``transduce: error: ...`` and exit with code 2;
-so do argument errors (argparse's own usage message would be two or more lines: the usage, then
-the error; here it is one line naming the subcommand's ``--help``).
+User errors (``UserError``, and ``OSError``s such as a file name too long) print one line
+``transduce: error: ...`` and exit with code 2; so do argument errors (argparse's own usage
+message would be two or more lines: the usage, then the error; here it is one line naming the
+subcommand's ``--help``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except UserError as e:
         print(f"transduce: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # what the system says of a path or a device (a name too long, ...)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"transduce: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("transduce: interrupted", file=sys.stderr)
