@@ -64,7 +64,7 @@ def demo_checkpoint(folder: Path, quick: bool) -> Path:
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     path = folder / "demo.pt"
-    checkpoint.save_atomic(
+    checkpoint.save(
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )
     return path

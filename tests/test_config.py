@@ -138,7 +138,9 @@ def test_literal_values_are_validated(key: str, bad: str) -> None:
      ("max_positions", 0), ("dropout", -0.1), ("dropout", 1.0), ("label_smoothing", 1.5),
      ("attention_dropout", -0.5), ("clip_norm", -1.0), ("max_epochs", -1), ("alpha", -0.1),
      ("max_len_offset", -1), ("patience", -2), ("bpe_dropout", 1.0), ("bpe_dropout", -0.1),
-     ("weight_decay", -0.01)],
+     ("weight_decay", -0.01), ("alpha", 10.5), ("max_len_offset", 10_001),
+     ("dropout", float("nan")), ("max_minutes", float("inf")), ("lr_factor", "nan"),
+     ("alpha", "-inf")],
 )  # fmt: skip
 def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
     with pytest.raises(UserError, match=key):

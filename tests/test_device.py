@@ -13,6 +13,9 @@ def test_resolve_device() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(UserError, match="unknown device"):
         resolve_device("toaster")
+    for other in ("meta", "xla", "ipu", "hpu"):  # device types transduce does not run on
+        with pytest.raises(UserError, match="transduce runs on cpu, cuda"):
+            resolve_device(other)
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="CUDA is not available"):
             resolve_device("cuda")

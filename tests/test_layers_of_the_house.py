@@ -18,7 +18,7 @@ PACKAGE = Path(transduce.__file__).parent
 
 # Lowest first. A unit is a top-level module or package of transduce.
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "console"},  # user errors; lines on stderr for long work without a terminal
     {"device", "runtime", "presets"},
     {"config"},
     {"kernels"},  # device and dtype dispatch: matrix library, dropout, attention paths

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from transduce import checkpoint
+from transduce.cli.main import main
 from transduce.config import SyntheticTaskConfig
+from transduce.errors import UserError
 
 # Config.to_dict() of a copy-task run as the code before the change wrote it
 OLD_CONFIG = {
@@ -58,7 +61,10 @@ def test_a_model_of_the_old_layout_loads(tmp_path: Path) -> None:
     path = tmp_path / "old.pt"
     torch.save({"config": OLD_CONFIG, "vocab": {"kind": "char", "symbols": "abcdefgh"},
                 "model": state}, path)  # fmt: skip
-    loaded, vocab, loaded_cfg = checkpoint.load_model(path)
+    with pytest.raises(UserError, match="transduce convert"):
+        checkpoint.load_model(path)  # files before the safe format: refused, the remedy named
+    assert main(["--no-malloc-tuning", "convert", str(path), str(tmp_path / "new.pt")]) == 0
+    loaded, vocab, loaded_cfg = checkpoint.load_model(tmp_path / "new.pt")
     assert loaded_cfg.task == cfg.task and len(vocab) == 12
     for key, value in state.items():
         torch.testing.assert_close(loaded.state_dict()[key], value)

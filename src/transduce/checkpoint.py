@@ -1,21 +1,40 @@
-"""Model files and checkpoints: atomic writes, the last K kept, loading with clear errors,
-averaging (section 6.1), and the model and vocabulary a file holds (``load_model``).
+"""Model files and checkpoints: a safe file format, atomic writes, the last K kept, loading with
+clear errors, averaging (section 6.1), and the model and vocabulary a file holds
+(``load_model``).
 
-A training checkpoint is a dict with ``config`` (Config.to_dict()), ``vocab`` (Vocab.to_dict()),
-``model`` (state dict) and, for resuming, ``optimizer``, ``step``, ``epoch``, ``batch_index``,
-``rng`` and ``elapsed``. A model file (``model.pt``, ``best.pt``, an average) holds only the first
-three, which is all that translation needs.
+**The format.** Every file transduce writes is a ``torch.save`` archive of one dict holding only
+tensors and plain data (dict, list, tuple, str, int, float, bool, None, bytes) with
+``"format": FORMAT`` (2), read back with ``torch.load(weights_only=True)``: PyTorch's restricted
+unpickler, which builds tensors and containers and calls no other code, so a tampered file cannot
+run anything. A model file (``model.pt``, ``best.pt``, an average) holds ``format``, ``config``
+(``Config.to_dict()``), ``vocab`` (``Vocab.to_dict()``) and ``model`` (the state dict), which is
+all that translation needs; a training checkpoint (``checkpoints/step_N.pt``) adds ``optimizer``,
+``scaler``, ``progress``, ``rng`` and ``rng_ranks`` (random states as lists and tensors, see
+``training/rng.py``) for resuming; an average adds ``averaged`` (the files averaged).
+
+Files written before format 2 (pickles holding NumPy objects, or dicts without ``format``) are
+refused with a one-line UserError naming the remedy, ``transduce convert OLD NEW --trust``
+(``convert``): the one place that unpickles a file the general way, only when asked to.
+
+``save_safetensors`` writes the model of a file as safetensors (tied weights stored once, the
+config and vocabulary in its metadata) for other tools; ``load_model`` reads those too.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import os
+import pickle
 import re
 import tempfile
-from collections.abc import Sequence
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
 import torch
 
 from transduce.architectures import Seq2Seq, build_model
@@ -24,18 +43,61 @@ from transduce.data.subword import SentencePieceVocab
 from transduce.data.vocab import CharVocab, TokenVocab, Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
 
+# The file format: 2 = only tensors and plain data, loaded with weights_only=True. (The files
+# before it, call them 1, were general pickles with no format key.)
+FORMAT = 2
+
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+_PLAIN_SCALARS = (str, int, float, bool, bytes, type(None))
 
 
-def save_atomic(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over ``path``:
-    a reader (or a run killed mid-write) sees the old file or the new one, never half of one."""
-    path = Path(path)
+def convert_remedy(path: str | Path) -> str:
+    """The command that converts an old file, for error messages."""
+    return f"transduce convert {path} NEW.pt --trust"
+
+
+# --- plain data -----------------------------------------------------------------------------------
+
+
+def to_plain(obj: Any, where: str = "") -> Any:
+    """``obj`` as tensors and plain data only: NumPy arrays become lists (tensors keep their
+    dtype), NumPy scalars Python numbers, a tensor subclass (Parameter) a plain tensor; dicts,
+    lists and tuples are walked. Anything else is a TypeError naming where it is (``where``:
+    the key path so far)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach() if type(obj) is not torch.Tensor else obj
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):  # before the scalars: numpy.float64 is a float subclass
+        return obj.item()
+    if type(obj) in _PLAIN_SCALARS:  # not subclasses (an IntEnum pickles as its class)
+        return obj
+    if isinstance(obj, dict):
+        out = collections.OrderedDict() if isinstance(obj, collections.OrderedDict) else {}
+        for k, v in obj.items():
+            if not isinstance(k, str | int):
+                raise TypeError(f"{where or 'the file'}: a key of type {type(k).__name__}")
+            out[k] = to_plain(v, f"{where}.{k}" if where else str(k))
+        metadata = getattr(obj, "_metadata", None)  # a state dict's module versions
+        if isinstance(out, collections.OrderedDict) and isinstance(metadata, dict):
+            out._metadata = to_plain(metadata, f"{where}._metadata")  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, list | tuple):
+        items = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    raise TypeError(f"{where or 'the file'}: {type(obj).__module__}.{type(obj).__qualname__} "
+                    "is not a tensor or plain data")  # fmt: skip
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -44,20 +106,140 @@ def save_atomic(obj: Any, path: str | Path) -> None:
         raise
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU; a missing or unreadable file is a UserError."""
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary file in the same folder, fsync, then rename over ``path``:
+    a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
+    Writes ``obj`` as given; checkpoints go through ``save``."""
+    _write_atomic(Path(path), lambda f: torch.save(obj, f))
+
+
+def save(state: dict[str, Any], path: str | Path) -> None:
+    """Write a model file or checkpoint in the safe format, atomically: ``state`` made plain
+    (``to_plain``; anything else is a TypeError, a bug) with ``"format": FORMAT`` added."""
+    plain = to_plain(state)
+    plain["format"] = FORMAT
+    save_atomic(plain, path)
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def _resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         p = p / "model.pt"
     if not p.is_file():
         raise UserError(f"checkpoint not found: {path}")
+    return p
+
+
+class UnsafeCheckpoint(UserError):
+    """A file holding objects that only the general unpickler builds (running code to do so)."""
+
+
+def _read_archive(p: Path) -> Any:
+    """``torch.load(weights_only=True)`` of ``p``, or a UserError: a file that is no torch
+    archive, or one holding objects beyond tensors and plain data (refused, never unpickled)."""
     try:
-        data = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise UserError(f"{p}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+        is_archive = zipfile.is_zipfile(p)
+    except OSError as e:
+        raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
+    if not is_archive:
+        raise UserError(f"{p}: not a transduce checkpoint (not a torch.save archive, or truncated)")
+    try:
+        with warnings.catch_warnings():  # e.g. the pickle protocol: one line, the error, is enough
+            warnings.simplefilter("ignore")
+            return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UnsafeCheckpoint(
+            f"{p}: refused: it holds Python objects beyond tensors and plain data, which loading "
+            "would run code for (a checkpoint of a transduce before the safe format, or a "
+            f"tampered file); only if you trust its source, convert it: {convert_remedy(p)}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any other failure means a damaged file
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{p}: not a readable checkpoint ({type(e).__name__}: {detail})") from None
+
+
+def _check_format(p: Path, data: Any) -> dict[str, Any]:
     if not isinstance(data, dict) or "model" not in data or "config" not in data:
         raise UserError(f"{p}: not a transduce checkpoint (no model/config inside)")
+    version = data.get("format")
+    if version is None:
+        raise UserError(
+            f"{p}: written before transduce's safe checkpoint format (no format key); "
+            f"convert it: {convert_remedy(p)}"
+        )
+    if version != FORMAT:
+        raise UserError(
+            f"{p}: checkpoint format {version!r}, this transduce reads format {FORMAT} "
+            "(written by another version of transduce?)"
+        )
     return data
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A model file or checkpoint (or a run folder's ``model.pt``) on the CPU, read with
+    ``torch.load(weights_only=True)``: nothing in the file runs. A missing, damaged, old-format
+    or unsafe file is a one-line UserError."""
+    p = _resolve(path)
+    return _check_format(p, _read_archive(p))
+
+
+def _unpickle_trusted(p: Path) -> Any:
+    """The general unpickler, which runs whatever code the file names: ``convert --trust`` only."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{p}: not a readable checkpoint ({type(e).__name__}: {detail})") from None
+
+
+def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[str, Any]:
+    """Rewrite the checkpoint ``old`` in the safe format as ``new`` (``.safetensors``: the model
+    alone, see ``save_safetensors``), then read ``new`` back the safe way.
+
+    Without ``trust`` only what ``torch.load(weights_only=True)`` reads is converted (a file of
+    an older transduce that held tensors and plain data, just no ``format`` key); with it, the
+    file is unpickled the general way, which runs any code it names: only for files whose
+    source you trust. NumPy values become lists and numbers (random states included; resuming
+    from the new file is exact). Returns a summary."""
+    p = _resolve(old)
+    out = Path(new)
+    try:
+        data, unpickled = _read_archive(p), False
+    except UnsafeCheckpoint:
+        if not trust:
+            raise UserError(
+                f"{p}: holds Python objects beyond tensors and plain data, and reading it runs "
+                "code the file names: add --trust only if you trust its source"
+            ) from None
+        data, unpickled = _unpickle_trusted(p), True
+    if not isinstance(data, dict) or "model" not in data or "config" not in data:
+        raise UserError(f"{p}: not a transduce checkpoint (no model/config inside)")
+    if data.get("format") not in (None, FORMAT):
+        raise UserError(f"{p}: checkpoint format {data['format']!r} is not one this transduce knows")
+    try:
+        plain = to_plain({k: v for k, v in data.items() if k != "format"})
+    except TypeError as e:
+        raise UserError(f"{p}: cannot convert: {e}") from None
+    try:
+        if out.suffix == ".safetensors":
+            save_safetensors(plain, out)
+            load_safetensors(out)
+        else:
+            save(plain, out)
+            load(out)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
+    kind = "training checkpoint" if "optimizer" in plain else "model"
+    return {"input": str(p), "output": str(out), "format": FORMAT, "kind": kind,
+            "unpickled": unpickled}  # fmt: skip
+
+
+# --- step files -----------------------------------------------------------------------------------
 
 
 def step_checkpoints(directory: str | Path) -> list[Path]:
@@ -93,6 +275,10 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     keys: set[str] | None = None
     for p in paths:
         last = load(p)
+        if not isinstance(last["model"], dict) or not all(
+            isinstance(v, torch.Tensor) for v in last["model"].values()
+        ):
+            raise UserError(f"{p}: its model is not a mapping of names to tensors")
         if keys is None:
             keys = set(last["model"])
         elif set(last["model"]) != keys:
@@ -123,6 +309,9 @@ def last_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
     return found[-last:]
 
 
+# --- the model a file holds -----------------------------------------------------------------------
+
+
 def vocab_from_dict(data: dict[str, Any]) -> Vocab:
     """Rebuild a vocabulary saved with its ``to_dict`` (checkpoints carry their vocabulary)."""
     kind = data.get("kind")
@@ -137,14 +326,110 @@ def vocab_from_dict(data: dict[str, Any]) -> Vocab:
     raise ValueError(f"unknown vocabulary kind {kind!r}")
 
 
+def _parts(p: Path, data: dict[str, Any]) -> tuple[Config, Vocab]:
+    """The Config and vocabulary of a loaded file; a UserError naming it if they are damaged."""
+    cfg = from_dict(data["config"], source=str(p), stored=True)
+    try:
+        vocab = vocab_from_dict(data["vocab"])
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the file holds, it is the file's fault
+        raise UserError(f"{p}: damaged vocabulary ({type(e).__name__}: {e})") from None
+    return cfg, vocab
+
+
+def _tied(cfg: Config, vocab: Vocab) -> dict[str, str]:
+    """State-dict names that are the same tensor as an earlier name (alias -> first name)."""
+    src_size, tgt_size = vocab_sizes(vocab)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in first:
+            tied[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return tied
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise UserError("safetensors files need the safetensors package: pip install safetensors") from None
+    return safetensors.torch
+
+
+def safetensors_available() -> bool:
+    try:
+        _safetensors()
+    except UserError:
+        return False
+    return True
+
+
+def save_safetensors(state: dict[str, Any], path: str | Path) -> None:
+    """Write the model of ``state`` (a model file or checkpoint) as safetensors, atomically:
+    every tensor once (tied weights under their first name; ``transduce.tied`` in the metadata
+    maps the other names to it), and the config and vocabulary as JSON in the metadata
+    (``transduce.config``, ``transduce.vocab``)."""
+    st = _safetensors()
+    p = Path(path)
+    cfg, vocab = _parts(p, state)
+    tied = _tied(cfg, vocab)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state["model"].items() if k not in tied}
+    metadata = {
+        "format": "pt",
+        "transduce.format": str(FORMAT),
+        "transduce.config": json.dumps(state["config"]),
+        "transduce.vocab": json.dumps(state["vocab"]),
+        "transduce.tied": json.dumps(tied),
+    }
+    _write_atomic(p, lambda f: f.write(st.save(tensors, metadata=metadata)))
+
+
+def load_safetensors(path: str | Path) -> dict[str, Any]:
+    """A ``save_safetensors`` file as a model file's dict (format, config, vocab, model)."""
+    st = _safetensors()
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint not found: {path}")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="pt") as f:
+            metadata = f.metadata() or {}
+        tensors = st.load_file(str(p))
+    except Exception as e:  # noqa: BLE001 - a damaged file
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{p}: not a readable safetensors file ({type(e).__name__}: {detail})") from None
+    try:
+        config = json.loads(metadata["transduce.config"])
+        vocab = json.loads(metadata["transduce.vocab"])
+        tied = json.loads(metadata.get("transduce.tied", "{}"))
+    except (KeyError, ValueError):
+        raise UserError(f"{p}: not a transduce safetensors file (no config and vocabulary in its metadata)") from None
+    for alias, name in tied.items():
+        if name not in tensors:
+            raise UserError(f"{p}: {alias} is tied to {name}, which the file lacks")
+        tensors[alias] = tensors[name]
+    return {"format": FORMAT, "config": config, "vocab": vocab, "model": tensors}
+
+
 def load_model(
     path: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[Seq2Seq, Vocab, Config]:
-    """(model in eval mode, vocabulary, Config) from a checkpoint file or run folder."""
-    data = load(path)
-    cfg = from_dict(data["config"], source=str(path), stored=True)
-    vocab = vocab_from_dict(data["vocab"])
+    """(model in eval mode, vocabulary, Config) from a checkpoint file, a run folder (its
+    ``model.pt``) or a ``.safetensors`` file of ``save_safetensors``."""
+    p = Path(path)
+    data = load_safetensors(p) if p.suffix == ".safetensors" else load(p)
+    cfg, vocab = _parts(p, data)
     src_size, tgt_size = vocab_sizes(vocab)
     model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
-    model.load_state_dict(data["model"])
+    try:
+        model.load_state_dict(data["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        first = (str(e).strip().splitlines() or [""])[-1].strip()[:200]
+        raise UserError(f"{p}: its weights do not fit its own config ({first})") from None
     return model.to(device).eval(), vocab, cfg

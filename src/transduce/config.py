@@ -12,6 +12,7 @@ line or Python (``ModelConfig(n_heads=0)``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -265,6 +266,10 @@ TASKS: dict[str, type[TaskConfig]] = {
 }
 
 
+MAX_ALPHA = 10.0  # the length penalty's alpha; ((5 + |Y|) / 6) ** alpha stays finite below it
+MAX_LEN_OFFSET = 10_000  # output tokens beyond the source's: more is no translation
+
+
 @dataclass(frozen=True)
 class DecodeConfig(_Section):
     """Inference settings (section 6.1: beam 4, alpha 0.6, max length input + 50)."""
@@ -279,6 +284,15 @@ class DecodeConfig(_Section):
     def _check(self) -> None:
         _positive(self, "beam", "decode_batch", "batch_tokens")
         _not_negative(self, "max_len_offset", "alpha")
+        if self.max_len_offset > MAX_LEN_OFFSET:
+            raise UserError(
+                f"max_len_offset must be at most {MAX_LEN_OFFSET} (the paper's is 50); "
+                f"got {self.max_len_offset}"
+            )
+        if self.alpha > MAX_ALPHA:
+            raise UserError(
+                f"alpha must be at most {MAX_ALPHA} (the paper's is 0.6); got {self.alpha}"
+            )
 
 
 @dataclass(frozen=True)
@@ -345,14 +359,19 @@ def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
                 pass
         raise UserError(f"{where} must be an integer; got {value!r}")
     if hint is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value) if type(value) is not float else value
-        if from_text and isinstance(value, str):
+            number = float(value) if type(value) is not float else value
+        elif from_text and isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise UserError(f"{where} must be a number; got {value!r}")
+        if number is None:
+            raise UserError(f"{where} must be a number; got {value!r}")
+        if not math.isfinite(number):  # no key has a use for nan or inf
+            raise UserError(f"{where} must be a finite number; got {value!r}")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -490,5 +509,8 @@ def load_config(path: str | Path) -> Config:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise UserError(f"{p}: not valid YAML: {e}") from None
+            mark = getattr(e, "problem_mark", None)
+            problem = getattr(e, "problem", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            raise UserError(f"{p}: not valid YAML: {where}{problem or e}") from None
     return from_dict(data or {}, source=str(p))

@@ -1,4 +1,5 @@
-"""The device a user names (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work."""
+"""The device a user names (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu``), checked before any
+work; other device types (``meta``, ``xla``, ...) are a UserError."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise UserError(f"unknown device {device!r} ({e}); use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise UserError(f"device {device!r}: transduce runs on cpu, cuda, cuda:N, mps or xpu")
+    if dev.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise UserError(f"device {device!r} requested but no XPU is available; use cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device {device!r} requested but CUDA is not available; use cpu")

@@ -114,7 +114,7 @@ def untrained_model(trained) -> Path:
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     path = trained["run"].parent / "untrained.pt"
-    checkpoint.save_atomic(
+    checkpoint.save(
         {"config": data["config"], "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )
     return path
@@ -295,7 +295,7 @@ def toy_model(tmp_path_factory) -> Path:
                                "d_v": 8}})  # fmt: skip
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     path = tmp_path_factory.mktemp("toy") / "toy.pt"
-    checkpoint.save_atomic(
+    checkpoint.save(
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )
     return path

@@ -159,3 +159,12 @@ def test_fetch_from_mirror(tmp_path):
     assert len(pt) + pt.skipped == 29000
     assert len(read_parallel(*m.pair("test_2016_flickr"))) == 1000
     assert (tmp_path / "val.de.gz").read_bytes() == (mirror / "val.de.gz").read_bytes()
+
+
+def test_without_a_terminal_each_file_fetched_is_a_line(release, tmp_path, capsys):
+    m = fetch_multi30k(tmp_path, from_dir=release, progress=True)  # capsys: not a terminal
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == sum(len(f) for f in m.files.values())
+    assert all(line.startswith("transduce: ") and line.endswith("lines, checked") for line in lines)
+    fetch_multi30k(tmp_path / "quiet", from_dir=release, progress=False)
+    assert capsys.readouterr().err == ""

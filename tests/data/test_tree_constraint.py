@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from transduce.data.linearise import delinearise
-from transduce.data.tree_constraint import TreeConstraint, advance, next_tokens, start_state
+from transduce.data.tree_constraint import (
+    TreeConstraint,
+    advance,
+    next_tokens,
+    start_state,
+)
 
 EOS = "</s>"
 VOCAB = ["<pad>", EOS, "(A", ")A", "(B", ")B", "XX", "(D"]  # (D has no close bracket

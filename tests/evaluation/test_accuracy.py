@@ -1,6 +1,10 @@
 import pytest
 
-from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
+from transduce.evaluation.accuracy import (
+    position_accuracy,
+    sequence_accuracy,
+    token_accuracy,
+)
 
 
 def test_sequence_accuracy():

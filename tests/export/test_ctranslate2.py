@@ -123,6 +123,13 @@ def test_existing_output_needs_force(exported, trained, capsys) -> None:
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["output"] == str(exported)
     assert main(["--no-malloc-tuning", "export", "ctranslate2", "--model",
                  str(exported / "nope.pt"), "--output", str(exported / "x")]) == 2  # fmt: skip
+    # --force replaces a previous export, never a folder of anything else (".", a run folder)
+    other = exported.parent / "not_an_export"
+    other.mkdir(exist_ok=True)
+    (other / "keep.txt").write_text("mine")
+    assert main([*argv[:-1], str(other), "--force"]) == 2
+    assert "holds no CTranslate2 model" in capsys.readouterr().err
+    assert (other / "keep.txt").read_text() == "mine"
 
 
 TOKENS = [*SPECIALS, *(f"w{i}" for i in range(46))]  # 50

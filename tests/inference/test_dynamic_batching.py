@@ -9,7 +9,11 @@ import time
 
 import pytest
 
-from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher, ServerBusy
+from transduce.inference.dynamic_batching import (
+    BatchingConfig,
+    DynamicBatcher,
+    ServerBusy,
+)
 
 TIMEOUT = 60.0  # seconds
 

@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from inference_testkit import B_, A, ScriptedModel, naive_greedy, random_sources, tiny_model
+from inference_testkit import (
+    B_,
+    A,
+    ScriptedModel,
+    naive_greedy,
+    random_sources,
+    tiny_model,
+)
 
 from transduce.data.vocab import EOS, PAD
 from transduce.inference import greedy_search

@@ -27,6 +27,7 @@ pytest.importorskip("uvicorn")
 
 
 from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
+import torch  # noqa: E402
 
 from transduce.errors import UserError  # noqa: E402
 from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
@@ -338,6 +339,12 @@ def test_cli_serve_bad_options(model_file, capsys) -> None:
     assert "--max-batch-sentences" in capsys.readouterr().err
     assert main([*serve, "/nonexistent/model.pt", "--port", "0"]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main([*serve, str(model_file), "--batch-wait-ms", "nan"]) == 2
+    assert "--batch-wait-ms" in capsys.readouterr().err
+    threads = torch.get_num_threads()
+    assert main([*serve, str(model_file), "--threads", str(4 * (os.cpu_count() or 1) + 1)]) == 2
+    assert "--threads must be at most" in capsys.readouterr().err
+    assert torch.get_num_threads() == threads
 
 
 # serve() with a translator that takes SECONDS a call and answers with the name of the thread

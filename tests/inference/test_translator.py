@@ -103,6 +103,13 @@ def test_bad_options(translator) -> None:
         translator.translate(["the dog"], alpha=-1.0)
     with pytest.raises(UserError, match="batch_tokens"):
         translator.translate(["the dog"], batch_tokens=0)
+    with pytest.raises(UserError, match=r"beam \(61\) must not exceed the vocabulary size \(60\)"):
+        translator.translate(["the dog"], beam=61)
+    for alpha in (float("nan"), float("inf"), 10.5):  # lp = ((5 + |Y|) / 6) ** alpha overflows
+        with pytest.raises(UserError, match="alpha"):
+            translator.translate(["the dog"], alpha=alpha)
+    with pytest.raises(UserError, match="max_len_offset must be at most 10000"):
+        translator.translate(["the dog"], max_len_offset=10_001)
     with pytest.raises(TypeError):
         translator.translate("the dog")  # type: ignore[arg-type]
     assert translator.translate([]) == []

@@ -12,10 +12,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plot_helpers import check_png, check_vector, requires_matplotlib, run_records, write_run
+from plot_helpers import (
+    check_png,
+    check_vector,
+    requires_matplotlib,
+    run_records,
+    write_run,
+)
 
 from transduce.errors import UserError
-from transduce.plotting.curves import available_panels, panel_series, plot_curves, run_labels, x_map
+from transduce.plotting.curves import (
+    available_panels,
+    panel_series,
+    plot_curves,
+    run_labels,
+    x_map,
+)
 from transduce.plotting.records import StepMap, epoch_map, minutes_map, read_metrics
 
 

@@ -82,7 +82,7 @@ def test_load_errors(tmp_path: Path) -> None:
 
 
 def test_load_run_folder_reads_model_pt(tmp_path: Path) -> None:
-    checkpoint.save_atomic(_ckpt(0), tmp_path / "model.pt")
+    checkpoint.save(_ckpt(0), tmp_path / "model.pt")
     data = checkpoint.load(tmp_path)
     assert set(data) >= {"config", "vocab", "model"}
 
@@ -128,7 +128,7 @@ def test_average_is_mean_of_state_dicts(tmp_path: Path) -> None:
     paths = []
     for i, c in enumerate(ckpts):
         paths.append(tmp_path / f"c{i}.pt")
-        torch.save(c, paths[-1])
+        checkpoint.save(c, paths[-1])
     out = checkpoint.average(paths)
     assert set(out["model"]) == set(ckpts[0]["model"])
     for k, v in out["model"].items():
@@ -147,10 +147,10 @@ def test_average_result_loads_as_model(tmp_path: Path) -> None:
     paths = []
     for seed in range(2):
         paths.append(tmp_path / f"c{seed}.pt")
-        checkpoint.save_atomic(_ckpt(seed, optimizer={"state": {}}, step=seed), paths[-1])
+        checkpoint.save(_ckpt(seed, optimizer={"state": {}}, step=seed), paths[-1])
     out = checkpoint.average(paths)
     assert "optimizer" not in out and "step" not in out
-    checkpoint.save_atomic(out, tmp_path / "avg.pt")
+    checkpoint.save(out, tmp_path / "avg.pt")
     model, _, cfg = checkpoint.load_model(tmp_path / "avg.pt")
     assert cfg == _cfg()
     expected = (_ckpt(0)["model"]["decoder.embed.weight"] + _ckpt(1)["model"]["decoder.embed.weight"]) / 2
@@ -159,7 +159,7 @@ def test_average_result_loads_as_model(tmp_path: Path) -> None:
 
 def test_average_of_one_is_identity(tmp_path: Path) -> None:
     c = _ckpt(4)
-    torch.save(c, tmp_path / "a.pt")
+    checkpoint.save(c, tmp_path / "a.pt")
     out = checkpoint.average([tmp_path / "a.pt"])
     for k, v in c["model"].items():
         assert torch.equal(out["model"][k], v)
@@ -170,13 +170,13 @@ def test_average_errors(tmp_path: Path) -> None:
         checkpoint.average([])
     a, b = _ckpt(0), _ckpt(1)
     b["model"]["extra"] = torch.zeros(1)
-    torch.save(a, tmp_path / "a.pt")
-    torch.save(b, tmp_path / "b.pt")
+    checkpoint.save(a, tmp_path / "a.pt")
+    checkpoint.save(b, tmp_path / "b.pt")
     with pytest.raises(UserError, match="b.pt"):
         checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
     del b["model"]["extra"]
     b["model"]["encoder.embed.weight"] = torch.zeros(3, 3)  # same keys, another shape
-    torch.save(b, tmp_path / "b.pt")
+    checkpoint.save(b, tmp_path / "b.pt")
     with pytest.raises(UserError, match="b.pt"):
         checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
     with pytest.raises(UserError, match="not found"):
@@ -188,7 +188,7 @@ def test_load_model_round_trip(tmp_path: Path) -> None:
     vocab = CharVocab(list("abcdef"))
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab)).eval()
-    checkpoint.save_atomic(
+    checkpoint.save(
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()},
         tmp_path / "model.pt",
     )

@@ -86,7 +86,7 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     rank1 = torch.load(tmp_path / "ddp" / "rank1.pt")
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
-    final = torch.load(tmp_path / "single" / "model.pt", weights_only=False)["model"]
+    final = torch.load(tmp_path / "single" / "model.pt", weights_only=True)["model"]
     for key in rank0:
         torch.testing.assert_close(rank0[key], final[key], rtol=1e-4, atol=1e-5)
     # Only rank 0 wrote the run folder's files, once.
@@ -163,8 +163,8 @@ def test_killed_two_rank_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     want, got = _losses(tmp_path / "straight"), _losses(tmp_path / "killed")
     assert len(want) == len(got) == 8  # steps 5 and 6 logged once, by the resumed run
     assert got == pytest.approx(want, rel=1e-6)
-    final_a = torch.load(tmp_path / "straight" / "model.pt", weights_only=False)["model"]
-    final_b = torch.load(tmp_path / "killed" / "model.pt", weights_only=False)["model"]
+    final_a = torch.load(tmp_path / "straight" / "model.pt", weights_only=True)["model"]
+    final_b = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)["model"]
     for key in final_a:
         torch.testing.assert_close(final_a[key], final_b[key], rtol=1e-6, atol=1e-7)
     # Rank 0 wrote every checkpoint and metrics line; rank 1 wrote nothing.

@@ -1,6 +1,9 @@
 """``transduce`` entry point: one command, subcommands, no logic beyond argument handling.
 
-User errors (``UserError``) print one line ``transduce: error: ...`` and exit with code 2.
+User errors (``UserError``, and ``OSError``s such as a file name too long) print one line
+``transduce: error: ...`` and exit with code 2; so do argument errors (argparse's own usage
+message would be two or more lines: the usage, then the error; here it is one line naming the
+subcommand's ``--help``).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from transduce.cli import (
     analysis_commands,
@@ -26,8 +30,22 @@ COMMAND_MODULES = [
 ]
 
 
+def one_line(message: str) -> str:
+    """``message`` as one line: line breaks become spaces and other control characters (in a
+    file name, say) their escapes, so that an error is always exactly one line."""
+    text = "".join(c if c.isprintable() or c in " \n" else ascii(c)[1:-1] for c in message)
+    return " ".join(part.strip() for part in text.split("\n") if part.strip())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (exit status 2, as argparse's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"transduce: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="transduce", description="The Transformer of 'Attention Is All You Need'."
     )
     no_tuning = "leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)"
@@ -51,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is not None and any("\0" in arg for arg in argv):  # (no shell can pass one)
+        print("transduce: error: an argument contains a NUL character", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not args.no_malloc_tuning:
         from transduce.runtime import enlarge_onednn_cache, tune_malloc
@@ -60,7 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"transduce: error: {e}", file=sys.stderr)
+        print(f"transduce: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # what the system says of a path or a device (a name too long, ...)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"transduce: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("transduce: interrupted", file=sys.stderr)

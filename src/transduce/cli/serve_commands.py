@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 from transduce.cli.translation_commands import add_precision
@@ -33,7 +35,7 @@ def _require(modules: tuple[str, ...], extra: str, what: str) -> None:
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         kind = "non-negative" if allow_zero else "positive"
         raise UserError(f"{name} must be {kind}; got {value}")
 
@@ -54,6 +56,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be between 0 and 65535; got {args.port}")
     if args.threads is not None:
         _positive("--threads", args.threads)
+        most = 4 * (os.cpu_count() or 1)  # more only slows down (and thousands exhaust memory)
+        if args.threads > most:
+            raise UserError(f"--threads must be at most {most} (4 per CPU core); got {args.threads}")
         torch.set_num_threads(args.threads)
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,

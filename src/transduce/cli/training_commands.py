@@ -1,4 +1,4 @@
-"""Subcommands about training: demo, train, params, average."""
+"""Subcommands about training: demo, train, params, average, convert."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
     from transduce.training import distributed
-    from transduce.training.run import train  # imports torch: after the config is known good
+    from transduce.training.run import (
+        train,  # imports torch: after the config is known good
+    )
 
     summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
     # not after an error: a rank that failed would wait for the others here, and they may never
@@ -62,8 +64,19 @@ def _cmd_average(args: argparse.Namespace) -> int:
         paths = [Path(p) for p in args.checkpoints]
     else:
         paths = checkpoint.last_checkpoints(args.run, args.last)
-    checkpoint.save_atomic(checkpoint.average(paths), args.output)
+    averaged = checkpoint.average(paths)
+    try:
+        checkpoint.save(averaged, args.output)
+    except OSError as e:
+        raise UserError(f"{args.output}: cannot write ({e.strerror or e})") from None
     print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from transduce import checkpoint
+
+    print(json.dumps(checkpoint.convert(args.old, args.new, trust=args.trust)))
     return 0
 
 
@@ -95,3 +108,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--last", type=int, default=5, help="how many of the run's last (default 5)")
     p.add_argument("--output", required=True, help="file to write the averaged model to")
     p.set_defaults(func=_cmd_average)
+
+    p = sub.add_parser(
+        "convert",
+        help="rewrite a checkpoint of an older transduce in the safe format",
+        description="Rewrite OLD (a model file or training checkpoint) as NEW in the safe format "
+        "(tensors and plain data only, loaded without running code); NEW ending in .safetensors "
+        "gets the model alone as safetensors. A file holding other Python objects (checkpoints "
+        "of a transduce before the safe format) is read only with --trust, which unpickles it "
+        "the general way and so runs any code it names: use it only for files you trust.",
+    )
+    p.add_argument("old", help="checkpoint file (or run folder: its model.pt) to read")
+    p.add_argument("new", help="file to write (.pt, or .safetensors for the model alone)")
+    p.add_argument(
+        "--trust", action="store_true",
+        help="unpickle OLD even though that runs code it names (only for files you trust)",
+    )  # fmt: skip
+    p.set_defaults(func=_cmd_convert)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from transduce.console import is_terminal
 from transduce.data.download import download
 from transduce.data.parallel import iter_lines
 from transduce.errors import UserError
@@ -184,6 +186,9 @@ def fetch_multi30k(
                     )
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)
+                if progress and not is_terminal():  # the bar's news, where no bar shows
+                    print(f"transduce: {target}: {expected} lines, checked", file=sys.stderr,
+                          flush=True)  # fmt: skip
             finally:
                 tmp.unlink(missing_ok=True)
     return Multi30k(dest, src, tgt, files)

@@ -1,12 +1,14 @@
 """Reading text corpora: one sentence per line, UTF-8, plain or gzip-compressed (``.gz`` suffix).
 
 Every problem with a file is a ``UserError`` that names the file (and the line where there is one):
-a missing or unreadable file, a corrupt or truncated gzip stream, invalid UTF-8 (line number and
-byte offset), parallel files whose line counts differ.
+a missing or unreadable file, a folder, a corrupt or truncated gzip stream, invalid UTF-8 (line
+number and byte offset), a NUL byte (a binary or UTF-16 file), parallel files whose line counts
+differ, and for a corpus (``read_parallel``) an empty file or one of only empty lines.
 
 Lines are split on ``\\n`` only (a U+2028 inside a sentence does not break it), a UTF-8 byte order
 mark at the start of a file is dropped, and each line is stripped of surrounding whitespace
-(``str.strip``, which also removes a ``\\r`` left by Windows line ends).
+(``str.strip``, which also removes a ``\\r`` left by Windows line ends). Byte order marks and
+CRLF line ends are counted (``LineStats``) so that a run can say what it normalised.
 """
 
 from __future__ import annotations
@@ -22,9 +24,30 @@ from typing import BinaryIO
 
 from transduce.errors import UserError
 
-__all__ = ["ParallelText", "iter_lines", "read_lines", "read_parallel", "resolve_data_path"]
+__all__ = [
+    "LineStats", "ParallelText", "iter_lines", "read_aligned", "read_lines", "read_parallel",
+    "resolve_data_path",
+]
 
 _BOM = "\ufeff"
+
+
+@dataclass
+class LineStats:
+    """What reading normalised: lines that ended in ``\\r\\n``, files that began with a byte
+    order mark."""
+
+    crlf_lines: int = 0
+    boms: int = 0
+
+    def describe(self) -> str:
+        """``"3 CRLF line ends, 1 byte order mark"`` (``""`` when there was nothing)."""
+        parts = []
+        if self.crlf_lines:
+            parts.append(f"{self.crlf_lines} CRLF line end{'s' * (self.crlf_lines != 1)}")
+        if self.boms:
+            parts.append(f"{self.boms} byte order mark{'s' * (self.boms != 1)}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -32,13 +55,15 @@ class ParallelText:
     """Aligned sentence pairs: ``source[i]`` translates to ``target[i]``.
 
     ``skipped`` counts the line pairs dropped because one side (or both) was empty;
-    ``skipped_lines`` holds their 1-based line numbers in the files.
+    ``skipped_lines`` holds their 1-based line numbers in the files. ``normalised`` counts the
+    CRLF line ends and byte order marks of both files (dropped, as ``read_lines`` does).
     """
 
     source: list[str]
     target: list[str]
     skipped: int = 0
     skipped_lines: list[int] = field(default_factory=list)
+    normalised: LineStats = field(default_factory=LineStats, compare=False)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -61,13 +86,18 @@ def _open_binary(path: Path, name: str, compressed: bool) -> BinaryIO:
 
 
 def iter_lines(
-    path: str | Path, *, name: str | None = None, compressed: bool | None = None
+    path: str | Path,
+    *,
+    name: str | None = None,
+    compressed: bool | None = None,
+    stats: LineStats | None = None,
 ) -> Iterator[str]:
     """Yield the stripped lines of a UTF-8 text file (``.gz`` files are decompressed).
 
     Empty lines are yielded (as ``""``) so that line numbers stay meaningful. ``name`` is how
     error messages call the file (default: the path); ``compressed`` says whether it is gzip
-    (default: whether the name ends in ``.gz``).
+    (default: whether the name ends in ``.gz``); ``stats``, when given, counts the CRLF line
+    ends and the byte order mark.
     """
     path = Path(path)
     name = name or str(path)
@@ -87,8 +117,18 @@ def iter_lines(
                         f"(byte offset {offset + e.start} in the "
                         f"{'decompressed ' if compressed else ''}file)"
                     ) from None
+                nul = text.find("\0")
+                if nul >= 0:
+                    raise UserError(
+                        f"{name}: line {lineno}: NUL byte at character {nul + 1} of the line "
+                        "(a binary file, or text in UTF-16 rather than UTF-8?)"
+                    )
                 if lineno == 1 and text.startswith(_BOM):
                     text = text[1:]
+                    if stats is not None:
+                        stats.boms += 1
+                if stats is not None and text.endswith("\r\n"):
+                    stats.crlf_lines += 1
                 offset += len(raw)
                 yield text.strip()
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
@@ -100,31 +140,45 @@ def iter_lines(
             raise UserError(f"{name}: read error after line {lineno} ({e})") from None
 
 
-def read_lines(path: str | Path) -> list[str]:
+def read_lines(path: str | Path, *, stats: LineStats | None = None) -> list[str]:
     """All stripped lines of a monolingual file, empty lines included (as ``""``), so that an
     output written line by line stays aligned with the input."""
-    return list(iter_lines(path))
+    return list(iter_lines(path, stats=stats))
 
 
-def read_aligned(first: str | Path, second: str | Path, *, what: str) -> tuple[list[str], list[str]]:
+def read_aligned(
+    first: str | Path, second: str | Path, *, what: str, stats: LineStats | None = None
+) -> tuple[list[str], list[str]]:
     """The lines of two files that must be line-aligned (empty lines kept); a UserError naming
     both files and both counts when their lengths differ. ``what`` names the pair in it."""
-    a, b = read_lines(first), read_lines(second)
+    a, b = read_lines(first, stats=stats), read_lines(second, stats=stats)
+    _same_length(first, a, second, b, what)
+    return a, b
+
+
+def _same_length(first: str | Path, a: list[str], second: str | Path, b: list[str], what: str) -> None:
     if len(a) != len(b):
         raise UserError(
             f"{what} differ in length: {first} has {len(a)} lines, {second} has {len(b)} lines"
         )
-    return a, b
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
     """Read a sentence-aligned pair of files (plain or ``.gz``).
 
     Both files must have the same number of lines (else ``UserError`` naming both files and both
-    counts). A pair where either side is empty after stripping is skipped as a whole, so the pairs
-    stay aligned; how many were skipped is in ``ParallelText.skipped``.
+    counts), and neither may be empty or hold only empty lines. A pair where either side is empty
+    after stripping is skipped as a whole, so the pairs stay aligned; how many were skipped is in
+    ``ParallelText.skipped``.
     """
-    src, tgt = read_aligned(src_path, tgt_path, what="parallel files")
+    stats = LineStats()
+    src, tgt = read_lines(src_path, stats=stats), read_lines(tgt_path, stats=stats)
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        if not lines:
+            raise UserError(f"{path}: empty file (no lines)")
+        if not any(lines):
+            raise UserError(f"{path}: all {len(lines)} lines are empty")
+    _same_length(src_path, src, tgt_path, tgt, "parallel files")
     source: list[str] = []
     target: list[str] = []
     skipped_lines: list[int] = []
@@ -134,7 +188,8 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
             target.append(t)
         else:
             skipped_lines.append(i)
-    return ParallelText(source, target, len(skipped_lines), skipped_lines)
+    return ParallelText(source, target, len(skipped_lines), skipped_lines, stats)
+
 
 
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")

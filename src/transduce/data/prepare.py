@@ -31,8 +31,15 @@ import numpy as np
 from tqdm import tqdm
 
 from transduce.config import Config, TranslationTaskConfig
-from transduce.data.encoding import REMOVED, Chunk, Cleaning, Encoded, ShardWriter, encode_chunk
-from transduce.data.encoding import init_worker
+from transduce.data.encoding import (
+    REMOVED,
+    Chunk,
+    Cleaning,
+    Encoded,
+    ShardWriter,
+    encode_chunk,
+    init_worker,
+)
 from transduce.data.parallel import iter_lines, resolve_data_path
 from transduce.data.prepared import FORMAT, MANIFEST, VERSION, file_sha256, vocab_files
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece

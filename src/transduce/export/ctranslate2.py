@@ -122,7 +122,11 @@ def _set_ffn(spec: Any, ffn: Any, norm: nn.LayerNorm) -> None:
 
 
 def _positions(module: nn.Module, d_model: int, max_positions: int) -> np.ndarray:
-    from transduce.model.positions import LearnedPositions, SinusoidalPositions, positional_table
+    from transduce.model.positions import (
+        LearnedPositions,
+        SinusoidalPositions,
+        positional_table,
+    )
 
     if isinstance(module, SinusoidalPositions):
         return _array(positional_table(max_positions, d_model))
@@ -225,7 +229,7 @@ def export_model(
     """Write ``model`` with vocabulary ``tokens`` as a CTranslate2 model folder; returns a dict
     describing it (also written to ``transduce.json``). ``quantization``: None (float32, as
     trained) or one of ``QUANTIZATIONS``. An existing ``output_dir`` is an error unless
-    ``force``."""
+    ``force``, and even then unless it is empty or a previous export (holds ``model.bin``)."""
     ct2 = _ct2()
     from ctranslate2.converters.converter import Converter
 
@@ -238,6 +242,11 @@ def export_model(
         raise UserError(f"{out} already exists; pass --force (force=True) to replace it")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "model.bin").is_file():
+        # --force replaces the folder as a whole: only a previous export, never "." or a run
+        raise UserError(
+            f"{out} is a folder that holds no CTranslate2 model (model.bin); not replacing it"
+        )
     spec = build_spec(model, tokens, max_positions=max_positions)
 
     class _Loaded(Converter):

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
+from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
 from transduce.data.parallel import read_aligned
 from transduce.data.vocab import Vocab
@@ -142,7 +143,12 @@ class Translator:
         for key in ("alpha", "max_len_offset"):
             if key in changes and changes[key] < 0:
                 raise UserError(f"{key} must not be negative; got {changes[key]}")
-        return replace(self.cfg.decode, **changes)
+        cfg = replace(self.cfg.decode, **changes)
+        if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
+            raise UserError(
+                f"beam ({cfg.beam}) must not exceed the vocabulary size ({len(self.vocab)})"
+            )
+        return cfg
 
     def translate(
         self,
@@ -201,6 +207,9 @@ class Translator:
         device = self.device
         # +1: the EOS every source gets (collate), as in training.
         batches = length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
+        # without a terminal (tqdm then shows nothing): a plain line every 30 s of long work
+        lines = (PeriodicLines("translate", len(todo), unit="sentences")
+                 if show_progress is not False and not is_terminal() else None)  # fmt: skip
         with tqdm(
             total=len(todo), unit="sent", desc="translate", disable=show_progress is False or None,
             leave=False,
@@ -214,6 +223,10 @@ class Translator:
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]
                 bar.update(len(batch))
+                if lines is not None:
+                    lines.update(len(batch))
+        if lines is not None:
+            lines.close()
         return out
 
     def align(

@@ -20,8 +20,13 @@ import torch
 from transduce.architectures import build_model
 from transduce.config import Config, TranslationTaskConfig
 from transduce.data.parallel import read_lines, resolve_data_path
-from transduce.data.prepared import MANIFEST, PreparedSplit, file_sha256, read_manifest
-from transduce.data.prepared import vocab_files
+from transduce.data.prepared import (
+    MANIFEST,
+    PreparedSplit,
+    file_sha256,
+    read_manifest,
+    vocab_files,
+)
 from transduce.data.subword import SentencePieceVocab
 from transduce.data.vocab import VocabPair, vocab_sizes
 from transduce.errors import UserError

@@ -23,7 +23,11 @@ from transduce.data.parallel import resolve_data_path
 from transduce.data.synthetic import TextPair, make_task
 from transduce.data.vocab import Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
-from transduce.evaluation.accuracy import position_accuracy, sequence_accuracy, token_accuracy
+from transduce.evaluation.accuracy import (
+    position_accuracy,
+    sequence_accuracy,
+    token_accuracy,
+)
 from transduce.inference.search import predict_ids, searchable
 from transduce.training import distributed
 from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
@@ -129,9 +133,12 @@ def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
             raise UserError(f"task.{key} is not set; name the {split} {key[-3:]} file")
     src, tgt = resolve_data_path(src_value, src_key), resolve_data_path(tgt_value, tgt_key)
     text = read_parallel(src, tgt)
+    notes = [f"{text.skipped} with an empty side skipped"] if text.skipped else []
+    if text.normalised.describe():
+        notes.append(f"{text.normalised.describe()} normalised")
     log(
         f"{split}: {len(text)} sentence pairs from {src} and {tgt}"
-        + (f" ({text.skipped} with an empty side skipped)" if text.skipped else "")
+        + (f" ({'; '.join(notes)})" if notes else "")
     )
     if not len(text):
         raise UserError(f"{src} and {tgt}: no sentence pairs with both sides non-empty")
@@ -174,6 +181,9 @@ def _vocabulary(
         log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
             f"{', '.join(map(str, paths))} (resumed run)")
         return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
+    if not task.vocab_model:
+        log(f"learning a BPE vocabulary of {task.vocab_size} pieces on {2 * len(train)} "
+            "sentences (may take minutes on a large corpus)")
     if task.vocab_model:  # an existing SentencePiece vocabulary, reused
         from transduce.data.prepare import reused_vocabulary
 
@@ -313,7 +323,9 @@ def train_translation(
     if cfg.task.name != "translation":
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
     if _translation(cfg).prepared:  # memory-mapped ids from transduce prepare
-        from transduce.training.prepared_run import train_prepared  # it imports this module
+        from transduce.training.prepared_run import (
+            train_prepared,  # it imports this module
+        )
 
         return train_prepared(cfg, out_dir, resume=resume, show_progress=show_progress, log=log,
                               callbacks=callbacks)  # fmt: skip
@@ -391,7 +403,9 @@ def train(
             cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
         )
     if cfg.task.name == "parsing":
-        from transduce.training.parsing_run import train_parsing  # it imports this module
+        from transduce.training.parsing_run import (
+            train_parsing,  # it imports this module
+        )
 
         return train_parsing(
             cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks

@@ -13,9 +13,11 @@ the target tokens of all ranks together, so N ranks with update_freq k take the 
 process with update_freq N*k. Only rank 0 writes files; resuming reads the run folder, which must
 be on storage that every rank sees.
 
-The progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for ``max_steps``)
-and shows the loss, learning rate, target tokens per second and, under a ``max_minutes`` budget,
-the minutes left before it stops the run (``left``).
+On a terminal a progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for
+``max_steps``) and shows the loss, learning rate, target tokens per second and, under a
+``max_minutes`` budget, the minutes left before it stops the run (``left``). Without one (nohup,
+cron, SLURM, CI) the same goes to stderr as plain lines, one every ``log_every`` steps and one per
+validation (``training/report.py``); ``show_progress=False`` (``--quiet``) silences both.
 """
 
 from __future__ import annotations
@@ -37,8 +39,15 @@ from tqdm import tqdm
 from transduce import checkpoint
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
-from transduce.data.batching import Batch, Pair, collate, length_index, select_pairs
-from transduce.data.batching import token_batch_arrays
+from transduce.console import is_terminal
+from transduce.data.batching import (
+    Batch,
+    Pair,
+    collate,
+    length_index,
+    select_pairs,
+    token_batch_arrays,
+)
 from transduce.data.vocab import PAD, Vocab
 from transduce.errors import UserError
 from transduce.training import distributed
@@ -48,6 +57,7 @@ from transduce.training.metrics_log import MetricsLog
 from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.progress import Progress, budget_spent, stop_reason
+from transduce.training.report import eta_seconds, step_line, valid_line
 from transduce.training.resume import change_world_size, load_training_state
 from transduce.training.rng import rng_state, seed_all, set_rng_state
 from transduce.training.schedule import cooldown, rate
@@ -98,8 +108,11 @@ class Trainer:
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
-        # None: a bar when stderr is a terminal; False: never. Only rank 0 shows one.
-        self.bar_disabled = True if show_progress is False or not self.world.is_main else None
+        # Progress (unless show_progress is False; rank 0 only): a bar when stderr is a
+        # terminal, else plain lines (training/report.py)
+        shown = show_progress is not False and self.world.is_main
+        self.bar_disabled = not (shown and is_terminal(sys.stderr))
+        self.plain_lines = shown and not is_terminal(sys.stderr)
         self.optimizer = make_optimizer(
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
@@ -164,7 +177,7 @@ class Trainer:
                 rng=rngs[0],
                 rng_ranks=rngs,
             )
-            checkpoint.save_atomic(state, path)
+            checkpoint.save(state, path)
             checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
         distributed.barrier(self.world)
         return path
@@ -173,15 +186,20 @@ class Trainer:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
         load_training_state(state, path, self.model, self.optimizer, self.scaler)
-        self.progress = Progress(**state["progress"])
-        rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
-        if len(rngs) == self.world.size:
-            set_rng_state(rngs[self.world.rank], self.device)
-        else:
-            change_world_size(
-                self.progress, len(rngs), state["rng"], self.world, self.cfg.train.seed,
-                self.device,
-            )  # fmt: skip
+        try:
+            self.progress = Progress(**state["progress"])
+            rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
+            if len(rngs) == self.world.size:
+                set_rng_state(rngs[self.world.rank], self.device)
+            else:
+                change_world_size(
+                    self.progress, len(rngs), state["rng"], self.world, self.cfg.train.seed,
+                    self.device,
+                )  # fmt: skip
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise UserError(
+                f"{path}: not a complete training checkpoint ({type(e).__name__}: {e})"
+            ) from None
         if self.world.is_main:
             self.log.truncate_after(self.progress.step)
 
@@ -263,6 +281,8 @@ class Trainer:
             self._log({"step": self.progress.step, "split": "valid", **metrics,
                        "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
             reason = self._after_validation(metrics)
+            if self.plain_lines and metrics:  # (no validation data: nothing to say)
+                print(valid_line(self.progress.step, metrics), file=sys.stderr, flush=True)
         self.progress.last_valid_step = self.progress.step
         metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
         return metrics, reason
@@ -286,7 +306,7 @@ class Trainer:
         score = metrics.get(self.score_key, -math.inf)
         if score > p.best_score:
             p.best_score, p.bad_evals = score, 0
-            checkpoint.save_atomic(self._model_state(), self.run_dir / "best.pt")
+            checkpoint.save(self._model_state(), self.run_dir / "best.pt")
         else:
             p.bad_evals += 1
         if t.patience and p.bad_evals >= t.patience:
@@ -335,6 +355,7 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
                    dynamic_ncols=True, desc="train")  # fmt: skip
         last_metrics: dict[str, float] = {}
+        self._pace_from = (p.step, started)  # for the ETA of the plain lines
         window = LossWindow()  # since the last log line (or since this process started)
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
@@ -382,6 +403,14 @@ class Trainer:
         if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
             postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
         bar.set_postfix(postfix)
+        if self.plain_lines:
+            first_step, first_time = self._pace_from
+            eta = eta_seconds(p, t, steps_here=p.step - first_step,
+                              seconds_here=time.monotonic() - first_time)  # fmt: skip
+            line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
+                             lr=lr, tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed,
+                             eta=eta)  # fmt: skip
+            print(line, file=sys.stderr, flush=True)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
@@ -392,7 +421,9 @@ class Trainer:
                 final = checkpoint.average(paths)
             else:
                 final = self._model_state()
-            checkpoint.save_atomic(final, self.run_dir / "model.pt")
+            checkpoint.save(final, self.run_dir / "model.pt")
+            if checkpoint.safetensors_available():  # the same model for other tools
+                checkpoint.save_safetensors(final, self.run_dir / "model.safetensors")
         distributed.barrier(self.world)
         return {
             "stopped_by": reason,

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transduce.kernels.matmul import ONE_ROW_MKL_MAX_ELEMENTS, onednn_linear, onednn_packed
+from transduce.kernels.matmul import (
+    ONE_ROW_MKL_MAX_ELEMENTS,
+    onednn_linear,
+    onednn_packed,
+)
 
 
 def transposed(weight: Tensor, block: int = 256) -> Tensor:
