@@ -38,6 +38,8 @@ EXAMPLES = int(os.environ.get("TRANSDUCE_FUZZ_EXAMPLES", "40"))
 COMMANDS = [
     ("demo",), ("train",), ("params",), ("average",), ("convert",), ("data", "multi30k"),
     ("translate",), ("evaluate",), ("serve",), ("export", "ctranslate2"),
+    ("data", "ptb-sample"), ("data", "wmt14"), ("parse",), ("attention",), ("plot", "curves"),
+    ("experiment", "reversal"), ("prepare",), ("vocab",),
 ]  # fmt: skip
 
 # Values an argument may take: the fixture files (relative to the example's folder), names of
@@ -174,6 +176,10 @@ def _no_network(url: str, *args: Any, **kwargs: Any) -> None:
     raise UserError(f"cannot download {url}: no network in this test")
 
 
+def _fake_reversal(out: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"fuzz": True}
+
+
 def _no_server(*args: Any, **kwargs: Any) -> None:
     return None
 
@@ -203,7 +209,10 @@ def _run_example(base: Path, files: dict[str, bytes | None], argv: list[str]) ->
         stack.enter_context(mock.patch("transduce.training.run.train", _fake_train))
         stack.enter_context(mock.patch("transduce.demo.run_demo", _fake_demo))
         stack.enter_context(mock.patch("transduce.inference.server.serve", _no_server))
-        stack.enter_context(mock.patch("transduce.data.multi30k._download", _no_network))
+        stack.enter_context(mock.patch("transduce.data.multi30k.download", _no_network))
+        stack.enter_context(mock.patch("transduce.data.ptb.download", _no_network))
+        stack.enter_context(mock.patch("transduce.data.wmt14._fetch", _no_network))
+        stack.enter_context(mock.patch("transduce.experiments.reversal", _fake_reversal))
         try:
             code = main(["--no-malloc-tuning", *argv])
         except SystemExit as e:  # argparse: --help (0) or a usage error (2)
