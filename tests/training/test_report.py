@@ -26,7 +26,9 @@ STEP = re.compile(
     r"^step=(\d+) epoch=(\d+) loss=\d+\.\d{4} ppl=\d+\.\d{2} lr=\d\.\d{3}e[-+]\d\d tok/s=\d+ "
     r"elapsed=\d+:\d\d:\d\d eta=(\d+:\d\d:\d\d|\?)$"
 )
-VALID = re.compile(r"^valid step=(\d+) loss=\S+ ppl=\S+ seq_accuracy=\S+ token_accuracy=\S+$")
+VALID = re.compile(
+    r"^valid step=(\d+) loss=\S+ ppl=\S+ seq_accuracy=\S+ token_accuracy=\S+ position_accuracy=\S+$"
+)
 
 
 class FakeStream(io.StringIO):

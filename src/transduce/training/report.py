@@ -11,13 +11,17 @@ task's metrics: BLEU and chrF, or accuracy). ``eta`` is the time left in the bud
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Mapping
 
+from tqdm import tqdm
+
 from transduce.config import TrainConfig
-from transduce.console import duration
+from transduce.console import duration, is_terminal
 from transduce.training.progress import Progress
 
-__all__ = ["eta_seconds", "step_line", "valid_line"]
+__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "step_line", "valid_line"]
 
 # validation keys shown under shorter names, first; the rest follow in their order
 _VALID_NAMES = {"valid_loss": "loss", "valid_ppl": "ppl"}
@@ -47,6 +51,8 @@ def step_line(
 
 
 def _number(value: object) -> str:
+    if isinstance(value, list):  # accuracy per answer position: 0.98,0.71,0.4
+        return ",".join(_number(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     return str(value) if isinstance(value, int) else f"{value:.4f}".rstrip("0").rstrip(".")
@@ -61,3 +67,57 @@ def valid_line(step: int, metrics: Mapping[str, object]) -> str:
     parts += [f"{key}={_number(value)}" for key, value in metrics.items()
               if key not in _VALID_NAMES and key not in _VALID_HIDDEN]  # fmt: skip
     return " ".join(parts)
+
+
+def announcement(
+    t: TrainConfig, world_size: int, device: object, precision: str, pairs: int, filtered: int
+) -> str:
+    """The line a run starts with: processes, device, precision, tokens per update, data."""
+    per_update = t.max_tokens * t.update_freq * world_size
+    dropped = f" ({filtered} longer than max_len dropped)" if filtered else ""
+    return (
+        f"transduce: training on {world_size} process(es), device {device}, precision "
+        f"{precision}: up to {t.max_tokens} tokens per batch x update_freq {t.update_freq} x "
+        f"{world_size} = {per_update} tokens per update; {pairs} training pairs{dropped}"
+    )
+
+
+class TrainingDisplay:
+    """What a run shows while it trains (rank 0, unless silenced): on a terminal the bar, which
+    counts optimizer steps towards ``max_steps`` with the loss, learning rate, tokens/s and,
+    under ``max_minutes``, the minutes left; without one the plain lines of this module."""
+
+    def __init__(self, t: TrainConfig, p: Progress, *, shown: bool, started: float) -> None:
+        self.t, self.p = t, p
+        terminal = is_terminal(sys.stderr)
+        self.plain = shown and not terminal
+        self.bar = tqdm(total=t.max_steps, initial=p.step, disable=not (shown and terminal),
+                        dynamic_ncols=True, desc="train")  # fmt: skip
+        self._pace_from = (p.step, started)  # for the ETA of the plain lines
+
+    def logged(self, stats: Mapping[str, float], lr: float) -> None:
+        """A log step's loss, perplexity and tokens/s (``LossWindow.report``) at rate ``lr``."""
+        t, p = self.t, self.p
+        postfix = {"loss": f"{stats['loss']:.3f}", "lr": f"{lr:.2e}",
+                   "tok_s": f"{stats['tokens_per_s']:.0f}"}  # fmt: skip
+        if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
+            postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
+        self.bar.set_postfix(postfix)
+        if self.plain:
+            first_step, first_time = self._pace_from
+            eta = eta_seconds(p, t, steps_here=p.step - first_step,
+                              seconds_here=time.monotonic() - first_time)  # fmt: skip
+            line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
+                             lr=lr, tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed,
+                             eta=eta)  # fmt: skip
+            print(line, file=sys.stderr, flush=True)
+
+    def validated(self, metrics: Mapping[str, object]) -> None:
+        if self.plain and metrics:  # (no validation data: nothing to say)
+            print(valid_line(self.p.step, metrics), file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

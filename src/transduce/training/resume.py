@@ -66,4 +66,23 @@ def change_world_size(
         )
 
 
-__all__ = ["change_world_size", "load_training_state"]
+def restore_position(
+    state: dict[str, Any], path: Path, world: World, seed: int, device: torch.device
+) -> Progress:
+    """The run's progress and this rank's random state from a step checkpoint (for another
+    number of processes: ``change_world_size``); a UserError naming a damaged checkpoint."""
+    try:
+        progress = Progress(**state["progress"])
+        rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
+        if len(rngs) == world.size:
+            set_rng_state(rngs[world.rank], device)
+        else:
+            change_world_size(progress, len(rngs), state["rng"], world, seed, device)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UserError(
+            f"{path}: not a complete training checkpoint ({type(e).__name__}: {e})"
+        ) from None
+    return progress
+
+
+__all__ = ["change_world_size", "load_training_state", "restore_position"]

@@ -13,11 +13,8 @@ the target tokens of all ranks together, so N ranks with update_freq k take the 
 process with update_freq N*k. Only rank 0 writes files; resuming reads the run folder, which must
 be on storage that every rank sees.
 
-On a terminal a progress bar counts optimizer steps towards ``max_steps`` (so its ETA is for
-``max_steps``) and shows the loss, learning rate, target tokens per second and, under a
-``max_minutes`` budget, the minutes left before it stops the run (``left``). Without one (nohup,
-cron, SLURM, CI) the same goes to stderr as plain lines, one every ``log_every`` steps and one per
-validation (``training/report.py``); ``show_progress=False`` (``--quiet``) silences both.
+Progress shows as a bar on a terminal and as plain lines without one (``training/report.py``);
+``show_progress=False`` (``--quiet``) silences both.
 """
 
 from __future__ import annotations
@@ -34,12 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from transduce import checkpoint
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
-from transduce.console import is_terminal
 from transduce.data.batching import (
     Batch,
     Pair,
@@ -57,9 +52,9 @@ from transduce.training.metrics_log import MetricsLog
 from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.progress import Progress, budget_spent, stop_reason
-from transduce.training.report import eta_seconds, step_line, valid_line
-from transduce.training.resume import change_world_size, load_training_state
-from transduce.training.rng import rng_state, seed_all, set_rng_state
+from transduce.training.report import TrainingDisplay, announcement
+from transduce.training.resume import load_training_state, restore_position
+from transduce.training.rng import rng_state, seed_all
 from transduce.training.schedule import cooldown, rate
 from transduce.training.validation import validation_loss
 
@@ -108,11 +103,9 @@ class Trainer:
         self.valid_pairs = list(valid_pairs)
         self.validator = validator
         self.score_key = score_key
-        # Progress (unless show_progress is False; rank 0 only): a bar when stderr is a
-        # terminal, else plain lines (training/report.py)
-        shown = show_progress is not False and self.world.is_main
-        self.bar_disabled = not (shown and is_terminal(sys.stderr))
-        self.plain_lines = shown and not is_terminal(sys.stderr)
+        # a bar on a terminal, else plain lines (training/report.py); rank 0 only
+        self.shown = show_progress is not False and self.world.is_main
+        self.display: TrainingDisplay | None = None  # made when training starts
         self.optimizer = make_optimizer(
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
@@ -186,20 +179,7 @@ class Trainer:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
         load_training_state(state, path, self.model, self.optimizer, self.scaler)
-        try:
-            self.progress = Progress(**state["progress"])
-            rngs = state.get("rng_ranks") or [state["rng"]]  # one per rank of the saving run
-            if len(rngs) == self.world.size:
-                set_rng_state(rngs[self.world.rank], self.device)
-            else:
-                change_world_size(
-                    self.progress, len(rngs), state["rng"], self.world, self.cfg.train.seed,
-                    self.device,
-                )  # fmt: skip
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise UserError(
-                f"{path}: not a complete training checkpoint ({type(e).__name__}: {e})"
-            ) from None
+        self.progress = restore_position(state, path, self.world, self.cfg.train.seed, self.device)
         if self.world.is_main:
             self.log.truncate_after(self.progress.step)
 
@@ -281,8 +261,8 @@ class Trainer:
             self._log({"step": self.progress.step, "split": "valid", **metrics,
                        "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
             reason = self._after_validation(metrics)
-            if self.plain_lines and metrics:  # (no validation data: nothing to say)
-                print(valid_line(self.progress.step, metrics), file=sys.stderr, flush=True)
+            if self.display is not None:
+                self.display.validated(metrics)
         self.progress.last_valid_step = self.progress.step
         metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
         return metrics, reason
@@ -316,17 +296,9 @@ class Trainer:
         return None
 
     def _announce(self) -> None:
-        t = self.cfg.train
         if self.world.is_main:
-            print(
-                f"transduce: training on {self.world.size} process(es), device {self.device}, "
-                f"precision {self.precision}: "
-                f"up to {t.max_tokens} tokens per batch x update_freq {t.update_freq} x "
-                f"{self.world.size} = {t.max_tokens * t.update_freq * self.world.size} tokens "
-                f"per update; {len(self.pairs)} training pairs"
-                + (f" ({self.n_filtered} longer than max_len dropped)" if self.n_filtered else ""),
-                file=sys.stderr,
-            )
+            print(announcement(self.cfg.train, self.world.size, self.device, self.precision,
+                               len(self.pairs), self.n_filtered), file=sys.stderr)  # fmt: skip
 
     def train(self) -> dict[str, Any]:
         """Run until a stopping condition; always leaves ``model.pt``. Returns a summary."""
@@ -352,10 +324,8 @@ class Trainer:
 
     def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
-        bar = tqdm(total=t.max_steps, initial=p.step, disable=self.bar_disabled,
-                   dynamic_ncols=True, desc="train")  # fmt: skip
+        display = self.display = TrainingDisplay(t, p, shown=self.shown, started=started)
         last_metrics: dict[str, float] = {}
-        self._pace_from = (p.step, started)  # for the ETA of the plain lines
         window = LossWindow()  # since the last log line (or since this process started)
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
@@ -368,8 +338,8 @@ class Trainer:
                 p.step += 1
                 p.elapsed = base_elapsed + time.monotonic() - started
                 if p.step % t.log_every == 0:
-                    self._log_step(window, bar)
-                bar.update(1)
+                    self._log_step(window, display)
+                display.advance()
                 if t.eval_every and p.step % t.eval_every == 0:
                     paused = time.monotonic()
                     last_metrics, reason = self._validate_and_decide()
@@ -382,14 +352,14 @@ class Trainer:
             if p.batch_index >= len(batches):
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)
-        bar.close()
+        display.close()
         if p.last_valid_step != p.step:
             last_metrics, _ = self._validate_and_decide()
         return self._finish(reason, last_metrics)
 
-    def _log_step(self, window: LossWindow, bar: tqdm) -> None:
-        """A metrics line of the window's loss, the learning rate and speed; the bar's postfix."""
-        t, p = self.cfg.train, self.progress
+    def _log_step(self, window: LossWindow, display: TrainingDisplay) -> None:
+        """A metrics line of the window's loss, the learning rate and speed; shown too."""
+        p = self.progress
         lr = self.optimizer.param_groups[0]["lr"]
         stats = window.report()
         record = {"step": p.step, "epoch": p.epoch, "loss": stats["loss"], "nll": stats["nll"],
@@ -398,19 +368,7 @@ class Trainer:
         if self.scaler.is_enabled():
             record["loss_scale"] = self.scaler.get_scale()
         self._log(record)
-        postfix = {"loss": f"{stats['loss']:.3f}", "lr": f"{lr:.2e}",
-                   "tok_s": f"{stats['tokens_per_s']:.0f}"}  # fmt: skip
-        if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
-            postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
-        bar.set_postfix(postfix)
-        if self.plain_lines:
-            first_step, first_time = self._pace_from
-            eta = eta_seconds(p, t, steps_here=p.step - first_step,
-                              seconds_here=time.monotonic() - first_time)  # fmt: skip
-            line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
-                             lr=lr, tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed,
-                             eta=eta)  # fmt: skip
-            print(line, file=sys.stderr, flush=True)
+        display.logged(stats, lr)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
