@@ -1,0 +1,378 @@
+"""The client side of ``serve_load.py --abuse``: a running ``transduce serve`` under abusive load.
+
+``run_abuse(url_host, port, proc, cfg)`` drives, from one asyncio loop on 127.0.0.1:
+
+1. a quiet phase: ``good_clients`` well-behaved clients (one keep-alive connection each, one
+   sentence a request) alone, for baseline latencies;
+2. the abuse phase: the same clients and a /health prober beside ``connections`` abusive
+   connections, each repeating one kind of abuse (``KINDS``) until the phase ends: idle
+   connections, headers or a body trickled a byte at a time, invalid UTF-8, deeply nested JSON, a
+   declared 100 MB body, requests dropped mid-decode;
+3. a graceful shutdown: ``in_flight`` requests are sent, SIGTERM goes to the server while they
+   are queued or decoding (and the abusers still connected), and the answers are counted.
+
+It samples the server's resident memory (``/proc/PID/status``) throughout. Everything is bounded:
+each wait has ``io_timeout``, each phase a length, and the abusers stop at the shutdown. Shared
+by the benchmark and tests/inference/test_server_abuse.py (the CI-sized run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("idle", "slow_headers", "slow_body", "bad_utf8", "deep_json", "huge_declared", "cancel")
+FAST_KINDS = {"bad_utf8", "deep_json", "huge_declared", "cancel"}  # these pause between rounds
+
+
+@dataclass
+class AbuseConfig:
+    sentences: list[str]  # what the well-behaved clients and the cancelled requests send
+    connections: int = 1000  # abusive connections, kinds in turn
+    seconds: float = 30.0  # the abuse phase
+    quiet_seconds: float = 5.0  # well-behaved clients alone, before it
+    good_clients: int = 4
+    in_flight: int = 32  # requests in flight at SIGTERM
+    in_flight_sentences: int = 4  # in each of them
+    in_flight_beam: int | None = None  # for them (None: the model's)
+    pause_s: float = 2.0  # between two rounds of a fast kind of abuse, per connection
+    trickle_s: float = 0.5  # between two trickled bytes
+    io_timeout: float = 30.0
+    token: str | None = None  # the API key, sent by every client (abusers included)
+    nesting: int = 100_000  # depth of the nested JSON
+    kinds: tuple[str, ...] = KINDS  # the kinds of abuse, given to the connections in turn
+    outcomes: Counter = field(default_factory=Counter)  # "kind: what happened" -> count
+
+
+class Http:
+    """A few raw HTTP/1.1 exchanges over one asyncio connection."""
+
+    def __init__(self, host: str, port: int, cfg: AbuseConfig) -> None:
+        self.host, self.port, self.cfg = host, port, cfg
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), self.cfg.io_timeout
+        )
+
+    def head(self, method: str, path: str, length: int | None) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        if self.cfg.token:
+            lines.append(f"Authorization: Bearer {self.cfg.token}")
+        if length is not None:
+            lines += ["Content-Type: application/json", f"Content-Length: {length}"]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+    async def response(self, reader: asyncio.StreamReader) -> tuple[int, bytes]:
+        """(status, body) of the next response."""
+        async with asyncio.timeout(self.cfg.io_timeout):
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = None
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = await (reader.read() if length is None else reader.readexactly(length))
+        return status, body
+
+    async def post(
+        self, payload: bytes, path: str = "/translate", sent: list[int] | None = None
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request on a connection of its own; ``sent[0]`` counts the
+        requests written out so far."""
+        reader, writer = await self.open()
+        try:
+            writer.write(self.head("POST", path, len(payload)) + payload)
+            await writer.drain()
+            if sent is not None:
+                sent[0] += 1
+            return await self.response(reader)
+        finally:
+            writer.close()
+
+
+async def _closed_by_server(reader: asyncio.StreamReader, seconds: float) -> str:
+    """'closed' once the server closes the connection, 'open' after ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+    except TimeoutError:
+        return "open"
+    except ConnectionError:
+        pass
+    return "closed"
+
+
+async def _trickle(writer: asyncio.StreamWriter, data: bytes, every: float) -> None:
+    for i in range(len(data)):
+        writer.write(data[i : i + 1])
+        await writer.drain()
+        await asyncio.sleep(every)
+
+
+async def _one_round(http: Http, kind: str, rng: random.Random) -> str:
+    """One round of ``kind`` of abuse: what the server did ('408', 'closed', ...)."""
+    cfg = http.cfg
+    if kind in ("bad_utf8", "deep_json"):
+        body = (b'{"text": ["caf\xe9 \xff\xfe"]}' if kind == "bad_utf8"
+                else b"[" * cfg.nesting + b"]" * cfg.nesting)  # fmt: skip
+        return str((await http.post(body))[0])
+    reader, writer = await http.open()
+    try:
+        if kind == "idle":
+            return await _closed_by_server(reader, cfg.io_timeout)
+        if kind == "slow_headers":
+            request = http.head("GET", "/health", None)
+            sender = asyncio.ensure_future(_trickle(writer, request, cfg.trickle_s))
+            try:
+                return await _closed_by_server(reader, cfg.io_timeout)
+            finally:
+                sender.cancel()
+        if kind == "slow_body":
+            body = json.dumps({"text": cfg.sentences[:2]}).encode()
+            writer.write(http.head("POST", "/translate", len(body)))
+            sender = asyncio.ensure_future(_trickle(writer, body, cfg.trickle_s))
+            try:
+                return str((await http.response(reader))[0])
+            finally:
+                sender.cancel()
+        if kind == "huge_declared":  # answered from the header: then the body goes nowhere
+            writer.write(http.head("POST", "/translate", 100_000_000))
+            status = str((await http.response(reader))[0])
+            try:
+                for _ in range(16):  # 1 MiB of the body
+                    writer.write(b" " * 65536)
+                    await writer.drain()
+            except ConnectionError:
+                return status + ", closed"
+            return status + ", " + await _closed_by_server(reader, cfg.io_timeout)
+        assert kind == "cancel"
+        body = json.dumps({"text": rng.sample(cfg.sentences, 2)}).encode()
+        writer.write(http.head("POST", "/translate", len(body)) + body)
+        await writer.drain()
+        await asyncio.sleep(rng.uniform(0.0, 0.2))  # queued or decoding by now
+        return "dropped"
+    finally:
+        writer.close()
+
+
+async def _abuser(http: Http, kind: str, seed: int, stop: asyncio.Event) -> None:
+    rng = random.Random(seed)
+    await asyncio.sleep(rng.uniform(0, http.cfg.pause_s))  # spread the first rounds
+    while not stop.is_set():
+        try:
+            outcome = await _one_round(http, kind, rng)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            outcome = type(e).__name__
+        if not stop.is_set():
+            http.cfg.outcomes[f"{kind}: {outcome}"] += 1
+        if kind in FAST_KINDS or not outcome.isalnum():  # an exception's name: no busy loop
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(http.cfg.pause_s * rng.uniform(0.5, 1.5)):
+                    await stop.wait()
+
+
+async def _good_client(
+    http: Http, seed: int, until: float, lat: list[float], fails: list[str]
+) -> None:
+    """Requests one after another on a keep-alive connection until ``until``."""
+    rng = random.Random(seed)
+    reader = writer = None
+    try:
+        while time.monotonic() < until:
+            body = json.dumps({"text": [rng.choice(http.cfg.sentences)]}).encode()
+            t0 = time.perf_counter()
+            try:
+                if writer is None:
+                    reader, writer = await http.open()
+                writer.write(http.head("POST", "/translate", len(body)) + body)
+                status, out = await http.response(reader)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+                fails.append(type(e).__name__)
+                if writer is not None:
+                    writer.close()
+                reader = writer = None
+                await asyncio.sleep(0.1)
+                continue
+            if status == 200:
+                lat.append(time.perf_counter() - t0)
+            else:
+                fails.append(f"{status} {out[:80]!r}")
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def percentiles(values: list[float]) -> dict[str, Any]:
+    """n, p50, p95, p99 and max in milliseconds (nearest rank)."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        k = max(0, min(len(ordered) - 1, int(q / 100 * len(ordered) + 0.5) - 1))
+        return round(1000 * ordered[k], 1)
+
+    return {"n": len(ordered), "p50_ms": rank(50), "p95_ms": rank(95), "p99_ms": rank(99),
+            "max_ms": round(1000 * ordered[-1], 1)}  # fmt: skip
+
+
+async def _good_phase(http: Http, seconds: float) -> dict[str, Any]:
+    lat: list[float] = []
+    fails: list[str] = []
+    until = time.monotonic() + seconds
+    clients = range(http.cfg.good_clients)
+    await asyncio.gather(*(_good_client(http, seed, until, lat, fails) for seed in clients))
+    return {**percentiles(lat), "failed": len(fails), "failures_sample": fails[:3]}
+
+
+async def _health_prober(http: Http, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    lat: list[float] = []
+    fails: list[str] = []
+    while not stop.is_set():
+        reader = writer = None
+        t0 = time.perf_counter()
+        try:
+            reader, writer = await http.open()
+            writer.write(http.head("GET", "/health", None))
+            status, body = await http.response(reader)
+            if status == 200:
+                lat.append(time.perf_counter() - t0)
+                pending = json.loads(body).get("stats", {}).get("pending_sentences", 0)
+                out["max_pending_sentences"] = max(out.get("max_pending_sentences", 0), pending)
+            else:
+                fails.append(str(status))
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            fails.append(type(e).__name__)
+        finally:
+            if writer is not None:
+                writer.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.25):
+                await stop.wait()
+    out.update(percentiles(lat), failed=len(fails), failures_sample=fails[:3])
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (peak) of a process, in MiB (Linux)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = round(int(line.split()[1]) / 1024, 1)
+    return out
+
+
+async def _memory_sampler(pid: int, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            out["rss_peak_mb"] = max(out.get("rss_peak_mb", 0.0), rss_mb(pid)["VmRSS"])
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await stop.wait()
+
+
+async def _shutdown(
+    http: Http, proc: subprocess.Popen, abuse_stop: asyncio.Event, out: dict[str, Any]
+) -> None:
+    """SIGTERM with ``in_flight`` requests queued or decoding (and the abusers connected);
+    counts the answers. The abusers' outcomes stop counting at the signal."""
+    cfg = http.cfg
+    n = cfg.in_flight_sentences
+    extra = {} if cfg.in_flight_beam is None else {"beam": cfg.in_flight_beam}
+    payloads = [json.dumps({"text": cfg.sentences[n * i : n * i + n], **extra}).encode()
+                for i in range(cfg.in_flight)]  # fmt: skip
+    reader, writer = await http.open()
+    try:
+        writer.write(http.head("GET", "/health", None))
+        out["stats_before_shutdown"] = json.loads((await http.response(reader))[1]).get("stats")
+    finally:
+        writer.close()
+    sent = [0]
+    requests = [asyncio.ensure_future(http.post(p, sent=sent)) for p in payloads]
+    async with asyncio.timeout(cfg.io_timeout):
+        while sent[0] < len(requests) and not all(r.done() for r in requests):
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)  # read by the server, queued or decoding
+    out["memory"].update(rss_mb(proc.pid))
+    t0 = time.perf_counter()
+    abuse_stop.set()
+    proc.send_signal(signal.SIGTERM)
+    before = sum(r.done() for r in requests)
+    answers = await asyncio.gather(*requests, return_exceptions=True)
+    answered_s = time.perf_counter() - t0
+    statuses = Counter(a[0] if isinstance(a, tuple) else type(a).__name__ for a in answers)
+    loop = asyncio.get_running_loop()
+    code = await loop.run_in_executor(None, lambda: proc.wait(cfg.io_timeout))
+    out["shutdown"] = {"in_flight": cfg.in_flight, "in_flight_at_signal": cfg.in_flight - before,
+                       "answered_200": statuses.pop(200, 0),
+                       "failed": dict(statuses), "exit_code": code,
+                       "seconds_to_answers": round(answered_s, 2),
+                       "seconds_to_exit": round(time.perf_counter() - t0, 2)}  # fmt: skip
+
+
+async def run_abuse(
+    host: str, port: int, proc: subprocess.Popen, cfg: AbuseConfig
+) -> dict[str, Any]:
+    """The three phases against the server ``proc`` on (host, port); the figures as a dict."""
+    http = Http(host, port, cfg)
+    out: dict[str, Any] = {"connections": cfg.connections, "memory": rss_mb(proc.pid)}
+    out["memory"]["rss_before_mb"] = out["memory"].pop("VmRSS")
+    out["good_quiet"] = await _good_phase(http, cfg.quiet_seconds)
+    stop = asyncio.Event()
+    health: dict[str, Any] = {}
+    helpers = [asyncio.ensure_future(_health_prober(http, stop, health)),
+               asyncio.ensure_future(_memory_sampler(proc.pid, stop, out["memory"]))]  # fmt: skip
+    abuse_stop = asyncio.Event()
+    abusers = [asyncio.ensure_future(_abuser(http, cfg.kinds[i % len(cfg.kinds)], i, abuse_stop))
+               for i in range(cfg.connections)]  # fmt: skip
+    try:
+        out["good_under_abuse"] = await _good_phase(http, cfg.seconds)
+        stop.set()
+        await asyncio.gather(*helpers)
+        out["health_under_abuse"] = health
+        await _shutdown(http, proc, abuse_stop, out)
+    finally:
+        abuse_stop.set()
+        for task in abusers:
+            task.cancel()
+        await asyncio.gather(*abusers, *helpers, return_exceptions=True)
+    out["abuse_outcomes"] = dict(sorted(cfg.outcomes.items()))
+    return out
+
+
+def report(out: dict[str, Any]) -> str:
+    """The figures of ``run_abuse`` as a few lines of text."""
+
+    def lat(r: dict[str, Any]) -> str:
+        if not r.get("n"):
+            return f"no answers, {r.get('failed')} failed"
+        return (f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
+                f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed")  # fmt: skip
+
+    mem, down = out["memory"], out["shutdown"]
+    lines = [
+        f"{out['connections']} abusive connections",
+        f"well-behaved, alone:        {lat(out['good_quiet'])}",
+        f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
+        f"/health under abuse:        {lat(out['health_under_abuse'])}",
+        (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
+         f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
+         f"{out['health_under_abuse'].get('max_pending_sentences')}"),
+        (f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
+         f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
+         f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
+         f"{down['exit_code']} after {down['seconds_to_exit']} s"),
+        "abuse outcomes: " + ", ".join(f"{k} x{v}" for k, v in out["abuse_outcomes"].items()),
+    ]
+    return "\n".join(lines)
