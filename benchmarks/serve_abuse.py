@@ -8,8 +8,9 @@
    connections, each repeating one kind of abuse (``KINDS``) until the phase ends: idle
    connections, headers or a body trickled a byte at a time, invalid UTF-8, deeply nested JSON, a
    declared 100 MB body, requests dropped mid-decode;
-3. a graceful shutdown: ``in_flight`` requests are sent, SIGTERM goes to the server while they
-   are queued or decoding (and the abusers still connected), and the answers are counted.
+3. a graceful shutdown: the fast kinds of abuse stop and their work drains, ``in_flight``
+   requests are sent, SIGTERM goes to the server once they are all queued or decoding (the slow
+   abusers still connected), and the answers are counted.
 
 It samples the server's resident memory (``/proc/PID/status``) throughout. Everything is bounded:
 each wait has ``io_timeout``, each phase a length, and the abusers stop at the shutdown. Shared
@@ -21,16 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("idle", "slow_headers", "slow_body", "bad_utf8", "deep_json", "huge_declared", "cancel")
-FAST_KINDS = {"bad_utf8", "deep_json", "huge_declared", "cancel"}  # these pause between rounds
+SLOW_KINDS = ("idle", "slow_headers", "slow_body")  # each holds a connection for long
+FAST_KINDS = ("bad_utf8", "deep_json", "huge_declared", "cancel")  # these pause between rounds
+KINDS = SLOW_KINDS * 3 + FAST_KINDS  # the connections' kinds in turn: 3/4 of them slow
 
 
 @dataclass
@@ -44,8 +47,10 @@ class AbuseConfig:
     in_flight_sentences: int = 4  # in each of them
     in_flight_beam: int | None = None  # for them (None: the model's)
     pause_s: float = 2.0  # between two rounds of a fast kind of abuse, per connection
+    cancel_pause_s: float = 10.0  # the same for "cancel", whose requests cost decoding
     trickle_s: float = 0.5  # between two trickled bytes
-    io_timeout: float = 30.0
+    spread_s: float = 10.0  # the abusers' first rounds start at random within this
+    io_timeout: float = 45.0  # over the server's body timeout (30 s by default)
     token: str | None = None  # the API key, sent by every client (abusers included)
     nesting: int = 100_000  # depth of the nested JSON
     kinds: tuple[str, ...] = KINDS  # the kinds of abuse, given to the connections in turn
@@ -167,8 +172,10 @@ async def _one_round(http: Http, kind: str, rng: random.Random) -> str:
 
 
 async def _abuser(http: Http, kind: str, seed: int, stop: asyncio.Event) -> None:
+    """Rounds of ``kind`` until ``stop``, their outcomes counted in ``cfg.outcomes``."""
     rng = random.Random(seed)
-    await asyncio.sleep(rng.uniform(0, http.cfg.pause_s))  # spread the first rounds
+    pause = http.cfg.cancel_pause_s if kind == "cancel" else http.cfg.pause_s
+    await asyncio.sleep(rng.uniform(0, http.cfg.spread_s))  # not all at once, nor in step
     while not stop.is_set():
         try:
             outcome = await _one_round(http, kind, rng)
@@ -178,7 +185,7 @@ async def _abuser(http: Http, kind: str, seed: int, stop: asyncio.Event) -> None
             http.cfg.outcomes[f"{kind}: {outcome}"] += 1
         if kind in FAST_KINDS or not outcome.isalnum():  # an exception's name: no busy loop
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(http.cfg.pause_s * rng.uniform(0.5, 1.5)):
+                async with asyncio.timeout(pause * rng.uniform(0.5, 1.5)):
                     await stop.wait()
 
 
@@ -273,6 +280,13 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _memory_sampler(pid: int, stop: asyncio.Event, out: dict[str, Any]) -> None:
     while not stop.is_set():
         with contextlib.suppress(OSError):
@@ -282,31 +296,51 @@ async def _memory_sampler(pid: int, stop: asyncio.Event, out: dict[str, Any]) ->
                 await stop.wait()
 
 
-async def _shutdown(
-    http: Http, proc: subprocess.Popen, abuse_stop: asyncio.Event, out: dict[str, Any]
-) -> None:
-    """SIGTERM with ``in_flight`` requests queued or decoding (and the abusers connected);
-    counts the answers. The abusers' outcomes stop counting at the signal."""
-    cfg = http.cfg
-    n = cfg.in_flight_sentences
-    extra = {} if cfg.in_flight_beam is None else {"beam": cfg.in_flight_beam}
-    payloads = [json.dumps({"text": cfg.sentences[n * i : n * i + n], **extra}).encode()
-                for i in range(cfg.in_flight)]  # fmt: skip
+async def _stats(http: Http) -> dict[str, Any]:
+    """The server's counters (``/health``; they need the token when the server has one)."""
     reader, writer = await http.open()
     try:
         writer.write(http.head("GET", "/health", None))
-        out["stats_before_shutdown"] = json.loads((await http.response(reader))[1]).get("stats")
+        return dict(json.loads((await http.response(reader))[1])["stats"])
     finally:
         writer.close()
-    sent = [0]
-    requests = [asyncio.ensure_future(http.post(p, sent=sent)) for p in payloads]
-    async with asyncio.timeout(cfg.io_timeout):
-        while sent[0] < len(requests) and not all(r.done() for r in requests):
-            await asyncio.sleep(0.005)
-    await asyncio.sleep(0.05)  # read by the server, queued or decoding
+
+
+async def _until(check: Any, seconds: float) -> None:
+    """Poll the coroutine function ``check`` until it returns true, ``seconds`` at most."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while not await check():
+                await asyncio.sleep(0.01)
+
+
+async def _shutdown(
+    http: Http, proc: subprocess.Popen, stops: dict[str, asyncio.Event], out: dict[str, Any]
+) -> None:
+    """SIGTERM with ``in_flight`` requests queued or decoding, the slow abusers still connected;
+    counts the answers. First the fast abusers stop and their queued work drains, so that the
+    requests counted are in the server's queue at the signal, not in a socket's buffer."""
+    cfg = http.cfg
+    stops["fast"].set()
+    out["stats_before_shutdown"] = await _stats(http)
+
+    async def drained() -> bool:
+        return (await _stats(http))["pending_sentences"] == 0
+
+    await _until(drained, cfg.io_timeout)
+    n = cfg.in_flight_sentences
+    extra = {} if cfg.in_flight_beam is None else {"beam": cfg.in_flight_beam}
+    requests = [asyncio.ensure_future(http.post(json.dumps(
+        {"text": cfg.sentences[n * i : n * i + n], **extra}).encode())) for i in range(cfg.in_flight)]  # fmt: skip
+
+    async def all_received() -> bool:  # each one queued, decoding or answered
+        answered = sum(r.done() for r in requests)
+        return (await _stats(http))["pending_sentences"] + n * answered >= n * len(requests)
+
+    await _until(all_received, cfg.io_timeout)
     out["memory"].update(rss_mb(proc.pid))
     t0 = time.perf_counter()
-    abuse_stop.set()
+    stops["all"].set()
     proc.send_signal(signal.SIGTERM)
     before = sum(r.done() for r in requests)
     answers = await asyncio.gather(*requests, return_exceptions=True)
@@ -333,20 +367,31 @@ async def run_abuse(
     health: dict[str, Any] = {}
     helpers = [asyncio.ensure_future(_health_prober(http, stop, health)),
                asyncio.ensure_future(_memory_sampler(proc.pid, stop, out["memory"]))]  # fmt: skip
-    abuse_stop = asyncio.Event()
-    abusers = [asyncio.ensure_future(_abuser(http, cfg.kinds[i % len(cfg.kinds)], i, abuse_stop))
-               for i in range(cfg.connections)]  # fmt: skip
+    stops = {"fast": asyncio.Event(), "all": asyncio.Event()}  # fast kinds stop first
+    kinds = [cfg.kinds[i % len(cfg.kinds)] for i in range(cfg.connections)]
+    abusers = [asyncio.ensure_future(_abuser(
+        http, kind, i, stops["fast"] if kind in FAST_KINDS else stops["all"]))
+        for i, kind in enumerate(kinds)]  # fmt: skip
     try:
+        cpu0, client0, t0 = cpu_seconds(proc.pid), time.process_time(), time.perf_counter()
         out["good_under_abuse"] = await _good_phase(http, cfg.seconds)
+        wall = time.perf_counter() - t0
+        out["cpu_under_abuse"] = {  # cores busy, on average
+            "server": round((cpu_seconds(proc.pid) - cpu0) / wall, 2),
+            "client": round((time.process_time() - client0) / wall, 2)}  # fmt: skip
         stop.set()
         await asyncio.gather(*helpers)
         out["health_under_abuse"] = health
-        await _shutdown(http, proc, abuse_stop, out)
+        await _shutdown(http, proc, stops, out)
     finally:
-        abuse_stop.set()
+        for event in stops.values():
+            event.set()
         for task in abusers:
             task.cancel()
         await asyncio.gather(*abusers, *helpers, return_exceptions=True)
+    out["kinds"] = dict(Counter(kinds))
+    hidden = ("sentences", "outcomes", "token", "kinds")
+    out["config"] = {k: v for k, v in asdict(cfg).items() if k not in hidden}
     out["abuse_outcomes"] = dict(sorted(cfg.outcomes.items()))
     return out
 
@@ -366,6 +411,8 @@ def report(out: dict[str, Any]) -> str:
         f"well-behaved, alone:        {lat(out['good_quiet'])}",
         f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
         f"/health under abuse:        {lat(out['health_under_abuse'])}",
+        (f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
+         f"this client {out['cpu_under_abuse']['client']}"),
         (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
          f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
          f"{out['health_under_abuse'].get('max_pending_sentences')}"),

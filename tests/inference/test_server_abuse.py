@@ -51,7 +51,7 @@ def test_the_server_survives_200_abusive_connections(tmp_path) -> None:
     cfg = serve_abuse.AbuseConfig(
         sentences=toy_sentences(200, seed=3), connections=CONNECTIONS, seconds=6,
         quiet_seconds=2, good_clients=2, in_flight=8, in_flight_sentences=16, in_flight_beam=8,
-        pause_s=1.0, trickle_s=0.2,
+        pause_s=1.0, cancel_pause_s=2.0, trickle_s=0.2, spread_s=1.0,
         io_timeout=20, token="abuse-test-token", nesting=20_000,
     )  # fmt: skip
     try:
