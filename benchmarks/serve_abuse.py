@@ -14,7 +14,8 @@
 
 It samples the server's resident memory (``/proc/PID/status``) throughout. Everything is bounded:
 each wait has ``io_timeout``, each phase a length, and the abusers stop at the shutdown. Shared
-by the benchmark and tests/inference/test_server_abuse.py (the CI-sized run).
+by the benchmark (which prints the figures: ``serve_load.report``) and
+tests/inference/test_server_abuse.py (the CI-sized run).
 """
 
 from __future__ import annotations
@@ -395,31 +396,3 @@ async def run_abuse(
     out["abuse_outcomes"] = dict(sorted(cfg.outcomes.items()))
     return out
 
-
-def report(out: dict[str, Any]) -> str:
-    """The figures of ``run_abuse`` as a few lines of text."""
-
-    def lat(r: dict[str, Any]) -> str:
-        if not r.get("n"):
-            return f"no answers, {r.get('failed')} failed"
-        return (f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
-                f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed")  # fmt: skip
-
-    mem, down = out["memory"], out["shutdown"]
-    lines = [
-        f"{out['connections']} abusive connections",
-        f"well-behaved, alone:        {lat(out['good_quiet'])}",
-        f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
-        f"/health under abuse:        {lat(out['health_under_abuse'])}",
-        (f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
-         f"this client {out['cpu_under_abuse']['client']}"),
-        (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
-         f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
-         f"{out['health_under_abuse'].get('max_pending_sentences')}"),
-        (f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
-         f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
-         f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
-         f"{down['exit_code']} after {down['seconds_to_exit']} s"),
-        "abuse outcomes: " + ", ".join(f"{k} x{v}" for k, v in out["abuse_outcomes"].items()),
-    ]
-    return "\n".join(lines)

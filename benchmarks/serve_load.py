@@ -319,12 +319,41 @@ def main() -> None:
     print(json.dumps({k: _round(v) for k, v in summary.items()}))
 
 
+def report(out: dict[str, Any]) -> str:
+    """The figures of ``run_abuse`` as a few lines of text."""
+
+    def lat(r: dict[str, Any]) -> str:
+        if not r.get("n"):
+            return f"no answers, {r.get('failed')} failed"
+        return (f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
+                f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed")  # fmt: skip
+
+    mem, down = out["memory"], out["shutdown"]
+    lines = [
+        f"{out['connections']} abusive connections",
+        f"well-behaved, alone:        {lat(out['good_quiet'])}",
+        f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
+        f"/health under abuse:        {lat(out['health_under_abuse'])}",
+        (f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
+         f"this client {out['cpu_under_abuse']['client']}"),
+        (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
+         f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
+         f"{out['health_under_abuse'].get('max_pending_sentences')}"),
+        (f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
+         f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
+         f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
+         f"{down['exit_code']} after {down['seconds_to_exit']} s"),
+        "abuse outcomes: " + ", ".join(f"{k} x{v}" for k, v in out["abuse_outcomes"].items()),
+    ]
+    return "\n".join(lines)
+
+
 def abuse_main(args: argparse.Namespace, pool: list[str]) -> None:
     """``--abuse``: one server under ``serve_abuse.run_abuse``; prints its figures."""
     import asyncio
     import secrets
 
-    from serve_abuse import AbuseConfig, report, run_abuse
+    from serve_abuse import AbuseConfig, run_abuse
 
     from transduce.inference.server_guard import raise_open_file_limit
 

@@ -59,7 +59,7 @@ def test_the_server_survives_200_abusive_connections(tmp_path) -> None:
         out = asyncio.run(asyncio.wait_for(coro, 120))
     finally:
         server.stop()
-    report = serve_abuse.report(out) + "\n" + json.dumps(out)
+    report = serve_load.report(out) + "\n" + json.dumps(out)
     print(report)  # with pytest -s
     outcomes = out["abuse_outcomes"]
     for kind, outcome in EXPECTED.items():

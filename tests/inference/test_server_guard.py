@@ -379,3 +379,24 @@ def test_cli_serve_api_key_and_timeout_options(tmp_path: Path, capsys) -> None:
     assert "--body-timeout" in capsys.readouterr().err
     assert main([*serve, "--max-body-bytes", "2000", "--max-body-buffer", "1000"]) == 2
     assert "--max-body-buffer" in capsys.readouterr().err
+
+
+def test_cli_serve_warns_beyond_loopback_without_a_key(tmp_path: Path, capsys, monkeypatch) -> None:
+    import transduce.inference.server as server_module
+    from transduce.cli.main import main
+
+    apps: list = []
+    monkeypatch.setattr(server_module, "serve", lambda app, host, port, **kw: apps.append(app))
+    model = save_toy_translation_model(tmp_path / "model.pt", {"max_len_offset": 4})
+    (tmp_path / "key").write_text(TOKEN)
+    serve = ["--no-malloc-tuning", "serve", "--model", str(model), "--port", "0",
+             "--header-timeout", "3", "--body-timeout", "4", "--max-connections", "5"]  # fmt: skip
+    assert main([*serve, "--host", "192.0.2.1"]) == 0  # serve() is replaced: nothing listens
+    assert "without --api-key-file" in capsys.readouterr().err
+    assert main([*serve, "--host", "192.0.2.1", "--api-key-file", str(tmp_path / "key")]) == 0
+    assert main([*serve, "--host", "127.0.0.1"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    limits = apps[0].state.limits
+    assert (limits.header_timeout_s, limits.body_timeout_s, limits.max_connections) == (3, 4, 5)
+    assert any(m.cls.__name__ == "RequireApiKey" for m in apps[1].user_middleware)
+    assert not apps[2].user_middleware
