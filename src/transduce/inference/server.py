@@ -259,7 +259,8 @@ _START_TIMEOUT_S = 120.0  # uvicorn's start-up (the app's lifespan) in ``serve``
 def uvicorn_server(app: FastAPI, *, log_level: str = "info", access_log: bool = True) -> Any:
     """A uvicorn server for ``app`` with the connection limits of ``app.state.limits``: at most
     ``max_connections`` (more get 503), ``header_timeout_s`` to send headers (``guarded_h11``),
-    16 KiB of headers (h11's default, made explicit), 5 s idle between keep-alive requests."""
+    an unfinished head over 16 KiB refused (h11's default, made explicit), 5 s idle between
+    keep-alive requests."""
     import uvicorn
 
     limits = getattr(app.state, "limits", ServerLimits())

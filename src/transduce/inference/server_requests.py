@@ -38,9 +38,9 @@ class ServerLimits:
 
     The server's memory is bounded by the model, ``max_body_buffer`` (request bodies being read,
     all connections together), ``max_queue_sentences`` sentences of at most ``max_chars``
-    characters, and ``max_connections`` connections of at most 16 KiB of headers each (h11's
-    limit). ``header_timeout_s`` and ``body_timeout_s`` bound how long a slow client holds a
-    connection."""
+    characters, and ``max_connections`` connections, each buffering little: an unfinished head
+    over 16 KiB is refused (h11), and asyncio reads 256 KiB at a time. ``header_timeout_s`` and
+    ``body_timeout_s`` bound how long a slow client holds a connection."""
 
     max_body_bytes: int = 1_000_000
     max_sentences: int = 256  # sentences per request
