@@ -2,6 +2,7 @@
 
     python benchmarks/serve_load.py --model runs/m30k/model.pt [--clients 16 --requests 20]
     python benchmarks/serve_load.py --quick        # a random demo model, a few requests
+    python benchmarks/serve_load.py --abuse [--connections 1000 --abuse-seconds 60]
 
 Starts the server twice on 127.0.0.1 (a free port, its own process, ``--threads`` torch
 threads): once with dynamic batching (``--max-batch-sentences``, ``--batch-wait-ms``) and once
@@ -15,6 +16,13 @@ unbatched; ``p50_ratio`` / ``p95_ratio`` = batched latency over unbatched).
 
 Bounded: every request has a timeout, each run stops sending after ``--max-seconds``, and the
 server processes are always stopped.
+
+``--abuse`` instead serves once (batching on, the default queue limit, an API key) and puts it
+under abusive load (``benchmarks/serve_abuse.py``): ``--connections`` abusive connections beside
+``--clients`` well-behaved ones, then a SIGTERM with ``--in-flight`` requests in flight. It
+raises this process's open-file limit (the server inherits it) and prints latencies of the
+well-behaved clients alone and beside the abuse, /health under abuse, the server's memory, what
+each kind of abuse got, and the requests answered at shutdown, then one JSON line.
 
 Without ``--model`` a random model (d_model 256, 3 layers, a SentencePiece vocabulary learned on
 the generated sentences, outputs capped at source + 10 tokens) is written to a temporary folder:
@@ -74,13 +82,15 @@ class Server:
     """``transduce serve`` in a subprocess on 127.0.0.1, a free port."""
 
     def __init__(
-        self, model: str, threads: int, max_batch: int, wait_ms: float, timeout: float
-    ) -> None:
+        self, model: str, threads: int, max_batch: int, wait_ms: float, timeout: float,
+        extra: tuple[str, ...] = (), token: str | None = None,
+    ) -> None:  # fmt: skip
         self.log = tempfile.TemporaryFile("w+")
+        self.token = token
         cmd = [sys.executable, "-m", "transduce", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", "0", "--threads", str(threads), "--log-level", "warning",
                "--max-batch-sentences", str(max_batch), "--batch-wait-ms", str(wait_ms),
-               "--max-queue", "1000000"]  # fmt: skip
+               "--max-queue", "1000000", *extra]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
@@ -125,7 +135,8 @@ class Server:
     def get(self, path: str) -> dict:
         conn = self.connection(10)
         try:
-            conn.request("GET", path)
+            auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            conn.request("GET", path, headers=auth)
             return json.loads(conn.getresponse().read())
         finally:
             conn.close()
@@ -246,6 +257,14 @@ def main() -> None:
     parser.add_argument("--request-timeout", type=float, default=300)
     parser.add_argument("--start-timeout", type=float, default=120)
     parser.add_argument("--quick", action="store_true", help="4 clients x 5 requests, tiny model")
+    parser.add_argument("--abuse", action="store_true", help="the server under abusive load")
+    parser.add_argument("--connections", type=int, default=1000, help="abusive connections")
+    parser.add_argument("--abuse-seconds", type=float, default=60)
+    parser.add_argument("--quiet-seconds", type=float, default=10)
+    parser.add_argument("--in-flight", type=int, default=32, help="requests in flight at SIGTERM")
+    parser.add_argument("--abuse-pause", type=float, default=2.0,
+                        help="seconds between two rounds of the fast kinds of abuse, per connection")  # fmt: skip
+    parser.add_argument("--max-queue", type=int, default=8192, help="the server's, under --abuse")
     args = parser.parse_args()
     if args.quick:
         args.clients, args.requests = min(args.clients, 4), min(args.requests, 5)
@@ -258,6 +277,9 @@ def main() -> None:
     if len(pool) <= args.sentences + 3:
         raise SystemExit("not enough sentences in --input")
 
+    if args.abuse:
+        abuse_main(args, pool)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(demo_checkpoint(Path(tmp), args.quick))
         runs: dict[str, dict] = {}
@@ -295,6 +317,75 @@ def main() -> None:
         "unbatched": {k: _round(v) for k, v in u.items()},
     }  # fmt: skip
     print(json.dumps({k: _round(v) for k, v in summary.items()}))
+
+
+def report(out: dict[str, Any]) -> str:
+    """The figures of ``run_abuse`` as a few lines of text."""
+
+    def lat(r: dict[str, Any]) -> str:
+        if not r.get("n"):
+            return f"no answers, {r.get('failed')} failed"
+        return (f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
+                f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed")  # fmt: skip
+
+    mem, down = out["memory"], out["shutdown"]
+    lines = [
+        f"{out['connections']} abusive connections",
+        f"well-behaved, alone:        {lat(out['good_quiet'])}",
+        f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
+        f"/health under abuse:        {lat(out['health_under_abuse'])}",
+        (f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
+         f"this client {out['cpu_under_abuse']['client']}"),
+        (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
+         f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
+         f"{out['health_under_abuse'].get('max_pending_sentences')}"),
+        (f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
+         f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
+         f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
+         f"{down['exit_code']} after {down['seconds_to_exit']} s"),
+        "abuse outcomes: " + ", ".join(f"{k} x{v}" for k, v in out["abuse_outcomes"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def abuse_main(args: argparse.Namespace, pool: list[str]) -> None:
+    """``--abuse``: one server under ``serve_abuse.run_abuse``; prints its figures."""
+    import asyncio
+    import secrets
+
+    from serve_abuse import AbuseConfig, run_abuse
+
+    from transduce.inference.server_guard import raise_open_file_limit
+
+    needed = 2 * (args.connections + args.clients + args.in_flight) + 256  # both ends of each
+    soft = raise_open_file_limit(needed)
+    if soft < needed:
+        raise SystemExit(f"the open-file limit is {soft} (the hard limit) and --connections "
+                         f"{args.connections} needs {needed}: raise it or pass fewer")  # fmt: skip
+    token = secrets.token_urlsafe(24)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or str(demo_checkpoint(Path(tmp), args.quick))
+        key_file = Path(tmp) / "api-key"
+        key_file.write_text(token + "\n")
+        extra = ("--max-queue", str(args.max_queue), "--api-key-file", str(key_file))
+        print("[abuse] starting the server ...", file=sys.stderr, flush=True)
+        server = Server(model, args.threads, args.max_batch_sentences, args.batch_wait_ms,
+                        args.start_timeout, extra=extra, token=token)  # fmt: skip
+        cfg = AbuseConfig(
+            sentences=pool, connections=args.connections, seconds=args.abuse_seconds,
+            quiet_seconds=args.quiet_seconds, good_clients=args.clients,
+            in_flight=args.in_flight, token=token, pause_s=args.abuse_pause,
+        )  # fmt: skip
+        bound = args.quiet_seconds + args.abuse_seconds + 4 * cfg.io_timeout
+        try:
+            out = asyncio.run(asyncio.wait_for(
+                run_abuse(server.host, server.port, server.proc, cfg), bound))  # fmt: skip
+        finally:
+            server.stop()
+    out.update(model=args.model or "random-demo", threads=args.threads, max_queue=args.max_queue,
+               abuse_pause_s=args.abuse_pause)  # fmt: skip
+    print(report(out))
+    print(json.dumps({"benchmark": "serve_abuse", **out}))
 
 
 if __name__ == "__main__":

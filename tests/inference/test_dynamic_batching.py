@@ -155,6 +155,32 @@ def test_queue_limit_refuses_new_requests_until_the_queue_drains() -> None:
     assert batcher.stats()["pending_sentences"] == 0
 
 
+def test_a_cancelled_request_frees_its_place_at_once_and_is_not_translated() -> None:
+    recorder = Recorder()
+    batcher = DynamicBatcher(recorder, BatchingConfig(batch_wait_ms=0), max_queue_sentences=3)
+
+    async def scenario() -> list:
+        kept = batcher.submit(["a"], None, None)  # queued, the worker not started yet
+        gone = batcher.submit(["b", "c"], None, None)
+        with pytest.raises(ServerBusy):
+            batcher.submit(["d"], None, None)
+        gone.cancel()  # its client went away
+        await asyncio.sleep(0)  # the done callback runs
+        assert batcher.stats()["pending_sentences"] == 1
+        later = batcher.submit(["d", "e"], None, None)  # its place is free
+        batcher.start()
+        return await asyncio.wait_for(asyncio.gather(kept, later), TIMEOUT)
+
+    try:
+        assert asyncio.run(scenario()) == [["A"], ["D", "E"]]
+    finally:
+        batcher.stop()
+    assert all("b" not in call[0] for call in recorder.calls)
+    stats = batcher.stats()
+    assert (stats["cancelled_requests"], stats["failed_requests"], stats["requests"]) == (1, 0, 2)
+    assert stats["pending_sentences"] == 0
+
+
 def test_a_request_larger_than_the_queue_limit_is_taken_when_the_queue_is_empty() -> None:
     batcher = DynamicBatcher(Recorder(), BatchingConfig(), max_queue_sentences=2)
 

@@ -5,6 +5,8 @@
 with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}`` and ``GET
 /health`` (see ``transduce.inference.server``). Once the socket listens it prints one line
 ``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the real port when ``--port 0``).
+``--api-key-file`` makes every path but ``/health`` ask for a bearer token; serving beyond
+loopback without one prints a warning.
 Needs ``pip install 'transduce[serve]'``.
 
 ``transduce export ctranslate2 --model CKPT --output DIR`` writes a CTranslate2 model folder
@@ -40,18 +42,27 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise UserError(f"{name} must be {kind}; got {value}")
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     _require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
     from transduce.inference.dynamic_batching import BatchingConfig
-    from transduce.inference.server import ServerLimits, create_app, serve
+    from transduce.inference.server import ApiKey, ServerLimits, create_app, serve
     from transduce.inference.translator import Translator
 
     _positive("--max-batch-sentences", args.max_batch_sentences)
     _positive("--batch-wait-ms", args.batch_wait_ms, allow_zero=True)
-    for name in ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_queue"):
+    numbers = ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_queue",
+               "max_connections", "max_body_buffer", "header_timeout", "body_timeout")  # fmt: skip
+    for name in numbers:
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.max_body_buffer < args.max_body_bytes:
+        raise UserError(f"--max-body-buffer ({args.max_body_buffer}) must be at least "
+                        f"--max-body-bytes ({args.max_body_bytes})")  # fmt: skip
+    api_key = None if args.api_key_file is None else ApiKey.from_file(args.api_key_file)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535; got {args.port}")
     if args.threads is not None:
@@ -63,12 +74,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,
         max_chars=args.max_chars, max_beam=args.max_beam, max_queue_sentences=args.max_queue,
+        max_connections=args.max_connections, max_body_buffer=args.max_body_buffer,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
     )  # fmt: skip
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
     translator = Translator.load(args.model, device=args.device, precision=args.precision)
-    app = create_app(translator, limits=limits, batching=batching, model_name=str(args.model))
+    app = create_app(
+        translator, limits=limits, batching=batching, model_name=str(args.model), api_key=api_key
+    )
+    if api_key is None and args.host not in _LOOPBACK:
+        print(f"transduce: warning: serving on {args.host} without --api-key-file: anyone who "
+              "can reach it can use it", file=sys.stderr)  # fmt: skip
 
     def listening(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -125,6 +143,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest beam a request may ask for (default: 16)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=8192, metavar="N",
                    help="sentences waiting before requests get 503 (default: 8192)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=2048, metavar="N",
+                   help="open connections before requests get 503 (default: 2048)")  # fmt: skip
+    p.add_argument("--max-body-buffer", type=int, default=64_000_000, metavar="N",
+                   help="bytes of request bodies held at once, all connections together, before "
+                   "requests get 503 (default: 64000000)")  # fmt: skip
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection has to send a request's headers, else it is "
+                   "closed (default: 10)")  # fmt: skip
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a request has to send its body, else 408 (default: 30)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="a file holding one token: every path but /health then needs "
+                   "'Authorization: Bearer TOKEN' (use it beyond localhost)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     p.set_defaults(func=_cmd_serve)

@@ -10,6 +10,10 @@ whatever is already waiting when it becomes free (no added latency); ``max_batch
 serves one request at a time. If a batch fails, its requests are translated again one by one, so
 only the request that fails gets the error.
 
+A request whose future is cancelled (the server does so when its client disconnects) gives its
+sentences back to the queue limit at once; the worker skips it if it has not started on it, and
+drops its translations if it has (the requests batched with it are answered as usual).
+
 Which thread decodes matters on the CPU. PyTorch's OpenMP runtime (GNU libgomp) lets the workers
 of a parallel region spin between regions only while no more OpenMP threads exist than CPUs;
 once a second thread starts parallel regions besides the main thread, which loaded the model,
@@ -110,6 +114,7 @@ class DynamicBatcher:
         self._stats = {
             "requests": 0, "sentences": 0, "batches": 0, "translate_calls": 0,
             "max_batch_requests": 0, "max_batch_sentences": 0, "failed_requests": 0,
+            "cancelled_requests": 0,
         }  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -175,6 +180,8 @@ class DynamicBatcher:
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, sentences: list[str], beam: int | None, alpha: float | None) -> asyncio.Future:
+        """Queue one request (from the event loop); raises ServerBusy over the queue limit.
+        Cancelling the returned future withdraws the request (see the module docstring)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
@@ -183,8 +190,19 @@ class DynamicBatcher:
                     f"the server is busy ({self._pending} sentences waiting); try again later"
                 )
             self._pending += len(sentences)
-        self._queue.put(_Job(sentences, beam, alpha, future, loop))
+        job = _Job(sentences, beam, alpha, future, loop)
+        # a cancelled request frees its place in the queue limit now, not when the worker gets to it
+        future.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
+        self._queue.put(job)
         return future
+
+    def _withdraw(self, job: _Job) -> None:
+        with self._lock:
+            if job.resolved:
+                return
+            job.resolved = True
+            self._pending -= len(job.sentences)
+            self._stats["cancelled_requests"] += 1
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -228,6 +246,8 @@ class DynamicBatcher:
                 break
             if job is _STOP:
                 return jobs, None, True
+            if job.resolved:  # withdrawn while queued: takes no room in the batch
+                continue
             if n + len(job.sentences) > self.batching.max_batch_sentences:
                 return jobs, job, False
             jobs.append(job)
@@ -235,10 +255,7 @@ class DynamicBatcher:
         return jobs, None, False
 
     def _translate(self, jobs: list[_Job]) -> None:
-        for job in jobs:
-            if job.future.done():  # its client went away (a cancelled request): no decoding
-                self._resolve(job, None, RuntimeError("the request was cancelled"))
-        jobs = [job for job in jobs if not job.resolved]
+        jobs = [job for job in jobs if not job.resolved]  # withdrawn (cancelled): no decoding
         if not jobs:
             return
         groups: dict[tuple[int | None, float | None], list[_Job]] = {}

@@ -9,18 +9,25 @@ Endpoints:
   for an empty one): exactly what ``Translator.translate`` returns for the same list.
 * ``GET /health`` returns ``{"status": "ok", "model": {...}, "decode": {...}, "limits": {...},
   "batching": {...}, "stats": {...}}``; ``stats`` counts requests, sentences, batches and the
-  most requests one batch held.
+  most requests one batch held. With an API key, a request without it gets ``{"status": ...}``
+  only: load balancers need no key, the details do.
 
 Dynamic batching (``transduce.inference.dynamic_batching``): concurrent requests wait up to
 ``batch_wait_ms`` for each other and are translated together, at most ``max_batch_sentences``
 sentences a batch.
 
-Errors are JSON ``{"error": MESSAGE, "status": CODE}``: 400 for a body that is not JSON, 413 for
-a body over ``max_body_bytes`` or more sentences / characters than the limits allow, 422 for
+Errors are JSON ``{"error": MESSAGE, "status": CODE}``: 400 for a body that is not UTF-8 or not
+JSON (nested too deeply included), 401 without the API key when one is set, 408 for a body slower
+than ``body_timeout_s``, 413 for a body over ``max_body_bytes`` (from Content-Length alone when
+it declares over 8 times that) or more sentences / characters than the limits allow, 422 for
 fields of the wrong type or out of range (unknown fields included) and for a sentence the model
 cannot take (``UserError`` from the translator: longer than learned positions reach), 503 when
-more sentences wait than ``max_queue_sentences``, 500 when decoding fails. None of them stops
-the server, and a request batched with a failing one is answered on its own.
+more sentences wait than ``max_queue_sentences`` or more body bytes are held than
+``max_body_buffer``, 500 when decoding fails. None of them stops the server, and a request
+batched with a failing one is answered on its own. Over ``max_connections`` open connections,
+uvicorn answers 503 (plain text); a connection that sends no complete headers within
+``header_timeout_s`` is closed (``server_guard``). A client that disconnects while its request
+waits or is decoded withdraws it: it is not decoded, or its result is dropped.
 
 Only ``transduce.inference.translator`` is needed to build the app; fastapi and uvicorn are
 imported here, so import this module only when serving.
@@ -30,13 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,9 +56,26 @@ from transduce.inference.dynamic_batching import (
     ServerBusy,
     TranslatorLike,
 )
+from transduce.inference.server_guard import (
+    ApiKey,
+    RequireApiKey,
+    authorization_header,
+    guarded_h11,
+    open_files_for,
+)
+from transduce.inference.server_requests import (
+    ApiError,
+    BodyBudget,
+    ClientGone,
+    ServerLimits,
+    parse_translate_request,
+    read_body,
+    wait_for_disconnect,
+)
 
 __all__ = [
     "ApiError",
+    "ApiKey",
     "ServerLimits",
     "ServerThread",
     "bind_socket",
@@ -61,140 +84,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """Per-request limits; a request over one gets a 4xx error naming it."""
-
-    max_body_bytes: int = 1_000_000
-    max_sentences: int = 256  # sentences per request
-    max_chars: int = 2_000  # characters per sentence
-    max_beam: int = 16
-    max_alpha: float = 10.0
-    max_queue_sentences: int = 8_192  # sentences waiting before new requests get 503
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value <= 0:
-                raise ValueError(f"{name} must be positive; got {value}")
-
-
-class ApiError(Exception):
-    """An error answered as JSON ``{"error": message, "status": status}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def _error_response(
     status: int, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
-
-
-# -- request parsing ---------------------------------------------------------------------------
-
-_FIELDS = ("text", "beam", "alpha")
-
-
-_TYPE_NAMES = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number",
-               str: "a string", list: "a list", dict: "an object"}  # fmt: skip
-
-
-def _type_name(value: Any) -> str:
-    return _TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def parse_translate_request(
-    body: bytes, limits: ServerLimits
-) -> tuple[list[str], int | None, float | None]:
-    """The body of ``POST /translate`` -> (sentences, beam or None, alpha or None); raises
-    ApiError (400, 413 or 422) with a message naming the problem."""
-    try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"the body is not UTF-8 (byte {e.start})") from None
-    except ValueError as e:  # JSONDecodeError and the constants NaN / Infinity
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ApiError(422, f"the body must be a JSON object, not {_type_name(data)}")
-    unknown = sorted(set(data) - set(_FIELDS))
-    if unknown:
-        raise ApiError(
-            422, f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}"
-        )
-    if "text" not in data:
-        raise ApiError(422, "missing field 'text' (a list of sentences)")
-    text = data["text"]
-    if not isinstance(text, list):
-        raise ApiError(422, f"'text' must be a list of strings, not {_type_name(text)}")
-    if len(text) > limits.max_sentences:
-        raise ApiError(
-            413, f"too many sentences: {len(text)} (at most {limits.max_sentences} per request)"
-        )
-    for i, s in enumerate(text):
-        if not isinstance(s, str):
-            raise ApiError(422, f"'text[{i}]' must be a string, not {_type_name(s)}")
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800"
-            raise ApiError(422, f"'text[{i}]' is not valid Unicode ({e.reason})") from None
-        if len(s) > limits.max_chars:
-            raise ApiError(
-                413, f"'text[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
-            )
-    beam = data.get("beam")
-    if beam is not None:
-        if isinstance(beam, bool) or not isinstance(beam, int):
-            raise ApiError(422, f"'beam' must be an integer, not {_type_name(beam)}")
-        if not 1 <= beam <= limits.max_beam:
-            raise ApiError(422, f"'beam' must be between 1 and {limits.max_beam}; got {beam}")
-    alpha = data.get("alpha")
-    if alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise ApiError(422, f"'alpha' must be a number, not {_type_name(alpha)}")
-        if not 0.0 <= alpha <= limits.max_alpha:
-            raise ApiError(
-                422, f"'alpha' must be between 0 and {limits.max_alpha:g}; got {alpha}"
-            )
-        alpha = float(alpha)
-    return text, beam, alpha
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, or ApiError 413 once it is known to exceed ``limit`` bytes.
-
-    A body a few times over the limit is read to its end before answering, so the client gets
-    the 413 rather than a connection reset while it is still sending."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise ApiError(400, f"invalid Content-Length {declared!r}") from None
-        if n > 8 * limit:
-            raise ApiError(413, f"the body is too large: {n} bytes (at most {limit})")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > 8 * limit:
-            break
-    if size > limit:
-        raise ApiError(413, f"the body is too large: {size}+ bytes (at most {limit})")
-    return b"".join(chunks)
-
-
-# -- dynamic batching --------------------------------------------------------------------------
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -235,13 +128,14 @@ def create_app(
     limits: ServerLimits = ServerLimits(),
     batching: BatchingConfig = BatchingConfig(),
     model_name: str | None = None,
+    api_key: ApiKey | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``translator``; its batching worker runs while the app does
     (stopped by the app's lifespan, and started by it on a thread of its own unless ``serve``
-    runs it on the main thread). ``app.state.batcher`` is the DynamicBatcher."""
+    runs it on the main thread). ``app.state.batcher`` is the DynamicBatcher, ``app.state.limits``
+    the limits (``uvicorn_server`` reads the connection ones). With ``api_key``, every path but
+    ``/health`` needs ``Authorization: Bearer <key>``."""
     batcher = DynamicBatcher(translator, batching, max_queue_sentences=limits.max_queue_sentences)
-    model_info = {"name": model_name, **_model_info(translator)}
-    decode_defaults = _decode_defaults(translator)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -253,11 +147,26 @@ def create_app(
 
     app = FastAPI(title="transduce", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher = batcher
-    started = time.time()
+    app.state.limits = limits
+    _add_error_handlers(app)
+    details = {"model": {"name": model_name, **_model_info(translator)},
+               "decode": _decode_defaults(translator), "limits": asdict(limits),
+               "batching": asdict(batching)}  # fmt: skip
+    _add_health(app, batcher, details, api_key)
+    _add_translate(app, batcher, limits)
+    if api_key is not None:
+        app.add_middleware(RequireApiKey, key=api_key)
+    return app
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error_response(exc.status, exc.message)
+        return _error_response(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+        return _error_response(400, "the client disconnected")  # read by nobody; not logged
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -267,25 +176,27 @@ def create_app(
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         return _error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
+
+def _add_health(
+    app: FastAPI, batcher: DynamicBatcher, details: dict[str, Any], api_key: ApiKey | None
+) -> None:
+    started = time.time()
+
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         ok = batcher.alive
-        return JSONResponse(
-            {
-                "status": "ok" if ok else "stopped",
-                "model": model_info,
-                "decode": decode_defaults,
-                "limits": asdict(limits),
-                "batching": asdict(batching),
-                "stats": batcher.stats(),
-                "uptime_s": round(time.time() - started, 3),
-            },
-            status_code=200 if ok else 503,
-        )
+        out: dict[str, Any] = {"status": "ok" if ok else "stopped"}
+        if api_key is None or api_key.accepts(authorization_header(request.scope)):
+            out.update(details, stats=batcher.stats(), uptime_s=round(time.time() - started, 3))
+        return JSONResponse(out, status_code=200 if ok else 503)
+
+
+def _add_translate(app: FastAPI, batcher: DynamicBatcher, limits: ServerLimits) -> None:
+    budget = BodyBudget(limits.max_body_buffer)
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await read_body(request, limits, budget)
         sentences, beam, alpha = parse_translate_request(body, limits)
         if not sentences:
             return JSONResponse({"translations": []})
@@ -294,14 +205,29 @@ def create_app(
         except ServerBusy as e:
             return _error_response(503, str(e), {"Retry-After": "1"})
         try:
-            out = await future
+            out = await _answer_unless_gone(request, future)
         except UserError as e:  # input this model cannot take: the client's to change
             return _error_response(422, str(e))
+        except ClientGone:
+            raise
         except Exception as e:  # noqa: BLE001 - a decoding failure is this request's 500
             return _error_response(500, f"translation failed: {type(e).__name__}: {e}")
         return JSONResponse({"translations": out})
 
-    return app
+
+async def _answer_unless_gone(request: Request, future: asyncio.Future) -> Any:
+    """The result of ``future``, or ClientGone once the client disconnects first; then (or if
+    this handler is cancelled) the future is cancelled, which withdraws the request."""
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not future.done():
+            future.cancel()
+    if future.cancelled():
+        raise ClientGone
+    return future.result()
 
 
 # -- running it --------------------------------------------------------------------------------
@@ -331,11 +257,18 @@ _START_TIMEOUT_S = 120.0  # uvicorn's start-up (the app's lifespan) in ``serve``
 
 
 def uvicorn_server(app: FastAPI, *, log_level: str = "info", access_log: bool = True) -> Any:
+    """A uvicorn server for ``app`` with the connection limits of ``app.state.limits``: at most
+    ``max_connections`` (more get 503), ``header_timeout_s`` to send headers (``guarded_h11``),
+    an unfinished head over 16 KiB refused (h11's default, made explicit), 5 s idle between
+    keep-alive requests."""
     import uvicorn
 
+    limits = getattr(app.state, "limits", ServerLimits())
     config = uvicorn.Config(
         app, log_level=log_level, access_log=access_log, lifespan="on",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=10, http=guarded_h11(limits.header_timeout_s),
+        limit_concurrency=limits.max_connections, timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,
     )  # fmt: skip
     return uvicorn.Server(config)
 
@@ -432,6 +365,7 @@ def serve(
     srv = ServerThread(
         app, host, port, log_level=log_level, access_log=True, on_exit=batcher.request_stop
     )
+    open_files_for(getattr(app.state, "limits", ServerLimits()).max_connections)
 
     def shut_down(signum: int, frame: object) -> None:
         if not srv.server.should_exit:  # only sets a flag: safe wherever the signal lands

@@ -1,0 +1,250 @@
+"""What the translation server accepts of a request: its limits (``ServerLimits``), reading the
+body under a deadline, a size limit and a shared memory budget (``read_body``), parsing ``POST
+/translate`` (``parse_translate_request``), and noticing that a client went away
+(``wait_for_disconnect``). ``transduce.inference.server`` puts them together.
+
+Every refusal is an ``ApiError``, answered as JSON ``{"error": MESSAGE, "status": CODE}``. A
+refusal answered before the body was read closes the connection (``Connection: close``): the
+client may still be sending, and draining a 100 MB body, or a body trickled a byte a second, to
+keep the connection open would be the work the refusal means to avoid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+__all__ = [
+    "ApiError",
+    "BodyBudget",
+    "ClientGone",
+    "ServerLimits",
+    "parse_translate_request",
+    "read_body",
+    "wait_for_disconnect",
+]
+
+CLOSE = {"Connection": "close"}  # headers of a refusal answered before the body was read
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-request and per-server limits; a request over one gets a 4xx/5xx error naming it.
+
+    The server's memory is bounded by the model, ``max_body_buffer`` (request bodies being read,
+    all connections together), ``max_queue_sentences`` sentences of at most ``max_chars``
+    characters, and ``max_connections`` connections, each buffering little: an unfinished head
+    over 16 KiB is refused (h11), and asyncio reads 256 KiB at a time. ``header_timeout_s`` and
+    ``body_timeout_s`` bound how long a slow client holds a connection."""
+
+    max_body_bytes: int = 1_000_000
+    max_sentences: int = 256  # sentences per request
+    max_chars: int = 2_000  # characters per sentence
+    max_beam: int = 16
+    max_alpha: float = 10.0
+    max_queue_sentences: int = 8_192  # sentences waiting before new requests get 503
+    max_body_buffer: int = 64_000_000  # bytes of bodies held at once before new ones get 503
+    max_connections: int = 2_048  # open connections before new requests get 503
+    header_timeout_s: float = 10.0  # from connecting (or the last answer) to a request's headers
+    body_timeout_s: float = 30.0  # from the headers to the body's last byte, else 408
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be positive; got {value}")
+        if self.max_body_buffer < self.max_body_bytes:
+            raise ValueError(
+                f"max_body_buffer ({self.max_body_buffer}) must be at least max_body_bytes "
+                f"({self.max_body_bytes}), or a body at the limit could never be read"
+            )
+
+
+class ApiError(Exception):
+    """An error answered as JSON ``{"error": message, "status": status}``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+class ClientGone(Exception):
+    """The client disconnected: nobody reads an answer."""
+
+
+# -- the body ----------------------------------------------------------------------------------
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once, over all connections, at most ``limit``: a thousand
+    clients each sending a body just under ``max_body_bytes`` must not take a gigabyte. Used on
+    the event loop's thread only (no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> None:
+        """Count ``n`` more bytes held, or raise ApiError 503 when over the limit."""
+        if self.used + n > self.limit:
+            raise ApiError(
+                503, f"the server is busy reading other requests ({self.used} bytes held); "
+                "try again later", {"Retry-After": "1", **CLOSE},
+            )  # fmt: skip
+        self.used += n
+
+    def give_back(self, n: int) -> None:
+        self.used -= n
+
+
+async def read_body(request: Request, limits: ServerLimits, budget: BodyBudget) -> bytes:
+    """The request body, or ApiError: 413 once it is known to exceed ``max_body_bytes`` (from
+    Content-Length alone when that declares over 8 times the limit), 408 when it takes over
+    ``body_timeout_s``, 503 when ``budget`` is spent; ClientGone if the client disconnects.
+
+    A body a few times over the limit is read to its end before answering, so the client gets
+    the 413 rather than a connection reset while it is still sending."""
+    limit = limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise ApiError(400, f"invalid Content-Length {declared!r}", CLOSE) from None
+        if n > 8 * limit:
+            raise ApiError(413, f"the body is too large: {n} bytes (at most {limit})", CLOSE)
+    chunks: list[bytes] = []  # the bytes kept, all counted in ``budget``
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            size = await _read_chunks(request, limit, budget, chunks)
+    except TimeoutError:
+        raise ApiError(
+            408, f"the body took over {limits.body_timeout_s:g} s to arrive", CLOSE
+        ) from None
+    except ClientDisconnect:
+        raise ClientGone from None
+    finally:  # parsing follows at once, with no await: no other body is read meanwhile
+        budget.give_back(sum(map(len, chunks)))
+    if size > limit:
+        raise ApiError(413, f"the body is too large: {size}+ bytes (at most {limit})", CLOSE)
+    return b"".join(chunks)
+
+
+async def _read_chunks(
+    request: Request, limit: int, budget: BodyBudget, chunks: list[bytes]
+) -> int:
+    """Bytes seen; the first ``limit`` are appended to ``chunks`` (taken from ``budget``), the
+    rest, up to 8 times the limit, read and dropped."""
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            budget.take(len(chunk))
+            chunks.append(chunk)
+        elif size > 8 * limit:
+            break
+    return size
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return once the client disconnects; call it after the body has been read."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# -- POST /translate ---------------------------------------------------------------------------
+
+_FIELDS = ("text", "beam", "alpha")
+
+_TYPE_NAMES = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number",
+               str: "a string", list: "a list", dict: "an object"}  # fmt: skip
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _load_json(body: bytes) -> Any:
+    """The JSON value of ``body``, or ApiError 400 (not UTF-8, not JSON, nested too deeply)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body is not UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:  # JSONDecodeError and the constants NaN / Infinity
+        raise ApiError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:  # [[[[...]]]] deeper than the interpreter's recursion limit
+        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+
+
+def parse_translate_request(
+    body: bytes, limits: ServerLimits
+) -> tuple[list[str], int | None, float | None]:
+    """The body of ``POST /translate`` -> (sentences, beam or None, alpha or None); raises
+    ApiError (400, 413 or 422) with a message naming the problem."""
+    data = _load_json(body)
+    if not isinstance(data, dict):
+        raise ApiError(422, f"the body must be a JSON object, not {_type_name(data)}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ApiError(
+            422, f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}"
+        )
+    if "text" not in data:
+        raise ApiError(422, "missing field 'text' (a list of sentences)")
+    text = _check_text(data["text"], limits)
+    return text, _check_beam(data.get("beam"), limits), _check_alpha(data.get("alpha"), limits)
+
+
+def _check_text(text: Any, limits: ServerLimits) -> list[str]:
+    if not isinstance(text, list):
+        raise ApiError(422, f"'text' must be a list of strings, not {_type_name(text)}")
+    if len(text) > limits.max_sentences:
+        raise ApiError(
+            413, f"too many sentences: {len(text)} (at most {limits.max_sentences} per request)"
+        )
+    for i, s in enumerate(text):
+        if not isinstance(s, str):
+            raise ApiError(422, f"'text[{i}]' must be a string, not {_type_name(s)}")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800"
+            raise ApiError(422, f"'text[{i}]' is not valid Unicode ({e.reason})") from None
+        if len(s) > limits.max_chars:
+            raise ApiError(
+                413, f"'text[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
+            )
+    return text
+
+
+def _check_beam(beam: Any, limits: ServerLimits) -> int | None:
+    if beam is None:
+        return None
+    if isinstance(beam, bool) or not isinstance(beam, int):
+        raise ApiError(422, f"'beam' must be an integer, not {_type_name(beam)}")
+    if not 1 <= beam <= limits.max_beam:
+        raise ApiError(422, f"'beam' must be between 1 and {limits.max_beam}; got {beam}")
+    return beam
+
+
+def _check_alpha(alpha: Any, limits: ServerLimits) -> float | None:
+    if alpha is None:
+        return None
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise ApiError(422, f"'alpha' must be a number, not {_type_name(alpha)}")
+    if not 0.0 <= alpha <= limits.max_alpha:
+        raise ApiError(422, f"'alpha' must be between 0 and {limits.max_alpha:g}; got {alpha}")
+    return float(alpha)
