@@ -304,8 +304,12 @@ class DecodingModel:
         return memo[2]
 
     def _sublayer(self, x: Tensor, norm: Norm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """The layers' residual wrapping (post- or pre-norm), without dropout."""
-        return residual(x, sublayer, norm, pre_norm=self.pre_norm, dropout=0.0, training=False)
+        """``model.layers.residual`` without dropout, written out: at batch 1 a step is mostly
+        Python between small products, and every call more lets the thread pool fall asleep
+        between them (benchmarks/RESULTS.md, 2026-11-25)."""
+        if self.pre_norm:
+            return x + sublayer(norm(x))
+        return norm(x + sublayer(x))
 
     def _encoder_layer(
         self, x: Tensor, w: _LayerWeights, b: int, s: int, mask: Tensor | None
