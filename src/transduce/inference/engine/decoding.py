@@ -49,7 +49,7 @@ from transduce.inference.engine.projection import Projection
 from transduce.kernels import AttentionPath, Matmul
 from transduce.kernels.matmul import use_onednn
 from transduce.model.attention import split_heads
-from transduce.model.layers import DecoderLayer, EncoderLayer, residual
+from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.transformer import Transformer, source_mask
 
 Norm = Callable[[Tensor], Tensor]
