@@ -428,8 +428,8 @@ def main() -> None:
         rows, out = summarise(res)
         print_table(f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
                     f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
-                    f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 {out['peak_bf16_gflops']}"
-                    " GFLOP/s", rows)  # fmt: skip
+                    f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 "
+                    f"{out.get('peak_bf16_gflops', '-')} GFLOP/s", rows)  # fmt: skip
         if setting == list(results)[0]:
             summary.update(malloc_tuning=setting, **out)
         else:
