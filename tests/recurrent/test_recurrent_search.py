@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from inference_testkit import naive_greedy
 from recurrent_testkit import KIND_IDS, KINDS, V, tiny_model
 from torch import Tensor
 
@@ -32,26 +33,12 @@ def _log_prob(model: RecurrentSeq2Seq, src_row: Tensor, out: list[int]) -> float
     return lprobs.gather(1, gold[:, None]).sum().item()
 
 
-def _naive_greedy(model: RecurrentSeq2Seq, src_row: Tensor, max_len: int) -> list[int]:
-    """Greedy search rerunning teacher forcing on the whole prefix at every step."""
-    src1, out = src_row[src_row != PAD][None], list[int]()
-    with torch.no_grad():
-        while len(out) < max_len:
-            logits = model(src1, torch.tensor([[BOS, *out]]))[0, -1]
-            logits[PAD] = logits[BOS] = float("-inf")
-            tok = int(logits.argmax())
-            if tok == EOS:
-                break
-            out.append(tok)
-    return out
-
-
 @pytest.mark.parametrize("attention,feeding", KINDS, ids=KIND_IDS)
 def test_greedy_equals_naive_and_beam_one(attention: AttentionKind, feeding: bool) -> None:
     model = tiny_model(attention=attention, input_feeding=feeding, scale=0.8)
     src = _sources(1, [5, 2, 6, 1, 4])
     greedy = greedy_search(model, src, max_len=7)
-    assert greedy == [_naive_greedy(model, row, 7) for row in src]
+    assert greedy == [naive_greedy(model, row, 7) for row in src]
     assert any(len(y) > 1 for y in greedy)  # the check compares real sequences
     beam1 = beam_search(model, src, beam=1, max_len=7)
     assert [h[0].tokens for h in beam1] == greedy

@@ -30,7 +30,6 @@ from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
 from transduce.inference.constrained import ConstrainedTrees
-from transduce.inference.search import searchable
 from transduce.inference.translator import Translator
 
 
@@ -71,7 +70,8 @@ class Parser:
         def n_words(ids: list[int]) -> int:  # SentencePiece starts every word with "▁"
             return sum(to_piece(i).startswith("▁") for i in ids)
 
-        wrapped = ConstrainedTrees(searchable(self.model), constraint, n_words, max_len_offset)
+        # around the plain Translator's engine: one snapshot of the weights, not two
+        wrapped = ConstrainedTrees(self.translator.decoding, constraint, n_words, max_len_offset)
         return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
 
     def parse(
