@@ -19,6 +19,7 @@ import transduce.training.trainer as trainer_module
 from transduce import checkpoint
 from transduce.errors import Diverged
 from transduce.training.guard import gradient_norm
+from transduce.training.metrics_log import MetricsLog
 from transduce.training.progress import Progress
 
 
@@ -130,3 +131,11 @@ def test_gradient_norm_is_the_total_norm_before_clipping(clip: float) -> None:
     factor = min(1.0, clip / want.item()) if clip else 1.0
     for p, g in zip(params, grads, strict=True):
         torch.testing.assert_close(p.grad, g * factor, rtol=1e-4, atol=1e-7)
+
+
+def test_metrics_jsonl_never_holds_a_bare_nan(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.write({"step": 1, "split": "valid", "valid_loss": math.nan, "bleu": math.inf,
+               "valid_ppl": 2.5, "position_accuracy": [1.0, 0.5]})  # fmt: skip
+    assert records(tmp_path) == [{"step": 1, "split": "valid", "valid_loss": "nan", "bleu": "inf",
+                                  "valid_ppl": 2.5, "position_accuracy": [1.0, 0.5]}]  # fmt: skip

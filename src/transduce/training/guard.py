@@ -66,16 +66,12 @@ def skip_reason(
     return None
 
 
-def json_number(value: float) -> float | str:
-    """``value`` for JSON: a finite float as it is, else ``"nan"``, ``"inf"`` or ``"-inf"``."""
-    return value if math.isfinite(value) else str(value)
-
-
 def skip_record(p: Progress, update: Update) -> dict[str, Any]:
-    """The ``metrics.jsonl`` record of a skipped update (the one after step ``p.step``)."""
+    """The ``metrics.jsonl`` record of a skipped update (the one after step ``p.step``; its
+    non-finite numbers become strings there, ``MetricsLog.write``)."""
     return {"step": p.step + 1, "split": "skipped", "epoch": p.epoch, "skipped": update.skipped,
-            "loss": json_number(update.loss), "grad_norm": json_number(update.grad_norm),
-            "bad_in_row": p.bad_in_row, "skipped_updates": p.skipped_updates}  # fmt: skip
+            "loss": update.loss, "grad_norm": update.grad_norm, "bad_in_row": p.bad_in_row,
+            "skipped_updates": p.skipped_updates}  # fmt: skip
 
 
 def count(p: Progress, update: Update) -> None:
@@ -122,5 +118,5 @@ def require_finite(tensors: Iterable[torch.Tensor], path: Path) -> None:
         raise Diverged(f"the weights hold inf or NaN: {path} was not written from them")
 
 
-__all__ = ["Update", "all_finite", "count", "gradient_norm", "json_number", "require_finite",
+__all__ = ["Update", "all_finite", "count", "gradient_norm", "require_finite",
            "skip_line", "skip_reason", "skip_record", "stop_if_diverged"]  # fmt: skip

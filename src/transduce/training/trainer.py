@@ -65,8 +65,6 @@ from transduce.training.validation import Validator, validate
 
 # The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
 Resegment = Callable[[int], Sequence[Pair]]
-
-
 StepCallback = Callable[[Progress], None]
 
 
@@ -104,14 +102,11 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._use_pairs(train_pairs)
         self.n_filtered = len(train_pairs) - len(self.pairs)
-        self.resegment = resegment
-        self.callbacks = tuple(callbacks)
+        self.resegment, self.callbacks = resegment, tuple(callbacks)
         self.allow_change = tuple(allow_change)
         self.signals = SignalWatch()  # a new one, installed, for each call of train()
         self._saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch) of the last save
-        self.valid_pairs = list(valid_pairs)
-        self.validator = validator
-        self.score_key = score_key
+        self.valid_pairs, self.validator, self.score_key = list(valid_pairs), validator, score_key
         # a bar on a terminal, else plain lines (training/report.py); rank 0 only
         self.shown = show_progress is not False and self.world.is_main
         self.display: TrainingDisplay | None = None  # made when training starts
@@ -173,8 +168,7 @@ class Trainer:
         saving.write_model_file(self.world, path, state, self.ckpt_dir)
         if self.world.is_main:
             checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
-        p = self.progress
-        self._saved_at = (p.step, p.epoch, p.batch_index)
+        self._saved_at = (self.progress.step, self.progress.epoch, self.progress.batch_index)
         return path
 
     def _resume(self) -> None:
