@@ -94,3 +94,18 @@ def test_resume_command_adds_resume_once() -> None:
     assert resume_command(["train", "--config", "a b.yaml", "--out", "r"]) == (
         "transduce train --config 'a b.yaml' --out r --resume")  # fmt: skip
     assert resume_command(["train", "--resume", "--out", "r"]) == "transduce train --resume --out r"
+
+
+def test_a_run_that_stops_at_that_step_anyway_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # early stopping decides at step 2, when the signal is acted on: a resume would not know
+    # it had stopped, so the run finishes instead (model.pt, exit code 0)
+    config = write_config(tmp_path / "c.yaml", max_steps=10, eval_every=1, patience=1)
+    with_callbacks(monkeypatch, at_step(1, sigterm))
+    run = tmp_path / "run"
+    code, err = cli(capsys, *train_args(config, run))
+    assert code == 0, err
+    assert (run / "model.pt").exists()
+    assert [p.name for p in checkpoint.step_checkpoints(run / "checkpoints")] == ["step_00000002.pt"]
+    assert checkpoint.load(run / "checkpoints" / "step_00000002.pt")["progress"]["bad_evals"] == 1

@@ -62,7 +62,8 @@ def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
 
 def train_parsing(
     cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
-    log: Log | None = None, callbacks: Sequence[StepCallback] = (), allow_change: Sequence[str] = (),
+    log: Log | None = None, callbacks: Sequence[StepCallback] = (),
+    allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """Train a parser on ``task.parse_data``'s train split, validating on dev; best.pt by F1."""
     task = cfg.task

@@ -400,14 +400,15 @@ def train(
     allowed_keys(allow_change)  # a UserError naming a key that does not exist
     if allow_change and not resume:
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
-    kwargs: dict[str, Any] = dict(resume=resume, show_progress=show_progress,
-                                  callbacks=callbacks, allow_change=allow_change)  # fmt: skip
     if cfg.task.name == "translation":
-        return train_translation(cfg, out_dir, **kwargs)
+        return train_translation(cfg, out_dir, resume=resume, show_progress=show_progress,
+                                 callbacks=callbacks, allow_change=allow_change)  # fmt: skip
     if cfg.task.name == "parsing":
         from transduce.training.parsing_run import (
             train_parsing,  # it imports this module
         )
 
-        return train_parsing(cfg, out_dir, **kwargs)
-    return train_synthetic(cfg, out_dir, **kwargs)
+        return train_parsing(cfg, out_dir, resume=resume, show_progress=show_progress,
+                             callbacks=callbacks, allow_change=allow_change)  # fmt: skip
+    return train_synthetic(cfg, out_dir, resume=resume, show_progress=show_progress,
+                           callbacks=callbacks, allow_change=allow_change)  # fmt: skip

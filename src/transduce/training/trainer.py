@@ -226,7 +226,9 @@ class Trainer:
         sums = self._backward(group, self.world.size / n_tokens)
         self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to measure and clip
         norm = guard.gradient_norm(list(self.model.parameters()), t.clip_norm)
-        local = torch.cat([sums.flatten(), norm.reshape(1).to(sums.dtype)]).to("cpu", torch.float64)
+        dtype = torch.promote_types(sums.dtype, norm.dtype)
+        local = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
+        local = local.to("cpu", torch.float64)  # the one read of the device
         loss, nll = local[:-1].view(-1, 2).sum(0).tolist()
         grad_norm = local[-1].item()  # equal on every rank: DDP's gradients are
         bad = not math.isfinite(loss + nll + grad_norm)
@@ -347,7 +349,7 @@ class Trainer:
                         self.save()
                 for callback in self.callbacks:
                     callback(p)
-                if update.signalled:
+                if update.signalled and reason is None:  # (a run that stops anyway finishes)
                     self._preempt()
                 reason = reason or self._should_stop(started, base_elapsed)
             if p.batch_index >= len(batches):
