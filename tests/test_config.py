@@ -140,7 +140,7 @@ def test_literal_values_are_validated(key: str, bad: str) -> None:
      ("max_len_offset", -1), ("patience", -2), ("bpe_dropout", 1.0), ("bpe_dropout", -0.1),
      ("weight_decay", -0.01), ("alpha", 10.5), ("max_len_offset", 10_001),
      ("dropout", float("nan")), ("max_minutes", float("inf")), ("lr_factor", "nan"),
-     ("alpha", "-inf")],
+     ("alpha", "-inf"), ("max_bad_updates", 0)],
 )  # fmt: skip
 def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
     with pytest.raises(UserError, match=key):

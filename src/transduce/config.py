@@ -109,6 +109,10 @@ class TrainConfig(_Section):
     # decoupled (AdamW) on matrices, per step p -= lr * weight_decay * p; 0 = none, the paper
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # 0 = no gradient clipping
+    # an update whose loss or gradient norm is not finite is skipped (training/guard.py); this
+    # many skipped in a row stop the run (exit code 3). At least 1: skipping forever, the step
+    # counter never reaching max_steps, would never end
+    max_bad_updates: int = 20
     max_tokens: int = 4096  # source+target-padded tokens per batch (max of the two)
     update_freq: int = 1  # batches accumulated per optimizer step
     max_len: int = 256  # training pairs with a longer side are dropped
@@ -135,7 +139,7 @@ class TrainConfig(_Section):
     def _check(self) -> None:
         _positive(
             self, "warmup", "max_tokens", "update_freq", "max_len", "max_steps", "keep_last",
-            "log_every", "save_every", "valid_beam",
+            "log_every", "save_every", "valid_beam", "max_bad_updates",
         )  # fmt: skip
         _not_negative(
             self, "max_epochs", "max_minutes", "eval_every", "patience", "average_last",

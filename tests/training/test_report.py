@@ -23,7 +23,8 @@ from transduce.training.run import encode_pairs
 from transduce.training.trainer import Trainer
 
 STEP = re.compile(
-    r"^step=(\d+) epoch=(\d+) loss=\d+\.\d{4} ppl=\d+\.\d{2} lr=\d\.\d{3}e[-+]\d\d tok/s=\d+ "
+    r"^step=(\d+) epoch=(\d+) loss=\d+\.\d{4} ppl=\d+\.\d{2} lr=\d\.\d{3}e[-+]\d\d "
+    r"gnorm=\d+\.\d{3} tok/s=\d+ "
     r"elapsed=\d+:\d\d:\d\d eta=(\d+:\d\d:\d\d|\?)$"
 )
 VALID = re.compile(
@@ -41,12 +42,14 @@ class FakeStream(io.StringIO):
 
 
 def test_step_line_has_the_fields_in_order() -> None:
-    line = step_line(step=120, epoch=2, loss=3.45612, ppl=31.7, lr=1.2345e-4, tokens_per_s=4520.4,
-                     elapsed=83.2, eta=725.0)  # fmt: skip
-    assert line == ("step=120 epoch=2 loss=3.4561 ppl=31.70 lr=1.234e-04 tok/s=4520 "
+    line = step_line(step=120, epoch=2, loss=3.45612, ppl=31.7, lr=1.2345e-4, grad_norm=0.81234,
+                     tokens_per_s=4520.4, elapsed=83.2, eta=725.0)  # fmt: skip
+    assert line == ("step=120 epoch=2 loss=3.4561 ppl=31.70 lr=1.234e-04 gnorm=0.812 tok/s=4520 "
                     "elapsed=0:01:23 eta=0:12:05")  # fmt: skip
-    assert step_line(step=1, epoch=0, loss=1, ppl=2, lr=0, tokens_per_s=0, elapsed=0,
+    assert step_line(step=1, epoch=0, loss=1, ppl=2, lr=0, grad_norm=1, tokens_per_s=0, elapsed=0,
                      eta=None).endswith("elapsed=0:00:00 eta=?")  # fmt: skip
+    assert step_line(step=1, epoch=0, loss=1, ppl=2, lr=0, grad_norm=1, tokens_per_s=0, elapsed=0,
+                     eta=None, skipped=3).endswith("eta=? skipped=3")  # fmt: skip
 
 
 def test_valid_line_names_loss_ppl_then_the_tasks_metrics() -> None:

@@ -230,8 +230,13 @@ def test_accumulated_group_equals_one_concatenated_batch(tmp_path: Path) -> None
 
         trainer.optimizer.step = capture  # type: ignore[method-assign]
 
-    loss_a, nll_a, n_a = a._update([collate(first), collate(second)])
-    loss_b, nll_b, n_b = b._update([joined])
+    ua, ub = a._update([collate(first), collate(second)]), b._update([joined])
+    loss_a, nll_a, n_a = ua.loss, ua.nll, ua.tokens
+    loss_b, nll_b, n_b = ub.loss, ub.nll, ub.tokens
+    # the gradient norm (before any clipping) is that of the reference's gradients
+    ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in ref_grads.values()]))
+    assert ua.grad_norm == pytest.approx(ref_norm.item(), rel=1e-5)
+    assert ua.skipped is None and ub.skipped is None
     assert n_a == n_b == joined.n_tokens == sums.n_tokens
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     assert loss_b == pytest.approx(sums.loss.item() / sums.n_tokens, rel=1e-6)
@@ -469,9 +474,12 @@ def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> No
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
     before = copy.deepcopy(trainer.model.state_dict())
     batch = collate(trainer.pairs[:8])
-    loss, _, _ = trainer._update([batch])
-    assert 0 < loss < 10  # the reported loss is the unscaled one
+    adam_before = copy.deepcopy(trainer.optimizer.state_dict())
+    update = trainer._update([batch])
+    assert 0 < update.loss < 10  # the reported loss is the unscaled one
+    assert update.skipped is not None and "gradient norm" in update.skipped
     assert _same_state(before, trainer.model.state_dict())
+    assert trainer.optimizer.state_dict() == adam_before  # Adam's state untouched too
     assert trainer.scaler.get_scale() == 2.0**99  # halved
     trainer.scaler = torch.amp.GradScaler("cpu")  # a sane scale: now the weights move
     trainer._update([batch])

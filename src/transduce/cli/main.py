@@ -3,7 +3,9 @@
 User errors (``UserError``, and ``OSError``s such as a file name too long) print one line
 ``transduce: error: ...`` and exit with code 2; so do argument errors (argparse's own usage
 message would be two or more lines: the usage, then the error; here it is one line naming the
-subcommand's ``--help``).
+subcommand's ``--help``). A training run that stops itself (``RunStopped``: diverged, preempted,
+a full disk) prints ``transduce: stopped: ...`` and exits with its own code (3, 143, 74); a
+preempted one also prints the command that resumes it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from transduce.cli import (
     training_commands,
     translation_commands,
 )
-from transduce.errors import UserError
+from transduce.errors import Preempted, RunStopped, UserError
 
 # Each module adds its subcommands with register(subparsers).
 COMMAND_MODULES = [
@@ -73,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("transduce: error: an argument contains a NUL character", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
     if not args.no_malloc_tuning:
         from transduce.runtime import enlarge_onednn_cache, tune_malloc
 
@@ -83,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"transduce: error: {one_line(str(e))}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        print(f"transduce: stopped: {one_line(str(e))}", file=sys.stderr)
+        if isinstance(e, Preempted):
+            from transduce.training.preemption import resume_command
+
+            print(f"transduce: resume with: {resume_command(given)}", file=sys.stderr)
+        return e.exit_code
     except OSError as e:  # what the system says of a path or a device (a name too long, ...)
         where = f"{e.filename}: " if e.filename else ""
         print(f"transduce: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)

@@ -35,7 +35,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         train,  # imports torch: after the config is known good
     )
 
-    summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet)
+    summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet,
+                    allow_change=args.allow_change)  # fmt: skip
     # not after an error: a rank that failed would wait for the others here, and they may never
     # come (torchrun ends the job when this process exits instead)
     distributed.shutdown()
@@ -91,6 +92,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="YAML or TOML (.toml) file (see configs/)")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument(
+        "--allow-change", action="append", default=[], metavar="KEY",
+        help="with --resume: let config key KEY differ from the run's (repeatable; the budget, "
+        "stopping rules, *_every keys, device, validation and decoding may change without it)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_set(p)
     p.set_defaults(func=_cmd_train)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from transduce.device import resolve_device
 
@@ -82,6 +84,17 @@ def all_gather_objects(obj: T, world: World) -> list[T]:
     out: list[T] = [None] * world.size  # type: ignore[list-item]
     dist.all_gather_object(out, obj)
     return out
+
+
+def wrap(model: torch.nn.Module, world: World) -> DistributedDataParallel | None:
+    """``model`` under DistributedDataParallel when there are several ranks, else None."""
+    if not world.distributed:
+        return None
+    # The only buffers (sinusoid tables) are equal on every rank: no need to sync them each
+    # step. Newer torch renames the option; the old name still works there.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return DistributedDataParallel(model, broadcast_buffers=False)
 
 
 def barrier(world: World) -> None:

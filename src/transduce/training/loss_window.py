@@ -13,32 +13,41 @@ from dataclasses import dataclass, field
 
 @dataclass
 class LossWindow:
-    """Sums of loss and NLL (per-token means times tokens) since the window started."""
+    """Sums of loss and NLL (per-token means times tokens) and of the updates' gradient norms
+    since the window started."""
 
     tokens: int = 0
     loss: float = 0.0
     nll: float = 0.0
+    updates: int = 0
+    grad_norm: float = 0.0
     start: float = field(default_factory=time.monotonic)
 
-    def add(self, loss: float, nll: float, n_tokens: int) -> None:
-        """One update's mean loss and NLL per token over its ``n_tokens`` target tokens."""
+    def add(self, loss: float, nll: float, n_tokens: int, grad_norm: float) -> None:
+        """One update's mean loss and NLL per token over its ``n_tokens`` target tokens, and
+        its gradient norm."""
         self.tokens += n_tokens
         self.loss += loss * n_tokens
         self.nll += nll * n_tokens
+        self.updates += 1
+        self.grad_norm += grad_norm
 
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` (a validation) out of the window's training time."""
         self.start += seconds
 
     def report(self) -> dict[str, float]:
-        """``loss``, ``nll``, ``ppl`` and ``tokens_per_s`` of the window; then a new window."""
+        """``loss``, ``nll``, ``ppl``, ``tokens_per_s`` and ``grad_norm`` (the mean over its
+        updates) of the window; then a new window."""
         now = time.monotonic()
         n = max(self.tokens, 1)
         out = {
             "loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50.0)),
             "tokens_per_s": self.tokens / max(now - self.start, 1e-9),
+            "grad_norm": self.grad_norm / max(self.updates, 1),
         }  # fmt: skip
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, now
+        self.updates, self.grad_norm = 0, 0.0
         return out
 
 

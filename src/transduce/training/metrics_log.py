@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ class MetricsLog:
             self._writer = None
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record``; a number that is not finite is written as the string ``"nan"``,
+        ``"inf"`` or ``"-inf"``: a bare ``NaN`` is not JSON, and readers of it would choke."""
+        record = {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+                  for k, v in record.items()}  # fmt: skip
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._writer is not None:

@@ -3,7 +3,6 @@ separate vocabularies (word pieces in, bracket tokens out), validation by EVALB 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
 def train_parsing(
     cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
     log: Log | None = None, callbacks: Sequence[StepCallback] = (),
+    allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """Train a parser on ``task.parse_data``'s train split, validating on dev; best.pt by F1."""
     task = cfg.task
@@ -90,14 +90,10 @@ def train_parsing(
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, src_vocab_size=len(vocab.source),
                         tgt_vocab_size=len(vocab.target))  # fmt: skip
-    out = Path(out_dir)
-    if world.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
-        cfg, model, vocab, train_pairs, run_dir=out, valid_pairs=dev_pairs,
+        cfg, model, vocab, train_pairs, run_dir=Path(out_dir), valid_pairs=dev_pairs,
         validator=f1_validator(cfg, vocab, dev_words, dev_trees), score_key="f1",
-        resume=resume, show_progress=show_progress, callbacks=callbacks,
+        resume=resume, show_progress=show_progress, callbacks=callbacks, allow_change=allow_change,
     )  # fmt: skip
     summary = trainer.train()
     return {**summary, "train_sentences": len(train_words), "dev_sentences": len(dev_words)}

@@ -91,7 +91,7 @@ def _validation(
 
 def train_prepared(
     cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
-    log: Log, callbacks: Sequence[StepCallback] = (),
+    log: Log, callbacks: Sequence[StepCallback] = (), allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """Train a translation model on the prepared folder ``task.prepared`` into ``out_dir``;
     the Trainer's summary plus the data counts."""
@@ -109,11 +109,10 @@ def train_prepared(
     torch.manual_seed(cfg.train.seed)
     src_size, tgt_size = vocab_sizes(vocab)
     model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
-    if world.is_main:
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
         cfg, model, vocab, train, run_dir=out, valid_pairs=valid_pairs, validator=validator,
         score_key="bleu", resume=resume, show_progress=show_progress, callbacks=callbacks,
+        allow_change=allow_change,
     )  # fmt: skip
     if trainer.n_filtered:
         log(f"train: {trainer.n_filtered} pairs longer than max_len={cfg.train.max_len} "

@@ -1,11 +1,12 @@
 """The plain progress lines of a run without a terminal (nohup, cron, SLURM, CI), on stderr:
 
-    step=120 epoch=0 loss=3.4561 ppl=21.34 lr=1.234e-04 tok/s=4520 elapsed=0:01:23 eta=0:12:05
+    step=120 epoch=0 loss=3.4561 ppl=21.34 lr=1.234e-04 gnorm=0.812 tok/s=4520 elapsed=0:01:23 eta=0:12:05
     valid step=500 loss=2.8812 ppl=12.01 bleu=21.37 chrf=45.12
 
-one every ``log_every`` steps (the numbers of ``metrics.jsonl``'s record: the loss and
-perplexity since the previous line) and one per validation (its loss and perplexity, then the
-task's metrics: BLEU and chrF, or accuracy). ``eta`` is the time left in the budget: to
+one every ``log_every`` steps (the numbers of ``metrics.jsonl``'s record: the loss, perplexity
+and mean gradient norm since the previous line, then ``skipped=N`` once updates were skipped,
+training/guard.py) and one per validation (its loss and perplexity, then the task's metrics:
+BLEU and chrF, or accuracy). ``eta`` is the time left in the budget: to
 ``max_steps`` at this process's pace so far, or to ``max_minutes``, whichever ends first.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from tqdm import tqdm
 
@@ -21,7 +23,8 @@ from transduce.config import TrainConfig
 from transduce.console import duration, is_terminal
 from transduce.training.progress import Progress
 
-__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "step_line", "valid_line"]
+__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "step_line", "step_record",
+           "valid_line"]  # fmt: skip
 
 # validation keys shown under shorter names, first; the rest follow in their order
 _VALID_NAMES = {"valid_loss": "loss", "valid_ppl": "ppl"}
@@ -43,11 +46,30 @@ def eta_seconds(
 
 
 def step_line(
-    *, step: int, epoch: int, loss: float, ppl: float, lr: float, tokens_per_s: float,
-    elapsed: float, eta: float | None,
+    *, step: int, epoch: int, loss: float, ppl: float, lr: float, grad_norm: float,
+    tokens_per_s: float, elapsed: float, eta: float | None, skipped: int = 0,
 ) -> str:  # fmt: skip
-    return (f"step={step} epoch={epoch} loss={loss:.4f} ppl={ppl:.2f} lr={lr:.3e} "
-            f"tok/s={tokens_per_s:.0f} elapsed={duration(elapsed)} eta={duration(eta)}")  # fmt: skip
+    line = (f"step={step} epoch={epoch} loss={loss:.4f} ppl={ppl:.2f} lr={lr:.3e} "
+            f"gnorm={grad_norm:.3f} tok/s={tokens_per_s:.0f} elapsed={duration(elapsed)} "
+            f"eta={duration(eta)}")  # fmt: skip
+    return f"{line} skipped={skipped}" if skipped else line
+
+
+def step_record(
+    p: Progress, stats: Mapping[str, float], lr: float, loss_scale: float | None
+) -> dict[str, Any]:
+    """The ``metrics.jsonl`` record of a log step: the window's numbers (``LossWindow.report``),
+    the rate, the skipped updates so far if any, fp16's loss scale if any."""
+    record: dict[str, Any] = {
+        "step": p.step, "epoch": p.epoch, "loss": stats["loss"], "nll": stats["nll"],
+        "ppl": stats["ppl"], "lr": lr, "grad_norm": stats["grad_norm"],
+        "tokens_per_s": stats["tokens_per_s"], "elapsed": p.elapsed,
+    }  # fmt: skip
+    if p.skipped_updates:
+        record["skipped_updates"] = p.skipped_updates
+    if loss_scale is not None:
+        record["loss_scale"] = loss_scale
+    return record
 
 
 def _number(value: object) -> str:
@@ -99,7 +121,10 @@ class TrainingDisplay:
         """A log step's loss, perplexity and tokens/s (``LossWindow.report``) at rate ``lr``."""
         t, p = self.t, self.p
         postfix = {"loss": f"{stats['loss']:.3f}", "lr": f"{lr:.2e}",
+                   "gnorm": f"{stats['grad_norm']:.3f}",
                    "tok_s": f"{stats['tokens_per_s']:.0f}"}  # fmt: skip
+        if p.skipped_updates:
+            postfix["skipped"] = str(p.skipped_updates)
         if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
             postfix["left"] = f"{max(t.max_minutes - p.elapsed / 60, 0.0):.1f}m"
         self.bar.set_postfix(postfix)
@@ -108,13 +133,22 @@ class TrainingDisplay:
             eta = eta_seconds(p, t, steps_here=p.step - first_step,
                               seconds_here=time.monotonic() - first_time)  # fmt: skip
             line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
-                             lr=lr, tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed,
-                             eta=eta)  # fmt: skip
+                             lr=lr, grad_norm=stats["grad_norm"],
+                             tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed, eta=eta,
+                             skipped=p.skipped_updates)  # fmt: skip
             print(line, file=sys.stderr, flush=True)
 
     def validated(self, metrics: Mapping[str, object]) -> None:
         if self.plain and metrics:  # (no validation data: nothing to say)
             print(valid_line(self.p.step, metrics), file=sys.stderr, flush=True)
+
+    def note(self, line: str) -> None:
+        """A line that must be seen whatever the display (a skipped update): above the bar on a
+        terminal, else on stderr, even when progress is silenced."""
+        if not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def advance(self) -> None:
         self.bar.update(1)

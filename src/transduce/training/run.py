@@ -8,7 +8,6 @@ a Transformer trained with validation loss, perplexity and BLEU.
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from transduce.evaluation.accuracy import (
 )
 from transduce.inference.search import predict_ids, searchable
 from transduce.training import distributed
+from transduce.training.config_change import allowed_keys
 from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def train_synthetic(
     resume: bool = False,
     show_progress: bool | None = None,
     callbacks: Sequence[StepCallback] = (),
+    allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train on the synthetic task of ``cfg.task``; returns the Trainer's summary."""
     if not isinstance(cfg.task, SyntheticTaskConfig):
@@ -82,23 +83,19 @@ def train_synthetic(
     valid = encode_pairs(task.vocab, task.valid)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, src_vocab_size=len(task.vocab))
-    out = Path(out_dir)
-    world, _ = distributed.init_from_env(cfg.train.device)
-    if world.is_main:  # only rank 0 writes (the Trainer too)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
         cfg,
         model,
         task.vocab,
         train,
-        run_dir=out,
+        run_dir=Path(out_dir),
         valid_pairs=valid,
         validator=accuracy_validator(cfg, valid),
         score_key="seq_accuracy",
         resume=resume,
         show_progress=show_progress,
         callbacks=callbacks,
+        allow_change=allow_change,
     )
     return trainer.train()
 
@@ -307,6 +304,7 @@ def train_translation(
     show_progress: bool | None = None,
     log: Log | None = None,
     callbacks: Sequence[StepCallback] = (),
+    allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train a translation model on the files of ``cfg.task`` into ``out_dir``.
 
@@ -328,7 +326,7 @@ def train_translation(
         )
 
         return train_prepared(cfg, out_dir, resume=resume, show_progress=show_progress, log=log,
-                              callbacks=callbacks)  # fmt: skip
+                              callbacks=callbacks, allow_change=allow_change)  # fmt: skip
     if not cfg.task.train_src or not cfg.task.train_tgt:
         raise UserError(
             "task translation needs task.train_src and task.train_tgt (the training files)"
@@ -362,8 +360,6 @@ def train_translation(
     torch.manual_seed(cfg.train.seed)
     src_size, tgt_size = vocab_sizes(vocab)
     model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
-    if world.is_main:
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     trainer = Trainer(
         cfg,
         model,
@@ -377,6 +373,7 @@ def train_translation(
         show_progress=show_progress,
         resegment=bpe_dropout_pairs(cfg, vocab, train_text),
         callbacks=callbacks,
+        allow_change=allow_change,
     )
     if trainer.n_filtered:
         log(
@@ -394,22 +391,24 @@ def train(
     resume: bool = False,
     show_progress: bool | None = None,
     callbacks: Sequence[StepCallback] = (),
+    allow_change: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train whatever ``cfg.task`` names: translation files, parsing (``training.parsing_run``)
-    or a synthetic task. ``callbacks``
-    are called with the run's progress after every update."""
+    or a synthetic task. ``callbacks`` are called with the run's progress after every update.
+    ``allow_change``: with ``resume``, config keys that may differ from the run's beyond those
+    free to (``training/config_change.py``); checked here, before any data is read."""
+    allowed_keys(allow_change)  # a UserError naming a key that does not exist
+    if allow_change and not resume:
+        raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
     if cfg.task.name == "translation":
-        return train_translation(
-            cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
-        )
+        return train_translation(cfg, out_dir, resume=resume, show_progress=show_progress,
+                                 callbacks=callbacks, allow_change=allow_change)  # fmt: skip
     if cfg.task.name == "parsing":
         from transduce.training.parsing_run import (
             train_parsing,  # it imports this module
         )
 
-        return train_parsing(
-            cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
-        )
-    return train_synthetic(
-        cfg, out_dir, resume=resume, show_progress=show_progress, callbacks=callbacks
-    )
+        return train_parsing(cfg, out_dir, resume=resume, show_progress=show_progress,
+                             callbacks=callbacks, allow_change=allow_change)  # fmt: skip
+    return train_synthetic(cfg, out_dir, resume=resume, show_progress=show_progress,
+                           callbacks=callbacks, allow_change=allow_change)  # fmt: skip

@@ -15,22 +15,26 @@ be on storage that every rank sees.
 
 Progress shows as a bar on a terminal and as plain lines without one (``training/report.py``);
 ``show_progress=False`` (``--quiet``) silences both.
+
+Protections: non-finite updates skipped, too many in a row stop the run (``training/guard.py``);
+SIGTERM/SIGINT stop it with a resumable checkpoint (``training/preemption.py``); a resume with
+another config is refused (``training/config_change.py``); a full disk stops every rank cleanly
+(``training/saving.py``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from transduce import checkpoint
 from transduce.architectures import Seq2Seq
@@ -44,26 +48,23 @@ from transduce.data.batching import (
     token_batch_arrays,
 )
 from transduce.data.vocab import PAD, Vocab
-from transduce.errors import UserError
-from transduce.training import distributed
+from transduce.errors import Preempted, UserError
+from transduce.training import config_change, distributed, guard, saving
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.loss_window import LossWindow
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
-from transduce.training.progress import Progress, budget_spent, stop_reason
-from transduce.training.report import TrainingDisplay, announcement
+from transduce.training.preemption import SignalWatch, stopped_message
+from transduce.training.progress import Progress, after_validation, should_stop
+from transduce.training.report import TrainingDisplay, announcement, step_record
 from transduce.training.resume import load_training_state, restore_position
 from transduce.training.rng import rng_state, seed_all
 from transduce.training.schedule import cooldown, rate
-from transduce.training.validation import validation_loss
+from transduce.training.validation import Validator, validate
 
-# The task's validation metrics: numbers, or lists of numbers (accuracy per answer position)
-Validator = Callable[[Seq2Seq], dict[str, Any]]
 # The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
 Resegment = Callable[[int], Sequence[Pair]]
-
-
 StepCallback = Callable[[Progress], None]
 
 
@@ -85,11 +86,14 @@ class Trainer:
         show_progress: bool | None = None,
         resegment: Resegment | None = None,
         callbacks: Sequence[StepCallback] = (),
+        allow_change: Sequence[str] = (),
     ) -> None:
         """``resegment``, when given, supplies each epoch's training pairs in place of
         ``train_pairs`` (which still decide ``n_filtered``); it must return the same pairs for the
         same epoch, on every rank and after a resume, so that batches can be recomputed.
-        ``callbacks`` are called with the progress after every update (and its checkpoint)."""
+        ``callbacks`` are called with the progress after every update (and its checkpoint), or
+        after every skipped one. ``allow_change``: config keys that a resume may change beyond
+        those that change neither the model nor the data (``training/config_change.py``)."""
         self.cfg, self.model, self.vocab = cfg, model, vocab
         t = cfg.train
         self.world, self.device = distributed.init_from_env(t.device)
@@ -98,11 +102,11 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._use_pairs(train_pairs)
         self.n_filtered = len(train_pairs) - len(self.pairs)
-        self.resegment = resegment
-        self.callbacks = tuple(callbacks)
-        self.valid_pairs = list(valid_pairs)
-        self.validator = validator
-        self.score_key = score_key
+        self.resegment, self.callbacks = resegment, tuple(callbacks)
+        self.allow_change = tuple(allow_change)
+        self.signals = SignalWatch()  # a new one, installed, for each call of train()
+        self._saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch) of the last save
+        self.valid_pairs, self.validator, self.score_key = list(valid_pairs), validator, score_key
         # a bar on a terminal, else plain lines (training/report.py); rank 0 only
         self.shown = show_progress is not False and self.world.is_main
         self.display: TrainingDisplay | None = None  # made when training starts
@@ -122,13 +126,9 @@ class Trainer:
             self._resume()
         elif self.world.is_main:
             self.log.reset()
-        self.ddp = None
-        if self.world.distributed:
-            # The only buffers (sinusoid tables) are equal on every rank: no need to sync them
-            # each step. Newer torch renames the option; the old name still works there.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                self.ddp = DistributedDataParallel(self.model, broadcast_buffers=False)
+        if self.world.is_main:  # after the resume's config check: a refused config is not kept
+            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        self.ddp = distributed.wrap(self.model, self.world)
 
     def _use_pairs(self, pairs: Sequence[Pair]) -> None:
         """Train on ``pairs`` from now on, less those longer than max_len: chosen by their
@@ -148,11 +148,8 @@ class Trainer:
     # --- state --------------------------------------------------------------------------------
 
     def _model_state(self) -> dict[str, Any]:
-        return {
-            "config": self.cfg.to_dict(),
-            "vocab": self.vocab.to_dict(),
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-        }
+        model = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return {"config": self.cfg.to_dict(), "vocab": self.vocab.to_dict(), "model": model}
 
     def save(self) -> Path:
         """Write ``checkpoints/step_N.pt`` with everything needed to resume; prune old ones.
@@ -161,23 +158,25 @@ class Trainer:
         """
         rngs = distributed.all_gather_objects(rng_state(self.device), self.world)
         path = checkpoint.step_path(self.ckpt_dir, self.progress.step)
+
+        def state() -> dict[str, Any]:
+            return {**self._model_state(), "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict(),  # {} unless fp16
+                    "progress": vars(self.progress).copy(), "rng": rngs[0],
+                    "rng_ranks": rngs}  # fmt: skip
+
+        saving.write_model_file(self.world, path, state, self.ckpt_dir)
         if self.world.is_main:
-            state = self._model_state()
-            state.update(
-                optimizer=self.optimizer.state_dict(),
-                scaler=self.scaler.state_dict(),  # {} unless fp16
-                progress=vars(self.progress).copy(),
-                rng=rngs[0],
-                rng_ranks=rngs,
-            )
-            checkpoint.save(state, path)
             checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
-        distributed.barrier(self.world)
+        self._saved_at = (self.progress.step, self.progress.epoch, self.progress.batch_index)
         return path
 
     def _resume(self) -> None:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
+        change = config_change.check_resume(state["config"], self.cfg, self.allow_change, path)
+        if change and self.world.is_main:
+            print(f"transduce: {change}", file=sys.stderr)
         load_training_state(state, path, self.model, self.optimizer, self.scaler)
         self.progress = restore_position(state, path, self.world, self.cfg.train.seed, self.device)
         if self.world.is_main:
@@ -189,24 +188,11 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
 
-    def _update(self, group: list[Batch]) -> tuple[float, float, int]:
-        """Forward/backward over ``group`` (update_freq batches), then one Adam step.
-
-        The loss is normalised by the target tokens of the whole group on all ranks, so
-        accumulating k batches, or spreading them over k ranks, gives the same update as one
-        batch holding all of them. Returns the update's mean loss and NLL per token (over all
-        ranks) and the number of target tokens.
-        """
-        t = self.cfg.train
-        self.model.train()
+    def _backward(self, group: list[Batch], scale: float) -> torch.Tensor:
+        """Forward and backward over the batches of ``group``, each loss times ``scale``; their
+        (loss, NLL) sums as a (batches, 2) tensor on the device, unread (reading a GPU's number
+        waits for all its queued work)."""
         net = self.ddp if self.ddp is not None else self.model
-        (n_tokens,) = distributed.all_reduce_sum(
-            [sum(b.n_tokens for b in group)], self.world, self.device
-        )
-        # DDP averages gradients over ranks; scaling by the world size makes that a sum.
-        scale = self.world.size / n_tokens
-        # (loss, NLL) of each batch, read once per update: reading a GPU's number waits for
-        # all its queued work
         sums_per_batch: list[torch.Tensor] = []
         for i, batch in enumerate(group):
             batch = batch.to(self.device)
@@ -216,99 +202,110 @@ class Trainer:
                 with autocast(self.precision, self.device):
                     logits = net(batch.src, batch.tgt_in)
                 sums = label_smoothed_nll(
-                    logits, batch.tgt_out, epsilon=t.label_smoothing, ignore_index=PAD
+                    logits, batch.tgt_out, epsilon=self.cfg.train.label_smoothing, ignore_index=PAD
                 )
                 self.scaler.scale(sums.loss * scale).backward()
             sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
-        local = torch.stack(sums_per_batch).to("cpu", torch.float64).sum(0).tolist()
-        loss_sum, nll_sum = distributed.all_reduce_sum(local, self.world, self.device)
-        if t.clip_norm > 0:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        return torch.stack(sums_per_batch)
+
+    def _update(self, group: list[Batch]) -> guard.Update:
+        """Forward/backward over ``group`` (update_freq batches), then one Adam step unless the
+        loss or the gradient norm is not finite (``training/guard.py``).
+
+        The loss is normalised by the target tokens of the whole group on all ranks, so
+        accumulating k batches, or spreading them over k ranks, gives the same update as one
+        batch holding all of them. The losses, the gradient norm, whether to skip and whether a
+        stop signal came are read from the device and summed over the ranks once.
+        """
+        t = self.cfg.train
+        self.model.train()
+        (n_tokens,) = distributed.all_reduce_sum(
+            [sum(b.n_tokens for b in group)], self.world, self.device
+        )
+        # DDP averages gradients over ranks; scaling by the world size makes that a sum.
+        sums = self._backward(group, self.world.size / n_tokens)
+        self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to measure and clip
+        norm = guard.gradient_norm(list(self.model.parameters()), t.clip_norm)
+        dtype = torch.promote_types(sums.dtype, norm.dtype)
+        local = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
+        local = local.to("cpu", torch.float64)  # the one read of the device
+        loss, nll = local[:-1].view(-1, 2).sum(0).tolist()
+        grad_norm = local[-1].item()  # equal on every rank: DDP's gradients are
+        bad = not math.isfinite(loss + nll + grad_norm)
+        loss, nll, bad_ranks, signalled = distributed.all_reduce_sum(
+            [loss, nll, float(bad), float(self.signals.received)], self.world, self.device
+        )
+        if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()  # fp16: the scale halves after an overflow, as it always did
+            why = guard.skip_reason(loss, grad_norm, bad_ranks, scale)
+            return guard.Update(loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, why,
+                                signalled > 0)  # fmt: skip
         lr = rate(
             self.progress.step + 1, d_model=self.cfg.model.d_model, warmup=t.warmup, factor=t.lr_factor
         ) * cooldown(self._budget_done, fraction=t.cooldown)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self.scaler.step(self.optimizer)  # optimizer.step(), skipped on inf/NaN under fp16
+        self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum / n_tokens, nll_sum / n_tokens, int(n_tokens)
+        return guard.Update(loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, None,
+                            signalled > 0)  # fmt: skip
 
     # --- validation -----------------------------------------------------------------------------
 
-    def validate(self) -> dict[str, float]:
+    def validate(self) -> dict[str, Any]:
         """Validation loss and perplexity, plus the task's own metrics from ``validator``."""
-        self.model.eval()
-        out: dict[str, float] = {}
-        if self.valid_pairs:
-            out.update(validation_loss(
-                self.model, self.valid_pairs, max_tokens=self.cfg.train.max_tokens,
-                label_smoothing=self.cfg.train.label_smoothing, device=self.device,
-            ))  # fmt: skip
-        if self.validator is not None:
-            out.update(self.validator(self.model))
-        return out
+        return validate(self.model, self.valid_pairs, self.validator, self.cfg.train, self.device)
 
     def _validate_and_decide(self) -> tuple[dict[str, float], str | None]:
         """Rank 0 validates, logs, keeps best.pt and decides on early stopping; all ranks
         learn the decision (validating on every rank could disagree on a GPU and hang)."""
         metrics: dict[str, float] = {}
-        reason = None
+        reason, best = None, False
         if self.world.is_main:
             started = time.monotonic()
             metrics = self.validate()
             self._log({"step": self.progress.step, "split": "valid", **metrics,
                        "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
-            reason = self._after_validation(metrics)
+            reason, best = after_validation(self.progress, self.cfg.train, metrics, self.score_key)
             if self.display is not None:
                 self.display.validated(metrics)
         self.progress.last_valid_step = self.progress.step
-        metrics, reason = distributed.all_gather_objects((metrics, reason), self.world)[0]
+        metrics, reason, best = distributed.all_gather_objects(
+            (metrics, reason, best), self.world
+        )[0]
+        if best:
+            saving.write_model_file(self.world, self.run_dir / "best.pt", self._model_state,
+                                    self.ckpt_dir)  # fmt: skip
         return metrics, reason
 
     # --- the loop -------------------------------------------------------------------------------
 
     def _should_stop(self, started: float, base_elapsed: float) -> str | None:
         """Why to stop now, or None; also updates the share of the budget spent."""
-        minutes = 0.0
-        if self.cfg.train.max_minutes:
-            # Clocks differ between ranks: all use the mean, so that all stop together and
-            # take the same learning rate.
-            elapsed = base_elapsed + time.monotonic() - started
-            (total,) = distributed.all_reduce_sum([elapsed], self.world, self.device)
-            minutes = total / self.world.size / 60
-        self._budget_done = budget_spent(self.progress, self.cfg.train, minutes)
-        return stop_reason(self.progress, self.cfg.train, minutes)
+        elapsed = base_elapsed + time.monotonic() - started
+        reason, self._budget_done = should_stop(self.progress, self.cfg.train, elapsed,
+                                                self.world, self.device)  # fmt: skip
+        return reason
 
-    def _after_validation(self, metrics: dict[str, float]) -> str | None:
-        t, p = self.cfg.train, self.progress
-        score = metrics.get(self.score_key, -math.inf)
-        if score > p.best_score:
-            p.best_score, p.bad_evals = score, 0
-            checkpoint.save(self._model_state(), self.run_dir / "best.pt")
-        else:
-            p.bad_evals += 1
-        if t.patience and p.bad_evals >= t.patience:
-            return "early_stopping"
-        if t.target_seq_accuracy and metrics.get("seq_accuracy", 0.0) >= t.target_seq_accuracy:
-            return "target_seq_accuracy"
-        return None
-
-    def _announce(self) -> None:
+    def train(self) -> dict[str, Any]:
+        """Run until a stopping condition; always leaves ``model.pt``. Returns a summary.
+        Raises a ``RunStopped`` (``Diverged``, ``Preempted``, ``CheckpointNotWritten``) when
+        the run stops before that, its last good checkpoint intact."""
+        started, base_elapsed = time.monotonic(), self.progress.elapsed
         if self.world.is_main:
             print(announcement(self.cfg.train, self.world.size, self.device, self.precision,
                                len(self.pairs), self.n_filtered), file=sys.stderr)  # fmt: skip
-
-    def train(self) -> dict[str, Any]:
-        """Run until a stopping condition; always leaves ``model.pt``. Returns a summary."""
-        started, base_elapsed = time.monotonic(), self.progress.elapsed
-        self._announce()
-        if self.world.is_main:
             self.log.open(self.progress.step)
+        self.signals = SignalWatch()
         try:
-            return self._train(started, base_elapsed)
+            with self.signals:
+                return self._train(started, base_elapsed)
         finally:
+            if self.display is not None:
+                self.display.close()
             self.log.close()
 
     def _epoch_batches(self) -> list[np.ndarray]:
@@ -333,21 +330,27 @@ class Trainer:
             while reason is None and p.batch_index < len(batches):
                 idx = batches[p.batch_index : p.batch_index + t.update_freq]
                 p.batch_index += len(idx)
-                group = [collate([self.pairs[i] for i in b.tolist()]) for b in idx]
-                window.add(*self._update(group))
-                p.step += 1
+                update = self._update([collate([self.pairs[i] for i in b.tolist()]) for b in idx])
                 p.elapsed = base_elapsed + time.monotonic() - started
-                if p.step % t.log_every == 0:
-                    self._log_step(window, display)
-                display.advance()
-                if t.eval_every and p.step % t.eval_every == 0:
-                    paused = time.monotonic()
-                    last_metrics, reason = self._validate_and_decide()
-                    window.exclude(time.monotonic() - paused)  # tokens_per_s: training alone
-                if p.step % t.save_every == 0:
-                    self.save()
+                guard.count(p, update)
+                if update.skipped is not None:
+                    self._skipped(update, display)
+                else:
+                    window.add(update.loss, update.nll, update.tokens, update.grad_norm)
+                    p.step += 1
+                    if p.step % t.log_every == 0:
+                        self._log_step(window, display)
+                    display.advance()
+                    if t.eval_every and p.step % t.eval_every == 0:
+                        paused = time.monotonic()
+                        last_metrics, reason = self._validate_and_decide()
+                        window.exclude(time.monotonic() - paused)  # tokens_per_s: training alone
+                    if p.step % t.save_every == 0:
+                        self.save()
                 for callback in self.callbacks:
                     callback(p)
+                if update.signalled and reason is None:  # (a run that stops anyway finishes)
+                    self._preempt()
                 reason = reason or self._should_stop(started, base_elapsed)
             if p.batch_index >= len(batches):
                 p.epoch, p.batch_index = p.epoch + 1, 0
@@ -357,37 +360,48 @@ class Trainer:
             last_metrics, _ = self._validate_and_decide()
         return self._finish(reason, last_metrics)
 
+    def _skipped(self, update: guard.Update, display: TrainingDisplay) -> None:
+        """Report a skipped update; ``Diverged`` after ``max_bad_updates`` in a row."""
+        p, t = self.progress, self.cfg.train
+        if self.world.is_main:
+            display.note(guard.skip_line(p, update, t))
+            self._log(guard.skip_record(p, update))
+        saved = checkpoint.step_checkpoints(self.ckpt_dir)
+        guard.stop_if_diverged(p, update, t, saved[-1] if saved else None)
+
+    def _preempt(self) -> NoReturn:
+        """A resumable checkpoint (unless the last one is of this very moment), then
+        ``Preempted``: a stop signal reached a rank (training/preemption.py)."""
+        p = self.progress
+        if self._saved_at != (p.step, p.epoch, p.batch_index):
+            self.save()
+        path = checkpoint.step_path(self.ckpt_dir, p.step)
+        raise Preempted(
+            stopped_message(self.signals.signal_name(), p.step, str(path), self.world.size), path
+        )
+
     def _log_step(self, window: LossWindow, display: TrainingDisplay) -> None:
         """A metrics line of the window's loss, the learning rate and speed; shown too."""
         p = self.progress
         lr = self.optimizer.param_groups[0]["lr"]
         stats = window.report()
-        record = {"step": p.step, "epoch": p.epoch, "loss": stats["loss"], "nll": stats["nll"],
-                  "ppl": stats["ppl"], "lr": lr, "tokens_per_s": stats["tokens_per_s"],
-                  "elapsed": p.elapsed}  # fmt: skip
-        if self.scaler.is_enabled():
-            record["loss_scale"] = self.scaler.get_scale()
-        self._log(record)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self._log(step_record(p, stats, lr, scale))
         display.logged(stats, lr)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
         self.save()  # the final state, best score included, for --resume with a larger budget
+        final: dict[str, Any] = {}
         if self.world.is_main:
             if t.average_last > 1:
                 paths = checkpoint.step_checkpoints(self.ckpt_dir)[-t.average_last :]
                 final = checkpoint.average(paths)
             else:
                 final = self._model_state()
-            checkpoint.save(final, self.run_dir / "model.pt")
-            if checkpoint.safetensors_available():  # the same model for other tools
-                checkpoint.save_safetensors(final, self.run_dir / "model.safetensors")
-        distributed.barrier(self.world)
-        return {
-            "stopped_by": reason,
-            "step": p.step,
-            "epoch": p.epoch,
-            "seconds": round(p.elapsed, 2),
-            "filtered_pairs": self.n_filtered,
-            **last_metrics,
-        }
+        saving.write_model_file(self.world, self.run_dir / "model.pt", lambda: final, self.ckpt_dir)
+        if checkpoint.safetensors_available():  # the same model for other tools
+            saving.write_model_file(self.world, self.run_dir / "model.safetensors", lambda: final,
+                                    self.ckpt_dir, checkpoint.save_safetensors)  # fmt: skip
+        return {"stopped_by": reason, "step": p.step, "epoch": p.epoch,
+                "seconds": round(p.elapsed, 2), "filtered_pairs": self.n_filtered, **last_metrics}

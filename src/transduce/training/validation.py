@@ -1,16 +1,21 @@
-"""Validation loss and perplexity of a model on held-out pairs."""
+"""Validation loss and perplexity of a model on held-out pairs, and the task's own metrics."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from transduce.architectures import Seq2Seq
+from transduce.config import TrainConfig
 from transduce.data.batching import Pair, collate, model_lengths, token_batches
 from transduce.data.vocab import PAD
 from transduce.training.loss import label_smoothed_nll
+
+# The task's validation metrics: numbers, or lists of numbers (accuracy per answer position)
+Validator = Callable[[Seq2Seq], dict[str, Any]]
 
 
 @torch.no_grad()
@@ -41,4 +46,20 @@ def validation_loss(
     }  # fmt: skip
 
 
-__all__ = ["validation_loss"]
+def validate(
+    model: Seq2Seq, pairs: Sequence[Pair], validator: Validator | None, t: TrainConfig,
+    device: torch.device,
+) -> dict[str, Any]:  # fmt: skip
+    """Validation loss and perplexity on ``pairs`` (none without them), plus the task's own
+    metrics from ``validator``."""
+    model.eval()
+    out: dict[str, Any] = {}
+    if pairs:
+        out.update(validation_loss(model, pairs, max_tokens=t.max_tokens,
+                                   label_smoothing=t.label_smoothing, device=device))  # fmt: skip
+    if validator is not None:
+        out.update(validator(model))
+    return out
+
+
+__all__ = ["Validator", "validate", "validation_loss"]

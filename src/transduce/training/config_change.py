@@ -1,0 +1,79 @@
+"""Resuming with a changed config: what may change freely, what must be asked for by name.
+
+A resumed run continues exactly only with the model, the data order and the updates it started
+with. So ``--resume`` compares the config given with the one stored in the checkpoint. Keys in
+``FREE`` change none of those (the budget and the stopping rules, how often things happen, the
+device, logging, validation and decoding) and may change: the changes are printed. Any other
+change is refused (a ``UserError``: exit code 2, each key with its old and new value) unless
+every such key is named in ``allow_change`` (``--allow-change KEY``). That includes ``precision``
+(other numerics; fp16 keeps a loss scale the others lack). The number of processes, not part of
+the config, may change (training/resume.py), and so may ``update_freq``: the two together set
+the tokens per update, and a run moved to another number of processes changes update_freq to
+keep them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transduce.config import Config, from_dict, resolve_key
+from transduce.errors import UserError
+
+FREE: frozenset[str] = frozenset({
+    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience",
+    "train.target_seq_accuracy", "train.save_every", "train.log_every", "train.eval_every",
+    "train.keep_last", "train.average_last", "train.device", "train.tensorboard",
+    "train.max_bad_updates", "train.valid_beam", "train.update_freq",
+    "task.max_valid_sentences", "task.constrained",  # what validation reads and how it decodes
+    "decode.beam", "decode.alpha", "decode.max_len_offset", "decode.decode_batch",
+    "decode.batch_tokens",
+})  # fmt: skip
+
+_ABSENT = "(absent)"  # a key of another task
+
+
+def allowed_keys(names: Sequence[str]) -> frozenset[str]:
+    """``--allow-change`` names (``lr_factor`` or ``train.lr_factor``) as ``section.key``; an
+    unknown one is a UserError naming it."""
+    return frozenset(".".join(resolve_key(name)) for name in names)
+
+
+def _flat(cfg: Config) -> dict[str, Any]:
+    return {f"{s}.{k}": v for s, keys in cfg.to_dict().items() for k, v in keys.items()}
+
+
+def differences(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """(``section.key``, old value, new value) of each key that differs, in config order."""
+    a, b = _flat(old), _flat(new)
+    keys = list(a) + [k for k in b if k not in a]
+    return [(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys
+            if a.get(k, _ABSENT) != b.get(k, _ABSENT)]  # fmt: skip
+
+
+def _listed(changes: Sequence[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+
+
+def check_resume(
+    stored: dict[str, Any], new: Config, allow_change: Sequence[str], source: Path
+) -> str:
+    """The changes from the config ``stored`` in checkpoint ``source`` (``Config.to_dict``) to
+    ``new``, as a line to print ('' when none); a UserError listing those neither ``FREE`` nor
+    in ``allow_change``."""
+    allowed = allowed_keys(allow_change)
+    changes = differences(from_dict(stored, source=str(source), stored=True), new)
+    refused = [c for c in changes if c[0] not in FREE and c[0] not in allowed]
+    if refused:
+        raise UserError(
+            f"{source} was trained with another config; resuming would change the model, the "
+            f"data order or the updates: {_listed(refused)}. Resume with the run's config "
+            "(its config.json), or name each key with --allow-change KEY to change it anyway"
+        )
+    if not changes:
+        return ""
+    return f"resuming {source} with a changed config: {_listed(changes)}"
+
+
+__all__ = ["FREE", "allowed_keys", "check_resume", "differences"]

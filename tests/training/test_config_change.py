@@ -1,0 +1,95 @@
+"""Resuming with a changed config: the budget, stopping rules, *_every keys, device and the like
+may change (the change printed); any other change is refused, exit code 2, the keys with their
+old and new values, no traceback, unless each is named with --allow-change KEY."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from training_testkit import cli, train_args, write_config
+
+from transduce.config import Config, update
+from transduce.errors import UserError
+from transduce.training.config_change import (
+    FREE,
+    allowed_keys,
+    check_resume,
+    differences,
+)
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("transduce: error: ")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+def test_resume_with_changed_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    first = write_config(tmp_path / "first.yaml", max_steps=4, save_every=2)
+    assert cli(capsys, *train_args(first, run))[0] == 0
+
+    # a longer budget, other intervals, another guard: free to change, and said so
+    longer = write_config(tmp_path / "longer.yaml", max_steps=6, save_every=3, log_every=2,
+                          max_bad_updates=5)  # fmt: skip
+    code, err = cli(capsys, *train_args(longer, run, "--resume"))
+    assert code == 0, err
+    assert ("with a changed config: train.max_bad_updates: 20 -> 5; train.max_steps: 4 -> 6; "
+            "train.save_every: 2 -> 3; train.log_every: 1 -> 2") in err  # fmt: skip
+
+    # a new learning rate and label smoothing: refused, both named, the run untouched
+    other = write_config(tmp_path / "other.yaml", max_steps=8, save_every=3, log_every=2,
+                         lr_factor=2.0, label_smoothing=0.0)  # fmt: skip
+    code, err = cli(capsys, *train_args(other, run, "--resume"))
+    assert code == 2
+    line = _one_error_line(err)
+    assert "resuming would change the model, the data order or the updates" in line
+    assert "train.label_smoothing: 0.1 -> 0.0; train.lr_factor: 1.0 -> 2.0" in line
+    assert "max_steps" not in line  # a free change is not a reason
+    assert "--allow-change KEY" in line
+    assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 6  # as it was
+
+    # one of the two allowed is not enough; both are
+    code, err = cli(capsys, *train_args(other, run, "--resume", "--allow-change", "lr_factor"))
+    assert code == 2 and "train.label_smoothing: 0.1 -> 0.0" in _one_error_line(err)
+    assert "lr_factor" not in _one_error_line(err)
+    code, err = cli(capsys, *train_args(other, run, "--resume", "--allow-change", "lr_factor",
+                                        "--allow-change", "train.label_smoothing"))  # fmt: skip
+    assert code == 0, err
+    assert "train.lr_factor: 1.0 -> 2.0" in err
+    assert json.loads((run / "config.json").read_text())["train"]["lr_factor"] == 2.0
+
+
+def test_allow_change_is_checked_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "c.yaml")
+    run = tmp_path / "run"
+    code, err = cli(capsys, *train_args(config, run, "--resume", "--allow-change", "lr_factr"))
+    assert code == 2 and "unknown config key 'lr_factr'" in _one_error_line(err)
+    code, err = cli(capsys, *train_args(config, run, "--allow-change", "lr_factor"))
+    assert code == 2 and "only when resuming (--resume)" in _one_error_line(err)
+    assert not run.exists()
+
+
+def test_differences_and_the_free_keys() -> None:
+    old = Config()
+    new = update(old, {"max_steps": 5, "d_model": 256, "beam": 2, "name": "translation"})
+    changes = {key: (a, b) for key, a, b in differences(old, new)}
+    assert changes["train.max_steps"] == (100_000, 5) and changes["model.d_model"] == (512, 256)
+    assert changes["task.name"] == ("addition", "translation")
+    assert changes["task.min_digits"] == (1, "(absent)")  # a key of the other task
+    assert changes["task.train_src"] == ("(absent)", "")
+    with pytest.raises(UserError) as e:
+        check_resume(old.to_dict(), new, ["d_model"], Path("ck.pt"))
+    assert "model.d_model" not in str(e.value) and "task.name" in str(e.value)
+    assert "train.max_steps" not in str(e.value) and "decode.beam" not in str(e.value)
+    assert check_resume(old.to_dict(), old, [], Path("ck.pt")) == ""
+    # every free key exists; none of them shapes the model or the data
+    assert allowed_keys(sorted(FREE)) == FREE
+    assert not {k for k in FREE if k.startswith("model.")}
+    assert {"train.seed", "train.max_tokens", "train.precision", "train.lr_factor",
+            "train.max_len"}.isdisjoint(FREE)  # fmt: skip

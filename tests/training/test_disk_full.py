@@ -1,0 +1,58 @@
+"""A full disk while saving (ENOSPC, simulated): the last good checkpoint stays intact and
+loadable, no partial file is left under a checkpoint's name, the error names the file, and the
+run stops cleanly (exit code 74, no traceback)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from training_testkit import at_step, cli, train_args, with_callbacks, write_config
+
+from transduce import checkpoint
+
+
+@pytest.mark.parametrize("where", ["torch.save", "os.replace"])
+def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    real_save, real_replace = torch.save, os.replace
+
+    def full_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        f.write(b"PK\x03\x04 half an archive")  # some bytes made it to the disk
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def full_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
+
+    def fill_the_disk() -> None:  # after the step-2 checkpoint
+        if where == "torch.save":
+            monkeypatch.setattr(torch, "save", full_save)
+        else:
+            monkeypatch.setattr(os, "replace", full_replace)
+
+    config = write_config(tmp_path / "c.yaml", max_steps=8, save_every=2)
+    run = tmp_path / "run"
+    with_callbacks(monkeypatch, at_step(2, fill_the_disk))
+    code, err = cli(capsys, *train_args(config, run))
+    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    assert code == 74, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    good, failed = (run / "checkpoints" / f"step_0000000{n}.pt" for n in (2, 4))
+    assert line == (f"transduce: stopped: cannot write {failed}: No space left on device (errno "
+                    f"{errno.ENOSPC}); the last good checkpoint, {good}, is intact. Free some "
+                    "space, then resume with --resume")  # fmt: skip
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [good.name]  # no .tmp
+    assert checkpoint.load(good)["progress"]["step"] == 2
+    assert not (run / "model.pt").exists()
+    code, err = cli(capsys, *train_args(config, run, "--resume"))  # space again: it goes on
+    assert code == 0, err
+    assert checkpoint.load(run / "model.pt")["config"]["train"]["max_steps"] == 8

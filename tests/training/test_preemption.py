@@ -1,0 +1,111 @@
+"""Preemption: SIGTERM or SIGINT while training writes a resumable checkpoint at the next step
+boundary and exits with code 143, naming the checkpoint and the command that resumes it; the
+resumed run's losses are those of an uninterrupted one; a second signal exits at once; the
+previous handlers come back. (Two ranks agreeing: test_protections_distributed.py.)"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from training_testkit import (
+    at_step,
+    cli,
+    records,
+    sigterm,
+    train_args,
+    train_losses,
+    with_callbacks,
+    write_config,
+)
+
+from transduce import checkpoint
+from transduce.training.preemption import SignalWatch, resume_command
+
+
+def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "c.yaml", max_steps=10, save_every=4, eval_every=5)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert cli(capsys, *train_args(config, straight))[0] == 0
+    before = signal.getsignal(signal.SIGTERM)
+
+    with monkeypatch.context() as m:
+        with_callbacks(m, at_step(6, sigterm))  # the signal comes after update 6
+        code, err = cli(capsys, *train_args(config, stopped))
+    assert code == 143, err
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler put back
+    assert "Traceback" not in err
+    step7 = stopped / "checkpoints" / "step_00000007.pt"  # the next step boundary
+    lines = err.strip().splitlines()
+    assert lines[-2] == f"transduce: stopped: stopped by SIGTERM after step 7; resumable checkpoint {step7}"
+    resume = f"transduce --no-malloc-tuning train --config {config} --out {stopped} --quiet --resume"
+    assert lines[-1] == f"transduce: resume with: {resume}"
+    assert [p.name for p in checkpoint.step_checkpoints(stopped / "checkpoints")] == [
+        "step_00000004.pt", "step_00000007.pt"]  # fmt: skip
+    assert not (stopped / "model.pt").exists()
+    assert checkpoint.load(step7)["progress"]["step"] == 7
+
+    code, err = cli(capsys, *resume.split()[1:])  # the command it printed
+    assert code == 0, err
+    want, got = train_losses(straight), train_losses(stopped)
+    assert [s for s, _ in got] == list(range(1, 11))  # every step once
+    assert got == want  # to the last bit: the same batches, dropout masks and updates
+    assert [r["step"] for r in records(stopped) if r.get("split") == "valid"] == [5, 10]
+
+
+def test_a_second_signal_exits_at_once_unless_it_is_the_same_request() -> None:
+    now = [100.0]
+    exits: list[int] = []
+    watch = SignalWatch(grace=1.0, clock=lambda: now[0], exit_now=exits.append)
+    before = signal.getsignal(signal.SIGINT)
+    with watch:
+        assert signal.getsignal(signal.SIGINT) is not before
+        assert not watch.received
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: no KeyboardInterrupt, a flag
+        assert watch.received and watch.signal_name() == "SIGINT"
+        now[0] += 0.5
+        signal.raise_signal(signal.SIGTERM)  # torchrun forwarding the scheduler's: one request
+        assert exits == []
+        now[0] += 1.0
+        signal.raise_signal(signal.SIGTERM)  # a second request: out at once, 128 + 15
+        assert exits == [143]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_no_handlers_outside_the_main_thread() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[object] = []
+
+    def in_a_thread() -> None:
+        with SignalWatch():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert seen == [before]
+
+
+def test_resume_command_adds_resume_once() -> None:
+    assert resume_command(["train", "--config", "a b.yaml", "--out", "r"]) == (
+        "transduce train --config 'a b.yaml' --out r --resume")  # fmt: skip
+    assert resume_command(["train", "--resume", "--out", "r"]) == "transduce train --resume --out r"
+
+
+def test_a_run_that_stops_at_that_step_anyway_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # early stopping decides at step 2, when the signal is acted on: a resume would not know
+    # it had stopped, so the run finishes instead (model.pt, exit code 0)
+    config = write_config(tmp_path / "c.yaml", max_steps=10, eval_every=1, patience=1)
+    with_callbacks(monkeypatch, at_step(1, sigterm))
+    run = tmp_path / "run"
+    code, err = cli(capsys, *train_args(config, run))
+    assert code == 0, err
+    assert (run / "model.pt").exists()
+    assert [p.name for p in checkpoint.step_checkpoints(run / "checkpoints")] == ["step_00000002.pt"]
+    assert checkpoint.load(run / "checkpoints" / "step_00000002.pt")["progress"]["bad_evals"] == 1
