@@ -50,7 +50,8 @@ TASKS: dict[str, dict[str, Any]] = {
         "arms": {
             "transformer": ["dropout=0.1"],
             "rnn": ["architecture=rnn", "n_layers=2", "d_model=256", "dropout=0.1",
-                    "clip_norm=1.0", "lr_factor=0.48", "input_feeding=true"],
+                    "clip_norm=1.0", "lr_factor=1.92", "input_feeding=false",
+                    "rnn_attention=additive"],
         },
     },
     "addition": {

@@ -87,7 +87,9 @@ class ModelConfig(_Section):
     # d_model as embedding and hidden size, n_layers, dropout and tie_embeddings as above)
     architecture: Literal["transformer", "rnn"] = "transformer"
     rnn_attention: Literal["general", "additive"] = "general"  # rnn: Luong's or Bahdanau's
-    input_feeding: bool = True  # rnn: the last attentional state fed to the next step (Luong)
+    # rnn: the last attentional state fed to the next step (Luong). Off: in short Multi30k runs it
+    # learned slower per update and costs 1.2-1.3x a step (benchmarks/RESULTS.md, the LSTM tuned)
+    input_feeding: bool = False
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")

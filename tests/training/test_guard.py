@@ -82,7 +82,9 @@ def test_max_bad_updates_in_a_row_stop_the_run_with_exit_code_3(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _poison_losses(monkeypatch, since=5)  # updates 5, 6, 7 ... all bad
-    config = write_config(tmp_path / "c.yaml", max_bad_updates=3, save_every=2, max_steps=20)
+    # max_minutes: a guard that never stops the run fails this test in a minute instead of hanging
+    config = write_config(tmp_path / "c.yaml", max_bad_updates=3, save_every=2, max_steps=20,
+                          max_minutes=1)
     run = tmp_path / "run"
     code, err = cli(capsys, *train_args(config, run))
     assert code == 3, err
@@ -100,7 +102,7 @@ def test_max_bad_updates_in_a_row_stop_the_run_with_exit_code_3(
 
 
 def test_nan_weights_are_never_written(tmp_path: Path) -> None:
-    trainer = tiny_trainer(tmp_path, max_steps=20, save_every=2, max_bad_updates=2)
+    trainer = tiny_trainer(tmp_path, max_steps=20, save_every=2, max_bad_updates=2, max_minutes=1)
 
     def break_a_weight(p: Progress) -> None:
         if p.step == 3:
