@@ -10,7 +10,8 @@ run anything. A model file (``model.pt``, ``best.pt``, an average) holds ``forma
 (``Config.to_dict()``), ``vocab`` (``Vocab.to_dict()``) and ``model`` (the state dict), which is
 all that translation needs; a training checkpoint (``checkpoints/step_N.pt``) adds ``optimizer``,
 ``scaler``, ``progress``, ``rng`` and ``rng_ranks`` (random states as lists and tensors, see
-``training/rng.py``) for resuming; an average adds ``averaged`` (the files averaged).
+``training/rng.py``) and ``precision`` (as resolved on the device) for resuming; an average adds
+``averaged`` (the files averaged).
 
 Files written before format 2 (pickles holding NumPy objects, or dicts without ``format``) are
 refused with a one-line UserError naming the remedy, ``transduce convert OLD NEW --trust``
@@ -92,12 +93,37 @@ def to_plain(obj: Any, where: str = "") -> Any:
 # --- writing --------------------------------------------------------------------------------------
 
 
+class _KeepsWriteErrors:
+    """A binary file that keeps the OSError of a failed write (ENOSPC, a quota): torch.save's
+    C++ writer turns it into a RuntimeError, and the caller must see the OSError."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+
 def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            kept = _KeepsWriteErrors(f)
+            try:
+                write(kept)  # type: ignore[arg-type]  # a file in all that writers use
+            except RuntimeError:
+                if kept.error is not None:
+                    raise kept.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -244,19 +270,30 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[st
 
 def step_checkpoints(directory: str | Path) -> list[Path]:
     """``step_N.pt`` files in ``directory``, oldest step first."""
+    return [p for _, p in _numbered(directory)]
+
+
+def _numbered(directory: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of the ``step_N.pt`` files in ``directory``, oldest step first."""
     d = Path(directory)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_FILE.match(p.name)))
 
 
 def step_path(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}.pt"
 
 
-def prune(directory: str | Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` step checkpoints (all of them when it is 0)."""
+def prune(directory: str | Path, keep_last: int, save_every: int = 0) -> None:
+    """Delete all but the newest ``keep_last`` step checkpoints (all of them when it is 0).
+    With ``save_every``, first those off its schedule (a step not a multiple of it: written for
+    a stop signal) unless newest, so that a preempted and resumed run keeps, and averages, the
+    checkpoints an uninterrupted one would."""
+    if save_every > 0:
+        for step, p in _numbered(directory)[:-1]:
+            if step % save_every:
+                p.unlink(missing_ok=True)
     found = step_checkpoints(directory)
     for p in found[: max(len(found) - keep_last, 0)]:
         p.unlink(missing_ok=True)

@@ -1,7 +1,9 @@
 """Checkpoints: atomic writes, clear load errors, step files, pruning, averaging, load_model."""
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -117,6 +119,18 @@ def test_prune_keeps_last(tmp_path: Path) -> None:
     assert checkpoint.step_checkpoints(tmp_path) == []
 
 
+def test_prune_drops_checkpoints_off_the_schedule_unless_newest(tmp_path: Path) -> None:
+    for step in (4, 7, 8, 12, 13):  # save_every 4; 7 and 13 written for a stop signal
+        checkpoint.step_path(tmp_path, step).write_bytes(b"")
+    checkpoint.prune(tmp_path, 3, save_every=4)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
+        "step_00000008.pt", "step_00000012.pt", "step_00000013.pt"]  # fmt: skip
+    checkpoint.step_path(tmp_path, 16).write_bytes(b"")
+    checkpoint.prune(tmp_path, 3, save_every=4)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
+        "step_00000008.pt", "step_00000012.pt", "step_00000016.pt"]  # fmt: skip
+
+
 def test_average_is_mean_of_state_dicts(tmp_path: Path) -> None:
     ckpts = []
     for seed in range(3):
@@ -219,3 +233,36 @@ def test_save_atomic_is_a_rename(tmp_path: Path, monkeypatch) -> None:
     (parent, name, dst), = seen
     assert parent == tmp_path and name != "x.pt" and dst == path
     assert torch.load(path) == {"a": 1}
+
+
+def test_a_full_disk_inside_torch_save_is_the_oserror(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails inside torch.save's C++ writer (the disk filling mid-file) reaches the
+    caller as the OSError, not the RuntimeError torch makes of it; no file is left behind."""
+    real_fdopen = os.fdopen
+
+    class FillsUp:
+        def __init__(self, f: Any) -> None:
+            self.f, self.written = f, 0
+
+        def write(self, data: bytes) -> int:
+            self.written += len(data)
+            if self.written > 4096:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.f.write(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillsUp(real_fdopen(fd, mode)))
+    with pytest.raises(OSError) as e:
+        checkpoint.save({"model": {"w": torch.zeros(100_000)}}, tmp_path / "step_00000001.pt")
+    assert e.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []

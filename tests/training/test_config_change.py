@@ -14,6 +14,7 @@ from transduce.config import Config, update
 from transduce.errors import UserError
 from transduce.training.config_change import (
     FREE,
+    Setting,
     allowed_keys,
     check_resume,
     differences,
@@ -93,3 +94,40 @@ def test_differences_and_the_free_keys() -> None:
     assert not {k for k in FREE if k.startswith("model.")}
     assert {"train.seed", "train.max_tokens", "train.precision", "train.lr_factor",
             "train.max_len"}.isdisjoint(FREE)  # fmt: skip
+
+
+def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
+    old = Config()
+    ck = Path("ck.pt")
+
+    def refused(new: Config, before: Setting = Setting(), now: Setting = Setting()) -> str:
+        try:
+            check_resume(old.to_dict(), new, [], ck, before, now)
+        except UserError as e:
+            return str(e)
+        return ""
+
+    # update_freq: free while processes x update_freq, the tokens per update, stay the same
+    twice = update(old, {"update_freq": 2})
+    assert refused(twice, Setting(2), Setting(1)) == ""
+    assert "train.update_freq: 1 -> 2" in refused(twice)
+    # the budget sets the lr of every later update when the cooldown anneals over its last share
+    longer = {"max_steps": 200_000, "max_minutes": 90.0}
+    assert refused(update(old, longer)) == ""
+    cooled = update(old, {"cooldown": 0.3})
+    message = refused(update(cooled, longer), before=Setting(), now=Setting())
+    assert "train.max_steps" in message and "train.max_minutes" in message
+    assert "train.cooldown" in message  # (the stored run had none: it is a change too)
+    stored = cooled.to_dict()
+    with pytest.raises(UserError, match="train.max_minutes"):
+        check_resume(stored, update(cooled, longer), [], ck)
+    assert "max_minutes" in check_resume(stored, update(cooled, longer), ["max_minutes",
+                                         "max_steps"], ck)  # fmt: skip
+    # device: free unless precision auto resolves to another precision there
+    moved = update(old, {"device": "cuda"})
+    assert refused(moved, Setting(1, "bf16"), Setting(1, "bf16")) == ""
+    message = refused(moved, Setting(1, "bf16"), Setting(1, "fp32"))
+    assert "train.precision (as resolved on the device): 'bf16' -> 'fp32'" in message
+    assert check_resume(old.to_dict(), moved, ["precision"], ck, Setting(1, "bf16"),
+                        Setting(1, "fp32")).count("->") == 2  # allowed by name: printed
+    assert refused(moved, Setting(1, None), Setting(1, "fp32")) == ""  # older checkpoints

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from training_testkit import (
     at_step,
     cli,
@@ -28,7 +29,8 @@ from transduce.training.preemption import SignalWatch, resume_command
 def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = write_config(tmp_path / "c.yaml", max_steps=10, save_every=4, eval_every=5)
+    config = write_config(tmp_path / "c.yaml", max_steps=10, save_every=4, eval_every=5,
+                          average_last=3)  # fmt: skip
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert cli(capsys, *train_args(config, straight))[0] == 0
     before = signal.getsignal(signal.SIGTERM)
@@ -55,6 +57,28 @@ def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
     assert [s for s, _ in got] == list(range(1, 11))  # every step once
     assert got == want  # to the last bit: the same batches, dropout masks and updates
     assert [r["step"] for r in records(stopped) if r.get("split") == "valid"] == [5, 10]
+    # the signal's checkpoint (step 7) is off the schedule: gone once step 8 is written, so the
+    # average in model.pt is of the uninterrupted run's checkpoints (4, 8, 10)
+    names = [p.name for p in checkpoint.step_checkpoints(stopped / "checkpoints")]
+    assert names == [p.name for p in checkpoint.step_checkpoints(straight / "checkpoints")]
+    assert checkpoint.load(stopped / "model.pt")["averaged"] == [
+        str(stopped / "checkpoints" / name) for name in names]  # fmt: skip
+    want_model = checkpoint.load(straight / "model.pt")["model"]
+    got_model = checkpoint.load(stopped / "model.pt")["model"]
+    assert all(torch.equal(want_model[k], v) for k, v in got_model.items())
+
+
+def test_a_signal_as_the_run_ends_lets_it_finish_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "c.yaml", max_steps=6, save_every=4)
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        with_callbacks(m, at_step(6, sigterm))  # after the last update: no step boundary left
+        code, err = cli(capsys, *train_args(config, run))
+    assert code == 0, err
+    assert (run / "model.pt").exists()
+    assert "SIGTERM came as the run was ending: it finished instead" in err
 
 
 def test_a_second_signal_exits_at_once_unless_it_is_the_same_request() -> None:

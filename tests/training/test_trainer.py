@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from training_testkit import records, train_losses
 
 from transduce import checkpoint
 from transduce.cli.main import main
@@ -27,6 +29,7 @@ from transduce.training.loss import label_smoothed_nll
 from transduce.training.precision import native_bf16, resolve_precision
 from transduce.training.run import encode_pairs, train_synthetic
 from transduce.training.schedule import rate
+from transduce.training import trainer as trainer_module
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
@@ -54,14 +57,6 @@ def _trainer(run_dir: Path, cfg: Config, **kwargs: Any) -> Trainer:
         cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=run_dir,
         show_progress=False, **kwargs,
     )  # fmt: skip
-
-
-def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in _records(run_dir) if r.get("split") != "valid"]
 
 
 def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> bool:
@@ -99,7 +94,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     assert [p.name for p in checkpoint.step_checkpoints(killed / "checkpoints")] == [
         "step_00000010.pt", "step_00000020.pt",
     ]  # fmt: skip
-    assert max(r["step"] for r in _records(killed)) == 25  # steps 21..25 will be redone
+    assert max(r["step"] for r in records(killed)) == 25  # steps 21..25 will be redone
     assert not (killed / "model.pt").exists()
 
     resumed = _run(cfg_file, killed, "--resume")
@@ -107,12 +102,12 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["step"] == 40 and summary["stopped_by"] == "max_steps"
 
-    want, got = _train_losses(straight), _train_losses(killed)
+    want, got = train_losses(straight), train_losses(killed)
     assert [s for s, _ in got] == list(range(1, 41))  # each step exactly once
     assert [s for s, _ in want] == list(range(1, 41))
     for (step, a), (_, b) in zip(want, got):
         assert a == pytest.approx(b, abs=1e-6), f"step {step}: {a} != {b}"
-    valid_steps = [r["step"] for r in _records(killed) if r.get("split") == "valid"]
+    valid_steps = [r["step"] for r in records(killed) if r.get("split") == "valid"]
     assert valid_steps == [20, 40]
     final_a = checkpoint.load(straight / "model.pt")["model"]
     final_b = checkpoint.load(killed / "model.pt")["model"]
@@ -127,7 +122,7 @@ def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
     assert trainer.progress.step == 0
     summary = trainer.train()
     assert summary["step"] == 3
-    assert [r["step"] for r in _records(tmp_path) if "loss" in r and "split" not in r] == [1, 2, 3]
+    assert [r["step"] for r in records(tmp_path) if "loss" in r and "split" not in r] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])  # one optimizer parameter group, two
@@ -143,7 +138,7 @@ def test_resume_in_process_continues_from_last_checkpoint(
     assert len(second.optimizer.param_groups) == (2 if weight_decay else 1)
     assert second.progress.step == 6
     second.train()
-    want, got = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
+    want, got = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert [s for s, _ in want] == [s for s, _ in got] == list(range(1, 13))
     assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
     assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
@@ -188,7 +183,7 @@ def test_resume_mid_epoch_draws_that_epochs_pairs_again(tmp_path: Path) -> None:
     resumed_epoch = second.progress.epoch
     second.train()
     assert calls[0] == resumed_epoch
-    want, got = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
+    want, got = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert [s for s, _ in want] == [s for s, _ in got] == list(range(1, 13))
     assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
     assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
@@ -265,7 +260,7 @@ def test_max_steps(tmp_path: Path) -> None:
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path / "checkpoints")] == [
         "step_00000007.pt"
     ]  # the final state is always saved for --resume
-    losses = _train_losses(tmp_path)
+    losses = train_losses(tmp_path)
     assert [s for s, _ in losses] == list(range(1, 8))
     data = checkpoint.load(tmp_path / "checkpoints" / "step_00000007.pt")
     assert data["progress"]["step"] == 7
@@ -278,7 +273,7 @@ def test_max_epochs(tmp_path: Path) -> None:
     assert summary["stopped_by"] == "max_epochs"
     assert summary["step"] == expected and summary["epoch"] == 2
     assert (tmp_path / "model.pt").exists()
-    epochs = {r["epoch"] for r in _records(tmp_path) if "loss" in r and r.get("split") != "valid"}
+    epochs = {r["epoch"] for r in records(tmp_path) if "loss" in r and r.get("split") != "valid"}
     assert epochs == {0, 1}
 
 
@@ -291,7 +286,7 @@ def test_max_minutes(tmp_path: Path) -> None:
 
 
 def _lrs(run_dir: Path) -> list[float]:
-    return [r["lr"] for r in _records(run_dir) if "lr" in r]
+    return [r["lr"] for r in records(run_dir) if "lr" in r]
 
 
 def test_cooldown_over_steps(tmp_path: Path) -> None:
@@ -308,11 +303,11 @@ def test_cooldown_over_minutes(tmp_path: Path) -> None:
     summary = _trainer(tmp_path, _cfg(max_steps=100_000, max_minutes=0.03, warmup=1,
                                       cooldown=0.5)).train()  # fmt: skip
     assert summary["stopped_by"] == "max_minutes"
-    records = [r for r in _records(tmp_path) if "lr" in r]
-    plain = [rate(r["step"], d_model=32, warmup=1) for r in records]
-    ratios = [r["lr"] / p for r, p in zip(records, plain)]
+    logged = [r for r in records(tmp_path) if "lr" in r]
+    plain = [rate(r["step"], d_model=32, warmup=1) for r in logged]
+    ratios = [r["lr"] / p for r, p in zip(logged, plain)]
     budget = 0.03 * 60
-    for r, ratio in zip(records, ratios):
+    for r, ratio in zip(logged, ratios):
         # The multiplier follows the clock: 1 in the first half, then down to ~0 at the end.
         if r["elapsed"] < 0.4 * budget:
             assert ratio == pytest.approx(1.0)
@@ -371,7 +366,7 @@ def test_best_pt_follows_validation(tmp_path: Path) -> None:
     best = checkpoint.load(tmp_path / "best.pt")
     assert _same_state(best["model"], scripted.seen[1])
     assert not _same_state(best["model"], scripted.seen[4])
-    valid = [r for r in _records(tmp_path) if r.get("split") == "valid"]
+    valid = [r for r in records(tmp_path) if r.get("split") == "valid"]
     assert [r["step"] for r in valid] == [2, 4, 6, 8, 10]
     assert [r["score"] for r in valid] == [0.1, 0.5, 0.3, 0.4, 0.2]
     assert "valid_nll" in valid[0] and valid[0]["neg_valid_nll"] == -valid[0]["valid_nll"]
@@ -425,7 +420,7 @@ def test_nothing_left_after_filtering_is_a_user_error(tmp_path: Path) -> None:
 
 def test_bf16_training_runs(tmp_path: Path) -> None:
     summary = _trainer(tmp_path, _cfg(max_steps=3, precision="bf16")).train()
-    losses = [loss for _, loss in _train_losses(tmp_path)]
+    losses = [loss for _, loss in train_losses(tmp_path)]
     assert summary["step"] == 3 and all(0 < x < 10 for x in losses)
 
 
@@ -459,9 +454,9 @@ def test_auto_precision_on_cuda_is_bf16_from_ampere_on(
 def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _cfg(max_steps=3, save_every=100, precision="fp16"))
     summary = trainer.train()
-    records = [r for r in _records(tmp_path) if r.get("split") != "valid"]
-    assert summary["step"] == 3 and all(0 < r["loss"] < 10 for r in records)
-    assert [r["loss_scale"] for r in records] == [2.0**16] * 3  # GradScaler's start, no overflow
+    logged = [r for r in records(tmp_path) if r.get("split") != "valid"]
+    assert summary["step"] == 3 and all(0 < r["loss"] < 10 for r in logged)
+    assert [r["loss_scale"] for r in logged] == [2.0**16] * 3  # GradScaler's start, no overflow
     trainer.scaler.update(new_scale=512.0)
     trainer.save()
     resumed = _trainer(tmp_path, _cfg(max_steps=3, save_every=100, precision="fp16"), resume=True)
@@ -486,6 +481,22 @@ def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> No
     after = trainer.model.state_dict()
     assert not _same_state(before, after)
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+
+
+def test_fp16_skip_for_a_nan_loss_backs_the_scale_off_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = _trainer(tmp_path, _cfg(precision="fp16", dropout=0.0))
+    real = trainer_module.label_smoothed_nll  # a NaN loss; its gradients stay finite
+
+    def nan_loss(*args: Any, **kwargs: Any) -> Any:
+        sums = real(*args, **kwargs)
+        return sums._replace(loss=sums.loss.detach() * math.nan + sums.loss)
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll", nan_loss)
+    update = trainer._update([collate(trainer.pairs[:8])])
+    assert update.skipped == "non-finite loss (nan)"
+    assert trainer.scaler.get_scale() == 2.0**15  # halved, not grown as for a clean update
 
 
 # --- it learns ----------------------------------------------------------------------------------
@@ -519,14 +530,14 @@ def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> No
     every.train()
     windowed = _trainer(tmp_path / "b", _cfg(max_steps=6, log_every=3, dropout=0.0))
     windowed.train()
-    per_step = dict(_train_losses(tmp_path / "a"))
+    per_step = dict(train_losses(tmp_path / "a"))
     batches = every._epoch_batches()  # epoch 0: update i trained on batches[i - 1]
     tokens = [collate([every.pairs[i] for i in b]).n_tokens for b in batches[:6]]
     want = [
         sum(per_step[s] * tokens[s - 1] for s in window) / sum(tokens[s - 1] for s in window)
         for window in (range(1, 4), range(4, 7))
     ]
-    got = _train_losses(tmp_path / "b")
+    got = train_losses(tmp_path / "b")
     assert [s for s, _ in got] == [3, 6]
     assert [x for _, x in got] == pytest.approx(want, rel=1e-6)
     assert got[0][1] != pytest.approx(per_step[3], rel=1e-6)  # not just the last update's loss

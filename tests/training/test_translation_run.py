@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from training_testkit import records
 
 from transduce import checkpoint
 from transduce.config import from_dict
@@ -60,10 +61,6 @@ def tiny_config(paths: dict[str, str], **train_overrides):  # noqa: ANN201
                  "valid_tgt": paths["valid_tgt"], "vocab_size": 60},
         "decode": {"max_len_offset": 5},
     })  # fmt: skip
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_run_folder_vocab_metrics_and_report(tmp_path) -> None:

@@ -7,14 +7,17 @@ device, logging, validation and decoding) and may change: the changes are printe
 change is refused (a ``UserError``: exit code 2, each key with its old and new value) unless
 every such key is named in ``allow_change`` (``--allow-change KEY``). That includes ``precision``
 (other numerics; fp16 keeps a loss scale the others lack). The number of processes, not part of
-the config, may change (training/resume.py), and so may ``update_freq``: the two together set
-the tokens per update, and a run moved to another number of processes changes update_freq to
-keep them.
+the config, may change (training/resume.py); ``update_freq`` may change freely only to keep
+the tokens per update (processes x update_freq) as they were. Three free keys are free only
+where they are: the budget (``max_steps``, ``max_epochs``, ``max_minutes``) sets every later
+learning rate when ``cooldown`` anneals over its last share, and ``device`` must not change the
+precision that ``precision: auto`` resolved to (``Setting``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,17 @@ FREE: frozenset[str] = frozenset({
 })  # fmt: skip
 
 _ABSENT = "(absent)"  # a key of another task
+_BUDGET = frozenset({"train.max_steps", "train.max_epochs", "train.max_minutes"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a run trains with beyond its config: its number of processes, and its precision as
+    resolved on its device (``precision: auto`` -> bf16 or fp32; None: a checkpoint older
+    than the record of it)."""
+
+    processes: int = 1
+    precision: str | None = None
 
 
 def allowed_keys(names: Sequence[str]) -> frozenset[str]:
@@ -56,15 +70,35 @@ def _listed(changes: Sequence[tuple[str, Any, Any]]) -> str:
     return "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
 
 
+def _free(key: str, old: Config, new: Config, before: Setting, now: Setting) -> bool:
+    """Whether changing ``key`` leaves the model, the data order and the updates as they were."""
+    if key == "train.update_freq":
+        return before.processes * old.train.update_freq == now.processes * new.train.update_freq
+    if key in _BUDGET:
+        return new.train.cooldown == 0  # else the lr of every later update moves
+    return key in FREE
+
+
 def check_resume(
-    stored: dict[str, Any], new: Config, allow_change: Sequence[str], source: Path
+    stored: dict[str, Any],
+    new: Config,
+    allow_change: Sequence[str],
+    source: Path,
+    before: Setting = Setting(),
+    now: Setting = Setting(),
 ) -> str:
     """The changes from the config ``stored`` in checkpoint ``source`` (``Config.to_dict``) to
-    ``new``, as a line to print ('' when none); a UserError listing those neither ``FREE`` nor
-    in ``allow_change``."""
+    ``new``, as a line to print ('' when none); a UserError listing those not free (``FREE``,
+    with the conditions of ``_free``) and not in ``allow_change``. ``before``/``now``: the
+    saving run's and this run's processes and resolved precision."""
     allowed = allowed_keys(allow_change)
-    changes = differences(from_dict(stored, source=str(source), stored=True), new)
-    refused = [c for c in changes if c[0] not in FREE and c[0] not in allowed]
+    old = from_dict(stored, source=str(source), stored=True)
+    changes = differences(old, new)
+    if before.precision is not None and before.precision != now.precision:
+        changes.append(("train.precision (as resolved on the device)", before.precision,
+                        now.precision))  # fmt: skip
+    refused = [c for c in changes if not _free(c[0], old, new, before, now)
+               and c[0].split(" ")[0] not in allowed]  # fmt: skip
     if refused:
         raise UserError(
             f"{source} was trained with another config; resuming would change the model, the "
@@ -76,4 +110,4 @@ def check_resume(
     return f"resuming {source} with a changed config: {_listed(changes)}"
 
 
-__all__ = ["FREE", "allowed_keys", "check_resume", "differences"]
+__all__ = ["FREE", "Setting", "allowed_keys", "check_resume", "differences"]

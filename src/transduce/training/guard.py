@@ -112,10 +112,12 @@ def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     return all(bool(torch.stack(f).all()) for f in flags.values())
 
 
-def require_finite(tensors: Iterable[torch.Tensor], path: Path) -> None:
-    """Raise ``Diverged`` before ``path`` is written from weights that are not all finite."""
+def require_finite(tensors: Iterable[torch.Tensor], path: Path, last_good: Path | None) -> None:
+    """Raise ``Diverged`` before ``path`` is written from weights that are not all finite,
+    naming ``last_good``, the newest checkpoint to resume from."""
     if not all_finite(tensors):
-        raise Diverged(f"the weights hold inf or NaN: {path} was not written from them")
+        raise Diverged(f"the weights hold inf or NaN: {path} was not written from them. The last "
+                       f"good checkpoint: {last_good or 'none yet'}")  # fmt: skip
 
 
 __all__ = ["Update", "all_finite", "count", "gradient_norm", "require_finite",

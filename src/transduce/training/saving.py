@@ -19,9 +19,15 @@ from transduce.errors import CheckpointNotWritten, RunStopped
 from transduce.training import distributed, guard
 
 
+def last_good(ckpt_dir: Path, but: Path | None = None) -> Path | None:
+    """The newest step checkpoint in ``ckpt_dir`` other than ``but`` (None: there is none)."""
+    saved = [p for p in checkpoint.step_checkpoints(ckpt_dir) if p != but]
+    return saved[-1] if saved else None
+
+
 def _failure(path: Path, error: OSError, ckpt_dir: Path) -> str:
-    saved = [p for p in checkpoint.step_checkpoints(ckpt_dir) if p != path]
-    last = f"the last good checkpoint, {saved[-1]}, is intact" if saved else "no checkpoint yet"
+    saved = last_good(ckpt_dir, but=path)
+    last = f"the last good checkpoint, {saved}, is intact" if saved else "no checkpoint yet"
     return (f"cannot write {path}: {error.strerror or error} (errno {error.errno}); {last}. "
             "Free some space, then resume with --resume")  # fmt: skip
 
@@ -32,8 +38,11 @@ def write_on_main(
     """Run ``write`` (which writes ``path``) on rank 0; every rank must call it. An OSError
     there raises ``CheckpointNotWritten`` on every rank (``ckpt_dir``: where the last good
     checkpoint is looked for), as does any ``RunStopped`` that ``write`` raises (``Diverged``
-    for non-finite weights). Also a barrier: no rank goes on before the file is written."""
+    for non-finite weights). Any other error there is raised on rank 0 as it is (its traceback
+    kept) and as ``CheckpointNotWritten`` on the other ranks, which would otherwise wait for rank
+    0 forever. Also a barrier: no rank goes on before the file is written."""
     failure: RunStopped | None = None
+    unexpected: Exception | None = None
     if world.is_main:
         try:
             write()
@@ -41,7 +50,12 @@ def write_on_main(
             failure = CheckpointNotWritten(_failure(path, e, ckpt_dir))
         except RunStopped as e:
             failure = e
+        except Exception as e:
+            unexpected = e
+            failure = CheckpointNotWritten(f"cannot write {path}: {type(e).__name__}: {e}")
     failure = distributed.all_gather_objects(failure, world)[0]
+    if unexpected is not None:
+        raise unexpected
     if failure is not None:
         raise failure
 
@@ -55,10 +69,10 @@ def write_model_file(
 
     def write() -> None:
         data = state()
-        guard.require_finite(data["model"].values(), path)
+        guard.require_finite(data["model"].values(), path, last_good(ckpt_dir, but=path))
         save(data, path)
 
     write_on_main(world, path, write, ckpt_dir)
 
 
-__all__ = ["write_model_file", "write_on_main"]
+__all__ = ["last_good", "write_model_file", "write_on_main"]

@@ -163,18 +163,23 @@ class Trainer:
             return {**self._model_state(), "optimizer": self.optimizer.state_dict(),
                     "scaler": self.scaler.state_dict(),  # {} unless fp16
                     "progress": vars(self.progress).copy(), "rng": rngs[0],
+                    "precision": self.precision,  # as resolved: a resume must keep it
                     "rng_ranks": rngs}  # fmt: skip
 
         saving.write_model_file(self.world, path, state, self.ckpt_dir)
         if self.world.is_main:
-            checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
+            checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last, self.cfg.train.save_every)
         self._saved_at = (self.progress.step, self.progress.epoch, self.progress.batch_index)
         return path
 
     def _resume(self) -> None:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
-        change = config_change.check_resume(state["config"], self.cfg, self.allow_change, path)
+        before = config_change.Setting(len(state.get("rng_ranks") or [None]),
+                                       state.get("precision"))  # fmt: skip
+        now = config_change.Setting(self.world.size, self.precision)
+        change = config_change.check_resume(state["config"], self.cfg, self.allow_change, path,
+                                            before, now)  # fmt: skip
         if change and self.world.is_main:
             print(f"transduce: {change}", file=sys.stderr)
         load_training_state(state, path, self.model, self.optimizer, self.scaler)
@@ -238,7 +243,8 @@ class Trainer:
         if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update()  # fp16: the scale halves after an overflow, as it always did
+            if scale is not None:  # fp16: the scale backs off (halves) for any skip, not only
+                self.scaler.update(scale * self.scaler.get_backoff_factor())  # for an overflow
             why = guard.skip_reason(loss, grad_norm, bad_ranks, scale)
             return guard.Update(loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, why,
                                 signalled > 0)  # fmt: skip
@@ -302,7 +308,12 @@ class Trainer:
         self.signals = SignalWatch()
         try:
             with self.signals:
-                return self._train(started, base_elapsed)
+                summary = self._train(started, base_elapsed)
+            if self.signals.received:  # too late to stop it: say why the run did not stop
+                print(f"transduce: {self.signals.signal_name()} came as the run was ending: it "
+                      "finished instead (model.pt written); there is nothing to resume",
+                      file=sys.stderr)  # fmt: skip
+            return summary
         finally:
             if self.display is not None:
                 self.display.close()
@@ -366,8 +377,7 @@ class Trainer:
         if self.world.is_main:
             display.note(guard.skip_line(p, update, t))
             self._log(guard.skip_record(p, update))
-        saved = checkpoint.step_checkpoints(self.ckpt_dir)
-        guard.stop_if_diverged(p, update, t, saved[-1] if saved else None)
+        guard.stop_if_diverged(p, update, t, saving.last_good(self.ckpt_dir))
 
     def _preempt(self) -> NoReturn:
         """A resumable checkpoint (unless the last one is of this very moment), then
