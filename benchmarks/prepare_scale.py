@@ -3,7 +3,7 @@ from the prepared folder costs before and between updates.
 
     python benchmarks/prepare_scale.py generate --pairs 1000000 --out /tmp/corpus_1m
     python benchmarks/prepare_scale.py prepare --corpus /tmp/corpus_1m --out /tmp/prep_1m \\
-        --workers 2
+        --workers 2 [--vocab /tmp/prep_1m_vocab]
     python benchmarks/prepare_scale.py load --prepared /tmp/prep_1m --device cuda
 
 ``generate`` writes ``train.src``, ``train.tgt``, ``valid.*`` (3,000 pairs) and ``config.yaml``
@@ -97,15 +97,19 @@ def generate(pairs: int, out: Path, seed: int = 0) -> None:
     )
 
 
-def bench_prepare(corpus: Path, out: Path, workers: int) -> dict[str, float]:
+def bench_prepare(corpus: Path, out: Path, workers: int, vocab: Path | None) -> dict[str, float]:
+    """Learn the vocabulary into OUT_vocab (or reuse ``vocab``, a folder ``transduce vocab``
+    wrote), then prepare the corpus into ``out``; the two timed apart."""
     from transduce.config import load_config, update
     from transduce.data.prepare import prepare, write_vocabulary
 
     cfg = load_config(corpus / "config.yaml")
     started = time.monotonic()
-    write_vocabulary(cfg, out.with_name(out.name + "_vocab"), log=lambda _: None)
+    if vocab is None:
+        vocab = out.with_name(out.name + "_vocab")
+        write_vocabulary(cfg, vocab, log=lambda _: None)
     vocab_s = time.monotonic() - started
-    cfg = update(cfg, {"vocab_model": str(out.with_name(out.name + "_vocab"))})
+    cfg = update(cfg, {"vocab_model": str(vocab)})
     started = time.monotonic()
     manifest = prepare(cfg, out, workers=workers, show_progress=False, log=print)
     total_s = time.monotonic() - started
@@ -167,6 +171,7 @@ def main() -> None:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--vocab", type=Path, help="reuse this vocabulary folder (default: learn one)")
     m = sub.add_parser("load")
     m.add_argument("--prepared", type=Path, required=True)
     m.add_argument("--device", default="cpu")
@@ -177,7 +182,7 @@ def main() -> None:
         generate(args.pairs, args.out)
         print(json.dumps({"out": str(args.out), "pairs": args.pairs}))
     elif args.what == "prepare":
-        print(json.dumps(bench_prepare(args.corpus, args.out, args.workers)))
+        print(json.dumps(bench_prepare(args.corpus, args.out, args.workers, args.vocab)))
     else:
         print(json.dumps(bench_load(args.prepared, args.device, args.steps, args.max_tokens)))
 

@@ -59,8 +59,9 @@ TASKS: dict[str, dict[str, Any]] = {
         "score": "seq_accuracy",
         "target": 0.99,
         "arms": {
-            "transformer": [],
-            "rnn": ["architecture=rnn", "n_layers=1", "d_model=128", "clip_norm=1.0"],
+            "transformer": ["max_steps=1000000"],  # the budget or the target stops them
+            "rnn": ["architecture=rnn", "n_layers=1", "d_model=128", "clip_norm=1.0",
+                    "max_steps=1000000"],
         },
     },
 }  # fmt: skip
@@ -111,7 +112,7 @@ def summarise(run: Path, score: str, target: float, test: float | None) -> dict[
     return {
         "parameters": sum(p.numel() for p in model.parameters()),
         "tokens_per_s": statistics.median(speeds) if speeds else None,
-        "updates": metrics.train[-1].step if metrics.train else 0,
+        "updates": max((r.step for r in [*metrics.train, *metrics.valid]), default=0),
         "minutes": float(to_minutes(metrics.train[-1].step)) if to_minutes else None,
         "valid_seconds": sum(r.scalar("valid_seconds") or 0.0 for r in metrics.valid),
         f"best_valid_{score}": max((v for _, v in valid), default=None),

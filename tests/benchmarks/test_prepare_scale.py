@@ -1,0 +1,53 @@
+"""benchmarks/prepare_scale.py on a corpus small enough for a test: generate, prepare (learning
+the vocabulary, then reusing it as the 5M-pair measurement does) and the loading figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import transduce.config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> types.ModuleType:
+    path = ROOT / "benchmarks/prepare_scale.py"
+    spec = importlib.util.spec_from_file_location("prepare_scale", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["prepare_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generate_prepare_reuse_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    corpus = tmp_path / "corpus"
+    bench.generate(3000, corpus)
+    src = (corpus / "train.src").read_text().splitlines()
+    tgt = (corpus / "train.tgt").read_text().splitlines()
+    assert len(src) == len(tgt) == 3000
+    assert 10 < sum(len(line.split()) for line in src) / len(src) < 40  # WMT-like lengths
+    config = (corpus / "config.yaml").read_text()  # a vocabulary a 3k-pair corpus can fill
+    (corpus / "config.yaml").write_text(config.replace("vocab_size: 32000", "vocab_size: 400"))
+    first = bench.bench_prepare(corpus, tmp_path / "prep", workers=1, vocab=None)
+    assert (tmp_path / "prep_vocab").is_dir() and first["vocab_seconds"] > 0
+    assert first["pairs"] == 3000  # the pairs read
+    again = bench.bench_prepare(corpus, tmp_path / "again", workers=2,
+                                vocab=tmp_path / "prep_vocab")  # fmt: skip
+    assert again["pairs"] == first["pairs"] and not (tmp_path / "again_vocab").exists()
+    assert again["pairs_per_s_per_worker"] == pytest.approx(again["pairs_per_s"] / 2, abs=1)
+    base = transduce.config.preset_config("base")  # bench_load's model, at a test's size
+    tiny = transduce.config.update(base, {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2,
+                                          "d_k": 16, "d_v": 16})  # fmt: skip
+    monkeypatch.setattr(transduce.config, "preset_config", lambda name: tiny)
+    load = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000)
+    assert 2800 < load["pairs"] < 3000  # cleaning removed the empty and repeated lines
+    assert load["batches"] > 2
+    assert 0 < load["data_share"] < 1 and load["start_to_first_batch_s"] >= 0
+
