@@ -115,7 +115,7 @@ def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
     longer = {"max_steps": 200_000, "max_minutes": 90.0}
     assert refused(update(old, longer)) == ""
     cooled = update(old, {"cooldown": 0.3})
-    message = refused(update(cooled, longer), before=Setting(), now=Setting())
+    message = refused(update(cooled, longer))
     assert "train.max_steps" in message and "train.max_minutes" in message
     assert "train.cooldown" in message  # (the stored run had none: it is a change too)
     stored = cooled.to_dict()

@@ -66,6 +66,11 @@ def change_world_size(
         )
 
 
+def saved_processes(state: dict[str, Any]) -> int:
+    """How many processes wrote the step checkpoint ``state`` (one random state each)."""
+    return len(state.get("rng_ranks") or [state.get("rng")])
+
+
 def restore_position(
     state: dict[str, Any], path: Path, world: World, seed: int, device: torch.device
 ) -> Progress:
@@ -85,4 +90,4 @@ def restore_position(
     return progress
 
 
-__all__ = ["change_world_size", "load_training_state", "restore_position"]
+__all__ = ["change_world_size", "load_training_state", "restore_position", "saved_processes"]

@@ -58,7 +58,7 @@ from transduce.training.precision import autocast, grad_scaler, resolve_precisio
 from transduce.training.preemption import SignalWatch, stopped_message
 from transduce.training.progress import Progress, after_validation, should_stop
 from transduce.training.report import TrainingDisplay, announcement, step_record
-from transduce.training.resume import load_training_state, restore_position
+from transduce.training.resume import load_training_state, restore_position, saved_processes
 from transduce.training.rng import rng_state, seed_all
 from transduce.training.schedule import cooldown, rate
 from transduce.training.validation import Validator, validate
@@ -175,8 +175,7 @@ class Trainer:
     def _resume(self) -> None:
         path = checkpoint.step_checkpoints(self.ckpt_dir)[-1]
         state = checkpoint.load(path)
-        before = config_change.Setting(len(state.get("rng_ranks") or [None]),
-                                       state.get("precision"))  # fmt: skip
+        before = config_change.Setting(saved_processes(state), state.get("precision"))
         now = config_change.Setting(self.world.size, self.precision)
         change = config_change.check_resume(state["config"], self.cfg, self.allow_change, path,
                                             before, now)  # fmt: skip
