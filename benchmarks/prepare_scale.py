@@ -5,6 +5,7 @@ from the prepared folder costs before and between updates.
     python benchmarks/prepare_scale.py prepare --corpus /tmp/corpus_1m --out /tmp/prep_1m \\
         --workers 2 [--vocab /tmp/prep_1m_vocab]
     python benchmarks/prepare_scale.py load --prepared /tmp/prep_1m --device cuda
+    python benchmarks/prepare_scale.py load --prepared /tmp/prep_1m --simulate-ms 300
 
 ``generate`` writes ``train.src``, ``train.tgt``, ``valid.*`` (3,000 pairs) and ``config.yaml``
 (the base model, vocabulary 32,000 learned on 1,000,000 sampled lines, max_tokens 25,000,
@@ -20,8 +21,10 @@ anchor, excludes BPE learning too).
 
 ``load`` measures, in one process, the time from start to the first batch (opening the folder,
 the max_len filter, the epoch's batches from the length index) and then, over ``--steps``
-batches of ``max_tokens``, the time to read and collate each batch against the time of a
-training step of the base model on ``--device``: data loading's share of a step.
+batches of ``max_tokens`` a block, the time the loop waits for each batch, read and collated on
+the training thread or read ahead on a background thread as the trainer does, against a training
+step of the base model on ``--device`` (or ``--simulate-ms``: a wait that holds no GIL, as a
+GPU step looks to the host): data loading's share of a step.
 
 For peak resident memory run the commands under ``/usr/bin/time -v`` (benchmarks/RESULTS.md):
 ``transduce prepare --config CORPUS/config.yaml --out DIR`` and ``transduce train --config
@@ -121,13 +124,20 @@ def bench_prepare(corpus: Path, out: Path, workers: int, vocab: Path | None) -> 
             "pairs_per_s_per_worker": round(lines / encode_s / workers)}  # fmt: skip
 
 
-def bench_load(prepared: Path, device: str, steps: int, max_tokens: int) -> dict[str, float]:
+def bench_load(prepared: Path, device: str, steps: int, max_tokens: int,
+               simulate_ms: float | None) -> dict[str, float]:  # fmt: skip
+    """Start to first batch, then the data wait per step, read on the training thread and read
+    ahead on a background thread as the trainer does (``data/read_ahead.py``), the two
+    alternating in blocks of ``steps`` over the same batches. The step is the base model's on
+    ``device`` or, with ``simulate_ms``, a wait that holds no GIL (a GPU step as the host sees it)."""
     import torch
 
     from transduce.architectures import build_model
     from transduce.config import preset_config
-    from transduce.data.batching import collate, length_index, select_pairs, token_batch_arrays
+    from transduce.data.batching import Batch, group_reader, length_index, select_pairs
+    from transduce.data.batching import token_batch_arrays
     from transduce.data.prepared import PreparedSplit
+    from transduce.data.read_ahead import ReadAhead
     from transduce.data.vocab import PAD
     from transduce.training.loss import label_smoothed_nll
 
@@ -138,14 +148,16 @@ def bench_load(prepared: Path, device: str, steps: int, max_tokens: int) -> dict
     pairs = select_pairs(split, kept)
     batches = token_batch_arrays(lengths[kept], max_tokens, seed=1, epoch=0)
     first_batch_s = time.monotonic() - started
+    read = group_reader(pairs, batches, 1, pin=device.startswith("cuda"))
     cfg = preset_config("base")
     model = build_model(cfg.model, src_vocab_size=max(split.manifest["vocab"]["sizes"])).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data_s = step_s = 0.0
-    for k, b in enumerate(batches[: steps + 1]):
-        t0 = time.monotonic()
-        batch = collate([pairs[i] for i in b.tolist()]).to(device)
-        t1 = time.monotonic()
+
+    def step(batch: Batch) -> None:
+        if simulate_ms is not None:
+            time.sleep(simulate_ms / 1000)
+            return
+        batch = batch.to(device)
         sums = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1,
                                   ignore_index=PAD)  # fmt: skip
         (sums.loss / batch.n_tokens).backward()
@@ -153,12 +165,28 @@ def bench_load(prepared: Path, device: str, steps: int, max_tokens: int) -> dict
         opt.zero_grad(set_to_none=True)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        if k:  # the first step warms up
-            data_s, step_s = data_s + t1 - t0, step_s + time.monotonic() - t1
+
+    step(read(0)[0])  # warm-up
+    waits = {"on_thread": 0.0, "read_ahead": 0.0}
+    total = {"on_thread": 0.0, "read_ahead": 0.0}
+    for block in range(4):  # alternating; each block reads batches it has not read before
+        way = ("on_thread", "read_ahead")[block % 2]
+        keys = list(range(1 + block * steps, 1 + (block + 1) * steps))
+        t_block = time.monotonic()
+        with ReadAhead(read) as reader:
+            for k, ahead in zip(keys, [*keys[1:], None], strict=True):
+                t0 = time.monotonic()
+                group = reader.get(k, ahead if way == "read_ahead" else None)
+                waits[way] += time.monotonic() - t0
+                step(group[0])
+        total[way] += time.monotonic() - t_block
+    n = 2 * steps
     return {"pairs": len(split), "batches": len(batches), "start_to_first_batch_s":
-            round(first_batch_s, 2), "data_ms_per_step": round(1000 * data_s / steps, 2),
-            "step_ms": round(1000 * step_s / steps, 1),
-            "data_share": round(data_s / (data_s + step_s), 4), "device": device}  # fmt: skip
+            round(first_batch_s, 2), "device": device, "step": f"sleep {simulate_ms} ms"
+            if simulate_ms is not None else "base model",
+            **{f"data_ms_per_step_{w}": round(1000 * waits[w] / n, 2) for w in waits},
+            **{f"step_ms_{w}": round(1000 * total[w] / n, 1) for w in total},
+            **{f"data_share_{w}": round(waits[w] / total[w], 4) for w in waits}}  # fmt: skip
 
 
 def main() -> None:
@@ -177,6 +205,7 @@ def main() -> None:
     m.add_argument("--device", default="cpu")
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--max-tokens", type=int, default=25000)
+    m.add_argument("--simulate-ms", type=float, help="a GIL-free wait instead of a model step")
     args = parser.parse_args()
     if args.what == "generate":
         generate(args.pairs, args.out)
@@ -184,7 +213,8 @@ def main() -> None:
     elif args.what == "prepare":
         print(json.dumps(bench_prepare(args.corpus, args.out, args.workers, args.vocab)))
     else:
-        print(json.dumps(bench_load(args.prepared, args.device, args.steps, args.max_tokens)))
+        print(json.dumps(bench_load(args.prepared, args.device, args.steps, args.max_tokens,
+                                    args.simulate_ms)))  # fmt: skip
 
 
 if __name__ == "__main__":

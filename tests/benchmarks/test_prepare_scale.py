@@ -46,8 +46,13 @@ def test_generate_prepare_reuse_and_load(tmp_path: Path, monkeypatch: pytest.Mon
     tiny = transduce.config.update(base, {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2,
                                           "d_k": 16, "d_v": 16})  # fmt: skip
     monkeypatch.setattr(transduce.config, "preset_config", lambda name: tiny)
-    load = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000)
+    load = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000, simulate_ms=None)
     assert 2800 < load["pairs"] < 3000  # cleaning removed the empty and repeated lines
-    assert load["batches"] > 2
-    assert 0 < load["data_share"] < 1 and load["start_to_first_batch_s"] >= 0
+    assert load["batches"] > 9  # a warm-up and 4 blocks of 2
+    assert load["start_to_first_batch_s"] >= 0
+    for way in ("on_thread", "read_ahead"):
+        assert 0 < load[f"data_share_{way}"] < 1 and load[f"step_ms_{way}"] > 0
+    # a long GIL-free step hides the read: the loop finds its batch ready
+    slept = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000, simulate_ms=200)
+    assert slept["data_ms_per_step_read_ahead"] < slept["data_ms_per_step_on_thread"]
 

@@ -122,7 +122,10 @@ def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
     assert trainer.progress.step == 0
     summary = trainer.train()
     assert summary["step"] == 3
-    assert [r["step"] for r in records(tmp_path) if "loss" in r and "split" not in r] == [1, 2, 3]
+    steps = [r for r in records(tmp_path) if "loss" in r and "split" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    # the share of training time spent waiting for batches (read ahead on a thread)
+    assert all(0.0 <= r["data_share"] <= 1.0 for r in steps)
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])  # one optimizer parameter group, two

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +28,11 @@ class Batch(NamedTuple):
             self.tgt_out.to(device, non_blocking=True),
             self.n_tokens,
         )
+
+    def pin_memory(self) -> Batch:
+        """In page-locked memory, so that ``to(cuda)`` copies while the host goes on."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
+                     self.n_tokens)  # fmt: skip
 
 
 def token_batch_arrays(
@@ -99,6 +104,21 @@ def collate(pairs: Sequence[Pair]) -> Batch:
         tgt_out[row, : len(t) + 1] = torch.tensor([*t, EOS])
     n_tokens = sum(len(t) + 1 for _, t in pairs)
     return Batch(src, tgt_in, tgt_out, n_tokens)
+
+
+def group_reader(
+    pairs: Sequence[Pair], batches: Sequence[np.ndarray], update_freq: int, *, pin: bool
+) -> Callable[[int], list[Batch]]:
+    """``read(first)``: the ``update_freq`` batches from ``batches[first]`` on (each an array of
+    indices into ``pairs``), padded by ``collate``; in pinned memory if ``pin`` (for a CUDA device,
+    so that the copy overlaps). For ``ReadAhead`` (``data/read_ahead.py``)."""
+
+    def read(first: int) -> list[Batch]:
+        indices = batches[first : first + update_freq]
+        group = [collate([pairs[i] for i in b.tolist()]) for b in indices]
+        return [g.pin_memory() for g in group] if pin else group
+
+    return read
 
 
 def model_lengths(pairs: Sequence[Pair]) -> list[tuple[int, int]]:

@@ -1,7 +1,8 @@
 """The loss a log line reports: the token-weighted mean over the updates since the last line.
 
 One batch's loss swings with its sentence lengths (batches are bucketed by length), so a line
-reports the mean over its window, with the target tokens per second of training alone.
+reports the mean over its window, with the target tokens per second of training alone and the
+share of that time spent waiting for data (what reading ahead did not hide).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class LossWindow:
     nll: float = 0.0
     updates: int = 0
     grad_norm: float = 0.0
+    data_wait: float = 0.0
     start: float = field(default_factory=time.monotonic)
 
     def add(self, loss: float, nll: float, n_tokens: int, grad_norm: float) -> None:
@@ -32,22 +34,27 @@ class LossWindow:
         self.updates += 1
         self.grad_norm += grad_norm
 
+    def waited(self, seconds: float) -> None:
+        """Count ``seconds`` the loop waited for its next batches."""
+        self.data_wait += seconds
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` (a validation) out of the window's training time."""
         self.start += seconds
 
     def report(self) -> dict[str, float]:
-        """``loss``, ``nll``, ``ppl``, ``tokens_per_s`` and ``grad_norm`` (the mean over its
-        updates) of the window; then a new window."""
+        """``loss``, ``nll``, ``ppl``, ``tokens_per_s``, ``grad_norm`` (the mean over its
+        updates) and ``data_share`` (of the training time) of the window; then a new window."""
         now = time.monotonic()
-        n = max(self.tokens, 1)
+        n, seconds = max(self.tokens, 1), max(now - self.start, 1e-9)
         out = {
             "loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50.0)),
-            "tokens_per_s": self.tokens / max(now - self.start, 1e-9),
+            "tokens_per_s": self.tokens / seconds,
             "grad_norm": self.grad_norm / max(self.updates, 1),
+            "data_share": min(self.data_wait / seconds, 1.0),
         }  # fmt: skip
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, now
-        self.updates, self.grad_norm = 0, 0.0
+        self.updates, self.grad_norm, self.data_wait = 0, 0.0, 0.0
         return out
 
 

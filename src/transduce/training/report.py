@@ -63,7 +63,8 @@ def step_record(
     record: dict[str, Any] = {
         "step": p.step, "epoch": p.epoch, "loss": stats["loss"], "nll": stats["nll"],
         "ppl": stats["ppl"], "lr": lr, "grad_norm": stats["grad_norm"],
-        "tokens_per_s": stats["tokens_per_s"], "elapsed": p.elapsed,
+        "tokens_per_s": stats["tokens_per_s"], "data_share": stats["data_share"],
+        "elapsed": p.elapsed,
     }  # fmt: skip
     if p.skipped_updates:
         record["skipped_updates"] = p.skipped_updates

@@ -42,11 +42,12 @@ from transduce.config import Config
 from transduce.data.batching import (
     Batch,
     Pair,
-    collate,
+    group_reader,
     length_index,
     select_pairs,
     token_batch_arrays,
 )
+from transduce.data.read_ahead import ReadAhead
 from transduce.data.vocab import PAD, Vocab
 from transduce.errors import Preempted, UserError
 from transduce.training import config_change, distributed, guard, saving
@@ -329,6 +330,11 @@ class Trainer:
         )
         return distributed.shard(batches, self.world)
 
+    def _reader(self, batches: list[np.ndarray]) -> Callable[[int], list[Batch]]:
+        """The update starting at batch ``first``, pinned for a CUDA device (the copy overlaps)."""
+        pin = self.device.type == "cuda"
+        return group_reader(self.pairs, batches, self.cfg.train.update_freq, pin=pin)
+
     def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
         display = self.display = TrainingDisplay(t, p, shown=self.shown, started=started)
@@ -337,31 +343,16 @@ class Trainer:
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
             batches = self._epoch_batches()
-            while reason is None and p.batch_index < len(batches):
-                idx = batches[p.batch_index : p.batch_index + t.update_freq]
-                p.batch_index += len(idx)
-                update = self._update([collate([self.pairs[i] for i in b.tolist()]) for b in idx])
-                p.elapsed = base_elapsed + time.monotonic() - started
-                guard.count(p, update)
-                if update.skipped is not None:
-                    self._skipped(update, display)
-                else:
-                    window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                    p.step += 1
-                    if p.step % t.log_every == 0:
-                        self._log_step(window, display)
-                    display.advance()
-                    if t.eval_every and p.step % t.eval_every == 0:
-                        paused = time.monotonic()
-                        last_metrics, reason = self._validate_and_decide()
-                        window.exclude(time.monotonic() - paused)  # tokens_per_s: training alone
-                    if p.step % t.save_every == 0:
-                        self.save()
-                for callback in self.callbacks:
-                    callback(p)
-                if update.signalled and reason is None:  # (a run that stops anyway finishes)
-                    self._preempt()
-                reason = reason or self._should_stop(started, base_elapsed)
+            with ReadAhead(self._reader(batches)) as reader:
+                while reason is None and p.batch_index < len(batches):
+                    first = p.batch_index
+                    p.batch_index = min(first + t.update_freq, len(batches))
+                    waiting = time.monotonic()
+                    ahead = p.batch_index if p.batch_index < len(batches) else None
+                    group = reader.get(first, ahead)
+                    window.waited(time.monotonic() - waiting)
+                    validated, reason = self._step(group, window, started, base_elapsed)
+                    last_metrics = validated if validated is not None else last_metrics
             if p.batch_index >= len(batches):
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)
@@ -369,6 +360,37 @@ class Trainer:
         if p.last_valid_step != p.step:
             last_metrics, _ = self._validate_and_decide()
         return self._finish(reason, last_metrics)
+
+    def _step(
+        self, group: list[Batch], window: LossWindow, started: float, base_elapsed: float
+    ) -> tuple[dict[str, float] | None, str | None]:
+        """One update on ``group``, then what falls due at its step: a log line, a validation
+        (its metrics returned), a checkpoint, the callbacks, a stop signal; why to stop, if so."""
+        t, p, display = self.cfg.train, self.progress, self.display
+        assert display is not None
+        validated, reason = None, None
+        update = self._update(group)
+        p.elapsed = base_elapsed + time.monotonic() - started
+        guard.count(p, update)
+        if update.skipped is not None:
+            self._skipped(update, display)
+        else:
+            window.add(update.loss, update.nll, update.tokens, update.grad_norm)
+            p.step += 1
+            if p.step % t.log_every == 0:
+                self._log_step(window, display)
+            display.advance()
+            if t.eval_every and p.step % t.eval_every == 0:
+                paused = time.monotonic()
+                validated, reason = self._validate_and_decide()
+                window.exclude(time.monotonic() - paused)  # tokens_per_s: training alone
+            if p.step % t.save_every == 0:
+                self.save()
+        for callback in self.callbacks:
+            callback(p)
+        if update.signalled and reason is None:  # (a run that stops anyway finishes)
+            self._preempt()
+        return validated, reason or self._should_stop(started, base_elapsed)
 
     def _skipped(self, update: guard.Update, display: TrainingDisplay) -> None:
         """Report a skipped update; ``Diverged`` after ``max_bad_updates`` in a row."""
