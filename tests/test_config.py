@@ -294,3 +294,11 @@ def test_load_config_errors(tmp_path, suffix: str, syntax: str, broken: str, mis
     with pytest.raises(UserError, match="d_modle") as e:
         load_config(wrong)
     assert f"wrong{suffix}" in str(e.value)
+
+
+def test_parsing_word_slots_are_named_once() -> None:
+    from transduce.config import ParsingTaskConfig
+
+    with pytest.raises(UserError, match="keep_tags and slot_pieces"):
+        ParsingTaskConfig(keep_tags=True, slot_pieces=True)
+    assert ParsingTaskConfig(slot_pieces=True).slot_pieces

@@ -70,3 +70,25 @@ def test_parsing_recipe_makes_the_papers_changes() -> None:
     assert cfg.model.n_layers == 4  # section 6.3: 4 layers
     assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_offset) == (21, 0.3, 300)
     assert cfg.train.max_minutes == 30
+
+
+def test_the_readmes_recurrent_parser_command_makes_that_config() -> None:
+    """The README's parsing section trains the LSTM with --set overrides of ptb_parsing.yaml:
+    each key exists and the result is the recurrent model (what `train` would build)."""
+    import re
+    import shlex
+
+    from transduce.cli.main import build_parser
+    from transduce.config import parse_overrides, update
+
+    readme = (CONFIGS.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Parsing") : readme.index("### Seeing what it learns")]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines()]
+    (train,) = [c for c in commands if "architecture=rnn" in c]
+    args = build_parser().parse_args(shlex.split(train)[1:])
+    cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    assert cfg.model.architecture == "rnn" and cfg.model.rnn_attention == "additive"
+    assert cfg.task.name == "parsing"
+    evaluate = [c for c in commands if "ptb_lstm" in c and c.startswith("transduce evaluate")]
+    assert len(evaluate) == 1 and build_parser().parse_args(shlex.split(evaluate[0])[1:]).constrained

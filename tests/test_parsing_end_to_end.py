@@ -44,8 +44,8 @@ def ptb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small
 
 
-def _train(ptb: Path, out: Path, steps: int, capsys) -> dict:
-    cfg = {**TINY, "task": {**TINY["task"], "parse_data": str(ptb)},
+def _train(ptb: Path, out: Path, steps: int, capsys, **task: object) -> dict:
+    cfg = {**TINY, "task": {**TINY["task"], "parse_data": str(ptb), **task},
            "train": {**TINY["train"], "max_steps": steps}}  # fmt: skip
     (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(cfg))
     code = main(["--no-malloc-tuning", "train", "--config", str(out.parent / f"{out.name}.yaml"),
@@ -71,12 +71,17 @@ def test_a_trained_parser_beats_an_untrained_one(ptb: Path, tmp_path: Path, caps
             "sentences"} <= set(trained)  # fmt: skip
     assert trained["sentences"] == 40
     assert trained["f1"] > zero["f1"] + 10, (trained, zero, untrained)
-    constrained = _evaluate(tmp_path / "run" / "model.pt", ptb, capsys, "--constrained")
-    assert constrained["well_formed"] == 1.0 and constrained["repairs"] == 0
+    _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)
 
+
+def _check_constrained_and_parse(model: Path, ptb: Path, tmp_path: Path, capsys) -> None:
+    """``evaluate --constrained`` is well-formed without repairs; ``parse`` writes a TOP tree
+    over each input line's words with an XX preterminal around every word."""
+    constrained = _evaluate(model, ptb, capsys, "--constrained")
+    assert constrained["well_formed"] == 1.0 and constrained["repairs"] == 0
     out = tmp_path / "trees.txt"
-    code = main(["--no-malloc-tuning", "parse", "--model", str(tmp_path / "run" / "model.pt"),
-                 "--input", str(ptb / "test.words"), "--output", str(out), "--quiet"])
+    code = main(["--no-malloc-tuning", "parse", "--model", str(model), "--input",
+                 str(ptb / "test.words"), "--output", str(out), "--quiet"])  # fmt: skip
     assert code == 0
     words = (ptb / "test.words").read_text().splitlines()
     trees = parse_trees(out.read_text())
@@ -84,3 +89,13 @@ def test_a_trained_parser_beats_an_untrained_one(ptb: Path, tmp_path: Path, caps
     for tree, line in zip(trees, words, strict=True):
         assert tree.label == "TOP" and tree.words() == line.split()
         assert set(tree.tags()) == {"XX"}  # a preterminal around every word
+
+
+def test_slot_pieces_parser(ptb: Path, tmp_path: Path, capsys) -> None:
+    """Word slots spelled as each word's first source piece: trained, its output read back into
+    trees over the input words, tagged XX; the constraint keeps it well-formed."""
+    summary = _train(ptb, tmp_path / "run", 100, capsys, slot_pieces=True)
+    assert summary["step"] == 100
+    trained = _evaluate(tmp_path / "run" / "model.pt", ptb, capsys, "--beam", "1")
+    assert trained["sentences"] == 40 and 0 <= trained["f1"] <= 100
+    _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)

@@ -254,12 +254,17 @@ class ParsingTaskConfig(_Section):
     parse_data: str = "data/ptb-sample"
     src_vocab_size: int = 4000  # BPE pieces of the source words
     keep_tags: bool = False  # part-of-speech tags as the word tokens instead of one XX
+    # beyond the paper: each word slot is the word's first source piece (``▁Pierre``), not XX,
+    # so the decoder can find its place in the sentence by content, as in translation
+    slot_pieces: bool = False
     # beyond the paper: the search may only emit what can still become a well-formed tree with
     # the input's number of words (validation, parse and evaluate; they can override it)
     constrained: bool = False
 
     def _check(self) -> None:
         _positive(self, "src_vocab_size")
+        if self.keep_tags and self.slot_pieces:
+            raise UserError("keep_tags and slot_pieces both name the word slots: choose one")
 
 
 TaskConfig = SyntheticTaskConfig | TranslationTaskConfig | ParsingTaskConfig

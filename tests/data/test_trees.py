@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from transduce.data.linearise import WORD_SLOT, delinearise, linearise
+from transduce.data.linearise import (
+    WORD_SLOT,
+    delinearise,
+    fill_slots,
+    linearise,
+    slots_to_placeholders,
+)
 from transduce.data.trees import (
     Leaf,
     Tree,
@@ -245,3 +251,16 @@ def test_repairs_with_tags():
 def test_delinearise_needs_words():
     with pytest.raises(UserError, match="empty sentence"):
         delinearise(["(S", ")S"], [])
+
+
+def test_slots_filled_with_pieces_and_read_back(sample_trees):
+    tree = parse_trees("(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)))")[0]
+    filled = fill_slots(linearise(tree), ["▁The", "▁c", "▁sat", "▁."])
+    assert " ".join(filled) == "(S (NP ▁The ▁c )NP (VP ▁sat )VP ▁. )S"
+    assert slots_to_placeholders(filled) == linearise(tree)
+    with pytest.raises(ValueError, match="4 word slots but 3 fillers"):
+        fill_slots(linearise(tree), ["▁The", "▁c", "▁sat"])
+    for tree in sample_trees[:500]:  # any token as a slot: the tree comes back
+        words = tree.words()
+        pieces = fill_slots(linearise(tree), ["▁" + w for w in words])
+        assert delinearise(slots_to_placeholders(pieces), words) == (_placeholder(tree), 0)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from transduce.data.trees import ROOT_LABEL, Leaf, Node, Tree
 from transduce.errors import UserError
 
-__all__ = ["WORD_SLOT", "delinearise", "is_close", "is_open", "linearise"]
+__all__ = ["WORD_SLOT", "delinearise", "fill_slots", "is_close", "is_open", "linearise",
+           "slots_to_placeholders"]
 
 WORD_SLOT = "XX"
 
@@ -61,6 +62,22 @@ def linearise(tree: Tree, *, tags: bool = False) -> list[str]:
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(node.children))
     return out
+
+
+def fill_slots(tokens: Sequence[str], fillers: Sequence[str]) -> list[str]:
+    """``tokens`` (a linearisation with ``XX`` slots) with the i-th slot replaced by
+    ``fillers[i]``; there must be one filler per slot (``ValueError`` otherwise)."""
+    n_slots = sum(t == WORD_SLOT for t in tokens)
+    if n_slots != len(fillers):
+        raise ValueError(f"{n_slots} word slots but {len(fillers)} fillers")
+    it = iter(fillers)
+    return [next(it) if t == WORD_SLOT else t for t in tokens]
+
+
+def slots_to_placeholders(tokens: Sequence[str]) -> list[str]:
+    """Every token that is not a bracket read as a word slot ``XX`` (output whose slots are
+    words' pieces, ``fill_slots``' inverse for ``delinearise``)."""
+    return [t if is_open(t) or is_close(t) else WORD_SLOT for t in tokens]
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, ParsingTaskConfig
-from transduce.data.linearise import WORD_SLOT, delinearise
+from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
 from transduce.data.tree_constraint import TreeConstraint
 from transduce.data.trees import Tree, read_tree_file
@@ -91,7 +91,10 @@ class Parser:
         )  # fmt: skip
         out = []
         for words, tokens in zip(sentences, decoded, strict=True):
-            tree, repairs = delinearise(tokens.split(), list(words), tags=self.task.keep_tags)
+            read = tokens.split()
+            if self.task.slot_pieces:  # a word's first piece in each slot: a slot as any other
+                read = slots_to_placeholders(read)
+            tree, repairs = delinearise(read, list(words), tags=self.task.keep_tags)
             out.append(Parse(tree, repairs, tokens))
         return out
 

@@ -12,9 +12,9 @@ import torch
 from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, ParsingTaskConfig
 from transduce.data.batching import Pair
-from transduce.data.linearise import linearise
+from transduce.data.linearise import fill_slots, linearise
 from transduce.data.parallel import read_lines
-from transduce.data.subword import train_sentencepiece
+from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import TokenVocab, VocabPair
 from transduce.errors import UserError
@@ -40,13 +40,41 @@ def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
     return sentences, trees
 
 
-def parsing_vocab(sentences: Sequence[Sequence[str]], targets: Sequence[str], size: int,
-                  seed: int) -> VocabPair:  # fmt: skip
+def first_pieces(source: SentencePieceVocab, words: Sequence[str]) -> list[str]:
+    """Each word's first source piece (the one that starts with "▁"), in order."""
+    firsts = [p for p in source.pieces(" ".join(words)) if p.startswith("▁")]
+    if len(firsts) != len(words):  # (a piece "▁" alone, say): word by word
+        firsts = [source.pieces(w)[0] for w in words]
+    return firsts
+
+
+def parsing_targets(trees: Sequence[Tree], sentences: Sequence[Sequence[str]],
+                    task: ParsingTaskConfig, source: SentencePieceVocab) -> list[str]:  # fmt: skip
+    """The linearised trees as target text, a word slot ``XX``, the tag (``keep_tags``) or the
+    word's first source piece (``slot_pieces``)."""
+    out = []
+    for tree, words in zip(trees, sentences, strict=True):
+        tokens = linearise(tree, tags=task.keep_tags)
+        if task.slot_pieces:
+            tokens = fill_slots(tokens, first_pieces(source, words))
+        out.append(" ".join(tokens))
+    return out
+
+
+def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
+                  task: ParsingTaskConfig, seed: int) -> tuple[VocabPair, list[str]]:  # fmt: skip
     """Word pieces learned on the training sentences, and the training targets' tokens (both
-    deterministic, so every rank and a resumed run learn the same)."""
-    source = train_sentencepiece([" ".join(s) for s in sentences], size, seed=seed,
+    deterministic, so every rank and a resumed run learn the same); with ``slot_pieces`` every
+    word-initial source piece is a target token too (a test word's may not occur in training).
+    Returns the vocabularies and the training targets."""
+    source = train_sentencepiece([" ".join(s) for s in sentences], task.src_vocab_size, seed=seed,
                                  hard_vocab_limit=False)  # fmt: skip
-    return VocabPair(source, TokenVocab.learn(targets))
+    targets = parsing_targets(trees, sentences, task, source)
+    extra: list[str] = []
+    if task.slot_pieces:
+        pieces = (source.id_to_piece(i) for i in range(len(source)))
+        extra = [" ".join(p for p in pieces if p.startswith("▁"))]
+    return VocabPair(source, TokenVocab.learn(targets + extra)), targets
 
 
 def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
@@ -74,15 +102,15 @@ def train_parsing(
     folder = resolve_data_path(task.parse_data, "parse_data")
     train_words, train_trees = read_split(folder, "train")
     dev_words, dev_trees = read_split(folder, "dev")
-    targets = [" ".join(linearise(t, tags=task.keep_tags)) for t in train_trees]
-    vocab = parsing_vocab(train_words, targets, task.src_vocab_size, cfg.train.seed)
+    vocab, targets = parsing_vocab(train_words, train_trees, task, cfg.train.seed)
     log(f"parsing: {len(train_words)} training and {len(dev_words)} dev sentences from "
         f"{folder}; {len(vocab.source)} source pieces, {len(vocab.target)} target tokens")
     train_pairs: list[Pair] = [
         (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
         for w, t in zip(train_words, targets, strict=True)
     ]
-    dev_targets = [" ".join(linearise(t, tags=task.keep_tags)) for t in dev_trees]
+    assert isinstance(vocab.source, SentencePieceVocab)
+    dev_targets = parsing_targets(dev_trees, dev_words, task, vocab.source)
     dev_pairs: list[Pair] = [
         (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
         for w, t in zip(dev_words, dev_targets, strict=True)
@@ -99,4 +127,5 @@ def train_parsing(
     return {**summary, "train_sentences": len(train_words), "dev_sentences": len(dev_words)}
 
 
-__all__ = ["f1_validator", "parsing_vocab", "read_split", "train_parsing"]
+__all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",
+           "train_parsing"]
