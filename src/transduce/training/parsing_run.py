@@ -43,8 +43,8 @@ def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
 def first_pieces(source: SentencePieceVocab, words: Sequence[str]) -> list[str]:
     """Each word's first source piece (the one that starts with "▁"), in order."""
     firsts = [p for p in source.pieces(" ".join(words)) if p.startswith("▁")]
-    if len(firsts) != len(words):  # (a piece "▁" alone, say): word by word
-        firsts = [source.pieces(w)[0] for w in words]
+    if len(firsts) != len(words):  # a word that normalises to nothing: word by word
+        firsts = [(source.pieces(w) or ["▁"])[0] for w in words]
     return firsts
 
 
