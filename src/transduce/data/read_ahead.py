@@ -43,10 +43,8 @@ class ReadAhead(Generic[T]):
 
     def close(self) -> None:
         """Drop what was read ahead; the thread ends once its current read does."""
-        if self._pending is not None:
-            self._pending[1].cancel()
-            self._pending = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pending = None
+        self._pool.shutdown(wait=False, cancel_futures=True)  # a read not yet started is dropped
 
     def __enter__(self) -> ReadAhead[T]:
         return self
