@@ -8,10 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from transduce.checkpoint import load_model
 from transduce.cli.main import main
 from transduce.data.trees import parse_trees
+from transduce.training.parsing_run import word_units
 
 TINY = {
     "model": {"n_layers": 2, "d_model": 96, "d_ff": 192, "n_heads": 4, "d_k": 24, "d_v": 24,
@@ -44,9 +47,11 @@ def ptb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small
 
 
-def _train(ptb: Path, out: Path, steps: int, capsys, **task: object) -> dict:
+def _train(ptb: Path, out: Path, steps: int, capsys, model: dict | None = None,
+           **task: object) -> dict:  # fmt: skip
     cfg = {**TINY, "task": {**TINY["task"], "parse_data": str(ptb), **task},
-           "train": {**TINY["train"], "max_steps": steps}}  # fmt: skip
+           "train": {**TINY["train"], "max_steps": steps},
+           "model": {**TINY["model"], **(model or {})}}  # fmt: skip
     (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(cfg))
     code = main(["--no-malloc-tuning", "train", "--config", str(out.parent / f"{out.name}.yaml"),
                  "--out", str(out), "--quiet"])  # fmt: skip
@@ -98,4 +103,17 @@ def test_slot_pieces_parser(ptb: Path, tmp_path: Path, capsys) -> None:
     assert summary["step"] == 100
     trained = _evaluate(tmp_path / "run" / "model.pt", ptb, capsys, "--beam", "1")
     assert trained["sentences"] == 40 and 0 <= trained["f1"] <= 100
+    _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)
+
+
+def test_a_parser_with_positions_counted_in_words(ptb: Path, tmp_path: Path, capsys) -> None:
+    """``position_unit: word``: trained through the CLI, its word units saved in the model file
+    (as ``word_units`` makes them from its vocabularies), its constrained output well-formed."""
+    summary = _train(ptb, tmp_path / "run", 100, capsys, model={"position_unit": "word"})
+    assert summary["step"] == 100
+    model, vocab, _ = load_model(tmp_path / "run" / "model.pt")
+    starts, slots = word_units(vocab)
+    assert starts.any() and slots.any()
+    assert torch.equal(model.encoder.word_start, starts)
+    assert torch.equal(model.decoder.word_slot, slots)
     _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)

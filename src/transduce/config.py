@@ -90,6 +90,11 @@ class ModelConfig(_Section):
     # rnn: the last attentional state fed to the next step (Luong). Off: in short Multi30k runs it
     # learned slower per update and costs 1.2-1.3x a step (benchmarks/RESULTS.md, the LSTM tuned)
     input_feeding: bool = False
+    # the Transformer's, beyond the paper, for parsing: token (the paper's) or word: a source
+    # piece's position is its word's index and a decoder input's the number of word slots before
+    # it, so the query for the next slot and the key of its word share a position (the decoder
+    # need not count the words it placed); rnn has no positions and ignores it
+    position_unit: Literal["token", "word"] = "token"
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")
@@ -318,6 +323,10 @@ class Config:
                           ("task", _TASK_CLASSES), ("decode", DecodeConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise UserError(f"Config.{name} must be a {_type_names(cls)}")  # fmt: skip
+        if self.model.position_unit == "word" and not isinstance(self.task, ParsingTaskConfig):
+            raise UserError(
+                "position_unit: word needs words in and word slots out: task.name: parsing"
+            )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -437,15 +446,13 @@ def update(cfg: Config, values: dict[str, Any]) -> Config:
     for key, value in values.items():
         section, name = resolve_key(key)
         by_section.setdefault(section, {})[name] = coerce(section, name, value)
-    out = cfg
+    sections: dict[str, Any] = {}
     for section, changes in by_section.items():
-        new: Any
         if section == "task":
-            new = _updated_task(out.task, changes)
+            sections[section] = _updated_task(cfg.task, changes)
         else:
-            new = replace(getattr(out, section), **changes)
-        out = replace(out, **{section: new})
-    return out
+            sections[section] = replace(getattr(cfg, section), **changes)
+    return replace(cfg, **sections)  # one Config: its checks across sections see every change
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

@@ -34,6 +34,10 @@ def tiny_model(
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+    if model.config.position_unit == "word":  # every other id starts a word / is a word slot
+        src_ids = torch.arange(V)
+        tgt_ids = torch.arange(V if tgt_vocab is None else tgt_vocab)
+        model.set_word_units(src_ids % 2 == 1, tgt_ids % 3 == 1)
     return model.eval()
 
 

@@ -166,6 +166,8 @@ def build_spec(
         raise UserError(
             f"CTranslate2 needs d_k = d_v; this model has d_k {cfg.d_k} and d_v {cfg.d_v}"
         )
+    if cfg.position_unit != "token":
+        raise UserError("CTranslate2 counts positions in tokens; this model counts them in words")
     head_dim = None if cfg.d_k * cfg.n_heads == cfg.d_model else cfg.d_k
     if model.generator.bias is not None:
         raise UserError("cannot export a pre-softmax projection with a bias")

@@ -22,7 +22,8 @@ How each function is computed (which CPU matrix library, fused attention kernel 
 ``transduce.kernels``' business; a model takes those choices as one ``KernelOptions`` value.
 
 One file per concept, named as the paper names it: ``attention`` (eq. 1, multi-head attention),
-``feed_forward`` (eq. 2), ``embedding`` (3.4), ``positions`` (3.5), ``masks``, ``layers`` (3.1,
+``feed_forward`` (eq. 2), ``embedding`` (3.4), ``positions`` (3.5; and, beyond the paper for
+parsing, positions counted in words), ``masks``, ``layers`` (3.1,
 the residual connections), ``transformer`` (Figure 1), ``cache`` (keys and values kept between
 decoding steps).
 """

@@ -126,6 +126,7 @@ class DecoderCache:
     def __init__(self, n_layers: int, layer: type[LayerCache] = LayerCache) -> None:
         self.layers = [layer() for _ in range(n_layers)]
         self.length = 0  # target positions already in the cache
+        self.slots: Tensor | None = None  # (N,) word slots among them (position_unit: word)
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache.
@@ -133,6 +134,8 @@ class DecoderCache:
         When ``index`` keeps the number of rows and leaves at least half of them where they are
         (``index[i] == i``: beam search puts a hypothesis in its parent's slot where it can), only
         the other rows are copied, in place; otherwise all rows are gathered."""
+        if self.slots is not None:
+            self.slots = self.slots.index_select(0, index)
         moved = _moved_rows(index, self.layers[0].self_k if self.layers else None)
         for layer in self.layers:
             if moved is None:

@@ -1,4 +1,5 @@
-"""Positional encodings (section 3.5): the paper's sinusoids, or learned (Table 3 row E)."""
+"""Positional encodings (section 3.5): the paper's sinusoids, or learned (Table 3 row E); and,
+beyond the paper, positions counted in words (``word_positions``, ``slot_positions``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ class SinusoidalPositions(nn.Module):
                 self.table = positional_table(2 * end, self.d_model, device=self.table.device)
         return self.table.narrow(0, offset, length)
 
+    def at(self, index: Tensor) -> Tensor:
+        """PE[index]: index (B, T) long -> (B, T, D) float32."""
+        self.encoding(0, int(index.max()) + 1 if index.numel() else 0)  # grow the table
+        return nn.functional.embedding(index, self.table)
+
 
 class LearnedPositions(nn.Module):
     """Learned positional embeddings (Table 3 row E); at most ``max_positions`` positions."""
@@ -72,6 +78,25 @@ class LearnedPositions(nn.Module):
             )
         return self.weight.narrow(0, offset, length)
 
+    def at(self, index: Tensor) -> Tensor:
+        """P[index]: index (B, T) long -> (B, T, D)."""
+        self.encoding(0, int(index.max()) + 1 if index.numel() else 0)  # the length check
+        return nn.functional.embedding(index, self.weight)
+
+
+def word_positions(starts: Tensor) -> Tensor:
+    """starts (B, S) bool, True on a token that begins a word -> (B, S) long: each token's word
+    index (0 for the first word; the pieces of a word share it; 0 before any start)."""
+    return (starts.long().cumsum(1) - 1).clamp_min(0)
+
+
+def slot_positions(slots: Tensor, before: Tensor | None = None) -> Tensor:
+    """slots (N, T) bool, True on a decoder input that is a word slot; before (N,) the slots in
+    inputs already decoded (None: none) -> (N, T) long: the slots up to and including each input,
+    which is the index of the word that the next word slot will hold."""
+    counts = slots.long().cumsum(1)  # (N, T)
+    return counts if before is None else counts + before[:, None]
+
 
 def make_positions(
     kind: str, *, d_model: int, max_positions: int
@@ -84,4 +109,5 @@ def make_positions(
     raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {kind!r}")
 
 
-__all__ = ["LearnedPositions", "SinusoidalPositions", "make_positions", "positional_table"]
+__all__ = ["LearnedPositions", "SinusoidalPositions", "make_positions", "positional_table",
+           "slot_positions", "word_positions"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from transduce import kernels
@@ -14,7 +15,7 @@ from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.masks import key_padding_mask
-from transduce.model.positions import make_positions
+from transduce.model.positions import make_positions, slot_positions, word_positions
 
 
 def source_mask(src_valid: Tensor) -> Tensor | None:
@@ -42,7 +43,10 @@ def _layer_kwargs(cfg: ModelConfig, options: KernelOptions) -> dict[str, Any]:
 
 
 class Encoder(nn.Module):
-    """Embedding + positions + dropout, then N encoder layers (plus a final norm if pre-norm)."""
+    """Embedding + positions + dropout, then N encoder layers (plus a final norm if pre-norm).
+
+    With ``position_unit: word`` a token's position is its word's index; ``word_start`` (V,) bool
+    says which token ids begin a word (``Transformer.set_word_units``)."""
 
     def __init__(self, cfg: ModelConfig, embed: Embeddings, options: KernelOptions) -> None:
         super().__init__()
@@ -50,6 +54,9 @@ class Encoder(nn.Module):
         self.positions = make_positions(
             cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
         )
+        self.word_start: Tensor | None  # (V,) bool; None: positions count tokens
+        units = torch.zeros(embed.weight.size(0), dtype=torch.bool)
+        self.register_buffer("word_start", units if cfg.position_unit == "word" else None)
         self.dropout = cfg.dropout  # P_drop on the sums of embeddings and positions
         self.layers = nn.ModuleList(
             EncoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
@@ -60,15 +67,27 @@ class Encoder(nn.Module):
         self, src: Tensor, src_valid: Tensor, record: AttentionRecord | None = None
     ) -> Tensor:
         """src (B, S) token ids, src_valid (B, S) bool -> memory (B, S, D)."""
-        x = kernels.dropout(self.positions(self.embed(src)), self.dropout, self.training)
+        x = kernels.dropout(self.inputs(src), self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for layer in self.layers:
             x = layer(x, mask, record)
         return self.final_norm(x)
 
+    def inputs(self, src: Tensor) -> Tensor:
+        """src (B, S) -> the embeddings plus positions (B, S, D), before dropout."""
+        x = self.embed(src)  # (B, S, D)
+        if self.word_start is None:
+            return self.positions(x)
+        return x + self.positions.at(word_positions(self.word_start[src])).to(x.dtype)
+
 
 class Decoder(nn.Module):
-    """Embedding + positions + dropout, then N decoder layers (plus a final norm if pre-norm)."""
+    """Embedding + positions + dropout, then N decoder layers (plus a final norm if pre-norm).
+
+    With ``position_unit: word`` an input's position is the number of word slots among the inputs
+    so far (``slot_positions``): the index of the source word the next slot holds, so that query
+    and key positions meet where a slot aligns. ``word_slot`` (V,) bool says which token ids are
+    word slots (``Transformer.set_word_units``)."""
 
     def __init__(self, cfg: ModelConfig, embed: Embeddings, options: KernelOptions) -> None:
         super().__init__()
@@ -76,6 +95,9 @@ class Decoder(nn.Module):
         self.positions = make_positions(
             cfg.positional, d_model=cfg.d_model, max_positions=cfg.max_positions
         )
+        self.word_slot: Tensor | None  # (V,) bool; None: positions count tokens
+        units = torch.zeros(embed.weight.size(0), dtype=torch.bool)
+        self.register_buffer("word_slot", units if cfg.position_unit == "word" else None)
         self.dropout = cfg.dropout  # P_drop on the sums of embeddings and positions
         self.layers = nn.ModuleList(
             DecoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
@@ -96,15 +118,29 @@ class Decoder(nn.Module):
         belongs to sentence i), which beam search uses so that memory is never copied per beam.
         With a cache, ``tgt`` holds only the positions after ``cache.length``; the cache grows.
         """
-        offset = 0 if cache is None else cache.length
-        x = self.positions(self.embed(tgt), offset)
-        x = kernels.dropout(x, self.dropout, self.training)
+        x = kernels.dropout(self.inputs(tgt, cache), self.dropout, self.training)
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, mask, None if cache is None else cache.layers[i], record)
         if cache is not None:
-            cache.length += tgt.size(1)
+            self.advance(cache, tgt)
         return self.final_norm(x)
+
+    def inputs(self, tgt: Tensor, cache: DecoderCache | None = None) -> Tensor:
+        """tgt (N, T), the inputs after those in ``cache`` -> embeddings plus positions
+        (N, T, D), before dropout."""
+        x = self.embed(tgt)  # (N, T, D)
+        if self.word_slot is None:
+            return self.positions(x, 0 if cache is None else cache.length)
+        index = slot_positions(self.word_slot[tgt], None if cache is None else cache.slots)
+        return x + self.positions.at(index).to(x.dtype)
+
+    def advance(self, cache: DecoderCache, tgt: Tensor) -> None:
+        """Count the inputs tgt (N, T) into ``cache`` once they are decoded."""
+        cache.length += tgt.size(1)
+        if self.word_slot is not None:
+            slots = self.word_slot[tgt].sum(1)  # (N,)
+            cache.slots = slots if cache.slots is None else cache.slots + slots
 
 
 class Transformer(nn.Module):
@@ -155,6 +191,20 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
         if cfg.tie_embeddings:
             self.generator.weight = tgt_embed.weight  # pre-softmax projection = target embedding
+
+    def set_word_units(self, word_start: Tensor, word_slot: Tensor) -> None:
+        """For ``position_unit: word``: which source ids begin a word, (V_src,) bool, and which
+        target ids are word slots, (V_tgt,) bool. Kept in the state dict."""
+        enc, dec = self.encoder.word_start, self.decoder.word_slot
+        if enc is None or dec is None:
+            raise ValueError("word units are for a model with position_unit: word")
+        if word_start.shape != enc.shape or word_slot.shape != dec.shape:
+            raise ValueError(
+                f"word units of shapes {tuple(word_start.shape)} and {tuple(word_slot.shape)} "
+                f"for vocabularies of {enc.numel()} and {dec.numel()}"
+            )
+        enc.copy_(word_start)
+        dec.copy_(word_slot)
 
     def encode(
         self,

@@ -16,9 +16,10 @@ from transduce.data.linearise import fill_slots, linearise
 from transduce.data.parallel import read_lines
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
-from transduce.data.vocab import TokenVocab, VocabPair
+from transduce.data.vocab import EOS, SPECIALS, TokenVocab, VocabPair
 from transduce.errors import UserError
 from transduce.inference.parsing import Parser, parsing_scores
+from transduce.model.transformer import Transformer
 from transduce.training import distributed
 from transduce.training.run import Log, resolve_data_path, stderr_log
 from transduce.training.trainer import StepCallback, Trainer, Validator
@@ -77,6 +78,17 @@ def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
     return VocabPair(source, TokenVocab.learn(targets + extra)), targets
 
 
+def word_units(vocab: VocabPair) -> tuple[torch.Tensor, torch.Tensor]:
+    """For ``position_unit: word``: (V_src,) bool, the source ids that begin a word (SentencePiece
+    starts each with "▁"; the end of sentence counts as one more word, where the tree closes), and
+    (V_tgt,) bool, the target ids that are word slots (neither a bracket nor a special token)."""
+    to_src = getattr(vocab.source, "id_to_piece")
+    to_tgt = getattr(vocab.target, "id_to_piece")
+    starts = [to_src(i).startswith("▁") or i == EOS for i in range(len(vocab.source))]
+    slots = [i >= len(SPECIALS) and to_tgt(i)[0] not in "()" for i in range(len(vocab.target))]
+    return torch.tensor(starts), torch.tensor(slots)
+
+
 def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
                  gold: list[Tree]) -> Validator:  # fmt: skip
     """EVALB F1 of the model's parses of dev (beam ``train.valid_beam``)."""
@@ -118,6 +130,8 @@ def train_parsing(
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, src_vocab_size=len(vocab.source),
                         tgt_vocab_size=len(vocab.target))  # fmt: skip
+    if cfg.model.position_unit == "word" and isinstance(model, Transformer):  # rnn: no positions
+        model.set_word_units(*word_units(vocab))
     trainer = Trainer(
         cfg, model, vocab, train_pairs, run_dir=Path(out_dir), valid_pairs=dev_pairs,
         validator=f1_validator(cfg, vocab, dev_words, dev_trees), score_key="f1",
@@ -128,4 +142,4 @@ def train_parsing(
 
 
 __all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",
-           "train_parsing"]
+           "train_parsing", "word_units"]

@@ -62,6 +62,7 @@ IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
     "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
     "tie_embeddings": (True, False), "architecture": ("transformer",),
     "rnn_attention": None, "input_feeding": None,  # the recurrent baseline's, not read here
+    "position_unit": ("token", "word"),
 }  # fmt: skip
 
 
@@ -259,7 +260,7 @@ class DecodingModel:
         if src_valid is None:
             src_valid = src != self.model.pad_id
         encoder = self.model.encoder
-        x = encoder.positions(encoder.embed(src))  # (B, S, D)
+        x = encoder.inputs(src)  # (B, S, D)
         b, s, d = x.shape
         mask = source_mask(src_valid)  # (B, 1, 1, S) or None
         x = x.reshape(b * s, d)  # (B, S, D) -> (B*S, D): the projections take rows
@@ -281,13 +282,16 @@ class DecodingModel:
             return self.model.decode(tgt, memory, src_valid, cache)
         decoder = self.model.decoder
         embed = decoder.embed.weight  # (V, D)
-        position = _as_dtype(decoder.positions.encoding(cache.length, 1), embed.dtype)  # (1, D)
-        # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5) as one operation
-        x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
+        if decoder.word_slot is None:
+            position = _as_dtype(decoder.positions.encoding(cache.length, 1), embed.dtype)  # (1, D)
+            # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5) as one operation
+            x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
+        else:  # positions counted in word slots: one per row
+            x = decoder.inputs(tgt, cache).view(tgt.size(0), -1)  # (N, 1, D) -> (N, D)
         mask = self._source_mask(src_valid)  # (B, 1, 1, S) or None
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = self._layer(x, weights, layer_cache, memory, mask)
-        cache.length += 1
+        decoder.advance(cache, tgt)
         if self.pre_norm:
             x = decoder.final_norm(x)
         return self.generator(x).unsqueeze(1)  # (N, V) -> (N, 1, V)
