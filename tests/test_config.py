@@ -302,3 +302,5 @@ def test_parsing_word_slots_are_named_once() -> None:
     with pytest.raises(UserError, match="keep_tags and slot_pieces"):
         ParsingTaskConfig(keep_tags=True, slot_pieces=True)
     assert ParsingTaskConfig(slot_pieces=True).slot_pieces
+    with pytest.raises(UserError, match="slot_pieces .* bpe_dropout"):
+        ParsingTaskConfig(slot_pieces=True, bpe_dropout=0.1)

@@ -67,7 +67,10 @@ def test_parsing_recipe_makes_the_papers_changes() -> None:
 
     cfg = load_config(CONFIGS / "ptb_parsing.yaml")
     assert isinstance(cfg.task, ParsingTaskConfig) and cfg.task.parse_data == "data/ptb-sample"
-    assert cfg.model.n_layers == 4  # section 6.3: 4 layers
+    # section 6.3's 4 layers learn the alignment far slower on 3.4k sentences and 2 cores than 2
+    # (benchmarks/RESULTS.md, "positions counted in words"); counting positions in words is what
+    # lets the Transformer parse at all in 30 minutes
+    assert (cfg.model.n_layers, cfg.model.position_unit) == (2, "word")
     assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_offset) == (21, 0.3, 300)
     assert cfg.train.max_minutes == 30
 
@@ -89,6 +92,7 @@ def test_the_readmes_recurrent_parser_command_makes_that_config() -> None:
     args = build_parser().parse_args(shlex.split(train)[1:])
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
     assert cfg.model.architecture == "rnn" and cfg.model.rnn_attention == "additive"
+    assert getattr(cfg.task, "bpe_dropout") == 0  # as measured
     assert cfg.task.name == "parsing"
     evaluate = [c for c in commands if "ptb_lstm" in c and c.startswith("transduce evaluate")]
     assert len(evaluate) == 1 and build_parser().parse_args(shlex.split(evaluate[0])[1:]).constrained

@@ -265,11 +265,18 @@ class ParsingTaskConfig(_Section):
     # beyond the paper: the search may only emit what can still become a well-formed tree with
     # the input's number of words (validation, parse and evaluate; they can override it)
     constrained: bool = False
+    # beyond the paper: BPE-dropout (Provilkov et al., 2020) on the source words, each epoch's
+    # segmentation drawn anew (the tree is the same whatever the pieces); 0 = off
+    bpe_dropout: float = 0.0
 
     def _check(self) -> None:
         _positive(self, "src_vocab_size")
+        _fraction(self, "bpe_dropout")
         if self.keep_tags and self.slot_pieces:
             raise UserError("keep_tags and slot_pieces both name the word slots: choose one")
+        if self.bpe_dropout and self.slot_pieces:
+            raise UserError("slot_pieces spells each slot as the word's first piece, which "
+                            "bpe_dropout would change: choose one")  # fmt: skip
 
 
 TaskConfig = SyntheticTaskConfig | TranslationTaskConfig | ParsingTaskConfig

@@ -11,6 +11,7 @@ Two kinds of evidence that the exported model is our model:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -177,3 +178,6 @@ def test_unsupported_shapes_are_user_errors() -> None:
         build_spec(random_model(), TOKENS[:-1])
     with pytest.raises(UserError, match="twice"):
         build_spec(random_model(), [*TOKENS[:-1], "w0"])
+    with pytest.raises(UserError, match="counts them in words"):
+        cfg = dataclasses.replace(random_model().config, position_unit="word")
+        build_spec(make_model(cfg, src_vocab_size=len(TOKENS)), TOKENS)

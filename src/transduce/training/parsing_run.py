@@ -22,7 +22,7 @@ from transduce.inference.parsing import Parser, parsing_scores
 from transduce.model.transformer import Transformer
 from transduce.training import distributed
 from transduce.training.run import Log, resolve_data_path, stderr_log
-from transduce.training.trainer import StepCallback, Trainer, Validator
+from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
 
 
 def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
@@ -89,6 +89,24 @@ def word_units(vocab: VocabPair) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(starts), torch.tensor(slots)
 
 
+def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Sequence[Sequence[str]],
+                         targets: Sequence[list[int]]) -> Resegment | None:  # fmt: skip
+    """Each epoch's training pairs with the source words under BPE-dropout ``task.bpe_dropout``
+    (None when 0), seeded by ``train.seed`` and the epoch, so that every rank and a resumed run
+    draw the same pairs; the targets stay as they are."""
+    assert isinstance(cfg.task, ParsingTaskConfig)
+    p = cfg.task.bpe_dropout
+    if not p:
+        return None
+    texts = [" ".join(words) for words in sentences]
+
+    def pairs(epoch: int) -> list[Pair]:
+        seed = (cfg.train.seed * 1_000_003 + 2 * epoch) % 2**32
+        return list(zip(source.sample_batch(texts, dropout=p, seed=seed), targets, strict=True))
+
+    return pairs
+
+
 def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
                  gold: list[Tree]) -> Validator:  # fmt: skip
     """EVALB F1 of the model's parses of dev (beam ``train.valid_beam``)."""
@@ -132,14 +150,15 @@ def train_parsing(
                         tgt_vocab_size=len(vocab.target))  # fmt: skip
     if cfg.model.position_unit == "word" and isinstance(model, Transformer):  # rnn: no positions
         model.set_word_units(*word_units(vocab))
+    resegment = source_dropout_pairs(cfg, vocab.source, train_words, [t for _, t in train_pairs])
     trainer = Trainer(
         cfg, model, vocab, train_pairs, run_dir=Path(out_dir), valid_pairs=dev_pairs,
         validator=f1_validator(cfg, vocab, dev_words, dev_trees), score_key="f1",
-        resume=resume, show_progress=show_progress, callbacks=callbacks, allow_change=allow_change,
+        resegment=resegment, resume=resume, show_progress=show_progress, callbacks=callbacks, allow_change=allow_change,
     )  # fmt: skip
     summary = trainer.train()
     return {**summary, "train_sentences": len(train_words), "dev_sentences": len(dev_words)}
 
 
 __all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",
-           "train_parsing", "word_units"]
+           "source_dropout_pairs", "train_parsing", "word_units"]
