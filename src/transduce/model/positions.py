@@ -50,9 +50,10 @@ class SinusoidalPositions(nn.Module):
                 self.table = positional_table(2 * end, self.d_model, device=self.table.device)
         return self.table.narrow(0, offset, length)
 
-    def at(self, index: Tensor) -> Tensor:
-        """PE[index]: index (B, T) long -> (B, T, D) float32."""
-        self.encoding(0, int(index.max()) + 1 if index.numel() else 0)  # grow the table
+    def at(self, index: Tensor, limit: int) -> Tensor:
+        """PE[index]: index (B, T) long, every value below ``limit`` -> (B, T, D) float32. The
+        caller's bound, not index.max(), which would wait for the device."""
+        self.encoding(0, limit)  # grow the table
         return nn.functional.embedding(index, self.table)
 
 
@@ -78,9 +79,9 @@ class LearnedPositions(nn.Module):
             )
         return self.weight.narrow(0, offset, length)
 
-    def at(self, index: Tensor) -> Tensor:
-        """P[index]: index (B, T) long -> (B, T, D)."""
-        self.encoding(0, int(index.max()) + 1 if index.numel() else 0)  # the length check
+    def at(self, index: Tensor, limit: int) -> Tensor:
+        """P[index]: index (B, T) long, every value below ``limit`` -> (B, T, D)."""
+        self.encoding(0, limit)  # the length check
         return nn.functional.embedding(index, self.weight)
 
 

@@ -78,7 +78,8 @@ class Encoder(nn.Module):
         x = self.embed(src)  # (B, S, D)
         if self.word_start is None:
             return self.positions(x)
-        return x + self.positions.at(word_positions(self.word_start[src])).to(x.dtype)
+        index = word_positions(self.word_start[src])  # (B, S), each below S
+        return x + self.positions.at(index, src.size(1)).to(x.dtype)
 
 
 class Decoder(nn.Module):
@@ -132,8 +133,9 @@ class Decoder(nn.Module):
         x = self.embed(tgt)  # (N, T, D)
         if self.word_slot is None:
             return self.positions(x, 0 if cache is None else cache.length)
+        before = 0 if cache is None else cache.length  # slots among them: at most that many
         index = slot_positions(self.word_slot[tgt], None if cache is None else cache.slots)
-        return x + self.positions.at(index).to(x.dtype)
+        return x + self.positions.at(index, before + tgt.size(1) + 1).to(x.dtype)  # (N, T, D)
 
     def advance(self, cache: DecoderCache, tgt: Tensor) -> None:
         """Count the inputs tgt (N, T) into ``cache`` once they are decoded."""
