@@ -5,7 +5,8 @@ from __future__ import annotations
 from transduce.config import Config, ParsingTaskConfig, TrainConfig
 from transduce.data.subword import train_sentencepiece
 from transduce.data.vocab import EOS, SPECIALS, TokenVocab, VocabPair
-from transduce.training.parsing_run import source_dropout_pairs, word_units
+from transduce.inference.parsing import word_units
+from transduce.training.parsing_run import source_dropout_pairs
 
 SENTENCES = [s.split() for s in (
     "Pierre Vinken , 61 years old , will join the board as a nonexecutive director Nov. 29 .",

@@ -25,12 +25,24 @@ from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholde
 from transduce.data.parallel import read_lines
 from transduce.data.tree_constraint import TreeConstraint
 from transduce.data.trees import Tree, read_tree_file
-from transduce.data.vocab import SPECIALS, Vocab, VocabPair
+from transduce.data.vocab import EOS, SPECIALS, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
 from transduce.inference.constrained import ConstrainedTrees
 from transduce.inference.translator import Translator
+
+
+def word_units(vocab: VocabPair) -> tuple[torch.Tensor, torch.Tensor]:
+    """For ``position_unit: word``: (V_src,) bool, the source ids that begin a word (SentencePiece
+    starts each with "▁"; the end of sentence counts as one more word, where the tree closes), and
+    (V_tgt,) bool, the target ids that are word slots (neither a bracket nor a special token),
+    which are also the word tokens of the tree constraint."""
+    to_src = getattr(vocab.source, "id_to_piece")
+    to_tgt = getattr(vocab.target, "id_to_piece")
+    starts = [to_src(i).startswith("▁") or i == EOS for i in range(len(vocab.source))]
+    slots = [i >= len(SPECIALS) and to_tgt(i)[0] not in "()" for i in range(len(vocab.target))]
+    return torch.tensor(starts), torch.tensor(slots)
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ class Parser:
         assert isinstance(self.vocab, VocabPair)
         target, source = self.vocab.target, self.vocab.source
         tokens = [getattr(target, "id_to_piece")(i) for i in range(len(target))]
-        words = {t for t in tokens[len(SPECIALS) :] if t[0] not in "()"}
+        words = {tokens[i] for i in word_units(self.vocab)[1].nonzero().flatten().tolist()}
         constraint = TreeConstraint(tokens, eos=SPECIALS[2], word_tokens=words or {WORD_SLOT})
 
         to_piece = getattr(source, "id_to_piece")
@@ -131,7 +143,7 @@ def parsing_scores(parser: Parser, sentences: Sequence[Sequence[str]], gold: Seq
 
 
 __all__ = [
-    "evaluate_checkpoint", "Parse", "Parser", "evaluate_parser", "parsing_scores"]
+    "evaluate_checkpoint", "Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]
 
 
 def evaluate_checkpoint(

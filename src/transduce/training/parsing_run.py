@@ -16,12 +16,12 @@ from transduce.data.linearise import fill_slots, linearise
 from transduce.data.parallel import read_lines
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
-from transduce.data.vocab import EOS, SPECIALS, TokenVocab, VocabPair
+from transduce.data.vocab import TokenVocab, VocabPair
 from transduce.errors import UserError
-from transduce.inference.parsing import Parser, parsing_scores
+from transduce.inference.parsing import Parser, parsing_scores, word_units
 from transduce.model.transformer import Transformer
 from transduce.training import distributed
-from transduce.training.run import Log, resolve_data_path, stderr_log
+from transduce.training.run import Log, epoch_seed, resolve_data_path, stderr_log
 from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
 
 
@@ -78,17 +78,6 @@ def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
     return VocabPair(source, TokenVocab.learn(targets + extra)), targets
 
 
-def word_units(vocab: VocabPair) -> tuple[torch.Tensor, torch.Tensor]:
-    """For ``position_unit: word``: (V_src,) bool, the source ids that begin a word (SentencePiece
-    starts each with "▁"; the end of sentence counts as one more word, where the tree closes), and
-    (V_tgt,) bool, the target ids that are word slots (neither a bracket nor a special token)."""
-    to_src = getattr(vocab.source, "id_to_piece")
-    to_tgt = getattr(vocab.target, "id_to_piece")
-    starts = [to_src(i).startswith("▁") or i == EOS for i in range(len(vocab.source))]
-    slots = [i >= len(SPECIALS) and to_tgt(i)[0] not in "()" for i in range(len(vocab.target))]
-    return torch.tensor(starts), torch.tensor(slots)
-
-
 def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Sequence[Sequence[str]],
                          targets: Sequence[list[int]]) -> Resegment | None:  # fmt: skip
     """Each epoch's training pairs with the source words under BPE-dropout ``task.bpe_dropout``
@@ -101,7 +90,7 @@ def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Seq
     texts = [" ".join(words) for words in sentences]
 
     def pairs(epoch: int) -> list[Pair]:
-        seed = (cfg.train.seed * 1_000_003 + 2 * epoch) % 2**32
+        seed = epoch_seed(cfg.train.seed, epoch)
         return list(zip(source.sample_batch(texts, dropout=p, seed=seed), targets, strict=True))
 
     return pairs
@@ -161,4 +150,4 @@ def train_parsing(
 
 
 __all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",
-           "source_dropout_pairs", "train_parsing", "word_units"]
+           "source_dropout_pairs", "train_parsing"]

@@ -274,6 +274,12 @@ def _validation(
     return valid_pairs, bleu_validator(cfg, vocab, sources, references)
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The BPE-dropout seed of ``epoch``'s first side (the target's is one more): the same on
+    every rank and after a resume."""
+    return (seed * 1_000_003 + 2 * epoch) % 2**32
+
+
 def bpe_dropout_pairs(
     cfg: Config, vocab: SentencePieceVocab | VocabPair, train: ParallelText
 ) -> Resegment | None:
@@ -286,9 +292,9 @@ def bpe_dropout_pairs(
     source, target = _sides(vocab)
 
     def pairs(epoch: int) -> list[Pair]:
-        seed = cfg.train.seed * 1_000_003 + 2 * epoch
+        seed = epoch_seed(cfg.train.seed, epoch)
         return list(zip(
-            source.sample_batch(train.source, dropout=p, seed=seed % 2**32),
+            source.sample_batch(train.source, dropout=p, seed=seed),
             target.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
             strict=True,
         ))  # fmt: skip
