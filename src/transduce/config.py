@@ -122,6 +122,9 @@ class TrainConfig(_Section):
     max_bad_updates: int = 20
     max_tokens: int = 4096  # source+target-padded tokens per batch (max of the two)
     update_freq: int = 1  # batches accumulated per optimizer step
+    # each batch's source and target padded to a multiple of this, counted so in max_tokens:
+    # fewer distinct shapes, each of which costs oneDNN a kernel compile on a CPU (1 = none)
+    pad_multiple: int = 1
     max_len: int = 256  # training pairs with a longer side are dropped
     max_steps: int = 100_000
     max_epochs: int = 0  # 0 = no limit
@@ -145,7 +148,7 @@ class TrainConfig(_Section):
 
     def _check(self) -> None:
         _positive(
-            self, "warmup", "max_tokens", "update_freq", "max_len", "max_steps", "keep_last",
+            self, "warmup", "max_tokens", "update_freq", "pad_multiple", "max_len", "max_steps", "keep_last",
             "log_every", "save_every", "valid_beam", "max_bad_updates",
         )  # fmt: skip
         _not_negative(

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from transduce.data.batching import Batch, collate, model_lengths, token_batches
+from transduce.data.batching import Batch, collate, model_lengths, padded_lengths, token_batches
 from transduce.data.vocab import BOS, EOS, PAD
 
 
@@ -128,3 +128,29 @@ def test_batch_to_keeps_n_tokens() -> None:
     moved = b.to("cpu")
     assert moved.n_tokens == b.n_tokens == 3
     assert torch.equal(moved.src, b.src)
+
+
+def test_pad_multiple_rounds_each_side_up_and_keeps_the_contents() -> None:
+    rng = random.Random(3)
+    pairs = [
+        ([rng.randint(4, 20) for _ in range(rng.randint(0, 20))],
+         [rng.randint(4, 20) for _ in range(rng.randint(0, 20))])
+        for _ in range(9)
+    ]  # fmt: skip
+    plain, padded = collate(pairs), collate(pairs, pad_multiple=8)
+    for a, b in zip(plain[:3], padded[:3], strict=True):
+        assert b.shape[1] % 8 == 0 and a.shape[1] <= b.shape[1] < a.shape[1] + 8
+        assert torch.equal(b[:, : a.shape[1]], a) and bool((b[:, a.shape[1] :] == PAD).all())
+    assert padded.n_tokens == plain.n_tokens
+    assert collate([([5] * 6, [6] * 15)], pad_multiple=8).src.shape == (1, 8)  # 7 -> 8
+    assert collate([([5] * 7, [6] * 15)], pad_multiple=8).tgt_in.shape == (1, 16)  # 16 stays
+
+
+def test_pad_multiple_budgets_the_padded_lengths() -> None:
+    lengths = _lengths(n=500, seed=4)
+    rounded = [tuple(int(n) for n in padded_lengths(torch.tensor(p).numpy(), 8)) for p in lengths]
+    assert rounded[:3] != lengths[:3] and all(r % 8 == 0 for p in rounded for r in p)
+    batches = token_batches(lengths, 160, seed=2, epoch=1, pad_multiple=8)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(_cost(b, rounded) <= 160 for b in batches)  # as collate will pad them
+    assert batches == token_batches(rounded, 160, seed=2, epoch=1)

@@ -245,6 +245,21 @@ def test_accumulated_group_equals_one_concatenated_batch(tmp_path: Path) -> None
     assert _same_state(a.model.state_dict(), b.model.state_dict(), atol=1e-6)
 
 
+def test_pad_multiple_pads_the_batches_read_and_leaves_the_update(tmp_path: Path) -> None:
+    cfg = _cfg(dropout=0.0, adam_eps=1e-3, precision="fp32", pad_multiple=8)
+    a = _trainer(tmp_path / "a", cfg)
+    b = _trainer(tmp_path / "b", update(cfg, {"pad_multiple": 1}))
+    b.model.load_state_dict(a.model.state_dict())
+    batches = a._epoch_batches()
+    group = a._reader(batches)(0)
+    assert all(t.shape[1] % 8 == 0 for batch in group for t in batch[:3])
+    plain = [collate([a.pairs[i] for i in batches[0].tolist()])]
+    assert plain[0].src.shape[1] % 8 or plain[0].tgt_in.shape[1] % 8  # padding was added
+    ua, ub = a._update(group), b._update(plain)
+    assert ua.tokens == ub.tokens and ua.loss == pytest.approx(ub.loss, rel=1e-6)
+    assert _same_state(a.model.state_dict(), b.model.state_dict(), atol=1e-6)
+
+
 def test_update_freq_groups_batches(tmp_path: Path) -> None:
     one = _trainer(tmp_path / "one", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0))
     two = _trainer(tmp_path / "two", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0, update_freq=2))

@@ -42,6 +42,7 @@ def token_batch_arrays(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    pad_multiple: int = 1,
 ) -> list[np.ndarray]:
     """Group example indices into batches of at most ``max_tokens`` padded tokens.
 
@@ -52,8 +53,9 @@ def token_batch_arrays(
     shuffled. The result depends only on (seed, epoch), so a resumed run recomputes the same
     batches. An example longer than ``max_tokens`` gets a batch of its own. Each batch is an
     int64 array of indices (8 bytes per example: millions of pairs stay compact).
+    ``pad_multiple``: lengths count as rounded up to a multiple of it, as ``collate`` pads them.
     """
-    table = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    table = padded_lengths(np.asarray(lengths, dtype=np.int64).reshape(-1, 2), pad_multiple)
     rng = random.Random(seed * 1_000_003 + epoch)
     shuffled = list(range(len(table)))
     if shuffle:
@@ -84,17 +86,27 @@ def token_batches(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    pad_multiple: int = 1,
 ) -> list[list[int]]:
     """``token_batch_arrays`` as lists of ints."""
-    arrays = token_batch_arrays(lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle)
+    arrays = token_batch_arrays(lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
+                                pad_multiple=pad_multiple)  # fmt: skip
     return [b.tolist() for b in arrays]
 
 
-def collate(pairs: Sequence[Pair]) -> Batch:
-    """Pad a list of (source, target) id lists into a Batch (adds EOS, BOS)."""
+def padded_lengths(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """``lengths`` rounded up to a multiple of ``multiple`` (1: as they are). Padding batches to
+    a few lengths bounds the distinct shapes a run meets: on a CPU each new shape costs oneDNN a
+    kernel compile and memory, and BPE-dropout's new pieces each epoch bring new lengths."""
+    return -(-lengths // multiple) * multiple
+
+
+def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
+    """Pad a list of (source, target) id lists into a Batch (adds EOS, BOS); each side's length
+    rounded up to a multiple of ``pad_multiple`` (``padded_lengths``)."""
     n = len(pairs)
-    s_len = max(len(s) for s, _ in pairs) + 1
-    t_len = max(len(t) for _, t in pairs) + 1
+    longest = np.array([max(len(s) for s, _ in pairs) + 1, max(len(t) for _, t in pairs) + 1])
+    s_len, t_len = padded_lengths(longest, pad_multiple).tolist()
     src = torch.full((n, s_len), PAD, dtype=torch.long)
     tgt_in = torch.full((n, t_len), PAD, dtype=torch.long)
     tgt_out = torch.full((n, t_len), PAD, dtype=torch.long)
@@ -107,15 +119,17 @@ def collate(pairs: Sequence[Pair]) -> Batch:
 
 
 def group_reader(
-    pairs: Sequence[Pair], batches: Sequence[np.ndarray], update_freq: int, *, pin: bool
-) -> Callable[[int], list[Batch]]:
+    pairs: Sequence[Pair], batches: Sequence[np.ndarray], update_freq: int, *, pin: bool,
+    pad_multiple: int = 1,
+) -> Callable[[int], list[Batch]]:  # fmt: skip
     """``read(first)``: the ``update_freq`` batches from ``batches[first]`` on (each an array of
-    indices into ``pairs``), padded by ``collate``; in pinned memory if ``pin`` (for a CUDA device,
-    so that the copy overlaps). For ``ReadAhead`` (``data/read_ahead.py``)."""
+    indices into ``pairs``), padded by ``collate`` (to ``pad_multiple``); in pinned memory if
+    ``pin`` (for a CUDA device, so that the copy overlaps). For ``ReadAhead``
+    (``data/read_ahead.py``)."""
 
     def read(first: int) -> list[Batch]:
         indices = batches[first : first + update_freq]
-        group = [collate([pairs[i] for i in b.tolist()]) for b in indices]
+        group = [collate([pairs[i] for i in b.tolist()], pad_multiple) for b in indices]
         return [g.pin_memory() for g in group] if pin else group
 
     return read

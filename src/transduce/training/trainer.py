@@ -326,14 +326,16 @@ class Trainer:
         if self.resegment is not None:
             self._use_pairs(self.resegment(self.progress.epoch))
         batches = token_batch_arrays(
-            self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch
+            self.lengths, t.max_tokens, seed=t.seed, epoch=self.progress.epoch,
+            pad_multiple=t.pad_multiple,
         )
         return distributed.shard(batches, self.world)
 
     def _reader(self, batches: list[np.ndarray]) -> Callable[[int], list[Batch]]:
         """The update starting at batch ``first``, pinned for a CUDA device (the copy overlaps)."""
         pin = self.device.type == "cuda"
-        return group_reader(self.pairs, batches, self.cfg.train.update_freq, pin=pin)
+        t = self.cfg.train
+        return group_reader(self.pairs, batches, t.update_freq, pin=pin, pad_multiple=t.pad_multiple)
 
     def _train(self, started: float, base_elapsed: float) -> dict[str, Any]:
         t, p = self.cfg.train, self.progress
