@@ -148,8 +148,8 @@ class TrainConfig(_Section):
 
     def _check(self) -> None:
         _positive(
-            self, "warmup", "max_tokens", "update_freq", "pad_multiple", "max_len", "max_steps", "keep_last",
-            "log_every", "save_every", "valid_beam", "max_bad_updates",
+            self, "warmup", "max_tokens", "update_freq", "pad_multiple", "max_len", "max_steps",
+            "keep_last", "log_every", "save_every", "valid_beam", "max_bad_updates",
         )  # fmt: skip
         _not_negative(
             self, "max_epochs", "max_minutes", "eval_every", "patience", "average_last",
