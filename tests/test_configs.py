@@ -92,7 +92,7 @@ def test_the_readmes_recurrent_parser_command_makes_that_config() -> None:
     args = build_parser().parse_args(shlex.split(train)[1:])
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
     assert cfg.model.architecture == "rnn" and cfg.model.rnn_attention == "additive"
-    assert getattr(cfg.task, "bpe_dropout") == 0  # as measured
+    assert getattr(cfg.task, "bpe_dropout") == 0.1 and cfg.train.pad_multiple == 8  # as measured
     assert cfg.task.name == "parsing"
     evaluate = [c for c in commands if "ptb_lstm" in c and c.startswith("transduce evaluate")]
     assert len(evaluate) == 1 and build_parser().parse_args(shlex.split(evaluate[0])[1:]).constrained
