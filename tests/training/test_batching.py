@@ -101,13 +101,15 @@ def test_collate() -> None:
         assert t.dtype == torch.long
 
 
+def _random_pairs(rng: random.Random, n: int, longest: int) -> list[tuple[list[int], list[int]]]:
+    def ids() -> list[int]:
+        return [rng.randint(4, 20) for _ in range(rng.randint(0, longest))]
+
+    return [(ids(), ids()) for _ in range(n)]
+
+
 def test_collate_properties_random() -> None:
-    rng = random.Random(11)
-    pairs = [
-        ([rng.randint(4, 20) for _ in range(rng.randint(0, 9))],
-         [rng.randint(4, 20) for _ in range(rng.randint(0, 9))])
-        for _ in range(17)
-    ]  # fmt: skip
+    pairs = _random_pairs(random.Random(11), 17, longest=9)
     b = collate(pairs)
     assert b.src.shape == (17, max(len(s) for s, _ in pairs) + 1)
     assert b.tgt_in.shape == b.tgt_out.shape == (17, max(len(t) for _, t in pairs) + 1)
@@ -131,12 +133,7 @@ def test_batch_to_keeps_n_tokens() -> None:
 
 
 def test_pad_multiple_rounds_each_side_up_and_keeps_the_contents() -> None:
-    rng = random.Random(3)
-    pairs = [
-        ([rng.randint(4, 20) for _ in range(rng.randint(0, 20))],
-         [rng.randint(4, 20) for _ in range(rng.randint(0, 20))])
-        for _ in range(9)
-    ]  # fmt: skip
+    pairs = _random_pairs(random.Random(3), 9, longest=20)
     plain, padded = collate(pairs), collate(pairs, pad_multiple=8)
     for a, b in zip(plain[:3], padded[:3], strict=True):
         assert b.shape[1] % 8 == 0 and a.shape[1] <= b.shape[1] < a.shape[1] + 8
