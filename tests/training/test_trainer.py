@@ -24,6 +24,7 @@ from transduce.config import Config, update
 from transduce.data.batching import collate, model_lengths, token_batches
 from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
+from transduce.errors import UserError
 from transduce.model.transformer import make_model
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.precision import native_bf16, resolve_precision
@@ -173,6 +174,17 @@ def test_resegment_gives_each_epoch_its_own_pairs(tmp_path: Path) -> None:
     assert summary["step"] == sum(batches) and summary["stopped_by"] == "max_epochs"
     assert trainer.pairs == pairs(2)
     assert trainer.n_filtered == 0  # decided by train_pairs, not by an epoch's pairs
+
+
+def test_resegment_with_several_processes_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SentencePiece's BPE-dropout draws differently in each process: ranks would disagree
+    two = trainer_module.distributed.World(rank=0, size=2)
+    monkeypatch.setattr(trainer_module.distributed, "init_from_env",
+                        lambda device: (two, torch.device("cpu")))  # fmt: skip
+    with pytest.raises(UserError, match="bpe_dropout with 2 processes"):
+        _trainer(tmp_path, _cfg(), resegment=_epoch_pairs())
 
 
 def test_resume_mid_epoch_draws_that_epochs_pairs_again(tmp_path: Path) -> None:

@@ -77,8 +77,10 @@ class SentencePieceVocab:
         deterministic ``encode``. Meant for BPE models (``train_sentencepiece``'s default): for
         a unigram model SentencePiece reads ``dropout`` as its sampling's smoothing instead.
 
-        The same ``(texts, dropout, seed)`` give the same ids: SentencePiece's generator is
-        seeded with ``seed`` (a process-wide setting) and encodes on one thread.
+        Within one process the same ``(texts, dropout, seed)`` give the same ids (SentencePiece's
+        generator is seeded with ``seed``, a process-wide setting, and encodes on one thread);
+        another process draws differently (sentencepiece 0.2.3, measured), so a resumed run's
+        pieces are not the first run's and the Trainer refuses it with several processes.
         """
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")

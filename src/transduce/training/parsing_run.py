@@ -81,8 +81,8 @@ def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
 def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Sequence[Sequence[str]],
                          targets: Sequence[list[int]]) -> Resegment | None:  # fmt: skip
     """Each epoch's training pairs with the source words under BPE-dropout ``task.bpe_dropout``
-    (None when 0), seeded by ``train.seed`` and the epoch, so that every rank and a resumed run
-    draw the same pairs; the targets stay as they are."""
+    (None when 0), seeded by ``train.seed`` and the epoch (the same pairs within a process, not
+    across processes: ``SentencePieceVocab.sample_batch``); the targets stay as they are."""
     assert isinstance(cfg.task, ParsingTaskConfig)
     p = cfg.task.bpe_dropout
     if not p:

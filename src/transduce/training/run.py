@@ -284,8 +284,8 @@ def bpe_dropout_pairs(
     cfg: Config, vocab: SentencePieceVocab | VocabPair, train: ParallelText
 ) -> Resegment | None:
     """Each epoch's training pairs under BPE-dropout ``task.bpe_dropout`` (None when 0): both
-    sides segmented anew, seeded by ``train.seed``, the epoch and the side, so that every rank
-    and a resumed run draw the same pairs."""
+    sides segmented anew, seeded by ``train.seed``, the epoch and the side (the same pairs within
+    a process, not across processes: ``SentencePieceVocab.sample_batch``)."""
     p = _translation(cfg).bpe_dropout
     if not p:
         return None

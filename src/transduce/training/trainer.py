@@ -98,6 +98,14 @@ class Trainer:
         self.cfg, self.model, self.vocab = cfg, model, vocab
         t = cfg.train
         self.world, self.device = distributed.init_from_env(t.device)
+        if resegment is not None and self.world.distributed:
+            # SentencePiece's sampling differs between processes even with one seed, so ranks
+            # would cut different batches: data seen twice or not at all, and a hang
+            raise UserError(
+                f"bpe_dropout with {self.world.size} processes: SentencePiece's BPE-dropout "
+                "draws differently in each process, so the ranks' batches would disagree; "
+                "train on one process or set bpe_dropout to 0"
+            )
         self.model.to(self.device)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
