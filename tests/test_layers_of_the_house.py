@@ -95,3 +95,85 @@ def test_the_model_names_no_cpu_vendor_or_matrix_library() -> None:
     assert not hits
     lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / "model").glob("*.py"))
     assert lines < 1100, f"model/ has {lines} lines: speed code belongs in kernels/ or inference/"
+
+
+# No two modules import each other, even inside one layer and even lazily: a cycle held apart by an
+# import inside a function is still two modules that cannot be understood one without the other.
+
+
+def _module_name(path: Path, package: Path) -> str:
+    """src/transduce/training/run.py -> 'transduce.training.run'; a package's __init__ -> the package."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: Path) -> dict[str, set[str]]:
+    """Each module -> the transduce modules it imports (`from pkg import sub` names the submodule)."""
+    paths = sorted(package.rglob("*.py"))
+    names = {_module_name(p, package) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        targets = {module for _, module in _imports(path)}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:  # from transduce.training import saving: the submodule
+                    if f"{node.module}.{alias.name}" in names:
+                        targets.discard(node.module)
+                        targets.add(f"{node.module}.{alias.name}")
+        name = _module_name(path, package)
+        graph[name] = {t for t in targets if t in names} - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_modules_import_each_other() -> None:
+    cycles = _cycles(_import_graph(PACKAGE))
+    assert not cycles, f"modules that import each other (lazy imports included): {cycles}"
+
+
+def test_the_cycle_check_sees_a_lazy_cycle_inside_a_layer(tmp_path: Path) -> None:
+    package = tmp_path / "transduce"
+    (package / "training").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "training" / "__init__.py").write_text("")
+    (package / "training" / "run.py").write_text("from transduce.training import tasks\n")
+    (package / "training" / "tasks.py").write_text(
+        "def f():\n    from transduce.training.run import train\n"
+    )
+    (package / "training" / "alone.py").write_text("import transduce.training.run\n")
+    cycles = _cycles(_import_graph(package))
+    assert cycles == [["transduce.training.run", "transduce.training.tasks"]]
