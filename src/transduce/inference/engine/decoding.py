@@ -259,7 +259,7 @@ class DecodingModel:
         return encoder.final_norm(x.view(b, s, d)), src_valid
 
     def new_cache(self) -> EngineCache:
-        """An empty cache for ``decode`` (the model's, with room for the fold)."""
+        """An empty cache for ``decode`` (the model's, in buffers, with room for the fold)."""
         return EngineCache(len(self.layers))
 
     def decode(
