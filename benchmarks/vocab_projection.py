@@ -6,7 +6,7 @@ a contiguous (D, V) copy, for the rows of a decoding step.
 For the SMALL (8000 x 256) and BASE (37000 x 512) vocabularies of benchmarks/decode.py and 1,
 2, 4, 32 and 128 rows: ``F.linear(x, W)`` against ``x @ W_t`` with ``W_t = transposed(W)``, float32,
 each the best of ``--rounds`` interleaved rounds; and what making ``W_t`` costs (once per
-``DecodingModel``, ``transduce.inference.engine.projection.transposed`` against ``W.t().contiguous()``). This
+``DecodingModel``, ``transduce.kernels.projection.transposed`` against ``W.t().contiguous()``). This
 is the measurement behind the (D, V) layout of ``DecodingModel``. Ends with one JSON line.
 """
 
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transduce.inference.engine.projection import transposed
+from transduce.kernels.projection import transposed
 from transduce.runtime import tune_malloc
 
 SIZES = {"small": (8000, 256), "base": (37000, 512)}

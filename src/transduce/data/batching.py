@@ -96,8 +96,9 @@ def token_batches(
 
 def padded_lengths(lengths: np.ndarray, multiple: int) -> np.ndarray:
     """``lengths`` rounded up to a multiple of ``multiple`` (1: as they are). Padding batches to
-    a few lengths bounds the distinct shapes a run meets: on a CPU each new shape costs oneDNN a
-    kernel compile and memory, and BPE-dropout's new pieces each epoch bring new lengths."""
+    a few lengths bounds the distinct shapes a run meets: on a CPU each new shape costs the
+    matrix library a kernel compile and memory (``transduce.runtime``), and BPE-dropout's new
+    pieces each epoch bring new lengths."""
     return -(-lengths // multiple) * multiple
 
 

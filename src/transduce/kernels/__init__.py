@@ -2,27 +2,43 @@
 
 Everything here computes a plain function (``x W^T + b``, dropout, softmax(QK^T/sqrt(d_k))V) and
 chooses how: which CPU matrix library (MKL or oneDNN), which attention path (PyTorch's fused
-kernel or the explicit formula), when low-precision inputs run in float32. Every such rule lives
-in this package, so the paper's model (``transduce.model``) only names the function it needs.
+kernel or the explicit formula), when low-precision inputs run in float32, and how the inference
+engine lays out its weights for each row count (``Projection``, ``ProjectionLayout``). Every
+such rule lives in this package, so the paper's model (``transduce.model``) and the inference
+engine (``transduce.inference.engine``) only name the function they need
+(tests/kernels/test_vendor_rules_live_in_kernels.py).
 Each choice is a typed option passed explicitly (``KernelOptions``), "auto" by default; there is
 no process-wide switch. Measured figures behind the rules are in benchmarks/RESULTS.md.
 """
 
-from transduce.kernels.attention import attention, attention_input, attention_weights
+from transduce.kernels.attention import (
+    all_attendable,
+    attention,
+    attention_input,
+    attention_weights,
+    grouped_queries_path,
+)
 from transduce.kernels.dropout import dropout, dropout_add
-from transduce.kernels.matmul import Linear, linear, stacked_linear
+from transduce.kernels.matmul import Linear, linear, stacked_linear, stacked_weights
 from transduce.kernels.options import AttentionPath, KernelOptions, Matmul
+from transduce.kernels.projection import Projection, ProjectionLayout, one_row_is_read_bound
 
 __all__ = [
     "AttentionPath",
     "KernelOptions",
     "Linear",
     "Matmul",
+    "Projection",
+    "ProjectionLayout",
+    "all_attendable",
     "attention",
     "attention_input",
     "attention_weights",
     "dropout",
     "dropout_add",
+    "grouped_queries_path",
     "linear",
+    "one_row_is_read_bound",
     "stacked_linear",
+    "stacked_weights",
 ]

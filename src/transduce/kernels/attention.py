@@ -71,6 +71,24 @@ def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) ->
     return weights.to(query.dtype)
 
 
+def all_attendable(valid: Tensor) -> bool:
+    """Whether every key of ``valid`` (bool, True = may attend) may be attended, so that
+    attention can go without a mask (the fused kernel then skips masking). Asked only of CPU
+    tensors, where the check costs no device synchronisation; False elsewhere (the caller masks
+    anyway)."""
+    return valid.device.type == "cpu" and bool(valid.all())
+
+
+def grouped_queries_path(query: Tensor, path: AttentionPath = "auto") -> AttentionPath:
+    """The path for query (B, H, G, K), G > 1 queries of each sentence (the hypotheses of a beam)
+    against that sentence's keys, without gradients (decoding): "auto" takes the formula on the
+    CPU, whose batched products beat the fused kernel's blocks of G queries there
+    (benchmarks/RESULTS.md); any other ``path`` is kept."""
+    if path == "auto" and query.device.type == "cpu":
+        return "formula"
+    return path
+
+
 def _formula_is_faster(query: Tensor, key: Tensor) -> bool:
     """Whether the formula beats the fused kernel here: CPU, gradients on, short keys."""
     return (
@@ -145,4 +163,11 @@ def attention(
     return weights @ value
 
 
-__all__ = ["FORMULA_MAX_KEYS_CPU_TRAINING", "attention", "attention_input", "attention_weights"]
+__all__ = [
+    "FORMULA_MAX_KEYS_CPU_TRAINING",
+    "all_attendable",
+    "attention",
+    "attention_input",
+    "attention_weights",
+    "grouped_queries_path",
+]

@@ -1,25 +1,23 @@
-"""Key/value cache for step-by-step decoding, reorderable for beam search."""
+"""Key/value cache for step-by-step decoding, reorderable for beam search.
+
+Decoding one position at a time, masked self-attention needs the keys and values of every
+position decoded so far, and encoder-decoder attention the encoder output projected once: the
+cache keeps both, so a step computes only its new position. This is the plain cache of the
+model's own ``Transformer.decode`` (each step appends with ``torch.cat``); the inference engine
+keeps its own, with preallocated buffers (``transduce.inference.engine.cache``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
 def _select(t: Tensor | None, index: Tensor) -> Tensor | None:
+    """Rows ``index`` (M,) of ``t`` (N, ...), in that order; None stays None."""
     return None if t is None else t.index_select(0, index)
-
-
-def _positions(buffer: Tensor, n: int, start: int, length: int) -> Tensor:
-    """Rows 0..n-1, positions start..start+length-1 of a contiguous (N, capacity, H, size) buffer
-    as an (n, H, length, size) view: one call where narrow, narrow and transpose are three (a
-    step at batch 1 is mostly operator calls)."""
-    _, capacity, h, size = buffer.shape
-    stride = (capacity * h * size, size, h * size, 1)
-    offset = buffer.storage_offset() + start * h * size
-    return buffer.as_strided((n, h, length, size), stride, offset)
 
 
 @dataclass
@@ -31,85 +29,32 @@ class LayerCache:
     output projected once per source sentence for encoder-decoder attention. N = B * G when each
     sentence has G hypotheses (a beam), rows sentence-major (row i*G + g is hypothesis g of
     sentence i); the G hypotheses of a sentence share its cross-attention keys and values.
-
-    ``append`` keeps self_k / self_v as views into preallocated buffers that double when full,
-    so a step writes only its new position instead of copying the whole cache (``torch.cat``),
-    and ``reorder`` gathers the rows straight into a second pair of buffers. The buffers are
-    position-major within a row, (N, capacity, H, K), and self_k / self_v their transposed views:
-    a step's keys are then one block of H*K per row rather than H scattered blocks of K, and a
-    row's t positions one block rather than H. The fused attention kernel, which searches use,
-    takes those strides as they are (the formula, with gradients on, would copy the keys).
     """
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
-    _buffers: list[tuple[Tensor, Tensor]] = field(default_factory=list, repr=False)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys k (N, H, T, K) and values v (N, H, T, Dv) of T new positions; returns
         all cached keys (N, H, t + T, K) and values (N, H, t + T, Dv)."""
-        t = 0 if self.self_k is None else self.self_k.size(2)
-        n, new = k.size(0), k.size(2)
-        if not self._buffers or self._buffers[0][0].size(1) < t + new:
-            capacity = max(2 * (t + new), 16)
-            kb = k.new_empty(n, capacity, k.size(1), k.size(3))  # (N, capacity, H, K)
-            vb = v.new_empty(n, capacity, v.size(1), v.size(3))  # (N, capacity, H, Dv)
-            if self.self_k is not None and self.self_v is not None:  # t > 0
-                kb.narrow(1, 0, t).copy_(self.self_k.transpose(1, 2))
-                vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
-            self._buffers = [(kb, vb)]
-        kb, vb = self._buffers[0]
-        _positions(kb, n, t, new).copy_(k)
-        _positions(vb, n, t, new).copy_(v)
-        self.self_k = _positions(kb, n, 0, t + new)  # (N, H, t + T, K)
-        self.self_v = _positions(vb, n, 0, t + new)
+        if self.self_k is None or self.self_v is None:
+            self.self_k, self.self_v = k, v
+        else:
+            self.self_k = torch.cat([self.self_k, k], dim=2)  # (N, H, t + T, K)
+            self.self_v = torch.cat([self.self_v, v], dim=2)  # (N, H, t + T, Dv)
         return self.self_k, self.self_v
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (N_new,) of self_k / self_v, in that order."""
-        if not self._buffers:  # not filled by ``append`` (a test's fake model)
-            self.self_k, self.self_v = _select(self.self_k, index), _select(self.self_v, index)
-            return
-        kb, vb = self._buffers[0]
-        assert self.self_k is not None and self.self_v is not None  # buffers hold them
-        n, t = index.numel(), self.self_k.size(2)
-        spare = self._buffers[1] if len(self._buffers) > 1 else None
-        if spare is None or spare[0].size(0) < n or spare[0].size(1) != kb.size(1):
-            spare = (kb.new_empty(n, *kb.shape[1:]), vb.new_empty(n, *vb.shape[1:]))
-        # one gather into the spare buffers: row i's t positions are one block of each
-        k_new, v_new = (b.narrow(0, 0, n).narrow(1, 0, t) for b in spare)  # (N_new, t, H, K)
-        torch.index_select(self.self_k.transpose(1, 2), 0, index, out=k_new)
-        torch.index_select(self.self_v.transpose(1, 2), 0, index, out=v_new)
-        self._buffers = [spare, (kb, vb)]
-        self.self_k, self.self_v = k_new.transpose(1, 2), v_new.transpose(1, 2)
-
-    def move_rows(self, dst: Tensor, src: Tensor) -> None:
-        """In place: row ``dst[i]`` of self_k / self_v becomes a copy of row ``src[i]`` (all
-        sources are read before any row is written). dst, src (M,) LongTensors."""
-        for t in (self.self_k, self.self_v):
-            if t is not None:
-                # in the buffers, (N, t, H, K) holds a row's positions as one block
-                rows = t.transpose(1, 2) if self._buffers else t
-                rows.index_copy_(0, dst, rows.index_select(0, src))
+        self.self_k = _select(self.self_k, index)
+        self.self_v = _select(self.self_v, index)
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,) of cross_k / cross_v."""
-        self.cross_k, self.cross_v = _select(self.cross_k, index), _select(self.cross_v, index)
-
-
-def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | None:
-    """(dst, src): the rows that ``reorder(index)`` changes and where each comes from, when
-    there are at most half of them; None when ``index`` changes the row count or moves more
-    (copying in place reads and writes a moved row twice, gathering every row once)."""
-    if keys is None or index.numel() != keys.size(0):
-        return None
-    n = index.numel()
-    dst = (index != torch.arange(n, device=index.device)).nonzero().squeeze(1)  # (M,)
-    if 2 * dst.numel() > n:
-        return None
-    return dst, index.index_select(0, dst)
+        self.cross_k = _select(self.cross_k, index)
+        self.cross_v = _select(self.cross_v, index)
 
 
 class DecoderCache:
@@ -120,7 +65,7 @@ class DecoderCache:
     ``reorder_incremental_state``) and expands B sentences to B*W beams.
     ``select_sources(index)`` selects source-sentence rows (the cross-attention keys and values),
     for dropping finished sentences from the batch. Keeping the two apart means beams never copy
-    the per-sentence encoder keys and values.
+    the per-sentence encoder keys and values. ``layer``: the class of each layer's cache.
     """
 
     def __init__(self, n_layers: int, layer: type[LayerCache] = LayerCache) -> None:
@@ -129,19 +74,11 @@ class DecoderCache:
         self.slots: Tensor | None = None  # (N,) word slots among them (position_unit: word)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache.
-
-        When ``index`` keeps the number of rows and leaves at least half of them where they are
-        (``index[i] == i``: beam search puts a hypothesis in its parent's slot where it can), only
-        the other rows are copied, in place; otherwise all rows are gathered."""
+        """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache."""
         if self.slots is not None:
             self.slots = self.slots.index_select(0, index)
-        moved = _moved_rows(index, self.layers[0].self_k if self.layers else None)
         for layer in self.layers:
-            if moved is None:
-                layer.reorder(index)
-            elif moved[0].numel():
-                layer.move_rows(*moved)
+            layer.reorder(index)
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""

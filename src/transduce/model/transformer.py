@@ -19,10 +19,9 @@ from transduce.model.positions import make_positions, slot_positions, word_posit
 
 
 def source_mask(src_valid: Tensor) -> Tensor | None:
-    """(B, S) bool -> the (B, 1, 1, S) key-padding mask, or None when no source position is
-    padding. None lets the fused attention kernel skip masking; the check is only made for CPU
-    tensors, where it costs no device synchronisation."""
-    if src_valid.device.type == "cpu" and bool(src_valid.all()):
+    """(B, S) bool -> the (B, 1, 1, S) key-padding mask, or None where ``kernels`` finds no
+    source position is padding (``kernels.all_attendable``: where that check is cheap)."""
+    if kernels.all_attendable(src_valid):
         return None
     return key_padding_mask(src_valid)
 

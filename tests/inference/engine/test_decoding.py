@@ -15,8 +15,8 @@ from transduce.config import ModelConfig
 from transduce.inference import beam_search, greedy_search
 from transduce.inference.engine import DecodingModel
 from transduce.inference.engine.decoding import IMPLEMENTED
-from transduce.inference.engine.projection import Projection
 from transduce.kernels.matmul import onednn_available
+from transduce.kernels.projection import Projection
 
 
 def _config_variants() -> list[dict[str, Any]]:

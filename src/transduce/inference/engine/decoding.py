@@ -6,10 +6,9 @@ module calls, attribute lookups and the general code paths of training (dropout,
 positions). ``DecodingModel`` computes the same function as ``Transformer.decode`` in eval mode for
 the single-position steps of a search, with plain tensor operations on weights it copied once:
 
-- every projection as a ``Projection`` (``projection.py``): each row count on the layout and
-  library that multiplied it fastest (MKL's ``addmm`` on W^T; oneDNN's inner product on weights
-  in its own layout on x86 CPUs not made by Intel; for one row, the weight's columns in one block
-  per thread);
+- every projection as a ``kernels.Projection``: each row count on the layout and matrix library
+  that multiplied it fastest, chosen once for the model's weights (``kernels.ProjectionLayout``;
+  for one row, the weight's columns in one block per thread);
 - W^Q, W^K, W^V of self-attention stacked into one product, W^K, W^V of encoder-decoder
   attention into another;
 - for one sentence, encoder-decoder attention folded into two products a step, with W^Q and W^O
@@ -45,9 +44,7 @@ from transduce.inference.engine.folded_attention import (
     fold_pays,
     folded_cross_attention,
 )
-from transduce.inference.engine.projection import Projection
-from transduce.kernels import AttentionPath, Matmul
-from transduce.kernels.matmul import use_onednn
+from transduce.kernels import AttentionPath, Matmul, Projection, ProjectionLayout
 from transduce.model.attention import split_heads
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.transformer import Transformer, source_mask
@@ -118,16 +115,16 @@ class _DecoderLayerWeights(_LayerWeights):
 
 
 def _layer_fields(
-    layer: EncoderLayer | DecoderLayer, onednn: bool, parts: int, one_row: bool
+    layer: EncoderLayer | DecoderLayer, layout: ProjectionLayout, one_row: bool
 ) -> dict[str, Any]:
     """``_LayerWeights``' fields for ``layer``'s self-attention, FFN and norms."""
     sa, ffn = layer.self_attn, layer.ffn
 
     def projection(weight: Tensor, bias: Tensor | None) -> Projection:
-        return Projection.of(weight, bias, onednn, parts, one_row=one_row)
+        return Projection.of(weight, bias, layout, one_row=one_row)
 
     return {
-        "qkv": projection(*kernels.matmul.stacked_weights((sa.w_q, sa.w_k, sa.w_v))),
+        "qkv": projection(*kernels.stacked_weights((sa.w_q, sa.w_k, sa.w_v))),
         "self_out": projection(sa.w_o.weight, sa.w_o.bias),
         "ffn_in": projection(ffn.w_1.weight, ffn.w_1.bias),
         "ffn_out": projection(ffn.w_2.weight, ffn.w_2.bias),
@@ -138,23 +135,21 @@ def _layer_fields(
     }
 
 
-def _encoder_layer_weights(layer: EncoderLayer, onednn: bool) -> _LayerWeights:
+def _encoder_layer_weights(layer: EncoderLayer, layout: ProjectionLayout) -> _LayerWeights:
     # many rows (B*S) at once: no layout for one row
-    return _LayerWeights(**_layer_fields(layer, onednn, 1, one_row=False))
+    return _LayerWeights(**_layer_fields(layer, layout, one_row=False))
 
 
 def _decoder_layer_weights(
-    layer: DecoderLayer, onednn: bool, parts: int, fold: bool
+    layer: DecoderLayer, layout: ProjectionLayout, fold: bool
 ) -> _DecoderLayerWeights:
     ca = layer.cross_attn
     return _DecoderLayerWeights(
-        **_layer_fields(layer, onednn, parts, one_row=True),
-        cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, onednn, parts),
+        **_layer_fields(layer, layout, one_row=True),
+        cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, layout),
         # the encoder output, once per search (many rows): no layout for one row
-        cross_kv=Projection.of(
-            *kernels.matmul.stacked_weights((ca.w_k, ca.w_v)), onednn, one_row=False
-        ),
-        cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, onednn, parts),
+        cross_kv=Projection.of(*kernels.stacked_weights((ca.w_k, ca.w_v)), layout, one_row=False),
+        cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, layout),
         fold=FoldWeights.of(ca) if fold else None,
     )
 
@@ -175,33 +170,32 @@ class DecodingModel:
     module docstring). Greedy and beam search take it in place of the model; ``Translator`` uses
     one.
 
-    ``matmul`` picks the library for the float32 products on the CPU (``kernels.Matmul``):
-    "auto" (oneDNN on x86 CPUs not made by Intel, else MKL), "mkl" or "onednn"; ``attention``
-    the attention path (``kernels.AttentionPath``): "auto" takes the fused kernel, and the
-    formula for the encoder-decoder attention of beams on the CPU, whose batched products beat
-    the fused kernel's blocks of G queries (benchmarks/RESULTS.md). Either gives the same function
-    up to float rounding. What runs the model's modules (several positions at once, training
-    mode) takes the model's own ``KernelOptions``.
+    ``matmul`` picks the matrix library for the float32 products on the CPU (``kernels.Matmul``,
+    chosen by ``kernels.ProjectionLayout.choose``); ``attention`` the attention path
+    (``kernels.AttentionPath``): "auto" takes the fused kernel, and for the encoder-decoder
+    attention of beams what ``kernels.grouped_queries_path`` picks. Either gives the same
+    function up to float rounding. What runs the model's modules (several positions at once,
+    training mode) takes the model's own ``KernelOptions``.
 
     ``one_row_parts``: one-row products (a batch of one sentence, greedy) split W's columns into
-    this many blocks multiplied at once, one per thread, where MKL's and oneDNN's one-row products
-    use one thread (``split_columns``); None = ``torch.get_num_threads()`` for float32 CPU
-    weights, else 1 (no split). Made at construction: a later change of the thread count keeps
-    the split.
+    this many blocks multiplied at once, one per thread (``kernels.ProjectionLayout``); None =
+    the kernels' choice for the weights' device and dtype. Made at construction: a later change
+    of the thread count keeps the split.
 
     ``fold_one_sentence``: for a batch of one sentence whose source is short enough
     (``fold_pays``), encoder-decoder attention in two products a step instead of four
-    (``folded_attention.py``); None = on for float32 CPU weights; float32 only.
+    (``folded_attention.py``); None = on where one-row products are bound by reading the weights
+    (``kernels.one_row_is_read_bound``: float32 on the CPU); float32 only.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
-    column blocks; with oneDNN and no split, the small ones' transposed copies instead); with the
-    fold, a third of the decoder's W^Q and W^O.
+    column blocks, or for some layouts the small ones' transposed copies: ``kernels.Projection``);
+    with the fold, a third of the decoder's W^Q and W^O.
     """
 
     model: Transformer
     attention: AttentionPath
-    onednn: bool
+    layout: ProjectionLayout
     one_row_parts: int
     encoder_layers: tuple[_LayerWeights, ...]
     layers: tuple[_DecoderLayerWeights, ...]
@@ -224,25 +218,21 @@ class DecodingModel:
         self.model = model
         self.attention = attention
         weight = model.generator.weight
-        self.onednn = use_onednn(matmul, weight)
-        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-        if one_row_parts is None:
-            one_row_parts = torch.get_num_threads() if cpu_fp32 else 1
-        if one_row_parts < 1:
-            raise ValueError(f"one_row_parts must be at least 1, not {one_row_parts}")
-        self.one_row_parts = one_row_parts
+        self.layout = layout = ProjectionLayout.choose(weight, matmul, one_row_parts)
+        self.one_row_parts = layout.one_row_parts
         if fold_one_sentence and weight.dtype != torch.float32:
             raise ValueError(f"fold_one_sentence needs float32 weights, not {weight.dtype}")
-        fold = cpu_fp32 if fold_one_sentence is None else fold_one_sentence
+        if fold_one_sentence is None:
+            fold_one_sentence = kernels.one_row_is_read_bound(weight)
         with torch.no_grad():
             self.encoder_layers = tuple(
-                _encoder_layer_weights(layer, self.onednn) for layer in model.encoder.layers
+                _encoder_layer_weights(layer, layout) for layer in model.encoder.layers
             )
             self.layers = tuple(
-                _decoder_layer_weights(layer, self.onednn, one_row_parts, fold)
+                _decoder_layer_weights(layer, layout, fold_one_sentence)
                 for layer in model.decoder.layers
             )
-            self.generator = Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
+            self.generator = Projection.of(weight, None, layout)  # D -> V
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
@@ -269,7 +259,7 @@ class DecodingModel:
         return encoder.final_norm(x.view(b, s, d)), src_valid
 
     def new_cache(self) -> EngineCache:
-        """An empty cache for ``decode`` (the model's, with room for the fold)."""
+        """An empty cache for ``decode`` (the model's, in buffers, with room for the fold)."""
         return EngineCache(len(self.layers))
 
     def decode(
@@ -395,8 +385,8 @@ class DecodingModel:
         # The G = N / B hypotheses of a sentence query its keys together as G positions
         # (see DecoderLayer._cross_attention).
         q = split_heads(kernels.attention_input(w.cross_query(y), path), w.n_heads, n // b)
-        if path == "auto" and n != b and q.device.type == "cpu":
-            path = "formula"  # beams (G > 1) on the CPU: see the class docstring
+        if n != b:  # G > 1 hypotheses a sentence (beams)
+            path = kernels.grouped_queries_path(q, path)
         out = kernels.attention(q, keys, values, mask, path=path)  # (B, H, G, Dv)
         out = out.transpose(1, 2).reshape(n, w.n_heads * w.d_v)  # (B, G, H, Dv) -> (N, H*Dv)
         return w.cross_out(_as_dtype(out, y.dtype))

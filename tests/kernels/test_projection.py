@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transduce.inference.engine.projection import Projection, split_columns, transposed
 from transduce.kernels.matmul import ONE_ROW_MKL_MAX_ELEMENTS, onednn_available
+from transduce.kernels.projection import (
+    Projection,
+    ProjectionLayout,
+    split_columns,
+    transposed,
+)
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5])
@@ -21,7 +26,7 @@ def test_split_columns_blocks_multiply_like_the_weight(parts: int, bias: bool) -
     assert torch.equal(blocks.transpose(0, 1).reshape(8, -1)[:, :13], w.t())
     assert (blocks_bias is None) == (b is None)
     for onednn in [False, True] if onednn_available() else [False]:
-        proj = Projection.of(w, b, onednn=onednn, parts=parts)
+        proj = Projection.of(w, b, ProjectionLayout(onednn=onednn, one_row_parts=parts))
         assert proj.blocks is not None
         for rows in (1, 2):  # one row through the blocks, two through the plain layout
             xr = torch.randn(rows, 8, generator=g)
@@ -46,8 +51,18 @@ def test_onednn_projection_is_x_w_t_plus_b(rows: int, out_f: int, in_f: int, bia
     g = torch.Generator().manual_seed(rows)
     w, x = torch.randn(out_f, in_f, generator=g), torch.randn(rows, in_f, generator=g)
     b = torch.randn(out_f, generator=g) if bias else None
-    proj = Projection.of(w, b, onednn=True)
+    proj = Projection.of(w, b, ProjectionLayout(onednn=True))
     assert (proj.weight_t is None) == (w.numel() > ONE_ROW_MKL_MAX_ELEMENTS)
     expected = x @ w.t() + (0 if b is None else b)
     torch.testing.assert_close(proj(x), expected, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(Projection.of(w, b)(x), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_layout_choice_splits_one_row_for_float32_cpu_weights_only() -> None:
+    weight = torch.zeros(6, 4)
+    layout = ProjectionLayout.choose(weight, "mkl")
+    assert layout == ProjectionLayout(onednn=False, one_row_parts=torch.get_num_threads())
+    assert ProjectionLayout.choose(weight.bfloat16(), "mkl").one_row_parts == 1
+    assert ProjectionLayout.choose(weight, "mkl", one_row_parts=3).one_row_parts == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        ProjectionLayout.choose(weight, "mkl", one_row_parts=0)

@@ -1,5 +1,7 @@
 """A projection x W^T + b laid out for decoding: each row count on the layout and library that
-multiplied it fastest (``DecodingModel`` keeps one per weight; see benchmarks/RESULTS.md).
+multiplied it fastest (the inference engine's ``DecodingModel`` keeps one per weight; see
+benchmarks/RESULTS.md). ``ProjectionLayout.choose`` picks the library and the one-row split for a
+model's weights once.
 
 - MKL's ``addmm`` on W^T (in, out) stored contiguous, which MKL multiplies faster than
   nn.Linear's (out, in) at most decoding shapes;
@@ -21,7 +23,45 @@ from transduce.kernels.matmul import (
     ONE_ROW_MKL_MAX_ELEMENTS,
     onednn_linear,
     onednn_packed,
+    use_onednn,
 )
+from transduce.kernels.options import Matmul
+
+
+def one_row_is_read_bound(weight: Tensor) -> bool:
+    """Whether a one-row product against weights like ``weight`` (float32 on the CPU) is bound by
+    one core reading W and by operator calls rather than by arithmetic: MKL's and oneDNN's
+    one-row products run on one thread. There splitting W's columns over threads
+    (``ProjectionLayout.choose``) and fewer, smaller products a step (the engine's fold of
+    encoder-decoder attention) pay (benchmarks/RESULTS.md)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
+@dataclass(frozen=True)
+class ProjectionLayout:
+    """How a model's ``Projection``s multiply, chosen once for its weights (``choose``): through
+    oneDNN's inner product on W in its own blocked layout (``onednn``) or MKL's ``addmm`` on W^T,
+    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split)."""
+
+    onednn: bool = False
+    one_row_parts: int = 1
+
+    def __post_init__(self) -> None:
+        if self.one_row_parts < 1:
+            raise ValueError(f"one_row_parts must be at least 1, not {self.one_row_parts}")
+
+    @classmethod
+    def choose(
+        cls, weight: Tensor, matmul: Matmul = "auto", one_row_parts: int | None = None
+    ) -> ProjectionLayout:
+        """The layout for a model whose weights are like ``weight`` (device, dtype): oneDNN
+        where ``use_onednn(matmul, weight)`` says so (on x86 CPUs not made by Intel for
+        "auto"), else MKL; ``one_row_parts`` None = ``torch.get_num_threads()`` where
+        ``one_row_is_read_bound(weight)``, else 1. The thread count is read now: a later change
+        keeps the split."""
+        if one_row_parts is None:
+            one_row_parts = torch.get_num_threads() if one_row_is_read_bound(weight) else 1
+        return cls(use_onednn(matmul, weight), one_row_parts)
 
 
 def transposed(weight: Tensor, block: int = 256) -> Tensor:
@@ -69,19 +109,19 @@ class Projection:
         cls,
         weight: Tensor,
         bias: Tensor | None,
-        onednn: bool = False,
-        parts: int = 1,
+        layout: ProjectionLayout = ProjectionLayout(),
         *,
         one_row: bool = True,
     ) -> Projection:
-        """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``onednn``; with
-        ``parts`` > 1, one row multiplies ``parts`` column blocks at once (``split_columns``).
-        ``one_row=False``: no layout kept for one row alone (a projection that takes many rows;
-        one row then goes through the layout of many)."""
+        """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``layout.onednn``; with
+        ``layout.one_row_parts`` P > 1, one row multiplies P column blocks at once
+        (``split_columns``). ``one_row=False``: no layout kept for one row alone (a projection
+        that takes many rows; one row then goes through the layout of many)."""
         bias = None if bias is None else bias.clone()
+        parts = layout.one_row_parts
         split = parts > 1 and one_row
         blocks, blocks_bias = split_columns(weight, bias, parts) if split else (None, None)
-        if onednn:
+        if layout.onednn:
             # one row against a small weight is faster on MKL (unless split)
             one_row_mkl = one_row and not split and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
             weight_t = transposed(weight) if one_row_mkl else None
@@ -112,4 +152,10 @@ class Projection:
         return y if y.size(1) == self.out_features else y[:, : self.out_features]
 
 
-__all__ = ["Projection", "split_columns", "transposed"]
+__all__ = [
+    "Projection",
+    "ProjectionLayout",
+    "one_row_is_read_bound",
+    "split_columns",
+    "transposed",
+]
