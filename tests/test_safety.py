@@ -113,7 +113,7 @@ def test_every_command_refuses_a_file_with_a_payload(
     if command == "serve":
         pytest.importorskip("fastapi")
         pytest.importorskip("uvicorn")
-        import transduce.inference.server as server
+        import transduce.serve.server as server
 
         def no_server(*args: Any, **kwargs: Any) -> None:
             raise AssertionError("the server started")

@@ -1,5 +1,5 @@
-"""Words in, trees out: ``Parser``, the Python API behind ``transduce parse`` and the evaluation of
-a parsing model (section 6.3).
+"""Words in, trees out: ``Parser``, the Python API behind ``transduce parse``, and the evaluation of
+a parsing model with EVALB (``transduce evaluate`` of a parsing model; section 6.3).
 
 A parsing checkpoint (``task.name: parsing``) holds a source vocabulary of word pieces and a
 target vocabulary of bracket tokens. Parsing a sentence decodes its linearised tree (by default
@@ -23,13 +23,13 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, ParsingTaskConfig
 from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
-from transduce.data.tree_constraint import TreeConstraint
+from transduce.parsing.tree_constraint import TreeConstraint
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import EOS, SPECIALS, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
-from transduce.inference.constrained import ConstrainedTrees
+from transduce.parsing.constrained import ConstrainedTrees
 from transduce.inference.translator import Translator
 
 
@@ -142,30 +142,4 @@ def parsing_scores(parser: Parser, sentences: Sequence[Sequence[str]], gold: Seq
             "well_formed": sum(p.repairs == 0 for p in parses) / max(len(parses), 1)}  # fmt: skip
 
 
-__all__ = [
-    "evaluate_checkpoint", "Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]
-
-
-def evaluate_checkpoint(
-    path: str | Path, src: str | Path, ref: str | Path, *, device: str = "cpu",
-    precision: str = "fp32", beam: int | None = None, alpha: float | None = None,
-    batch_tokens: int | None = None, lowercase: bool = False, constrained: bool | None = None,
-    show_progress: bool | None = False,
-) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
-    """Scores and outputs of the checkpoint at ``path`` on ``src`` against ``ref``: EVALB's for
-    a parsing model (outputs: trees), sacreBLEU's for a translation model."""
-    from transduce.inference.translator import PRECISIONS, evaluate_files
-
-    model, vocab, cfg = load_model(path, device=resolve_device(device))
-    if cfg.task.name == "parsing":
-        parser = Parser(model, vocab, cfg)
-        scores = evaluate_parser(parser, src, ref, beam=beam, alpha=alpha,
-                                 constrained=constrained, show_progress=show_progress)  # fmt: skip
-        return scores, []
-    if precision not in PRECISIONS:
-        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-    translator = Translator(model.to(PRECISIONS[precision]), vocab, cfg)
-    return evaluate_files(
-        translator, src, ref, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
-        lowercase=lowercase, show_progress=show_progress,
-    )  # fmt: skip
+__all__ = ["Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]

@@ -1,4 +1,4 @@
-"""The HTTP server (transduce.inference.server, ``transduce serve``): a real uvicorn server on a
+"""The HTTP server (transduce.serve.server, ``transduce serve``): a real uvicorn server on a
 free 127.0.0.1 port, talked to over HTTP with urllib.
 
 The model is an untrained tiny one with a SentencePiece vocabulary (as in test_translator.py):
@@ -30,8 +30,8 @@ from inference_testkit import save_toy_translation_model, toy_sentences  # noqa:
 import torch  # noqa: E402
 
 from transduce.errors import UserError  # noqa: E402
-from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
-from transduce.inference.server import (  # noqa: E402
+from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
+from transduce.serve.server import (  # noqa: E402
     ServerLimits,
     ServerThread,
     create_app,
@@ -351,7 +351,7 @@ def test_cli_serve_bad_options(model_file, capsys) -> None:
 # that decoded
 _SERVE_SCRIPT = """
 import sys, threading, time
-from transduce.inference.server import create_app, serve
+from transduce.serve.server import create_app, serve
 
 class Slow:
     def translate(self, sentences, *, beam=None, alpha=None):

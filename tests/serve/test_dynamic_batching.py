@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from transduce.inference.dynamic_batching import (
+from transduce.serve.dynamic_batching import (
     BatchingConfig,
     DynamicBatcher,
     ServerBusy,

@@ -23,7 +23,7 @@ calls, and so one sentence at a time, ran much slower on a worker thread than on
 worker loop on the main thread (``keep_in_caller_thread`` then ``run``) and the HTTP server on a
 thread of its own; ``start`` gives the loop a thread of its own (tests, embedding).
 
-Plain Python (threads and asyncio futures); ``transduce.inference.server`` puts HTTP in front.
+Plain Python (threads and asyncio futures); ``transduce.serve.server`` puts HTTP in front.
 """
 
 from __future__ import annotations
