@@ -43,11 +43,14 @@ class Gated:
         self.gate.set()
         self.entered = threading.Event()
 
-    def translate(self, sentences, *, beam=None, alpha=None):
+    def decode_config(self, *, beam=None, alpha=None):
+        return self.inner.decode_config(beam=beam, alpha=alpha)
+
+    def translate(self, sentences, decode=None):
         self.calls.append(list(sentences))
         self.entered.set()
         assert self.gate.wait(TIMEOUT)
-        return self.inner.translate(sentences, beam=beam, alpha=alpha)
+        return self.inner.translate(sentences, decode)
 
 
 # -- raw HTTP ----------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ def add_device(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision(p: argparse.ArgumentParser) -> None:
-    """``--precision``: the dtype of the weights a model decodes with."""
+    """``--precision``: the dtype of the weights a model decodes with (``args.weights``; not
+    training's autocast ``train.precision``)."""
     p.add_argument(
-        "--precision", choices=("fp32", "bf16"), default="fp32",
+        "--precision", dest="weights", choices=("fp32", "bf16"), default="fp32",
         help="weights for decoding: fp32 (as trained, the default) or bf16 (faster for batches "
         "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
         "translation may change)",

@@ -15,9 +15,12 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 
     parser = Parser.load(args.model, device=args.device)  # a bad --model: before stdin
     sentences = [line.split() for line in read_input(args.input)]
+    decode = parser.translator.decode_config(
+        beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
+    )
     parses = parser.parse(
-        sentences, beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset,
-        constrained=args.constrained, show_progress=None if not args.quiet else False,
+        sentences, decode, constrained=args.constrained,
+        show_progress=None if not args.quiet else False,
     )  # fmt: skip
     write_output(args.output, [to_brackets(p.tree) for p in parses])
     if not args.quiet:

@@ -80,7 +80,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    translator = Translator.load(args.model, device=args.device, precision=args.precision)
+    translator = Translator.load(args.model, device=args.device, weights=args.weights)
     app = create_app(
         translator, limits=limits, batching=batching, model_name=str(args.model), api_key=api_key
     )

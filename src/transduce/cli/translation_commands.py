@@ -27,23 +27,29 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
     if args.nbest < 1:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
-    translator = Translator.load(args.model, device=args.device, precision=args.precision)  # a bad --model: before stdin
+    # a bad --model: before reading stdin
+    translator = Translator.load(args.model, device=args.device, weights=args.weights)
     sentences = read_input(args.input)
-    options = {
-        "beam": args.beam, "alpha": args.alpha, "batch_tokens": args.batch_tokens,
-        "max_len_offset": args.max_len_offset, "show_progress": None if not args.quiet else False,
-    }  # fmt: skip
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
+    decode = translator.decode_config(
+        beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+        max_len_offset=args.max_len_offset,
+    )  # fmt: skip
+    show_progress = None if not args.quiet else False
     if args.nbest == 1:
-        out = [one_output_line(t) for t in translator.translate(sentences, **options)]
+        translations = translator.translate(sentences, decode, show_progress=show_progress)
+        out = [one_output_line(t) for t in translations]
         if args.alignments:
             aligned = translator.align(sentences, out, layer=args.alignment_layer)
             out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
     else:
+        nbest = translator.translate_nbest(
+            sentences, args.nbest, decode, show_progress=show_progress
+        )
         out = [
             f"{i}\t{h.score:.4f}\t{one_output_line(h.text)}"
-            for i, hyps in enumerate(translator.translate_nbest(sentences, args.nbest, **options))
+            for i, hyps in enumerate(nbest)
             for h in hyps
         ]
     write_output(args.output, out)
@@ -59,18 +65,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if cfg.task.name == "parsing":  # EVALB of the trees; no outputs to write
         from transduce.parsing.parser import Parser, evaluate_parser
 
+        parser = Parser(model, vocab, cfg)  # --precision is for translation: weights as loaded
+        decode = parser.translator.decode_config(beam=args.beam, alpha=args.alpha)
         scores = evaluate_parser(
-            Parser(model, vocab, cfg), args.src, args.ref, beam=args.beam, alpha=args.alpha,
-            constrained=args.constrained, show_progress=show_progress,
+            parser, args.src, args.ref, decode, constrained=args.constrained,
+            show_progress=show_progress,
         )  # fmt: skip
         hyps: list[str] = []
     else:
-        from transduce.inference.translator import PRECISIONS, Translator, evaluate_files
+        from transduce.inference.translator import Translator, evaluate_files, weight_dtype
 
-        translator = Translator(model.to(PRECISIONS[args.precision]), vocab, cfg)
+        translator = Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+        decode = translator.decode_config(
+            beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
+        )
         scores, hyps = evaluate_files(
-            translator, args.src, args.ref, beam=args.beam, alpha=args.alpha,
-            batch_tokens=args.batch_tokens, lowercase=args.lowercase, show_progress=show_progress,
+            translator, args.src, args.ref, decode, lowercase=args.lowercase,
+            show_progress=show_progress,
         )  # fmt: skip
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])

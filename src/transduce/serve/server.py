@@ -153,7 +153,7 @@ def create_app(
                "decode": _decode_defaults(translator), "limits": asdict(limits),
                "batching": asdict(batching)}  # fmt: skip
     _add_health(app, batcher, details, api_key)
-    _add_translate(app, batcher, limits)
+    _add_translate(app, translator, batcher, limits)
     if api_key is not None:
         app.add_middleware(RequireApiKey, key=api_key)
     return app
@@ -191,7 +191,9 @@ def _add_health(
         return JSONResponse(out, status_code=200 if ok else 503)
 
 
-def _add_translate(app: FastAPI, batcher: DynamicBatcher, limits: ServerLimits) -> None:
+def _add_translate(
+    app: FastAPI, translator: TranslatorLike, batcher: DynamicBatcher, limits: ServerLimits
+) -> None:
     budget = BodyBudget(limits.max_body_buffer)
 
     @app.post("/translate")
@@ -200,8 +202,12 @@ def _add_translate(app: FastAPI, batcher: DynamicBatcher, limits: ServerLimits) 
         sentences, beam, alpha = parse_translate_request(body, limits)
         if not sentences:
             return JSONResponse({"translations": []})
+        try:  # the model's settings with the request's: one DecodeConfig from here down
+            decode = translator.decode_config(beam=beam, alpha=alpha)
+        except UserError as e:  # a beam larger than this model's vocabulary
+            return _error_response(422, str(e))
         try:
-            future = batcher.submit(sentences, beam, alpha)
+            future = batcher.submit(sentences, decode)
         except ServerBusy as e:
             return _error_response(503, str(e), {"Retry-After": "1"})
         try:

@@ -102,7 +102,8 @@ def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
 
     def validate(model: Seq2Seq) -> dict[str, Any]:
         parser = Parser(model, vocab, cfg)
-        return parsing_scores(parser, sentences, gold, beam=cfg.train.valid_beam)
+        decode = parser.translator.decode_config(beam=cfg.train.valid_beam)
+        return parsing_scores(parser, sentences, gold, decode)
 
     return validate
 
