@@ -15,7 +15,7 @@
 It samples the server's resident memory (``/proc/PID/status``) throughout. Everything is bounded:
 each wait has ``io_timeout``, each phase a length, and the abusers stop at the shutdown. Shared
 by the benchmark (which prints the figures: ``serve_load.report``) and
-tests/inference/test_server_abuse.py (the CI-sized run).
+tests/serve/test_server_abuse.py (the CI-sized run).
 """
 
 from __future__ import annotations

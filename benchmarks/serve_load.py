@@ -355,7 +355,7 @@ def abuse_main(args: argparse.Namespace, pool: list[str]) -> None:
 
     from serve_abuse import AbuseConfig, run_abuse
 
-    from transduce.inference.server_guard import raise_open_file_limit
+    from transduce.serve.guard import raise_open_file_limit
 
     needed = 2 * (args.connections + args.clients + args.in_flight) + 256  # both ends of each
     soft = raise_open_file_limit(needed)

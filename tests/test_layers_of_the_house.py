@@ -27,8 +27,11 @@ LAYERS: list[set[str]] = [
     {"model", "recurrent", "evaluation"},
     {"architectures"},  # build the model a config names
     {"checkpoint", "plotting"},  # model files; figures from plain data
-    {"inference"},  # searches, the inference engine, Translator, the server
-    {"training", "export"},
+    {"inference"},  # searches, the inference engine, Translator and translation evaluation
+    {"parsing"},  # Parser: linearised trees decoded (constrained or not), EVALB evaluation
+    # training; models for other engines; the HTTP server (it needs only errors, and is handed
+    # a Translator)
+    {"training", "export", "serve"},
     {"demo"},
     {"experiments"},  # several runs and their figures
     {"cli"},

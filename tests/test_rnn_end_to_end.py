@@ -76,7 +76,7 @@ def rnn_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_translate_evaluate_and_serve_an_rnn(rnn_file: Path, tmp_path: Path, capsys) -> None:
-    from transduce.inference.server import ServerThread, create_app
+    from transduce.serve.server import ServerThread, create_app
 
     lines = toy_sentences(6, seed=3)
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")

@@ -113,7 +113,7 @@ def test_every_command_refuses_a_file_with_a_payload(
     if command == "serve":
         pytest.importorskip("fastapi")
         pytest.importorskip("uvicorn")
-        import transduce.inference.server as server
+        import transduce.serve.server as server
 
         def no_server(*args: Any, **kwargs: Any) -> None:
             raise AssertionError("the server started")
@@ -254,7 +254,7 @@ def test_old_model_file_converts_and_translates_identically(files, tmp_path: Pat
     old = tmp_path / "old.pt"
     torch.save({**data, "elapsed": np.float64(12.5)}, old)
     sentences = toy_sentences(12, seed=3)
-    want = Translator.load(files["good"]).translate(sentences, beam=2)
+    want = _beam_2(files["good"], sentences)
 
     code, _, err = _run(["translate", "--model", str(old)], capsys)
     _one_line_error(code, err, f"transduce convert {old} NEW.pt --trust")
@@ -268,7 +268,7 @@ def test_old_model_file_converts_and_translates_identically(files, tmp_path: Pat
     assert info["format"] == 2 and info["kind"] == "model" and info["unpickled"] is True
     new = torch.load(tmp_path / "new.pt", weights_only=True)
     assert new["elapsed"] == 12.5 and new["format"] == 2
-    assert Translator.load(tmp_path / "new.pt").translate(sentences, beam=2) == want
+    assert _beam_2(tmp_path / "new.pt", sentences) == want
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
     code, out, _ = _run(["translate", "--model", str(tmp_path / "new.pt"), "--input",
                          str(tmp_path / "in.txt"), "--beam", "2", "--quiet"], capsys)  # fmt: skip
@@ -280,7 +280,12 @@ def test_old_model_file_converts_and_translates_identically(files, tmp_path: Pat
                           capsys)  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["unpickled"] is False
-    assert Translator.load(tmp_path / "p.pt").translate(sentences, beam=2) == want
+    assert _beam_2(tmp_path / "p.pt", sentences) == want
+
+
+def _beam_2(model: Path, sentences: list[str]) -> list[str]:
+    translator = Translator.load(model)
+    return translator.translate(sentences, translator.decode_config(beam=2))
 
 
 TINY: dict[str, Any] = {

@@ -208,7 +208,7 @@ def _run_example(base: Path, files: dict[str, bytes | None], argv: list[str]) ->
         stack.enter_context(mock.patch.object(sys, "stdin", stdin))
         stack.enter_context(mock.patch("transduce.training.run.train", _fake_train))
         stack.enter_context(mock.patch("transduce.demo.run_demo", _fake_demo))
-        stack.enter_context(mock.patch("transduce.inference.server.serve", _no_server))
+        stack.enter_context(mock.patch("transduce.serve.server.serve", _no_server))
         stack.enter_context(mock.patch("transduce.data.multi30k.download", _no_network))
         stack.enter_context(mock.patch("transduce.data.ptb.download", _no_network))
         stack.enter_context(mock.patch("transduce.data.wmt14._fetch", _no_network))

@@ -260,7 +260,7 @@ def test_translate_as_a_real_process_reads_stdin(trained, corpus, tmp_path) -> N
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode("utf-8").split("\n")
     assert out[-1] == "" and len(out) - 1 == 11 and out[3] == ""
-    expected = Translator.load(trained["run"] / "model.pt").translate(sources, beam=2)
+    expected = _translate(trained["run"] / "model.pt", sources, beam=2)
     assert out[:3] + out[4:-1] == expected
 
 
@@ -275,11 +275,14 @@ def test_the_checkpoint_alone_translates(trained, tmp_path) -> None:
     lone = tmp_path / "elsewhere" / "m.pt"
     lone.parent.mkdir()
     lone.write_bytes((trained["run"] / "model.pt").read_bytes())
-    out = Translator.load(lone).translate(["A dog runs.", "A man is sleeping."], beam=4)
+    out = _translate(lone, ["A dog runs.", "A man is sleeping."], beam=4)
     assert len(out) == 2 and all(out)
-    assert out == Translator.load(trained["run"] / "model.pt").translate(
-        ["A dog runs.", "A man is sleeping."], beam=4
-    )
+    assert out == _translate(trained["run"] / "model.pt", ["A dog runs.", "A man is sleeping."], 4)
+
+
+def _translate(model: Path, sentences: list[str], beam: int) -> list[str]:
+    translator = Translator.load(model)
+    return translator.translate(sentences, translator.decode_config(beam=beam))
 
 
 # --- errors; no data needed -----------------------------------------------------------------

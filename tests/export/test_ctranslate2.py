@@ -92,7 +92,7 @@ def test_folder_contents(exported, trained, capsys) -> None:
 def test_greedy_translations_equal_ours(exported, trained) -> None:
     translator = Translator.load(trained)
     sentences = corpus(40, seed=7)[0] + ["", "the small dog runs in the park", "ball ball"]
-    ours = translator.translate(sentences, beam=1)
+    ours = translator.translate(sentences, translator.decode_config(beam=1))
     theirs = translate_with_ctranslate2(exported, sentences, beam_size=1, intra_threads=1)
     assert theirs == ours
     # it has really learned something, so equal outputs are not equal garbage
@@ -111,7 +111,8 @@ def test_int8_export(trained, tmp_path) -> None:
     assert info["quantization"] == "int8" and "model.bin" in info["files"]
     sentences = corpus(20, seed=9)[0]
     out = translate_with_ctranslate2(tmp_path / "int8", sentences, beam_size=1, intra_threads=1)
-    ours = Translator.load(trained).translate(sentences, beam=1)
+    translator = Translator.load(trained)
+    ours = translator.translate(sentences, translator.decode_config(beam=1))
     assert sum(o == t for o, t in zip(out, ours, strict=True)) >= 10  # int8: mostly the same
 
 

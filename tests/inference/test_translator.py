@@ -13,6 +13,7 @@ import pytest
 import torch
 from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: I001
 
+from transduce.config import DecodeConfig
 from transduce.errors import UserError
 from transduce.inference.translator import (
     Translation,
@@ -61,10 +62,10 @@ def test_load_run_folder_and_defaults(model_file, tmp_path) -> None:
 def test_empty_lines_order_and_one_output_per_line(translator) -> None:
     sentences = toy_sentences(12, seed=1)
     lines = sentences[:4] + ["", "   "] + sentences[4:] + [""]
-    out = translator.translate(lines, beam=2)
+    out = translator.translate(lines, translator.decode_config(beam=2))
     assert len(out) == len(lines)
     assert [o for line, o in zip(lines, out, strict=True) if not line.strip()] == ["", "", ""]
-    alone = [translator.translate([s], beam=2)[0] for s in sentences]
+    alone = [translator.translate([s], translator.decode_config(beam=2))[0] for s in sentences]
     assert [o for line, o in zip(lines, out, strict=True) if line.strip()] == alone
     assert len(set(alone)) > 1  # different inputs, different outputs: order is really checked
     assert all("\n" not in o for o in out)
@@ -73,15 +74,20 @@ def test_empty_lines_order_and_one_output_per_line(translator) -> None:
 @pytest.mark.parametrize("beam", [1, 3])
 def test_batching_does_not_change_translations(translator, beam) -> None:
     sentences = toy_sentences(25, seed=2)
-    big = translator.translate(sentences, beam=beam, batch_tokens=100_000)
-    small = translator.translate(sentences, beam=beam, batch_tokens=12)
-    reversed_back = translator.translate(sentences[::-1], beam=beam, batch_tokens=30)[::-1]
+    def translate(sentences: list[str], batch_tokens: int) -> list[str]:
+        return translator.translate(
+            sentences, translator.decode_config(beam=beam, batch_tokens=batch_tokens)
+        )
+
+    big = translate(sentences, 100_000)
+    small = translate(sentences, 12)
+    reversed_back = translate(sentences[::-1], 30)[::-1]
     assert big == small == reversed_back
 
 
 def test_nbest(translator) -> None:
     sentences = ["the dog runs", "", "a big red ball in the park"]
-    nbest = translator.translate_nbest(sentences, 3, beam=3)
+    nbest = translator.translate_nbest(sentences, 3, translator.decode_config(beam=3))
     assert len(nbest) == 3
     assert nbest[1] == [Translation("", 0.0, 0.0)]
     for hyps in (nbest[0], nbest[2]):
@@ -89,30 +95,41 @@ def test_nbest(translator) -> None:
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
         assert all(h.log_prob <= 0 for h in hyps)
-    assert [h[0].text for h in nbest] == translator.translate(sentences, beam=3)
+    beam_3 = translator.decode_config(beam=3)
+    assert [h[0].text for h in nbest] == translator.translate(sentences, beam_3)
     with pytest.raises(UserError, match="beam"):
-        translator.translate_nbest(sentences, 4, beam=3)
+        translator.translate_nbest(sentences, 4, translator.decode_config(beam=3))
     with pytest.raises(UserError, match="nbest"):
         translator.translate_nbest(sentences, 0)
 
 
 def test_bad_options(translator) -> None:
     with pytest.raises(UserError, match="beam"):
-        translator.translate(["the dog"], beam=0)
+        translator.decode_config(beam=0)
     with pytest.raises(UserError, match="alpha"):
-        translator.translate(["the dog"], alpha=-1.0)
+        translator.decode_config(alpha=-1.0)
     with pytest.raises(UserError, match="batch_tokens"):
-        translator.translate(["the dog"], batch_tokens=0)
+        translator.decode_config(batch_tokens=0)
     with pytest.raises(UserError, match=r"beam \(61\) must not exceed the vocabulary size \(60\)"):
-        translator.translate(["the dog"], beam=61)
+        translator.decode_config(beam=61)
+    with pytest.raises(UserError, match=r"beam \(61\) must not exceed the vocabulary size \(60\)"):
+        translator.translate(["the dog"], DecodeConfig(beam=61))  # made without decode_config
     for alpha in (float("nan"), float("inf"), 10.5):  # lp = ((5 + |Y|) / 6) ** alpha overflows
         with pytest.raises(UserError, match="alpha"):
-            translator.translate(["the dog"], alpha=alpha)
+            translator.decode_config(alpha=alpha)
     with pytest.raises(UserError, match="max_len_offset must be at most 10000"):
-        translator.translate(["the dog"], max_len_offset=10_001)
+        translator.decode_config(max_len_offset=10_001)
     with pytest.raises(TypeError):
         translator.translate("the dog")  # type: ignore[arg-type]
     assert translator.translate([]) == []
+
+
+def test_weights_name_a_dtype(model_file) -> None:
+    assert next(Translator.load(model_file, weights="bf16").model.parameters()).dtype == (
+        torch.bfloat16
+    )
+    with pytest.raises(UserError, match="weights must be one of fp32, bf16; got 'fp16'"):
+        Translator.load(model_file, weights="fp16")  # type: ignore[arg-type]
 
 
 def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
@@ -145,9 +162,10 @@ def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
     src = collate([(vocab.encode(fits), [])]).src
     assert len(greedy_search(model, src, max_len_offset=3)[0]) == 15  # the longest output
     for beam in (1, 2):
-        assert translator.translate([fits], beam=beam)[0]  # position 15 was there
+        decode = translator.decode_config(beam=beam)
+        assert translator.translate([fits], decode)[0]  # position 15 was there
         with pytest.raises(UserError, match="sentence 2 has 12 subword tokens.*at most 11"):
-            translator.translate(["", too_long, fits], beam=beam)
+            translator.translate(["", too_long, fits], decode)
 
 
 def test_length_batches() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transduce.config import Config, ParsingTaskConfig, TrainConfig
 from transduce.data.subword import train_sentencepiece
 from transduce.data.vocab import EOS, SPECIALS, TokenVocab, VocabPair
-from transduce.inference.parsing import word_units
+from transduce.parsing.parser import word_units
 from transduce.training.parsing_run import source_dropout_pairs
 
 SENTENCES = [s.split() for s in (

@@ -186,10 +186,11 @@ def test_translation_without_a_terminal_reports_every_interval(tmp_path: Path, m
     translator = translator_module.Translator.load(model)
     monkeypatch.setattr(translator_module, "PeriodicLines",
                         functools.partial(PeriodicLines, every_s=0.0))  # fmt: skip
-    translator.translate(toy_sentences(6), batch_tokens=8, show_progress=None)
+    small_batches = translator.decode_config(batch_tokens=8)
+    translator.translate(toy_sentences(6), small_batches, show_progress=None)
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(re.fullmatch(r"translate done=\d+/6 sentences/s=\S+ elapsed=\S+ eta=\S+",
                                       line) for line in lines), lines  # fmt: skip
     assert lines[-1].startswith("translate done=6/6")
-    translator.translate(toy_sentences(6), batch_tokens=8, show_progress=False)  # --quiet
+    translator.translate(toy_sentences(6), small_batches, show_progress=False)  # --quiet
     assert capsys.readouterr().err == ""

@@ -17,18 +17,19 @@ from typing import NoReturn
 
 from transduce.cli import (
     analysis_commands,
+    data_commands,
     parsing_commands,
-    prepare_commands,
     serve_commands,
     training_commands,
     translation_commands,
 )
 from transduce.errors import Preempted, RunStopped, UserError
 
-# Each module adds its subcommands with register(subparsers).
-COMMAND_MODULES = [
-    training_commands, translation_commands, parsing_commands, serve_commands, analysis_commands,
-    prepare_commands,
+# Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
+REGISTER = [
+    training_commands.register, data_commands.register, translation_commands.register,
+    parsing_commands.register, serve_commands.register, analysis_commands.register,
+    data_commands.register_prepare,
 ]
 
 
@@ -53,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     no_tuning = "leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)"
     parser.add_argument("--no-malloc-tuning", action="store_true", help=no_tuning)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    for register in REGISTER:
+        register(sub)
     # Also accepted after the subcommand (nested ones too, e.g. data multi30k); SUPPRESS keeps
     # the value given before it.
     pending = list(sub.choices.values())

@@ -1,51 +1,32 @@
-"""Subcommands of constituency parsing (section 6.3): data ptb-sample, parse."""
+"""The subcommand of constituency parsing (section 6.3): parse. (``data ptb-sample`` fetches the
+treebank sample; ``evaluate`` scores a parsing model too.)"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-
-def _cmd_data_ptb(args: argparse.Namespace) -> int:
-    from transduce.data.ptb import prepare_ptb_sample
-
-    counts = prepare_ptb_sample(args.dest, args.from_dir)
-    print(json.dumps({"dest": str(args.dest), "sentences": counts}))
-    return 0
+from transduce.cli.common import add_device, read_input, write_output
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
-    from transduce.cli.translation_commands import _read_input, _write_output
     from transduce.data.trees import to_brackets
-    from transduce.inference.parsing import Parser
+    from transduce.parsing.parser import Parser
 
     parser = Parser.load(args.model, device=args.device)  # a bad --model: before stdin
-    sentences = [line.split() for line in _read_input(args.input)]
+    sentences = [line.split() for line in read_input(args.input)]
+    decode = parser.translator.decode_config(
+        beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
+    )
     parses = parser.parse(
-        sentences, beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset,
-        constrained=args.constrained, show_progress=None if not args.quiet else False,
+        sentences, decode, constrained=args.constrained,
+        show_progress=None if not args.quiet else False,
     )  # fmt: skip
-    _write_output(args.output, [to_brackets(p.tree) for p in parses])
+    write_output(args.output, [to_brackets(p.tree) for p in parses])
     if not args.quiet:
         repaired = sum(p.repairs > 0 for p in parses)
         print(f"transduce: {len(parses)} trees, {repaired} repaired", file=sys.stderr)
     return 0
-
-
-def add_data_command(data_sub: argparse._SubParsersAction) -> None:
-    """``transduce data ptb-sample`` beside the other corpora."""
-    d = data_sub.add_parser(
-        "ptb-sample",
-        help="NLTK's Penn Treebank sample (WSJ 0001-0199) split for parsing",
-        description="Put treebank.zip into DEST (downloaded, or copied from --from FOLDER) and "
-        "write {train,dev,test}.words and .trees: wsj_0001-0159 train, 0160-0179 dev, "
-        "0180-0199 test.",
-    )
-    d.add_argument("--dest", required=True, help="folder to write (e.g. data/ptb-sample)")
-    d.add_argument("--from", dest="from_dir", default=None, metavar="FOLDER",
-                   help="a folder holding treebank.zip, instead of downloading it")  # fmt: skip
-    d.set_defaults(func=_cmd_data_ptb)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
                    help="only continuations that can still become a well-formed tree with the "
                    "input's words (default: the model's task.constrained)")  # fmt: skip
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add_device(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     p.set_defaults(func=_cmd_parse)

@@ -3,7 +3,7 @@
 
 ``transduce serve --model CKPT [--host 127.0.0.1] [--port 8000]`` answers ``POST /translate``
 with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}`` and ``GET
-/health`` (see ``transduce.inference.server``). Once the socket listens it prints one line
+/health`` (see ``transduce.serve.server``). Once the socket listens it prints one line
 ``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the real port when ``--port 0``).
 ``--api-key-file`` makes every path but ``/health`` ask for a bearer token; serving beyond
 loopback without one prints a warning.
@@ -22,7 +22,7 @@ import math
 import os
 import sys
 
-from transduce.cli.translation_commands import add_precision
+from transduce.cli.common import add_device, add_precision
 from transduce.errors import UserError
 
 
@@ -49,8 +49,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
-    from transduce.inference.dynamic_batching import BatchingConfig
-    from transduce.inference.server import ApiKey, ServerLimits, create_app, serve
+    from transduce.serve.dynamic_batching import BatchingConfig
+    from transduce.serve.server import ApiKey, ServerLimits, create_app, serve
     from transduce.inference.translator import Translator
 
     _positive("--max-batch-sentences", args.max_batch_sentences)
@@ -80,7 +80,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    translator = Translator.load(args.model, device=args.device, precision=args.precision)
+    translator = Translator.load(args.model, device=args.device, weights=args.weights)
     app = create_app(
         translator, limits=limits, batching=batching, model_name=str(args.model), api_key=api_key
     )
@@ -121,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="checkpoint file or run folder")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add_device(p)
     add_precision(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(

@@ -7,14 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from transduce.cli.common import add_set
 from transduce.errors import UserError
-
-
-def add_set(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
-    )  # fmt: skip
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

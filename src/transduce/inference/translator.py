@@ -6,7 +6,12 @@ file alone translates::
 
     from transduce import Translator
     t = Translator.load("runs/m30k/model.pt")
-    t.translate(["A man is riding a bike.", ""], beam=4, alpha=0.6)  # -> ["Ein Mann ...", ""]
+    t.translate(["A man is riding a bike.", ""])  # -> ["Ein Mann ...", ""]
+    t.translate(["A man is riding a bike."], t.decode_config(beam=8, alpha=1.0))
+
+Decoding settings travel as one ``DecodeConfig``: ``decode_config`` makes it from the
+checkpoint's ``decode`` section with some settings replaced, and ``translate``,
+``translate_nbest`` and ``evaluate_files`` take it (default: the checkpoint's).
 
 How sentences are decoded:
 
@@ -19,6 +24,9 @@ How sentences are decoded:
 * Greedy search when ``beam`` is 1, else beam search with the GNMT length penalty ``alpha``
   (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
   tokens.
+
+"Weights" names the dtype a model decodes with (``WeightPrecision``: "fp32" or "bf16", the
+CLI's ``--precision``), apart from training's autocast ``train.precision``.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm import tqdm
@@ -46,9 +54,20 @@ from transduce.inference.contract import DecodableModel
 from transduce.inference.search import generate, searchable
 from transduce.model.transformer import Transformer
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WeightPrecision = Literal["fp32", "bf16"]
+WEIGHT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-__all__ = ["PRECISIONS", "Translation", "Translator", "evaluate_files", "length_batches", "resolve_device"]
+__all__ = [
+    "WEIGHT_DTYPES", "Translation", "Translator", "WeightPrecision", "evaluate_files",
+    "length_batches", "resolve_device", "weight_dtype",
+]  # fmt: skip
+
+
+def weight_dtype(weights: str) -> torch.dtype:
+    """The dtype of ``weights`` ("fp32" or "bf16"); another name is a UserError."""
+    if weights not in WEIGHT_DTYPES:
+        raise UserError(f"weights must be one of {', '.join(WEIGHT_DTYPES)}; got {weights!r}")
+    return WEIGHT_DTYPES[weights]
 
 
 @dataclass(frozen=True)
@@ -104,19 +123,18 @@ class Translator:
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str | torch.device = "cpu", precision: str = "fp32"
+        cls, path: str | Path, device: str | torch.device = "cpu", weights: WeightPrecision = "fp32"
     ) -> Translator:
         """From a checkpoint file (``model.pt``, ``best.pt``, an average) or a run folder (its
         ``model.pt``). A missing or unreadable file is a UserError naming it.
 
-        ``precision`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
+        ``weights`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
         with bfloat16 instructions and on GPUs, faster), which can change a translation where
         two candidates are nearly tied; "fp32" (the default) decodes as trained."""
-        if precision not in PRECISIONS:
-            raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        dtype = weight_dtype(weights)
         dev = resolve_device(device)
         model, vocab, cfg = load_model(path, device=dev)
-        return cls(model.to(PRECISIONS[precision]), vocab, cfg)
+        return cls(model.to(dtype), vocab, cfg)
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +148,9 @@ class Translator:
         batch_tokens: int | None = None,
         max_len_offset: int | None = None,
     ) -> DecodeConfig:
-        """The model's decoding defaults with the given settings replaced (None keeps one)."""
+        """The model's decoding settings (the checkpoint's ``decode`` section) with the given
+        ones replaced (None keeps one), checked: what ``translate`` takes. Where a user's
+        settings meet the model's defaults (the CLI, the server, the Python API)."""
         changes: dict[str, Any] = {
             key: value
             for key, value in {"beam": beam, "alpha": alpha, "batch_tokens": batch_tokens,
@@ -143,7 +163,11 @@ class Translator:
         for key in ("alpha", "max_len_offset"):
             if key in changes and changes[key] < 0:
                 raise UserError(f"{key} must not be negative; got {changes[key]}")
-        cfg = replace(self.cfg.decode, **changes)
+        return self._fits(replace(self.cfg.decode, **changes))
+
+    def _fits(self, decode: DecodeConfig | None) -> DecodeConfig:
+        """``decode`` (None: the model's), refused if its beam exceeds the vocabulary."""
+        cfg = self.cfg.decode if decode is None else decode
         if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
             raise UserError(
                 f"beam ({cfg.beam}) must not exceed the vocabulary size ({len(self.vocab)})"
@@ -153,36 +177,27 @@ class Translator:
     def translate(
         self,
         sentences: Sequence[str],
+        decode: DecodeConfig | None = None,
         *,
-        beam: int | None = None,
-        alpha: float | None = None,
-        batch_tokens: int | None = None,
-        max_len_offset: int | None = None,
         show_progress: bool | None = False,
     ) -> list[str]:
-        """One detokenized translation per sentence, in order (``""`` for an empty one)."""
-        cfg = self.decode_config(
-            beam=beam, alpha=alpha, batch_tokens=batch_tokens, max_len_offset=max_len_offset
-        )
+        """One detokenized translation per sentence, in order (``""`` for an empty one), decoded
+        with ``decode`` (default: the model's settings; see ``decode_config``)."""
+        cfg = self._fits(decode)
         return [hyps[0].text for hyps in self._decode(sentences, cfg, 1, show_progress)]
 
     def translate_nbest(
         self,
         sentences: Sequence[str],
         nbest: int,
+        decode: DecodeConfig | None = None,
         *,
-        beam: int | None = None,
-        alpha: float | None = None,
-        batch_tokens: int | None = None,
-        max_len_offset: int | None = None,
         show_progress: bool | None = False,
     ) -> list[list[Translation]]:
         """For each sentence its ``nbest`` best translations, best first (fewer when the beam
         finds fewer distinct ones). ``nbest`` must not exceed the beam. An empty sentence gets
         the single translation ``""`` with score and log-probability 0."""
-        cfg = self.decode_config(
-            beam=beam, alpha=alpha, batch_tokens=batch_tokens, max_len_offset=max_len_offset
-        )
+        cfg = self._fits(decode)
         if nbest < 1:
             raise UserError(f"nbest must be at least 1; got {nbest}")
         if nbest > cfg.beam:
@@ -273,14 +288,14 @@ def evaluate_files(
     translator: Translator,
     src_path: str | Path,
     ref_path: str | Path,
+    decode: DecodeConfig | None = None,
     *,
-    beam: int | None = None,
-    alpha: float | None = None,
-    batch_tokens: int | None = None,
     lowercase: bool = False,
     show_progress: bool | None = False,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Translate ``src_path`` and score it against ``ref_path`` with sacreBLEU.
+    """Translate ``src_path`` with ``decode`` (default: the model's settings) and score it
+    against ``ref_path`` with sacreBLEU: the evaluation of a translation model (``transduce
+    evaluate``).
 
     Returns (scores, translations). Scores: ``bleu``, ``chrf`` (cased unless ``lowercase``) with
     their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
@@ -289,11 +304,8 @@ def evaluate_files(
     sources, references = read_aligned(src_path, ref_path, what="source and reference")
     if not sources:
         raise UserError(f"{src_path}: no lines to translate")
-    cfg = translator.decode_config(beam=beam, alpha=alpha, batch_tokens=batch_tokens)
-    hyps = translator.translate(
-        sources, beam=cfg.beam, alpha=cfg.alpha, batch_tokens=cfg.batch_tokens,
-        show_progress=show_progress,
-    )  # fmt: skip
+    cfg = translator.cfg.decode if decode is None else decode
+    hyps = translator.translate(sources, cfg, show_progress=show_progress)
     scores = corpus_scores(hyps, references, lowercase=lowercase)
     lower = corpus_scores(hyps, references, lowercase=True)
     scores["bleu_lowercase"] = lower["bleu"]

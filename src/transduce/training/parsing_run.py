@@ -18,7 +18,7 @@ from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import TokenVocab, VocabPair
 from transduce.errors import UserError
-from transduce.inference.parsing import Parser, parsing_scores, word_units
+from transduce.parsing.parser import Parser, parsing_scores, word_units
 from transduce.model.transformer import Transformer
 from transduce.training import distributed
 from transduce.training.run import Log, epoch_seed, resolve_data_path, stderr_log
@@ -102,7 +102,8 @@ def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
 
     def validate(model: Seq2Seq) -> dict[str, Any]:
         parser = Parser(model, vocab, cfg)
-        return parsing_scores(parser, sentences, gold, beam=cfg.train.valid_beam)
+        decode = parser.translator.decode_config(beam=cfg.train.valid_beam)
+        return parsing_scores(parser, sentences, gold, decode)
 
     return validate
 

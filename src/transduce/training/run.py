@@ -243,7 +243,8 @@ def bleu_validator(
     from transduce.inference.translator import Translator
 
     def validate(model: Seq2Seq) -> dict[str, float]:
-        hyps = Translator(model, vocab, cfg).translate(sources, beam=cfg.train.valid_beam)
+        translator = Translator(model, vocab, cfg)
+        hyps = translator.translate(sources, translator.decode_config(beam=cfg.train.valid_beam))
         scores = corpus_scores(hyps, references)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 

@@ -1,4 +1,4 @@
-"""The server's dynamic batching, without HTTP: batches formed in order, grouped by (beam, alpha),
+"""The server's dynamic batching, without HTTP: batches formed in order, grouped by DecodeConfig,
 the queue limit, and the batching settings checked."""
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ import time
 
 import pytest
 
-from transduce.inference.dynamic_batching import (
+from transduce.config import DecodeConfig
+from transduce.serve.dynamic_batching import (
     BatchingConfig,
     DynamicBatcher,
     ServerBusy,
 )
 
 TIMEOUT = 60.0  # seconds
+GREEDY, BEAM_2, DEFAULT = DecodeConfig(beam=1), DecodeConfig(beam=2), DecodeConfig()
 
 
 class Recorder:
@@ -24,19 +26,19 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def translate(self, sentences, *, beam=None, alpha=None):
-        self.calls.append((tuple(sentences), beam, alpha))
+    def translate(self, sentences, decode=None):
+        self.calls.append((tuple(sentences), decode))
         return [s.upper() for s in sentences]
 
 
-def test_batcher_groups_by_beam_and_alpha() -> None:
+def test_batcher_groups_by_decode_config() -> None:
     recorder = Recorder()
     batcher = DynamicBatcher(recorder, BatchingConfig(max_batch_sentences=5, batch_wait_ms=20))
 
     async def scenario() -> list:
         futures = [
-            batcher.submit(["a"], 1, None), batcher.submit(["b", "c"], 2, None),
-            batcher.submit(["d"], 1, None), batcher.submit(["e", "f"], 1, None),
+            batcher.submit(["a"], GREEDY), batcher.submit(["b", "c"], BEAM_2),
+            batcher.submit(["d"], DecodeConfig(beam=1)), batcher.submit(["e", "f"], GREEDY),
         ]  # fmt: skip
         batcher.start()  # all four are queued: they form batches in order
         return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
@@ -47,7 +49,7 @@ def test_batcher_groups_by_beam_and_alpha() -> None:
         batcher.stop()
     assert results == [["A"], ["B", "C"], ["D"], ["E", "F"]]
     # batch 1 = a, b c, d (4 sentences; e f would make 6 > 5), grouped by beam; batch 2 = e f
-    assert recorder.calls == [(("a", "d"), 1, None), (("b", "c"), 2, None), (("e", "f"), 1, None)]
+    assert recorder.calls == [(("a", "d"), GREEDY), (("b", "c"), BEAM_2), (("e", "f"), GREEDY)]
     stats = batcher.stats()
     assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
     assert stats["pending_sentences"] == 0
@@ -63,11 +65,11 @@ def test_the_loop_can_run_in_a_thread_of_the_caller_s() -> None:
     caller = threading.Thread(target=batcher.run)
 
     async def scenario() -> list:
-        late = batcher.submit(["x"], None, None)  # queued before the loop runs: served later
+        late = batcher.submit(["x"], DEFAULT)  # queued before the loop runs: served later
         caller.start()
         first = await asyncio.wait_for(late, TIMEOUT)
         assert batcher.alive
-        second = await asyncio.wait_for(batcher.submit(["y"], None, None), TIMEOUT)
+        second = await asyncio.wait_for(batcher.submit(["y"], DEFAULT), TIMEOUT)
         return [first, second]
 
     try:
@@ -86,16 +88,16 @@ class Slow(Recorder):
         super().__init__()
         self.seconds = seconds
 
-    def translate(self, sentences, *, beam=None, alpha=None):
+    def translate(self, sentences, decode=None):
         time.sleep(self.seconds)
-        return super().translate(sentences, beam=beam, alpha=alpha)
+        return super().translate(sentences, decode)
 
 
 def test_a_stop_that_times_out_still_ends_the_loop_and_fails_the_queue() -> None:
     batcher = DynamicBatcher(Slow(0.5), BatchingConfig(max_batch_sentences=1, batch_wait_ms=0))
 
     async def scenario() -> list:
-        first, second = batcher.submit(["a"], None, None), batcher.submit(["b"], None, None)
+        first, second = batcher.submit(["a"], DEFAULT), batcher.submit(["b"], DEFAULT)
         batcher.start()
         await asyncio.sleep(0.1)  # the worker is inside the first (0.5 s) batch
         stopper = asyncio.get_running_loop().run_in_executor(None, batcher.stop, 0.05)
@@ -140,12 +142,12 @@ def test_queue_limit_refuses_new_requests_until_the_queue_drains() -> None:
     batcher = DynamicBatcher(Recorder(), BatchingConfig(batch_wait_ms=0), max_queue_sentences=3)
 
     async def scenario() -> list:
-        first = batcher.submit(["a", "b"], None, None)  # queued, the worker not started yet
+        first = batcher.submit(["a", "b"], DEFAULT)  # queued, the worker not started yet
         with pytest.raises(ServerBusy, match="2 sentences waiting"):
-            batcher.submit(["c", "d"], None, None)
+            batcher.submit(["c", "d"], DEFAULT)
         batcher.start()
         done = await asyncio.wait_for(first, TIMEOUT)
-        again = await asyncio.wait_for(batcher.submit(["c", "d"], None, None), TIMEOUT)
+        again = await asyncio.wait_for(batcher.submit(["c", "d"], DEFAULT), TIMEOUT)
         return [done, again]
 
     try:
@@ -160,14 +162,14 @@ def test_a_cancelled_request_frees_its_place_at_once_and_is_not_translated() -> 
     batcher = DynamicBatcher(recorder, BatchingConfig(batch_wait_ms=0), max_queue_sentences=3)
 
     async def scenario() -> list:
-        kept = batcher.submit(["a"], None, None)  # queued, the worker not started yet
-        gone = batcher.submit(["b", "c"], None, None)
+        kept = batcher.submit(["a"], DEFAULT)  # queued, the worker not started yet
+        gone = batcher.submit(["b", "c"], DEFAULT)
         with pytest.raises(ServerBusy):
-            batcher.submit(["d"], None, None)
+            batcher.submit(["d"], DEFAULT)
         gone.cancel()  # its client went away
         await asyncio.sleep(0)  # the done callback runs
         assert batcher.stats()["pending_sentences"] == 1
-        later = batcher.submit(["d", "e"], None, None)  # its place is free
+        later = batcher.submit(["d", "e"], DEFAULT)  # its place is free
         batcher.start()
         return await asyncio.wait_for(asyncio.gather(kept, later), TIMEOUT)
 
@@ -186,7 +188,7 @@ def test_a_request_larger_than_the_queue_limit_is_taken_when_the_queue_is_empty(
 
     async def scenario() -> list[str]:
         batcher.start()
-        return await asyncio.wait_for(batcher.submit(["x", "y", "z"], None, None), TIMEOUT)
+        return await asyncio.wait_for(batcher.submit(["x", "y", "z"], DEFAULT), TIMEOUT)
 
     try:
         assert asyncio.run(scenario()) == ["X", "Y", "Z"]

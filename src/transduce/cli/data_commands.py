@@ -1,4 +1,5 @@
-"""Subcommands for data at scale: prepare, vocab, and data wmt14 (under ``data``)."""
+"""Subcommands about data: fetch a corpus (``data multi30k``, ``data ptb-sample``, ``data
+wmt14``), and for data at scale, ``prepare`` (encode a corpus once) and ``vocab``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 import sys
 
-from transduce.cli.training_commands import add_set
+from transduce.cli.common import add_set
 from transduce.config import Config, load_config, parse_overrides, update
 
 
@@ -41,6 +42,29 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_multi30k(args: argparse.Namespace) -> int:
+    from transduce.data.multi30k import SPLIT_SIZES, fetch_multi30k
+
+    data = fetch_multi30k(
+        args.dest, src=args.src, tgt=args.tgt, from_dir=args.from_dir, progress=not args.quiet,
+        force=args.force,
+    )  # fmt: skip
+    print(json.dumps({
+        "dest": str(data.root), "src": data.src, "tgt": data.tgt,
+        "splits": {split: {"lines": SPLIT_SIZES[split], **{lang: str(p) for lang, p in f.items()}}
+                   for split, f in data.files.items()},
+    }))  # fmt: skip
+    return 0
+
+
+def _cmd_data_ptb(args: argparse.Namespace) -> int:
+    from transduce.data.ptb import prepare_ptb_sample
+
+    counts = prepare_ptb_sample(args.dest, args.from_dir)
+    print(json.dumps({"dest": str(args.dest), "sentences": counts}))
+    return 0
+
+
 def _cmd_data_wmt14(args: argparse.Namespace) -> int:
     from transduce.data.wmt14 import fetch_wmt14
 
@@ -50,8 +74,39 @@ def _cmd_data_wmt14(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_command(data_sub: argparse._SubParsersAction) -> None:
-    """``transduce data wmt14``."""
+def register(sub: argparse._SubParsersAction) -> None:
+    """``transduce data CORPUS``."""
+    p = sub.add_parser("data", help="fetch a corpus")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="CORPUS")
+    m = data_sub.add_parser(
+        "multi30k",
+        help="Multi30k task 1 (en, de, fr, cs), checked and gzip-compressed",
+        description="Put the train, val and test files of one Multi30k language pair into DEST, "
+        "copied from a local mirror (--from) or downloaded; every file is checked.",
+    )
+    m.add_argument("--dest", required=True, help="folder to put the files in (e.g. data/multi30k)")
+    m.add_argument(
+        "--from", dest="from_dir", default=None, metavar="DIR",
+        help="local mirror holding the .gz files (or a multi30k/ folder of them)",
+    )  # fmt: skip
+    m.add_argument("--src", default="en", help="source language: en, de, fr or cs (default: en)")
+    m.add_argument("--tgt", default="de", help="target language: en, de, fr or cs (default: de)")
+    m.add_argument("--force", action="store_true", help="fetch again files already there")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=_cmd_data_multi30k)
+
+    d = data_sub.add_parser(
+        "ptb-sample",
+        help="NLTK's Penn Treebank sample (WSJ 0001-0199) split for parsing",
+        description="Put treebank.zip into DEST (downloaded, or copied from --from FOLDER) and "
+        "write {train,dev,test}.words and .trees: wsj_0001-0159 train, 0160-0179 dev, "
+        "0180-0199 test.",
+    )
+    d.add_argument("--dest", required=True, help="folder to write (e.g. data/ptb-sample)")
+    d.add_argument("--from", dest="from_dir", default=None, metavar="FOLDER",
+                   help="a folder holding treebank.zip, instead of downloading it")  # fmt: skip
+    d.set_defaults(func=_cmd_data_ptb)
+
     d = data_sub.add_parser(
         "wmt14",
         help="WMT 2014 en-de or en-fr: training corpora, newstest2013 and newstest2014",
@@ -67,7 +122,8 @@ def add_data_command(data_sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=_cmd_data_wmt14)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register_prepare(sub: argparse._SubParsersAction) -> None:
+    """``transduce prepare`` and ``transduce vocab``."""
     p = sub.add_parser(
         "prepare",
         help="encode a config's corpus once into a memory-mapped folder for task.prepared",
@@ -97,4 +153,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_vocab)
 
 
-__all__ = ["add_data_command", "register"]
+__all__ = ["register", "register_prepare"]

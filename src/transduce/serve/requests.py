@@ -1,7 +1,7 @@
 """What the translation server accepts of a request: its limits (``ServerLimits``), reading the
 body under a deadline, a size limit and a shared memory budget (``read_body``), parsing ``POST
 /translate`` (``parse_translate_request``), and noticing that a client went away
-(``wait_for_disconnect``). ``transduce.inference.server`` puts them together.
+(``wait_for_disconnect``). ``transduce.serve.server`` puts them together.
 
 Every refusal is an ``ApiError``, answered as JSON ``{"error": MESSAGE, "status": CODE}``. A
 refusal answered before the body was read closes the connection (``Connection: close``): the

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.tree_constraint import TreeConstraint, TreeState
+from transduce.parsing.tree_constraint import TreeConstraint, TreeState
 from transduce.data.vocab import EOS
 from transduce.inference.common import max_output_lengths
 from transduce.inference.contract import DecodableModel

@@ -4,7 +4,7 @@
 Requests are put on a queue served by one worker thread. The worker takes the oldest request, then
 keeps collecting requests for up to ``batch_wait_ms`` (or until the next one would take the batch
 over ``max_batch_sentences``; a larger request is never split and forms a batch of its own), and
-translates the whole batch with one ``translate`` call per distinct (beam, alpha), so concurrent
+translates the whole batch with one ``translate`` call per distinct ``DecodeConfig``, so concurrent
 clients share the model's batched decoding. With ``batch_wait_ms = 0`` the worker still takes
 whatever is already waiting when it becomes free (no added latency); ``max_batch_sentences = 1``
 serves one request at a time. If a batch fails, its requests are translated again one by one, so
@@ -23,7 +23,7 @@ calls, and so one sentence at a time, ran much slower on a worker thread than on
 worker loop on the main thread (``keep_in_caller_thread`` then ``run``) and the HTTP server on a
 thread of its own; ``start`` gives the loop a thread of its own (tests, embedding).
 
-Plain Python (threads and asyncio futures); ``transduce.inference.server`` puts HTTP in front.
+Plain Python (threads and asyncio futures); ``transduce.serve.server`` puts HTTP in front.
 """
 
 from __future__ import annotations
@@ -38,14 +38,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from transduce.config import DecodeConfig
+
 __all__ = ["BatchingConfig", "DynamicBatcher", "ServerBusy", "TranslatorLike"]
 
 
 class TranslatorLike(Protocol):
-    """What the server needs of a ``Translator``: ``translate`` and the decoding defaults."""
+    """What the server needs of a ``Translator``: the decoding settings of a request (the
+    model's with the request's replaced) and ``translate`` with them."""
 
-    def translate(self, sentences: Sequence[str], *, beam: int | None = ...,
-                  alpha: float | None = ...) -> list[str]: ...  # fmt: skip
+    def decode_config(self, *, beam: int | None = ..., alpha: float | None = ...) -> DecodeConfig:
+        ...
+
+    def translate(self, sentences: Sequence[str], decode: DecodeConfig | None = ...) -> list[str]:
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,7 @@ class BatchingConfig:
 @dataclass
 class _Job:
     sentences: list[str]
-    beam: int | None
-    alpha: float | None
+    decode: DecodeConfig
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued_at: float = field(default_factory=time.monotonic)
@@ -179,8 +184,9 @@ class DynamicBatcher:
         return self._running or (self._caller_thread and not self._stop_requested)
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, sentences: list[str], beam: int | None, alpha: float | None) -> asyncio.Future:
-        """Queue one request (from the event loop); raises ServerBusy over the queue limit.
+    def submit(self, sentences: list[str], decode: DecodeConfig) -> asyncio.Future:
+        """Queue one request (from the event loop), to be translated with ``decode``; raises
+        ServerBusy over the queue limit.
         Cancelling the returned future withdraws the request (see the module docstring)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -190,7 +196,7 @@ class DynamicBatcher:
                     f"the server is busy ({self._pending} sentences waiting); try again later"
                 )
             self._pending += len(sentences)
-        job = _Job(sentences, beam, alpha, future, loop)
+        job = _Job(sentences, decode, future, loop)
         # a cancelled request frees its place in the queue limit now, not when the worker gets to it
         future.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
         self._queue.put(job)
@@ -258,9 +264,9 @@ class DynamicBatcher:
         jobs = [job for job in jobs if not job.resolved]  # withdrawn (cancelled): no decoding
         if not jobs:
             return
-        groups: dict[tuple[int | None, float | None], list[_Job]] = {}
+        groups: dict[DecodeConfig, list[_Job]] = {}
         for job in jobs:
-            groups.setdefault((job.beam, job.alpha), []).append(job)
+            groups.setdefault(job.decode, []).append(job)
         n_sentences = sum(len(j.sentences) for j in jobs)
         with self._lock:
             s = self._stats
@@ -269,16 +275,16 @@ class DynamicBatcher:
             s["sentences"] += n_sentences
             s["max_batch_requests"] = max(s["max_batch_requests"], len(jobs))
             s["max_batch_sentences"] = max(s["max_batch_sentences"], n_sentences)
-        for (beam, alpha), group in groups.items():
+        for decode, group in groups.items():
             try:
-                out = self._call([s for j in group for s in j.sentences], beam, alpha)
+                out = self._call([s for j in group for s in j.sentences], decode)
             except Exception as e:  # noqa: BLE001 - answered as a 500, the server goes on
                 if len(group) == 1:
                     self._resolve(group[0], None, e)
                     continue
                 for job in group:  # find the request(s) that fail; the others get answers
                     try:
-                        self._resolve(job, self._call(job.sentences, beam, alpha), None)
+                        self._resolve(job, self._call(job.sentences, decode), None)
                     except Exception as e1:  # noqa: BLE001
                         self._resolve(job, None, e1)
                 continue
@@ -288,10 +294,10 @@ class DynamicBatcher:
                 self._resolve(job, out[start:end], None)
                 start = end
 
-    def _call(self, sentences: list[str], beam: int | None, alpha: float | None) -> list[str]:
+    def _call(self, sentences: list[str], decode: DecodeConfig) -> list[str]:
         with self._lock:
             self._stats["translate_calls"] += 1
-        out = self.translator.translate(sentences, beam=beam, alpha=alpha)
+        out = self.translator.translate(sentences, decode)
         if len(out) != len(sentences):
             raise RuntimeError(f"{len(sentences)} sentences gave {len(out)} translations")
         return out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from transduce.data.linearise import delinearise
-from transduce.data.tree_constraint import (
+from transduce.parsing.tree_constraint import (
     TreeConstraint,
     advance,
     next_tokens,

@@ -14,7 +14,7 @@ import yaml
 from transduce.checkpoint import load_model
 from transduce.cli.main import main
 from transduce.data.trees import parse_trees
-from transduce.inference.parsing import word_units
+from transduce.parsing.parser import word_units
 
 TINY = {
     "model": {"n_layers": 2, "d_model": 96, "d_ff": 192, "n_heads": 4, "d_k": 24, "d_v": 24,

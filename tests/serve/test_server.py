@@ -1,4 +1,4 @@
-"""The HTTP server (transduce.inference.server, ``transduce serve``): a real uvicorn server on a
+"""The HTTP server (transduce.serve.server, ``transduce serve``): a real uvicorn server on a
 free 127.0.0.1 port, talked to over HTTP with urllib.
 
 The model is an untrained tiny one with a SentencePiece vocabulary (as in test_translator.py):
@@ -30,8 +30,8 @@ from inference_testkit import save_toy_translation_model, toy_sentences  # noqa:
 import torch  # noqa: E402
 
 from transduce.errors import UserError  # noqa: E402
-from transduce.inference.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
-from transduce.inference.server import (  # noqa: E402
+from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher  # noqa: E402
+from transduce.serve.server import (  # noqa: E402
     ServerLimits,
     ServerThread,
     create_app,
@@ -105,10 +105,10 @@ def test_translations_equal_translator(server, translator) -> None:
     assert translate(server, {"text": lines}) == translator.translate(lines)  # model defaults
     for beam, alpha in [(1, 0.0), (2, 1.0), (4, 0.6)]:
         got = translate(server, {"text": lines, "beam": beam, "alpha": alpha})
-        assert got == translator.translate(lines, beam=beam, alpha=alpha)
+        assert got == translator.translate(lines, translator.decode_config(beam=beam, alpha=alpha))
     assert translate(server, {"text": [], "beam": 2}) == []
     assert translate(server, {"text": sentences[:2], "alpha": 1}) == translator.translate(
-        sentences[:2], alpha=1.0
+        sentences[:2], translator.decode_config(alpha=1.0)
     )
     assert len(set(translator.translate(sentences))) > 1  # the comparison means something
 
@@ -119,7 +119,9 @@ def test_concurrent_requests_are_batched(server, translator) -> None:
     payloads = [
         {"text": sentences[3 * i: 3 * i + 3], "beam": 1 + i % 2} for i in range(n_clients)
     ]
-    expected = [translator.translate(p["text"], beam=p["beam"]) for p in payloads]
+    expected = [
+        translator.translate(p["text"], translator.decode_config(beam=p["beam"])) for p in payloads
+    ]
     for _ in range(3):  # bounded: batching must show within a few rounds
         results: list = [None] * n_clients
         barrier = threading.Barrier(n_clients, timeout=TIMEOUT)
@@ -208,14 +210,17 @@ class FlakyTranslator:
         self.release.set()
         self.entered = threading.Event()
 
-    def translate(self, sentences, *, beam=None, alpha=None):
+    def decode_config(self, *, beam=None, alpha=None):
+        return self.inner.decode_config(beam=beam, alpha=alpha)
+
+    def translate(self, sentences, decode=None):
         self.entered.set()
         assert self.release.wait(TIMEOUT)
         if any("boom" in s for s in sentences):
             raise RuntimeError("decoder exploded")
         if any("toolong" in s for s in sentences):
             raise UserError("sentence 1 has 2000 subword tokens")
-        return self.inner.translate(sentences, beam=beam, alpha=alpha)
+        return self.inner.translate(sentences, decode)
 
 
 def test_decoding_error_is_500_and_server_goes_on(translator) -> None:
@@ -318,7 +323,8 @@ def test_cli_serve(model_file, translator) -> None:
         assert health["model"]["name"] == str(model_file)
         sentences = toy_sentences(4, seed=5)
         status, out = request(url + "/translate", {"text": sentences, "beam": 2})
-        assert status == 200 and out["translations"] == translator.translate(sentences, beam=2)
+        expected = translator.translate(sentences, translator.decode_config(beam=2))
+        assert status == 200 and out["translations"] == expected
     finally:
         proc.terminate()
         try:
@@ -351,10 +357,14 @@ def test_cli_serve_bad_options(model_file, capsys) -> None:
 # that decoded
 _SERVE_SCRIPT = """
 import sys, threading, time
-from transduce.inference.server import create_app, serve
+from transduce.config import DecodeConfig
+from transduce.serve.server import create_app, serve
 
 class Slow:
-    def translate(self, sentences, *, beam=None, alpha=None):
+    def decode_config(self, *, beam=None, alpha=None):
+        return DecodeConfig()
+
+    def translate(self, sentences, decode=None):
         time.sleep(float(sys.argv[1]))
         return [threading.current_thread().name for _ in sentences]
 

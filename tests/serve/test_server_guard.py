@@ -1,4 +1,4 @@
-"""The server's protections one at a time (transduce.inference.server_guard, server_requests):
+"""The server's protections one at a time (transduce.serve.guard, serve.requests):
 slow headers and bodies, a declared 100 MB body, deep JSON at the body limit, clients that
 disconnect while their request waits or is decoded, the connection and body-memory limits,
 uploads cut at shutdown, and the API key. Real uvicorn servers on 127.0.0.1, raw sockets.
@@ -19,9 +19,9 @@ pytest.importorskip("uvicorn")
 
 from inference_testkit import save_toy_translation_model  # noqa: E402
 
-from transduce.inference.dynamic_batching import BatchingConfig  # noqa: E402
-from transduce.inference.server import ApiKey, ServerLimits, ServerThread, create_app  # noqa: E402
-from transduce.inference.server_guard import raise_open_file_limit  # noqa: E402
+from transduce.serve.dynamic_batching import BatchingConfig  # noqa: E402
+from transduce.serve.server import ApiKey, ServerLimits, ServerThread, create_app  # noqa: E402
+from transduce.serve.guard import raise_open_file_limit  # noqa: E402
 from transduce.inference.translator import Translator  # noqa: E402
 
 TIMEOUT = 30.0
@@ -43,11 +43,14 @@ class Gated:
         self.gate.set()
         self.entered = threading.Event()
 
-    def translate(self, sentences, *, beam=None, alpha=None):
+    def decode_config(self, *, beam=None, alpha=None):
+        return self.inner.decode_config(beam=beam, alpha=alpha)
+
+    def translate(self, sentences, decode=None):
         self.calls.append(list(sentences))
         self.entered.set()
         assert self.gate.wait(TIMEOUT)
-        return self.inner.translate(sentences, beam=beam, alpha=alpha)
+        return self.inner.translate(sentences, decode)
 
 
 # -- raw HTTP ----------------------------------------------------------------------------------
@@ -382,7 +385,7 @@ def test_cli_serve_api_key_and_timeout_options(tmp_path: Path, capsys) -> None:
 
 
 def test_cli_serve_warns_beyond_loopback_without_a_key(tmp_path: Path, capsys, monkeypatch) -> None:
-    import transduce.inference.server as server_module
+    import transduce.serve.server as server_module
     from transduce.cli.main import main
 
     apps: list = []

@@ -12,7 +12,7 @@ Endpoints:
   most requests one batch held. With an API key, a request without it gets ``{"status": ...}``
   only: load balancers need no key, the details do.
 
-Dynamic batching (``transduce.inference.dynamic_batching``): concurrent requests wait up to
+Dynamic batching (``transduce.serve.dynamic_batching``): concurrent requests wait up to
 ``batch_wait_ms`` for each other and are translated together, at most ``max_batch_sentences``
 sentences a batch.
 
@@ -26,7 +26,7 @@ more sentences wait than ``max_queue_sentences`` or more body bytes are held tha
 ``max_body_buffer``, 500 when decoding fails. None of them stops the server, and a request
 batched with a failing one is answered on its own. Over ``max_connections`` open connections,
 uvicorn answers 503 (plain text); a connection that sends no complete headers within
-``header_timeout_s`` is closed (``server_guard``). A client that disconnects while its request
+``header_timeout_s`` is closed (``serve.guard``). A client that disconnects while its request
 waits or is decoded withdraws it: it is not decoded, or its result is dropped.
 
 Only ``transduce.inference.translator`` is needed to build the app; fastapi and uvicorn are
@@ -50,20 +50,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transduce.errors import UserError
-from transduce.inference.dynamic_batching import (
+from transduce.serve.dynamic_batching import (
     BatchingConfig,
     DynamicBatcher,
     ServerBusy,
     TranslatorLike,
 )
-from transduce.inference.server_guard import (
+from transduce.serve.guard import (
     ApiKey,
     RequireApiKey,
     authorization_header,
     guarded_h11,
     open_files_for,
 )
-from transduce.inference.server_requests import (
+from transduce.serve.requests import (
     ApiError,
     BodyBudget,
     ClientGone,
@@ -153,7 +153,7 @@ def create_app(
                "decode": _decode_defaults(translator), "limits": asdict(limits),
                "batching": asdict(batching)}  # fmt: skip
     _add_health(app, batcher, details, api_key)
-    _add_translate(app, batcher, limits)
+    _add_translate(app, translator, batcher, limits)
     if api_key is not None:
         app.add_middleware(RequireApiKey, key=api_key)
     return app
@@ -191,7 +191,9 @@ def _add_health(
         return JSONResponse(out, status_code=200 if ok else 503)
 
 
-def _add_translate(app: FastAPI, batcher: DynamicBatcher, limits: ServerLimits) -> None:
+def _add_translate(
+    app: FastAPI, translator: TranslatorLike, batcher: DynamicBatcher, limits: ServerLimits
+) -> None:
     budget = BodyBudget(limits.max_body_buffer)
 
     @app.post("/translate")
@@ -200,8 +202,12 @@ def _add_translate(app: FastAPI, batcher: DynamicBatcher, limits: ServerLimits) 
         sentences, beam, alpha = parse_translate_request(body, limits)
         if not sentences:
             return JSONResponse({"translations": []})
+        try:  # the model's settings with the request's: one DecodeConfig from here down
+            decode = translator.decode_config(beam=beam, alpha=alpha)
+        except UserError as e:  # a beam larger than this model's vocabulary
+            return _error_response(422, str(e))
         try:
-            future = batcher.submit(sentences, beam, alpha)
+            future = batcher.submit(sentences, decode)
         except ServerBusy as e:
             return _error_response(503, str(e), {"Retry-After": "1"})
         try:
@@ -354,7 +360,7 @@ def serve(
 
     The app's batching worker decodes on the main thread, which loaded the model, and uvicorn runs
     on a thread of its own: decoding on a second thread was slower one request at a time
-    (``inference.dynamic_batching``). SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
+    (``serve.dynamic_batching``). SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
     stops accepting and waits up to 10 s for the requests in progress (this thread keeps
     translating them); then the worker stops and the requests still queued fail. A second signal
     quits at once. An error that ends uvicorn's thread is raised here."""

@@ -1,5 +1,5 @@
-"""Words in, trees out: ``Parser``, the Python API behind ``transduce parse`` and the evaluation of
-a parsing model (section 6.3).
+"""Words in, trees out: ``Parser``, the Python API behind ``transduce parse``, and the evaluation of
+a parsing model with EVALB (``transduce evaluate`` of a parsing model; section 6.3).
 
 A parsing checkpoint (``task.name: parsing``) holds a source vocabulary of word pieces and a
 target vocabulary of bracket tokens. Parsing a sentence decodes its linearised tree (by default
@@ -20,16 +20,16 @@ import torch
 
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
-from transduce.config import Config, ParsingTaskConfig
+from transduce.config import Config, DecodeConfig, ParsingTaskConfig
 from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
-from transduce.data.tree_constraint import TreeConstraint
+from transduce.parsing.tree_constraint import TreeConstraint
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import EOS, SPECIALS, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
-from transduce.inference.constrained import ConstrainedTrees
+from transduce.parsing.constrained import ConstrainedTrees
 from transduce.inference.translator import Translator
 
 
@@ -87,20 +87,17 @@ class Parser:
         return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
 
     def parse(
-        self, sentences: Sequence[Sequence[str]], *, beam: int | None = None,
-        alpha: float | None = None, max_len_offset: int | None = None,
+        self, sentences: Sequence[Sequence[str]], decode: DecodeConfig | None = None, *,
         constrained: bool | None = None, show_progress: bool | None = False,
     ) -> list[Parse]:  # fmt: skip
-        """One ``Parse`` per sentence (a list of words). Unset settings take the checkpoint's
-        ``decode`` section and the task's ``constrained``."""
-        cfg = self.translator.decode_config(beam=beam, alpha=alpha, max_len_offset=max_len_offset)
+        """One ``Parse`` per sentence (a list of words), decoded with ``decode`` (default: the
+        checkpoint's ``decode`` section; ``self.translator.decode_config`` replaces some), under
+        the tree constraint when ``constrained`` (default: the task's)."""
+        cfg = self.cfg.decode if decode is None else decode
         use = self.task.constrained if constrained is None else constrained
         translator = self._constrained(cfg.max_len_offset) if use else self.translator
         texts = [" ".join(words) for words in sentences]
-        decoded = translator.translate(
-            texts, beam=cfg.beam, alpha=cfg.alpha, max_len_offset=cfg.max_len_offset,
-            show_progress=show_progress,
-        )  # fmt: skip
+        decoded = translator.translate(texts, cfg, show_progress=show_progress)
         out = []
         for words, tokens in zip(sentences, decoded, strict=True):
             read = tokens.split()
@@ -112,19 +109,24 @@ class Parser:
 
 
 def evaluate_parser(
-    parser: Parser, words_path: str | Path, trees_path: str | Path, **options: Any
-) -> dict[str, Any]:
+    parser: Parser, words_path: str | Path, trees_path: str | Path,
+    decode: DecodeConfig | None = None, *, constrained: bool | None = None,
+    show_progress: bool | None = False,
+) -> dict[str, Any]:  # fmt: skip
     """Parse ``words_path`` (one tokenised sentence a line) and score the trees against
     ``trees_path`` (one gold tree a line) with ``evaluation.evalb``: precision, recall, F1,
     exact match, F1 on sentences of at most 40 words, the share well-formed as decoded, the
-    repairs and the number of sentences. ``options``: those of ``Parser.parse``."""
+    repairs and the number of sentences: the evaluation of a parsing model (``transduce
+    evaluate``). ``decode``, ``constrained``: as ``Parser.parse`` takes them."""
     sentences = [line.split() for line in read_lines(words_path)]
     gold = read_tree_file(trees_path)
     if len(gold) != len(sentences):
         raise UserError(
             f"{words_path} has {len(sentences)} sentences but {trees_path} has {len(gold)} trees"
         )
-    parses = parser.parse(sentences, **options)
+    parses = parser.parse(
+        sentences, decode, constrained=constrained, show_progress=show_progress
+    )
     scores = score_corpus(gold, [p.tree for p in parses]).as_dict()
     repairs = sum(p.repairs for p in parses)
     well_formed = sum(p.repairs == 0 for p in parses) / max(len(parses), 1)
@@ -132,40 +134,15 @@ def evaluate_parser(
 
 
 def parsing_scores(parser: Parser, sentences: Sequence[Sequence[str]], gold: Sequence[Tree],
-                   **options: Any) -> dict[str, float]:  # fmt: skip
+                   decode: DecodeConfig | None = None) -> dict[str, float]:  # fmt: skip
     """EVALB F1 (and precision, recall, exact match) of ``parser`` on ``sentences`` against
-    ``gold``, for validation during training."""
-    parses = parser.parse(sentences, **options)
+    ``gold`` decoded with ``decode`` (default: the model's settings), for validation during
+    training."""
+    parses = parser.parse(sentences, decode)
     scores = score_corpus(gold, [p.tree for p in parses])
     return {"f1": scores.f1, "precision": scores.precision, "recall": scores.recall,
             "exact_match": scores.exact_match,
             "well_formed": sum(p.repairs == 0 for p in parses) / max(len(parses), 1)}  # fmt: skip
 
 
-__all__ = [
-    "evaluate_checkpoint", "Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]
-
-
-def evaluate_checkpoint(
-    path: str | Path, src: str | Path, ref: str | Path, *, device: str = "cpu",
-    precision: str = "fp32", beam: int | None = None, alpha: float | None = None,
-    batch_tokens: int | None = None, lowercase: bool = False, constrained: bool | None = None,
-    show_progress: bool | None = False,
-) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
-    """Scores and outputs of the checkpoint at ``path`` on ``src`` against ``ref``: EVALB's for
-    a parsing model (outputs: trees), sacreBLEU's for a translation model."""
-    from transduce.inference.translator import PRECISIONS, evaluate_files
-
-    model, vocab, cfg = load_model(path, device=resolve_device(device))
-    if cfg.task.name == "parsing":
-        parser = Parser(model, vocab, cfg)
-        scores = evaluate_parser(parser, src, ref, beam=beam, alpha=alpha,
-                                 constrained=constrained, show_progress=show_progress)  # fmt: skip
-        return scores, []
-    if precision not in PRECISIONS:
-        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-    translator = Translator(model.to(PRECISIONS[precision]), vocab, cfg)
-    return evaluate_files(
-        translator, src, ref, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
-        lowercase=lowercase, show_progress=show_progress,
-    )  # fmt: skip
+__all__ = ["Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]

@@ -18,7 +18,7 @@ pytest.importorskip("uvicorn")
 
 from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: E402
 
-from transduce.inference.server_guard import raise_open_file_limit  # noqa: E402
+from transduce.serve.guard import raise_open_file_limit  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 CONNECTIONS = 200

@@ -1,0 +1,121 @@
+"""What the command modules share: the options several commands take (a config's ``--set``, the
+model, device, weights and decoding options) and reading input lines and writing output lines.
+
+Command modules import this one and never each other; ``main`` puts them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transduce.errors import UserError
+
+
+def add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
+    )  # fmt: skip
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+
+
+def add_precision(p: argparse.ArgumentParser) -> None:
+    """``--precision``: the dtype of the weights a model decodes with (``args.weights``; not
+    training's autocast ``train.precision``)."""
+    p.add_argument(
+        "--precision", dest="weights", choices=("fp32", "bf16"), default="fp32",
+        help="weights for decoding: fp32 (as trained, the default) or bf16 (faster for batches "
+        "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
+        "translation may change)",
+    )  # fmt: skip
+
+
+def add_decoding(p: argparse.ArgumentParser) -> None:
+    """The options of decoding a file with a checkpoint (``translate``, ``evaluate``)."""
+    p.add_argument(
+        "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
+    )
+    p.add_argument(
+        "--beam", type=int, default=None,
+        help="beam size; 1 = greedy (default: the checkpoint's decode.beam, 4 unless its config "
+        "set another)",
+    )  # fmt: skip
+    p.add_argument(
+        "--alpha", type=float, default=None,
+        help="length penalty alpha (default: the checkpoint's decode.alpha: 0.6 unless its config "
+        "set another, e.g. 1.6 in configs/multi30k_en_de.yaml)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-tokens", type=int, default=None, metavar="N",
+        help="padded source tokens per batch (default: the model's decode.batch_tokens, 4000)",
+    )  # fmt: skip
+    add_device(p)
+    add_precision(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _read_stdin() -> list[str]:
+    """Lines of stdin, stripped, decoded as UTF-8 (an invalid line is a UserError naming it)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes underneath (an embedding application)
+        lines = sys.stdin.read().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # after the final newline
+        return [line.strip() for line in lines]
+    lines = []
+    for lineno, raw in enumerate(buffer, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(
+                f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
+            ) from None
+        if lineno == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        lines.append(text.strip())
+    return lines
+
+
+def read_input(path: str | None) -> list[str]:
+    """Lines of ``path`` (plain or .gz) or, when None or '-', of stdin."""
+    from transduce.data.parallel import read_lines
+
+    if path is None or path == "-":
+        return _read_stdin()
+    return read_lines(path)
+
+
+def write_output(path: str | None, lines: Sequence[str]) -> None:
+    """Write ``lines`` (each + newline) to ``path`` or, when None or '-', stdout."""
+    text = "".join(line + "\n" for line in lines)
+    if path is None or path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
+
+
+def one_output_line(text: str) -> str:
+    """``text`` with its line breaks made spaces. A translation never holds a newline (the
+    vocabulary folds whitespace), but an output line per input line is the contract, so make
+    sure of it."""
+    return " ".join(text.splitlines())
+
+
+__all__ = [
+    "add_decoding", "add_device", "add_precision", "add_set", "one_output_line", "read_input",
+    "write_output",
+]
