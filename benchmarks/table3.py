@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from transduce.errors import UserError
     from transduce.presets import PRESETS
-    from transduce.runtime import enlarge_onednn_cache, tune_malloc
+    from transduce.kernels.process import enlarge_onednn_cache
+    from transduce.runtime import tune_malloc
 
     tune_malloc()
-    enlarge_onednn_cache()  # bfloat16 training on token batches (see transduce.runtime)
+    enlarge_onednn_cache()  # bfloat16 training on token batches (see transduce.kernels.process)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in PRESETS]
     if unknown:

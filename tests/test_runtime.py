@@ -35,7 +35,7 @@ def test_tune_malloc_disabled_by_environment() -> None:
 
 def _onednn(env_extra: dict[str, str]) -> str:
     code = (
-        "import os; from transduce.runtime import enlarge_onednn_cache; "
+        "import os; from transduce.kernels.process import enlarge_onednn_cache; "
         "print(enlarge_onednn_cache(), os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
     )
     env = {k: v for k, v in os.environ.items()
@@ -46,7 +46,7 @@ def _onednn(env_extra: dict[str, str]) -> str:
 
 
 def test_enlarge_onednn_cache_sets_the_capacity() -> None:
-    from transduce.runtime import ONEDNN_CACHE_CAPACITY
+    from transduce.kernels.process import ONEDNN_CACHE_CAPACITY
 
     assert _onednn({}) == f"True {ONEDNN_CACHE_CAPACITY}"
 
@@ -78,7 +78,7 @@ def test_cli_enlarges_the_onednn_cache_before_running_a_command(monkeypatch, cap
         assert args.no_malloc_tuning
         assert main(["params", "--preset", "base"]) == 0
         assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == str(
-            transduce.runtime.ONEDNN_CACHE_CAPACITY
+            transduce.kernels.process.ONEDNN_CACHE_CAPACITY
         )
     finally:
         os.environ.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)

@@ -123,7 +123,7 @@ class TrainConfig(_Section):
     max_tokens: int = 4096  # source+target-padded tokens per batch (max of the two)
     update_freq: int = 1  # batches accumulated per optimizer step
     # each batch's source and target padded to a multiple of this, counted so in max_tokens:
-    # fewer distinct shapes, each of which costs oneDNN a kernel compile on a CPU (1 = none)
+    # fewer distinct shapes, each of which costs the CPU matrix library a kernel compile (1 = none)
     pad_multiple: int = 1
     max_len: int = 256  # training pairs with a longer side are dropped
     max_steps: int = 100_000

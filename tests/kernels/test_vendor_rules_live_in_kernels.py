@@ -22,11 +22,6 @@ VENDOR = re.compile(r"\b(mkl|onednn|mkldnn|intel|amd)\b", re.IGNORECASE)
 DEVICE_BRANCH = re.compile(r"\bdevice\.type\b")
 NO_DEVICE_BRANCHES = ("model", "inference/engine")
 
-# Lines that still name a vendor outside kernels/, per file, while their modules belong to
-# other work (issue 38): each count may only go down. config.py (read-only here) and the
-# CLI's help text name oneDNN's kernel cache; runtime.py sets that cache's capacity, whose rule
-# moves into kernels/ once the CLI imports it from there.
-PENDING = {"config.py": 1, "runtime.py": 4, "cli/main.py": 1}
 
 
 def _outside_kernels() -> list[Path]:
@@ -46,24 +41,9 @@ def _hits(
     return found
 
 
-def vendor_names_outside_kernels(paths: list[Path]) -> list[str]:
-    """The lines of ``paths`` that name a CPU library or vendor, beyond PENDING's counts."""
-    out = []
-    for name, lines in _hits(VENDOR, paths).items():
-        if len(lines) > PENDING.get(name, 0):
-            out += lines
-    return out
-
-
 def test_no_module_outside_kernels_names_a_cpu_library_or_vendor() -> None:
-    found = vendor_names_outside_kernels(_outside_kernels())
+    found = [line for lines in _hits(VENDOR, _outside_kernels()).values() for line in lines]
     assert not found, "move these rules into transduce/kernels/:\n" + "\n".join(found)
-
-
-def test_pending_counts_are_not_stale() -> None:
-    counts = {name: len(lines) for name, lines in _hits(VENDOR, _outside_kernels()).items()}
-    stale = {name: counts.get(name, 0) for name, n in PENDING.items() if counts.get(name, 0) < n}
-    assert not stale, f"fewer vendor lines than PENDING allows now; lower it to {stale}"
 
 
 def test_model_and_engine_do_not_branch_on_the_device() -> None:

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="transduce", description="The Transformer of 'Attention Is All You Need'."
     )
-    no_tuning = "leave glibc malloc and oneDNN's kernel cache as they are (see transduce.runtime)"
+    no_tuning = "leave glibc malloc and the matrix library's kernel cache as they are (see transduce.runtime)"
     parser.add_argument("--no-malloc-tuning", action="store_true", help=no_tuning)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in REGISTER:
@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
     if not args.no_malloc_tuning:
-        from transduce.runtime import enlarge_onednn_cache, tune_malloc
+        from transduce.kernels.process import enlarge_onednn_cache
+        from transduce.runtime import tune_malloc
 
         tune_malloc()
         enlarge_onednn_cache()
