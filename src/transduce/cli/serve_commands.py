@@ -7,6 +7,12 @@ with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}``
 ``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the real port when ``--port 0``).
 ``--api-key-file`` makes every path but ``/health`` ask for a bearer token; serving beyond
 loopback without one prints a warning.
+``--model`` may be given several times, each as ``SOURCE:TARGET=PATH`` (``en:de=en-de.pt``): one
+server for several language pairs, chosen by the LibreTranslate API's ``source`` / ``target``
+(under ``/libretranslate``, see ``transduce.serve.libretranslate``) and by the native API's
+optional ``source`` / ``target`` fields (default: the first model). A checkpoint does not record
+its languages, so a lone ``--model PATH`` serves the native API, and the LibreTranslate API only
+once its languages are given.
 Needs ``pip install 'transduce[serve]'``.
 
 ``transduce export ctranslate2 --model CKPT --output DIR`` writes a CTranslate2 model folder
@@ -20,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 from transduce.cli.common import add_device, add_precision
@@ -44,15 +51,39 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
+# SOURCE:TARGET=PATH (language codes as ``transduce.serve.models.LANGUAGE_CODE``)
+_MODEL_SPEC = re.compile(r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*):"
+                         r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*)=(.+)")  # fmt: skip
+
+
+def _model_specs(values: list[str]) -> list[tuple[str | None, str | None, str]]:
+    """``--model`` values -> (source, target, path); UserError for a second model without
+    languages or a pair given twice."""
+    specs: list[tuple[str | None, str | None, str]] = []
+    for value in values:
+        m = _MODEL_SPEC.fullmatch(value)
+        specs.append((m[1], m[2], m[3]) if m else (None, None, value))
+    if len(specs) > 1:
+        bare = [path for source, _, path in specs if source is None]
+        if bare:
+            raise UserError(f"with several --model, give each its languages as "
+                            f"--model SOURCE:TARGET=PATH (en:de=en-de.pt); {bare[0]} has none")
+    pairs = [(s.lower(), t.lower()) for s, t, _ in specs if s is not None and t is not None]
+    for pair in pairs:
+        if pairs.count(pair) > 1:
+            raise UserError(f"--model: two models translate {pair[0]} into {pair[1]}")
+    return specs
+
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     _require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
     from transduce.serve.dynamic_batching import BatchingConfig
-    from transduce.serve.server import ApiKey, ServerLimits, create_app, serve
+    from transduce.serve.server import ApiKey, ServedModel, ServerLimits, create_app, serve
     from transduce.inference.translator import Translator
 
+    specs = _model_specs(args.model)
     _positive("--max-batch-sentences", args.max_batch_sentences)
     _positive("--batch-wait-ms", args.batch_wait_ms, allow_zero=True)
     numbers = ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_queue",
@@ -80,17 +111,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    translator = Translator.load(args.model, device=args.device, weights=args.weights)
-    app = create_app(
-        translator, limits=limits, batching=batching, model_name=str(args.model), api_key=api_key
-    )
+    models = [
+        ServedModel(Translator.load(path, device=args.device, weights=args.weights), source,
+                    target, name=path)
+        for source, target, path in specs
+    ]  # fmt: skip
+    app = create_app(models, limits=limits, batching=batching, api_key=api_key)
     if api_key is None and args.host not in _LOOPBACK:
         print(f"transduce: warning: serving on {args.host} without --api-key-file: anyone who "
               "can reach it can use it", file=sys.stderr)  # fmt: skip
 
     def listening(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
-        print(f"transduce: serving {args.model} on http://{shown}:{port}", flush=True)
+        names = ", ".join(path if s is None else f"{path} ({s}->{t})" for s, t, path in specs)
+        print(f"transduce: serving {names} on http://{shown}:{port}", flush=True)
 
     try:
         serve(app, args.host, args.port, log_level=args.log_level, on_listening=listening)
@@ -114,11 +148,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a model over HTTP (POST /translate, GET /health) with dynamic batching",
-        description="Serve a trained model over HTTP: POST /translate with "
+        description="Serve trained models over HTTP: POST /translate with "
         '{"text": [...], "beam": 4, "alpha": 0.6} returns {"translations": [...]}; GET /health '
-        "returns status, model and counters. Concurrent requests are batched together.",
+        "returns status, model and counters; the LibreTranslate API answers under "
+        "/libretranslate (/translate, /languages, /detect). Concurrent requests are batched "
+        "together.",
     )
-    p.add_argument("--model", required=True, help="checkpoint file or run folder")
+    p.add_argument(
+        "--model", required=True, action="append", metavar="[SRC:TGT=]PATH",
+        help="checkpoint file or run folder, with its languages (en:de=PATH) for the "
+        "LibreTranslate API; repeat it to serve several language pairs (each then with its "
+        "languages; the native API's default is the first)",
+    )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
     add_device(p)

@@ -56,6 +56,14 @@ class ApiKey:
         # the scheme is case-insensitive (RFC 7235); the token is compared in constant time
         return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
 
+    def matches(self, token: str) -> bool:
+        """Whether ``token`` (as a request body carries it) is the key, in constant time."""
+        try:
+            given = token.encode("ascii")
+        except UnicodeEncodeError:
+            return False
+        return hmac.compare_digest(given, self._token)
+
 
 def authorization_header(scope: Scope) -> bytes | None:
     """The raw value of a request's ``Authorization`` header, if any."""
@@ -66,19 +74,28 @@ def authorization_header(scope: Scope) -> bytes | None:
 
 
 class RequireApiKey:
-    """ASGI middleware: a request to any path but ``open_paths`` without the bearer token gets
-    401 JSON with ``WWW-Authenticate: Bearer``, before its body is read (and the connection is
-    closed, as the client may still be sending)."""
+    """ASGI middleware: a request to any path but ``open_paths`` (and those under
+    ``open_prefixes``, which check a key of their own) without the bearer token gets 401 JSON
+    with ``WWW-Authenticate: Bearer``, before its body is read (and the connection is closed, as
+    the client may still be sending)."""
 
-    def __init__(self, app: ASGIApp, key: ApiKey, open_paths: tuple[str, ...] = ("/health",)):
+    def __init__(
+        self,
+        app: ASGIApp,
+        key: ApiKey,
+        open_paths: tuple[str, ...] = ("/health",),
+        open_prefixes: tuple[str, ...] = (),
+    ):
         self.app = app
         self.key = key
         self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
             or scope["path"] in self.open_paths
+            or scope["path"].startswith(self.open_prefixes)
             or self.key.accepts(authorization_header(scope))
         ):
             await self.app(scope, receive, send)

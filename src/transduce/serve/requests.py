@@ -1,9 +1,10 @@
 """What the translation server accepts of a request: its limits (``ServerLimits``), reading the
 body under a deadline, a size limit and a shared memory budget (``read_body``), parsing ``POST
-/translate`` (``parse_translate_request``), and noticing that a client went away
-(``wait_for_disconnect``). ``transduce.serve.server`` puts them together.
+/translate`` (``parse_translate_request``), translating on a model's batcher while noticing that
+a client went away (``translate_on``). ``transduce.serve.server`` puts them together.
 
-Every refusal is an ``ApiError``, answered as JSON ``{"error": MESSAGE, "status": CODE}``. A
+Every refusal is an ``ApiError``, answered as JSON ``{"error": MESSAGE, "status": CODE}`` (by the
+LibreTranslate API as ``{"error": MESSAGE}``). A
 refusal answered before the body was read closes the connection (``Connection: close``): the
 client may still be sending, and draining a 100 MB body, or a body trickled a byte a second, to
 keep the connection open would be the work the refusal means to avoid.
@@ -19,13 +20,21 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from transduce.config import DecodeConfig
+from transduce.errors import UserError
+from transduce.serve.dynamic_batching import DynamicBatcher, ServerBusy
+
 __all__ = [
     "ApiError",
     "BodyBudget",
     "ClientGone",
     "ServerLimits",
+    "TranslateRequest",
+    "answer_unless_gone",
+    "load_json",
     "parse_translate_request",
     "read_body",
+    "translate_on",
     "wait_for_disconnect",
 ]
 
@@ -160,9 +169,64 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
+async def answer_unless_gone(request: Request, future: asyncio.Future) -> Any:
+    """The result of ``future``, or ClientGone once the client disconnects first; then (or if
+    this handler is cancelled) the future is cancelled, which withdraws the request."""
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not future.done():
+            future.cancel()
+    if future.cancelled():
+        raise ClientGone
+    return future.result()
+
+
+async def translate_on(
+    request: Request,
+    batcher: DynamicBatcher,
+    sentences: list[str],
+    decode: DecodeConfig,
+    nbest: int = 1,
+) -> list[Any]:
+    """``sentences`` translated by ``batcher`` with ``decode`` (with ``nbest`` over 1, a list of
+    up to that many translations for each, best first), or ApiError: 503 (with
+    Retry-After) when the queue is full, 422 for input the model cannot take (``UserError``
+    from the translator: longer than its learned positions reach), 500 when decoding fails;
+    ClientGone when the client disconnects first."""
+    try:
+        future = batcher.submit(sentences, decode, nbest)
+    except ServerBusy as e:
+        raise ApiError(503, str(e), {"Retry-After": "1"}) from None
+    try:
+        out: list[Any] = await answer_unless_gone(request, future)
+    except UserError as e:  # input this model cannot take: the client's to change
+        raise ApiError(422, str(e)) from None
+    except ClientGone:
+        raise
+    except Exception as e:  # noqa: BLE001 - a decoding failure is this request's 500
+        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+    return out
+
+
 # -- POST /translate ---------------------------------------------------------------------------
 
-_FIELDS = ("text", "beam", "alpha")
+_FIELDS = ("text", "beam", "alpha", "source", "target")
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    """A parsed ``POST /translate``: the sentences, the decoding settings asked for (None: the
+    model's) and the language pair asked for (None: the server's first model)."""
+
+    sentences: list[str]
+    beam: int | None = None
+    alpha: float | None = None
+    source: str | None = None
+    target: str | None = None
+
 
 _TYPE_NAMES = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number",
                str: "a string", list: "a list", dict: "an object"}  # fmt: skip
@@ -176,7 +240,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _load_json(body: bytes) -> Any:
+def load_json(body: bytes) -> Any:
     """The JSON value of ``body``, or ApiError 400 (not UTF-8, not JSON, nested too deeply)."""
     try:
         text = body.decode("utf-8")
@@ -190,12 +254,11 @@ def _load_json(body: bytes) -> Any:
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
 
 
-def parse_translate_request(
-    body: bytes, limits: ServerLimits
-) -> tuple[list[str], int | None, float | None]:
-    """The body of ``POST /translate`` -> (sentences, beam or None, alpha or None); raises
-    ApiError (400, 413 or 422) with a message naming the problem."""
-    data = _load_json(body)
+def parse_translate_request(body: bytes, limits: ServerLimits) -> TranslateRequest:
+    """The body of ``POST /translate``; raises ApiError (400, 413 or 422) with a message naming
+    the problem. ``source`` and ``target`` go together (a server of several models picks by
+    them)."""
+    data = load_json(body)
     if not isinstance(data, dict):
         raise ApiError(422, f"the body must be a JSON object, not {_type_name(data)}")
     unknown = sorted(set(data) - set(_FIELDS))
@@ -206,7 +269,18 @@ def parse_translate_request(
     if "text" not in data:
         raise ApiError(422, "missing field 'text' (a list of sentences)")
     text = _check_text(data["text"], limits)
-    return text, _check_beam(data.get("beam"), limits), _check_alpha(data.get("alpha"), limits)
+    source, target = (_check_language(data, name) for name in ("source", "target"))
+    if (source is None) != (target is None):
+        raise ApiError(422, "'source' and 'target' are given together or not at all")
+    beam, alpha = _check_beam(data.get("beam"), limits), _check_alpha(data.get("alpha"), limits)
+    return TranslateRequest(text, beam, alpha, source, target)
+
+
+def _check_language(data: dict[str, Any], name: str) -> str | None:
+    code = data.get(name)
+    if code is not None and not isinstance(code, str):
+        raise ApiError(422, f"'{name}' must be a language code, not {_type_name(code)}")
+    return code
 
 
 def _check_text(text: Any, limits: ServerLimits) -> list[str]:

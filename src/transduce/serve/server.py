@@ -6,15 +6,20 @@ Endpoints:
 * ``POST /translate`` with ``{"text": ["...", ...], "beam": 4, "alpha": 0.6}`` (``beam`` and
   ``alpha`` optional, defaulting to the checkpoint's ``decode`` section) returns
   ``{"translations": [...]}``, one detokenized translation per input sentence, in order (``""``
-  for an empty one): exactly what ``Translator.translate`` returns for the same list.
+  for an empty one): exactly what ``Translator.translate`` returns for the same list. A server
+  of several models translates with the first unless ``"source"`` and ``"target"`` name another
+  one's languages (422 when none has them).
 * ``GET /health`` returns ``{"status": "ok", "model": {...}, "decode": {...}, "limits": {...},
   "batching": {...}, "stats": {...}}``; ``stats`` counts requests, sentences, batches and the
   most requests one batch held. With an API key, a request without it gets ``{"status": ...}``
-  only: load balancers need no key, the details do.
+  only: load balancers need no key, the details do. ``model`` and ``stats`` are the first
+  model's; ``models`` lists each model's name, languages and stats.
+* The LibreTranslate API under ``/libretranslate`` (``transduce.serve.libretranslate``), with
+  LibreTranslate's error shape ``{"error": MESSAGE}``.
 
 Dynamic batching (``transduce.serve.dynamic_batching``): concurrent requests wait up to
 ``batch_wait_ms`` for each other and are translated together, at most ``max_batch_sentences``
-sentences a batch.
+sentences a batch; each model has a batcher of its own.
 
 Errors are JSON ``{"error": MESSAGE, "status": CODE}``: 400 for a body that is not UTF-8 or not
 JSON (nested too deeply included), 401 without the API key when one is set, 408 for a body slower
@@ -41,7 +46,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -50,12 +55,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transduce.errors import UserError
-from transduce.serve.dynamic_batching import (
-    BatchingConfig,
-    DynamicBatcher,
-    ServerBusy,
-    TranslatorLike,
-)
+from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher, TranslatorLike
 from transduce.serve.guard import (
     ApiKey,
     RequireApiKey,
@@ -63,6 +63,9 @@ from transduce.serve.guard import (
     guarded_h11,
     open_files_for,
 )
+from transduce.serve.libretranslate import PREFIX as LIBRETRANSLATE_PREFIX
+from transduce.serve.libretranslate import add_libretranslate
+from transduce.serve.models import NoSuchPair, ServedModel, ServedModels
 from transduce.serve.requests import (
     ApiError,
     BodyBudget,
@@ -70,12 +73,13 @@ from transduce.serve.requests import (
     ServerLimits,
     parse_translate_request,
     read_body,
-    wait_for_disconnect,
+    translate_on,
 )
 
 __all__ = [
     "ApiError",
     "ApiKey",
+    "ServedModel",
     "ServerLimits",
     "ServerThread",
     "bind_socket",
@@ -123,39 +127,57 @@ def _decode_defaults(translator: Any) -> dict[str, Any]:
 
 
 def create_app(
-    translator: TranslatorLike,
+    translator: TranslatorLike | Sequence[ServedModel],
     *,
     limits: ServerLimits = ServerLimits(),
     batching: BatchingConfig = BatchingConfig(),
     model_name: str | None = None,
     api_key: ApiKey | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving ``translator``; its batching worker runs while the app does
-    (stopped by the app's lifespan, and started by it on a thread of its own unless ``serve``
-    runs it on the main thread). ``app.state.batcher`` is the DynamicBatcher, ``app.state.limits``
+    """The FastAPI app serving ``translator``, or several models (``ServedModel``s, each with
+    its languages; the first is the native API's default). Each model's batching worker runs
+    while the app does (stopped by the app's lifespan, and started by it on a thread of its own
+    unless ``serve`` runs the first model's on the main thread). ``app.state.batcher`` is the
+    first model's DynamicBatcher, ``app.state.models`` the ServedModels, ``app.state.limits``
     the limits (``uvicorn_server`` reads the connection ones). With ``api_key``, every path but
-    ``/health`` needs ``Authorization: Bearer <key>``."""
-    batcher = DynamicBatcher(translator, batching, max_queue_sentences=limits.max_queue_sentences)
+    ``/health`` needs ``Authorization: Bearer <key>``, and the LibreTranslate API its
+    ``api_key`` field."""
+    if isinstance(translator, Sequence):
+        served = list(translator)
+    else:
+        served = [ServedModel(translator, name=model_name)]
+    batchers = [
+        DynamicBatcher(m.translator, batching, max_queue_sentences=limits.max_queue_sentences)
+        for m in served
+    ]
+    models = ServedModels(served, batchers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        batcher.start()
+        for batcher in batchers:
+            batcher.start()
         try:
             yield
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, batcher.stop)
+            loop = asyncio.get_running_loop()
+            for batcher in batchers:
+                await loop.run_in_executor(None, batcher.stop)
 
     app = FastAPI(title="transduce", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher = batcher
+    app.state.batcher = batchers[0]
+    app.state.models = models
     app.state.limits = limits
     _add_error_handlers(app)
-    details = {"model": {"name": model_name, **_model_info(translator)},
-               "decode": _decode_defaults(translator), "limits": asdict(limits),
+    first = served[0]
+    details = {"model": {"name": first.name, **_model_info(first.translator)},
+               "decode": _decode_defaults(first.translator), "limits": asdict(limits),
                "batching": asdict(batching)}  # fmt: skip
-    _add_health(app, batcher, details, api_key)
-    _add_translate(app, translator, batcher, limits)
+    _add_health(app, models, details, api_key)
+    budget = BodyBudget(limits.max_body_buffer)
+    _add_translate(app, models, limits, budget)
+    add_libretranslate(app, models, limits, budget, api_key)
     if api_key is not None:
-        app.add_middleware(RequireApiKey, key=api_key)
+        app.add_middleware(RequireApiKey, key=api_key, open_prefixes=(LIBRETRANSLATE_PREFIX + "/",))
     return app
 
 
@@ -178,62 +200,44 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_health(
-    app: FastAPI, batcher: DynamicBatcher, details: dict[str, Any], api_key: ApiKey | None
+    app: FastAPI, models: ServedModels, details: dict[str, Any], api_key: ApiKey | None
 ) -> None:
     started = time.time()
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        ok = batcher.alive
+        ok = all(batcher.alive for batcher in models.batchers)
         out: dict[str, Any] = {"status": "ok" if ok else "stopped"}
         if api_key is None or api_key.accepts(authorization_header(request.scope)):
-            out.update(details, stats=batcher.stats(), uptime_s=round(time.time() - started, 3))
+            each = [{"name": m.name, "source": m.source, "target": m.target, "stats": b.stats()}
+                    for m, b in zip(models.models, models.batchers)]  # fmt: skip
+            out.update(details, stats=each[0]["stats"], models=each,
+                       uptime_s=round(time.time() - started, 3))  # fmt: skip
         return JSONResponse(out, status_code=200 if ok else 503)
 
 
 def _add_translate(
-    app: FastAPI, translator: TranslatorLike, batcher: DynamicBatcher, limits: ServerLimits
+    app: FastAPI, models: ServedModels, limits: ServerLimits, budget: BodyBudget
 ) -> None:
-    budget = BodyBudget(limits.max_body_buffer)
-
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         body = await read_body(request, limits, budget)
-        sentences, beam, alpha = parse_translate_request(body, limits)
-        if not sentences:
+        asked = parse_translate_request(body, limits)
+        index = 0
+        if asked.source is not None and asked.target is not None:
+            try:
+                index = models.pick(asked.source, asked.target)
+            except NoSuchPair as e:
+                return _error_response(422, str(e))
+        if not asked.sentences:
             return JSONResponse({"translations": []})
+        translator = models.models[index].translator
         try:  # the model's settings with the request's: one DecodeConfig from here down
-            decode = translator.decode_config(beam=beam, alpha=alpha)
+            decode = translator.decode_config(beam=asked.beam, alpha=asked.alpha)
         except UserError as e:  # a beam larger than this model's vocabulary
             return _error_response(422, str(e))
-        try:
-            future = batcher.submit(sentences, decode)
-        except ServerBusy as e:
-            return _error_response(503, str(e), {"Retry-After": "1"})
-        try:
-            out = await _answer_unless_gone(request, future)
-        except UserError as e:  # input this model cannot take: the client's to change
-            return _error_response(422, str(e))
-        except ClientGone:
-            raise
-        except Exception as e:  # noqa: BLE001 - a decoding failure is this request's 500
-            return _error_response(500, f"translation failed: {type(e).__name__}: {e}")
+        out = await translate_on(request, models.batchers[index], asked.sentences, decode)
         return JSONResponse({"translations": out})
-
-
-async def _answer_unless_gone(request: Request, future: asyncio.Future) -> Any:
-    """The result of ``future``, or ClientGone once the client disconnects first; then (or if
-    this handler is cancelled) the future is cancelled, which withdraws the request."""
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not future.done():
-            future.cancel()
-    if future.cancelled():
-        raise ClientGone
-    return future.result()
 
 
 # -- running it --------------------------------------------------------------------------------

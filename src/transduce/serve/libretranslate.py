@@ -1,0 +1,292 @@
+"""The LibreTranslate API (https://libretranslate.com/docs), served under ``/libretranslate``, so
+that apps and libraries that speak it (``libretranslatepy``, ...) work against ``transduce
+serve`` unchanged: give them ``http://HOST:PORT/libretranslate/`` as their server's URL.
+
+Why a prefix: the native ``POST /translate`` takes ``{"text": [...]}`` and answers
+``{"translations": [...]}``; LibreTranslate's takes ``q`` and answers ``translatedText``. Telling
+them apart by their fields would make a typo in either a request of the other kind; clients of
+LibreTranslate take a base URL, so a prefix costs them nothing.
+
+* ``POST /libretranslate/translate``: ``q`` (a string, or in JSON a list of strings), ``source``
+  (a served source language, or ``auto`` when the target has a single one), ``target``,
+  ``format`` (``text``; ``html`` is refused), ``alternatives`` (how many more translations to
+  give, at most the model's beam less 1), ``api_key``. The body is JSON or a form
+  (``application/x-www-form-urlencoded``, what ``libretranslatepy`` sends); multipart forms are
+  refused. Answers ``{"translatedText": ...}`` (a string, or a list for a list), with
+  ``alternatives`` when asked for and ``detectedLanguage`` for ``auto``. A text of several lines
+  is translated line by line (the models translate sentences) and joined back with ``\\n``.
+* ``GET /libretranslate/languages``: ``[{"code", "name", "targets"}]``, every served language.
+  Open without a key, as LibreTranslate's is.
+* ``POST /libretranslate/detect``: no language is detected; with a single served source language,
+  it is the answer (``[{"confidence": 100.0, "language": CODE}]``, the only candidate), else 400.
+
+Errors are LibreTranslate's: ``{"error": MESSAGE}`` with 400 for a bad request (a missing field,
+an unknown language or pair, a text over the limits, a missing API key), 403 for a wrong API key,
+500 when decoding fails; the server's own transport errors keep their codes (408, 413, 503).
+With ``--api-key-file``, ``api_key`` in the body is the key (``Authorization: Bearer`` works
+too); the body is read, within the server's limits, before the key in it can be checked.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from transduce.errors import UserError
+from transduce.serve.guard import ApiKey, authorization_header
+from transduce.serve.models import NoSuchPair, ServedModels
+from transduce.serve.requests import (
+    ApiError,
+    BodyBudget,
+    ServerLimits,
+    load_json,
+    read_body,
+    translate_on,
+)
+
+__all__ = ["PREFIX", "add_libretranslate"]
+
+PREFIX = "/libretranslate"
+
+# names shown by /languages (clients show them in their menus); another code is its own name
+_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
+    "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
+    "hi": "Hindi", "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+    "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian",
+    "zh": "Chinese",
+}  # fmt: skip
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _lt_error(e: ApiError) -> JSONResponse:
+    # input the model cannot take is the request's fault: LibreTranslate says 400 for it
+    return _error(400 if e.status == 422 else e.status, e.message, e.headers)
+
+
+def add_libretranslate(
+    app: FastAPI,
+    models: ServedModels,
+    limits: ServerLimits,
+    budget: BodyBudget,
+    api_key: ApiKey | None,
+) -> None:
+    """Add the LibreTranslate endpoints under ``PREFIX`` (see the module docstring)."""
+
+    @app.get(PREFIX + "/languages")
+    async def languages() -> JSONResponse:
+        return JSONResponse(
+            [{"code": code, "name": _NAMES.get(code.lower(), code), "targets": models.targets(code)}
+             for code in models.languages()]
+        )  # fmt: skip
+
+    @app.post(PREFIX + "/translate")
+    async def translate(request: Request) -> JSONResponse:
+        try:
+            fields = await _read_fields(request, limits, budget, api_key)
+            return JSONResponse(await _translate(request, fields, models, limits))
+        except ApiError as e:
+            return _lt_error(e)
+
+    @app.post(PREFIX + "/detect")
+    async def detect(request: Request) -> JSONResponse:
+        try:
+            fields = await _read_fields(request, limits, budget, api_key)
+            if not fields.get("q"):
+                raise ApiError(400, "Invalid request: missing q parameter")
+            sources = models.sources()
+            if len(sources) != 1:
+                served = ", ".join(sources) or "none (no languages given)"
+                raise ApiError(400, "language detection is not supported: this server translates "
+                               f"from {served}; name the source language")  # fmt: skip
+            return JSONResponse([{"confidence": 100.0, "language": sources[0]}])
+        except ApiError as e:
+            return _lt_error(e)
+
+
+# -- reading a request -------------------------------------------------------------------------
+
+
+async def _read_fields(
+    request: Request, limits: ServerLimits, budget: BodyBudget, api_key: ApiKey | None
+) -> dict[str, Any]:
+    """The request's fields (a JSON object or a form), its API key checked."""
+    body = await read_body(request, limits, budget)
+    fields = _parse_fields(body, request.headers.get("content-type", ""))
+    if api_key is not None:
+        _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
+    return fields
+
+
+def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
+    """A JSON body (``application/json`` or ``*+json``) as it is; any other as a URL-encoded form,
+    the first value of each field kept (as LibreTranslate's Flask ``request.values`` does)."""
+    mime = content_type.split(";")[0].strip().lower()
+    if mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json")):
+        data = load_json(body)
+        if not isinstance(data, dict):
+            raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
+        return data
+    if mime == "multipart/form-data":
+        raise ApiError(400, "multipart/form-data is not supported: send JSON or "
+                       "application/x-www-form-urlencoded")  # fmt: skip
+    try:
+        pairs = urllib.parse.parse_qsl(
+            body.decode("ascii"), keep_blank_values=True, encoding="utf-8", errors="strict"
+        )
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ApiError(400, f"the form is not valid URL-encoded UTF-8: {e}") from None
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
+    return fields
+
+
+def _check_key(key: ApiKey, given: Any, authorization: bytes | None) -> None:
+    """LibreTranslate's answers: no key is 400, a wrong one 403."""
+    if given is None or given == "":
+        if key.accepts(authorization):
+            return
+        raise ApiError(400, "this server needs an API key: send api_key (ask its operator)")
+    if not isinstance(given, str) or not key.matches(given):
+        raise ApiError(403, "Invalid API key")
+
+
+def _text_field(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name)
+    if value is None or value == "":
+        raise ApiError(400, f"Invalid request: missing {name} parameter")
+    if not isinstance(value, str):
+        raise ApiError(400, f"Invalid request: {name} must be a string")
+    return value
+
+
+def _texts(q: Any, limits: ServerLimits) -> tuple[list[str], bool]:
+    """(the texts of ``q``, whether ``q`` was a list), checked against the limits."""
+    if q is None or q == "" or q == []:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    for text in texts:
+        if not isinstance(text, str):
+            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800" in JSON
+            raise ApiError(400, f"Invalid request: q is not valid Unicode ({e.reason})") from None
+    return texts, batch
+
+
+def _alternatives(fields: dict[str, Any]) -> int:
+    value = fields.get("alternatives", 0)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ApiError(400, "Invalid request: alternatives parameter is not a number")
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+
+
+# -- translating -------------------------------------------------------------------------------
+
+
+def _pick(models: ServedModels, source: str, target: str) -> tuple[int, str, dict | None]:
+    """(the model's index, the source language, ``detectedLanguage`` for ``auto`` or None)."""
+    if not models.labelled:
+        raise ApiError(400, "this server's model was started without its languages: "
+                       "transduce serve --model SOURCE:TARGET=PATH")  # fmt: skip
+    detected = None
+    if source.lower() == "auto":
+        candidates = models.sources(target)
+        if len(candidates) != 1:
+            raise ApiError(400, f"cannot detect the source language: name it (the server "
+                           f"translates into {target} from {', '.join(candidates) or 'none'})")
+        source = candidates[0]
+        detected = {"confidence": 100.0, "language": source}  # the only candidate
+    sources = [s.lower() for s in models.sources()]
+    known = [c.lower() for c in models.languages()]
+    if source.lower() not in sources:
+        raise ApiError(400, f"{source} is not supported")
+    if target.lower() not in known:
+        raise ApiError(400, f"{target} is not supported")
+    try:
+        return models.pick(source, target), source, detected
+    except NoSuchPair:
+        raise ApiError(400, f"{target} is not available as a target language from {source}; "
+                       f"served: {', '.join(f'{s}->{t}' for s, t in models.pairs())}") from None
+
+
+async def _translate(
+    request: Request, fields: dict[str, Any], models: ServedModels, limits: ServerLimits
+) -> dict[str, Any]:
+    texts, batch = _texts(fields.get("q"), limits)
+    source, target = _text_field(fields, "source"), _text_field(fields, "target")
+    text_format = fields.get("format") or "text"
+    if text_format != "text":
+        raise ApiError(400, f"{text_format} format is not supported (this server: text only)")
+    n_alternatives = _alternatives(fields)
+    index, source, detected = _pick(models, source, target)
+    translator, batcher = models.models[index].translator, models.batchers[index]
+    try:
+        decode = translator.decode_config()
+    except UserError as e:
+        raise ApiError(400, str(e)) from None
+    if n_alternatives and n_alternatives + 1 > decode.beam:
+        raise ApiError(400, f"Invalid request: alternatives parameter must be <= "
+                       f"{decode.beam - 1} (the model's beam less 1)")  # fmt: skip
+    lines = [_LINE_BREAK.split(text) for text in texts]  # the models translate sentences
+    flat = [line for text_lines in lines for line in text_lines]
+    _check_limits(flat, limits)
+    if n_alternatives:
+        out = await translate_on(request, batcher, flat, decode, nbest=n_alternatives + 1)
+    else:
+        out = [[t] for t in await translate_on(request, batcher, flat, decode)]
+    results, alternatives = _regroup(lines, out)
+    answer: dict[str, Any] = {"translatedText": results if batch else results[0]}
+    if n_alternatives:
+        answer["alternatives"] = alternatives if batch else alternatives[0]
+    if detected is not None:
+        answer["detectedLanguage"] = [detected] * len(texts) if batch else detected
+    return answer
+
+
+def _check_limits(lines: list[str], limits: ServerLimits) -> None:
+    if len(lines) > limits.max_sentences:
+        raise ApiError(400, f"Invalid request: request ({len(lines)} lines) exceeds the limit "
+                       f"({limits.max_sentences} lines)")  # fmt: skip
+    for line in lines:
+        if len(line) > limits.max_chars:
+            raise ApiError(400, f"Invalid request: request ({len(line)} characters in a line) "
+                           f"exceeds text limit ({limits.max_chars})")  # fmt: skip
+
+
+def _regroup(
+    lines: list[list[str]], out: list[list[str]]
+) -> tuple[list[str], list[list[str]]]:
+    """Each text's translation (its lines' best, joined) and its alternatives: the k-th joins
+    each line's k-th best (its last where it has fewer), without repeats or the translation."""
+    results: list[str] = []
+    alternatives: list[list[str]] = []
+    start = 0
+    for text_lines in lines:
+        hyps = out[start : start + len(text_lines)]
+        start += len(text_lines)
+        best = "\n".join(h[0] for h in hyps)
+        alts: list[str] = []
+        for k in range(1, max(len(h) for h in hyps)):
+            alt = "\n".join(h[min(k, len(h) - 1)] for h in hyps)
+            if alt != best and alt not in alts:
+                alts.append(alt)
+        results.append(best)
+        alternatives.append(alts)
+    return results, alternatives
