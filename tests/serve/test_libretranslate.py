@@ -1,0 +1,347 @@
+"""The LibreTranslate API of ``transduce serve`` (transduce.serve.libretranslate): the real
+``libretranslatepy`` client, and plain HTTP where it cannot go (a list of texts, JSON bodies),
+against a real uvicorn server on a free 127.0.0.1 port, with two tiny untrained models (their
+translations are meaningless but deterministic: compared with ``Translator.translate``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+libretranslatepy = pytest.importorskip("libretranslatepy")
+
+from inference_testkit import save_toy_translation_model, toy_sentences
+
+from transduce.inference.translator import Translator
+from transduce.serve.guard import ApiKey
+from transduce.serve.server import (
+    ServedModel,
+    ServerLimits,
+    ServerThread,
+    create_app,
+)
+
+TIMEOUT = 60.0
+TOKEN = "s3cret-token"
+LIMITS = ServerLimits(max_sentences=20, max_chars=300)
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def translators(tmp_path_factory) -> dict[str, Translator]:
+    """en->de and de->en: two different tiny models (other FFN sizes, so other weights)."""
+    folder = tmp_path_factory.mktemp("models")
+    decode = {"max_len_offset": 4, "beam": 3, "alpha": 0.6}
+    en_de = save_toy_translation_model(folder / "en-de.pt", decode)
+    de_en = save_toy_translation_model(folder / "de-en.pt", decode, {"d_ff": 48})
+    return {"en-de": Translator.load(en_de), "de-en": Translator.load(de_en),
+            "en-de.path": en_de, "de-en.path": de_en}  # type: ignore[dict-item]  # fmt: skip
+
+
+def _app(translators, api_key: ApiKey | None = None):
+    models = [ServedModel(translators["en-de"], "en", "de", name="en-de.pt"),
+              ServedModel(translators["de-en"], "de", "en", name="de-en.pt")]  # fmt: skip
+    return create_app(models, limits=LIMITS, api_key=api_key)
+
+
+@pytest.fixture(scope="module")
+def server(translators):
+    with ServerThread(_app(translators)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def keyed_server(translators):
+    with ServerThread(_app(translators, ApiKey(TOKEN))) as srv:
+        yield srv
+
+
+def call(
+    url: str, body: dict | bytes | None = None, *, form: bool = False, method: str | None = None
+):
+    """(status, decoded JSON) of one call: a dict is sent as JSON, or as a form with ``form``."""
+    headers = {}
+    if isinstance(body, dict):
+        if form:
+            body = urllib.parse.urlencode(body).encode()
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        else:
+            body = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def lt_url(srv: ServerThread) -> str:
+    return srv.url + "/libretranslate/"
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+def test_client_translates_a_string_as_the_translator_does(server, translators) -> None:
+    client = libretranslatepy.LibreTranslateAPI(lt_url(server))
+    for sentence in toy_sentences(3, seed=1):
+        expected = translators["en-de"].translate([sentence])[0]
+        assert client.translate(sentence, "en", "de", timeout=TIMEOUT) == expected
+
+
+def test_two_models_picked_by_source_and_target(server, translators) -> None:
+    client = libretranslatepy.LibreTranslateAPI(lt_url(server))
+    sentences = toy_sentences(4, seed=2)
+    into_de = [client.translate(s, "en", "de", timeout=TIMEOUT) for s in sentences]
+    into_en = [client.translate(s, "de", "en", timeout=TIMEOUT) for s in sentences]
+    assert into_de == translators["en-de"].translate(sentences)
+    assert into_en == translators["de-en"].translate(sentences)
+    assert into_de != into_en  # two models, not one answering twice
+
+
+def test_client_languages(server) -> None:
+    client = libretranslatepy.LibreTranslateAPI(lt_url(server))
+    assert client.languages(timeout=TIMEOUT) == [
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "de", "name": "German", "targets": ["en"]},
+    ]
+
+
+def test_client_unknown_pair_is_400_in_libretranslate_shape(server) -> None:
+    client = libretranslatepy.LibreTranslateAPI(lt_url(server))
+    with pytest.raises(urllib.error.HTTPError) as info:
+        client.translate("a dog", "en", "fr", timeout=TIMEOUT)
+    with info.value as e:
+        assert e.code == 400 and json.loads(e.read()) == {"error": "fr is not supported"}
+    status, out = call(lt_url(server) + "translate", {"q": "a dog", "source": "en", "target": "en"})
+    assert status == 400 and set(out) == {"error"}
+    assert out["error"].startswith("en is not available as a target language from en")
+    status, out = call(lt_url(server) + "translate", {"q": "a dog", "source": "xx", "target": "de"})
+    assert (status, out) == (400, {"error": "xx is not supported"})
+
+
+def test_client_detect_with_two_source_languages_is_a_clear_400(server) -> None:
+    client = libretranslatepy.LibreTranslateAPI(lt_url(server))
+    with pytest.raises(urllib.error.HTTPError) as info:
+        client.detect("a dog", timeout=TIMEOUT)
+    with info.value as e:
+        assert e.code == 400 and "detection is not supported" in json.loads(e.read())["error"]
+
+
+def test_api_key_missing_or_wrong(keyed_server, translators) -> None:
+    url = lt_url(keyed_server)
+    sentence = toy_sentences(1, seed=3)[0]
+    good = libretranslatepy.LibreTranslateAPI(url, api_key=TOKEN)
+    assert good.translate(sentence, "en", "de", timeout=TIMEOUT) == translators[
+        "en-de"].translate([sentence])[0]  # fmt: skip
+    assert [lang["code"] for lang in good.languages(timeout=TIMEOUT)] == ["en", "de"]
+    for api_key, status in ((None, 400), ("wrong", 403)):
+        client = libretranslatepy.LibreTranslateAPI(url, api_key=api_key)
+        with pytest.raises(urllib.error.HTTPError) as info:
+            client.translate(sentence, "en", "de", timeout=TIMEOUT)
+        with info.value as e:
+            body = json.loads(e.read())
+            assert e.code == status and set(body) == {"error"}, body
+    # /languages is open, as LibreTranslate's is; the native API still wants its bearer token
+    plain = libretranslatepy.LibreTranslateAPI(url)
+    assert len(plain.languages(timeout=TIMEOUT)) == 2
+    status, _ = call(keyed_server.url + "/translate", {"text": ["a"]})
+    assert status == 401
+    status, out = call(url + "translate", {"q": "a", "source": "en", "target": "de",
+                                           "api_key": TOKEN})  # fmt: skip
+    assert status == 200 and isinstance(out["translatedText"], str)
+
+
+# -- what the client cannot send ------------------------------------------------------------------
+
+
+def test_a_list_of_texts_in_json(server, translators) -> None:
+    sentences = toy_sentences(5, seed=4)
+    body = {"q": sentences, "source": "de", "target": "en", "format": "text"}
+    status, out = call(lt_url(server) + "translate", body)
+    assert status == 200 and out == {"translatedText": translators["de-en"].translate(sentences)}
+
+
+def test_lines_are_translated_one_by_one(server, translators) -> None:
+    a, b = toy_sentences(2, seed=5)
+    status, out = call(lt_url(server) + "translate",
+                       {"q": f"{a}\r\n\n{b}", "source": "en", "target": "de"}, form=True)
+    ta, tb = translators["en-de"].translate([a, b])
+    assert status == 200 and out == {"translatedText": f"{ta}\n\n{tb}"}
+
+
+def test_alternatives_are_the_n_best(server, translators) -> None:
+    sentence = toy_sentences(1, seed=6)[0]
+    status, out = call(lt_url(server) + "translate",
+                       {"q": sentence, "source": "en", "target": "de", "alternatives": 2})
+    assert status == 200, out
+    nbest = [h.text for h in translators["en-de"].translate_nbest([sentence], 3)[0]]
+    assert out["translatedText"] == nbest[0]
+    assert out["alternatives"] == [t for i, t in enumerate(nbest[1:], 1)
+                                   if t != nbest[0] and t not in nbest[1:i]]  # fmt: skip
+    status, out = call(lt_url(server) + "translate",
+                       {"q": sentence, "source": "en", "target": "de", "alternatives": "3"},
+                       form=True)  # fmt: skip
+    assert status == 400 and "alternatives parameter must be <= 2" in out["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"source": "en", "target": "de"}, "Invalid request: missing q parameter"),
+        ({"q": "a", "target": "de"}, "Invalid request: missing source parameter"),
+        ({"q": "a", "source": "en"}, "Invalid request: missing target parameter"),
+        ({"q": "<b>a</b>", "source": "en", "target": "de", "format": "html"}, "html format"),
+        ({"q": "a", "source": "en", "target": "de", "alternatives": "x"}, "not a number"),
+        ({"q": [1], "source": "en", "target": "de"}, "list of strings"),
+        ({"q": ["a"] * 21, "source": "en", "target": "de"}, "exceeds the limit"),
+        ({"q": "a" * 301, "source": "en", "target": "de"}, "exceeds text limit"),
+        ({"q": "a", "source": "auto", "target": "fr"}, "cannot detect the source language"),
+    ],
+)
+def test_bad_requests_get_libretranslate_errors(server, body, message) -> None:
+    status, out = call(lt_url(server) + "translate", body)
+    assert status == 400 and set(out) == {"error"} and message in out["error"], out
+
+
+def test_bodies_that_are_not_objects_or_forms(server) -> None:
+    url = lt_url(server) + "translate"
+    req = urllib.request.Request(url, data=b"[1]", headers={"Content-Type": "application/json"})
+    status, out = _send(req)
+    assert status == 400 and out["error"].startswith("Invalid JSON format")
+    req = urllib.request.Request(url, data=b"--x--", headers={
+        "Content-Type": "multipart/form-data; boundary=x"})  # fmt: skip
+    status, out = _send(req)
+    assert status == 400 and "multipart/form-data is not supported" in out["error"]
+    status, out = call(url, b"q=a&target=de")  # urllib's default content type: a form
+    assert (status, out) == (400, {"error": "Invalid request: missing source parameter"})
+
+
+def _send(req: urllib.request.Request):
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def test_auto_source_when_the_target_has_one(server, translators) -> None:
+    sentence = toy_sentences(1, seed=7)[0]
+    status, out = call(lt_url(server) + "translate", {"q": [sentence], "source": "auto",
+                                                      "target": "en"})  # fmt: skip
+    assert status == 200
+    assert out == {"translatedText": translators["de-en"].translate([sentence]),
+                   "detectedLanguage": [{"confidence": 100.0, "language": "de"}]}  # fmt: skip
+
+
+def test_native_api_keeps_its_shape_and_picks_by_source_target(server, translators) -> None:
+    sentences = toy_sentences(3, seed=8)
+    status, out = call(server.url + "/translate", {"text": sentences})
+    assert (status, out) == (200, {"translations": translators["en-de"].translate(sentences)})
+    status, out = call(server.url + "/translate", {"text": sentences, "source": "de",
+                                                   "target": "en"})  # fmt: skip
+    assert (status, out) == (200, {"translations": translators["de-en"].translate(sentences)})
+    status, out = call(server.url + "/translate", {"text": sentences, "source": "fr",
+                                                   "target": "en"})  # fmt: skip
+    assert status == 422 and "no model translates fr into en" in out["error"]
+    status, out = call(server.url + "/translate", {"text": sentences, "source": "de"})
+    assert status == 422 and "together" in out["error"]
+    status, health = call(server.url + "/health")
+    assert [(m["name"], m["source"], m["target"]) for m in health["models"]] == [
+        ("en-de.pt", "en", "de"), ("de-en.pt", "de", "en")]  # fmt: skip
+
+
+def test_one_model_without_languages(translators) -> None:
+    with ServerThread(create_app(translators["en-de"])) as srv:
+        status, out = call(lt_url(srv) + "translate", {"q": "a", "source": "en", "target": "de"})
+        assert status == 400 and "--model SOURCE:TARGET=PATH" in out["error"]
+        assert call(lt_url(srv) + "languages")[1] == []
+
+
+def test_detect_with_one_source_language(translators) -> None:
+    app = create_app([ServedModel(translators["en-de"], "en", "de")])
+    with ServerThread(app) as srv:
+        client = libretranslatepy.LibreTranslateAPI(lt_url(srv))
+        assert client.detect("a dog", timeout=TIMEOUT) == [{"confidence": 100.0, "language": "en"}]
+
+
+# -- the command line and the README ------------------------------------------------------------
+
+
+def test_cli_refuses_a_second_model_without_languages(translators, capsys) -> None:
+    from transduce.cli.main import main
+
+    en_de, de_en = str(translators["en-de.path"]), str(translators["de-en.path"])
+    serve = ["--no-malloc-tuning", "serve", "--port", "0"]
+    assert main([*serve, "--model", en_de, "--model", f"de:en={de_en}"]) == 2
+    err = capsys.readouterr().err
+    assert "SOURCE:TARGET=PATH" in err and en_de in err and len(err.strip().splitlines()) == 1
+    assert main([*serve, "--model", f"en:de={en_de}", "--model", f"EN:DE={de_en}"]) == 2
+    assert "two models translate en into de" in capsys.readouterr().err
+
+
+def _section() -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("#### LibreTranslate clients")
+    return text[start : text.index("\n### ", start)]
+
+
+def test_readme_commands_and_client_example(translators, tmp_path) -> None:
+    """The README's commands parse; its serve command, with the test's models, serves the
+    client example shown, which prints what the models translate."""
+    from transduce.cli.main import build_parser
+
+    section = _section()
+    (bash,) = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    (python,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    command = next(line for line in bash.splitlines() if line.startswith("transduce serve"))
+    argv = command.split()[1:]
+    args = build_parser().parse_args(argv)
+    assert [m.split("=")[0] for m in args.model] == ["en:de", "de:en"]
+    paths = {"en:de": str(translators["en-de.path"]), "de:en": str(translators["de-en.path"])}
+    argv = [f"{a.split('=')[0]}={paths[a.split('=')[0]]}" if "=" in a and a[:5] in paths else a
+            for a in argv]  # fmt: skip
+    argv[argv.index("--port") + 1] = "0"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "transduce", "--no-malloc-tuning", *argv, "--threads", "1",
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("transduce: serving "), (line, proc.stderr.read())
+        base = line.split(" on ")[-1].strip()
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # the socket listens before the app has started: wait for /health
+            try:
+                if call(base + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the server never became healthy"
+            time.sleep(0.1)
+        script = python.replace("http://127.0.0.1:8000", base)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=False, timeout=TIMEOUT, env=env)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        sentence = "A dog runs on the beach."
+        expected = [translators["en-de"].translate([sentence])[0],
+                    repr(translators["de-en"].translate([sentence, sentence]))]  # fmt: skip
+        assert run.stdout.splitlines()[1:] == expected
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
