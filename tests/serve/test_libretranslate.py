@@ -344,4 +344,5 @@ def test_readme_commands_and_client_example(translators, tmp_path) -> None:
         assert run.stdout.splitlines()[1:] == expected
     finally:
         proc.terminate()
-        proc.wait(TIMEOUT)
+        code = proc.wait(TIMEOUT)
+    assert code == 0  # SIGTERM: a graceful shutdown, both models' batchers stopped

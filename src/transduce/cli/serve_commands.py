@@ -196,7 +196,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds a request has to send its body, else 408 (default: 30)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="a file holding one token: every path but /health then needs "
-                   "'Authorization: Bearer TOKEN' (use it beyond localhost)")
+                   "'Authorization: Bearer TOKEN', and the LibreTranslate API (but its "
+                   "/languages) the token as api_key (use it beyond localhost)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     p.set_defaults(func=_cmd_serve)

@@ -171,8 +171,8 @@ def _text_field(fields: dict[str, Any], name: str) -> str:
     return value
 
 
-def _texts(q: Any, limits: ServerLimits) -> tuple[list[str], bool]:
-    """(the texts of ``q``, whether ``q`` was a list), checked against the limits."""
+def _texts(q: Any) -> tuple[list[str], bool]:
+    """(the texts of ``q``, whether ``q`` was a list); ApiError 400 unless strings."""
     if q is None or q == "" or q == []:
         raise ApiError(400, "Invalid request: missing q parameter")
     batch = isinstance(q, list)
@@ -229,7 +229,7 @@ def _pick(models: ServedModels, source: str, target: str) -> tuple[int, str, dic
 async def _translate(
     request: Request, fields: dict[str, Any], models: ServedModels, limits: ServerLimits
 ) -> dict[str, Any]:
-    texts, batch = _texts(fields.get("q"), limits)
+    texts, batch = _texts(fields.get("q"))
     source, target = _text_field(fields, "source"), _text_field(fields, "target")
     text_format = fields.get("format") or "text"
     if text_format != "text":

@@ -364,7 +364,8 @@ def serve(
 
     The app's batching worker decodes on the main thread, which loaded the model, and uvicorn runs
     on a thread of its own: decoding on a second thread was slower one request at a time
-    (``serve.dynamic_batching``). SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
+    (``serve.dynamic_batching``). With several models, the first model's worker is that one; the
+    others' decode on threads of their own. SIGINT or SIGTERM asks uvicorn to shut down gracefully: it
     stops accepting and waits up to 10 s for the requests in progress (this thread keeps
     translating them); then the worker stops and the requests still queued fail. A second signal
     quits at once. An error that ends uvicorn's thread is raised here."""
