@@ -1,5 +1,5 @@
-"""The server's dynamic batching, without HTTP: batches formed in order, grouped by DecodeConfig,
-the queue limit, and the batching settings checked."""
+"""The server's dynamic batching, without HTTP: batches formed in order, grouped by DecodeConfig
+(and n-best size), the queue limit, and the batching settings checked."""
 
 from __future__ import annotations
 
@@ -53,6 +53,40 @@ def test_batcher_groups_by_decode_config() -> None:
     stats = batcher.stats()
     assert (stats["batches"], stats["requests"], stats["max_batch_requests"]) == (2, 4, 3)
     assert stats["pending_sentences"] == 0
+
+
+class NBestRecorder(Recorder):
+    """Also gives n-best lists: the sentence upper-cased, then lower-cased, ... (n of them)."""
+
+    def translate_nbest(self, sentences, nbest, decode=None):
+        self.calls.append((tuple(sentences), decode, nbest))
+        return [[_Hyp(s.upper() if i % 2 == 0 else s.lower()) for i in range(nbest)]
+                for s in sentences]  # fmt: skip
+
+
+class _Hyp:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def test_nbest_requests_are_grouped_apart() -> None:
+    recorder = NBestRecorder()
+    batcher = DynamicBatcher(recorder, BatchingConfig(max_batch_sentences=8, batch_wait_ms=20))
+
+    async def scenario() -> list:
+        futures = [
+            batcher.submit(["a"], GREEDY), batcher.submit(["b"], GREEDY, nbest=2),
+            batcher.submit(["c"], GREEDY), batcher.submit(["d", "e"], GREEDY, nbest=2),
+        ]  # fmt: skip
+        batcher.start()
+        return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert results == [["A"], [["B", "b"]], ["C"], [["D", "d"], ["E", "e"]]]
+    assert recorder.calls == [(("a", "c"), GREEDY), (("b", "d", "e"), GREEDY, 2)]
 
 
 def test_the_loop_can_run_in_a_thread_of_the_caller_s() -> None:
