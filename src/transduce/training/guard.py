@@ -66,6 +66,20 @@ def skip_reason(
     return None
 
 
+def drop(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loss: float,
+    grad_norm: float, bad_ranks: float,
+) -> str | None:  # fmt: skip
+    """Drop an update that must not be applied: its gradients are cleared and nothing steps, so
+    the weights, Adam's state, the step and the rate stay. Under fp16 the scale backs off
+    (halves) for any skip, not only for an overflow. Why it was dropped (``skip_reason``)."""
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    optimizer.zero_grad(set_to_none=True)
+    if scale is not None:
+        scaler.update(scale * scaler.get_backoff_factor())
+    return skip_reason(loss, grad_norm, bad_ranks, scale)
+
+
 def skip_record(p: Progress, update: Update) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of a skipped update (the one after step ``p.step``; its
     non-finite numbers become strings there, ``MetricsLog.write``)."""
@@ -120,5 +134,5 @@ def require_finite(tensors: Iterable[torch.Tensor], path: Path, last_good: Path 
                        f"good checkpoint: {last_good or 'none yet'}")  # fmt: skip
 
 
-__all__ = ["Update", "all_finite", "count", "gradient_norm", "require_finite",
+__all__ = ["Update", "all_finite", "count", "drop", "gradient_norm", "require_finite",
            "skip_line", "skip_reason", "skip_record", "stop_if_diverged"]  # fmt: skip
