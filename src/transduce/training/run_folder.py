@@ -5,6 +5,10 @@
 ``best.pt`` (best validation score) and, when the run finishes, ``model.pt`` (averaged over the
 last ``average_last`` checkpoints when that is more than 1) and ``model.safetensors``. Only rank
 0 writes; every rank calls the writers (``training/saving.py``: a full disk stops all ranks).
+
+With ``tensorboard`` on (the default) and the ``tensorboard`` package installed, the numbers of
+``metrics.jsonl`` go to TensorBoard event files in ``tensorboard/`` too (``train/loss``,
+``valid/bleu``, ...); without the package a one-line notice says so and training goes on.
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ class RunFolder:
         if self.world.is_main:
             self.log.truncate_after(progress.step)
         return progress
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to ``metrics.jsonl`` (and TensorBoard); rank 0 only."""
+        if self.world.is_main:
+            self.log.write(record)
 
     def model_state(self) -> dict[str, Any]:
         """What a model file holds: the config, the vocabulary and the weights (on the CPU)."""

@@ -1,15 +1,11 @@
 """The training loop: token batches, gradient accumulation, the schedule, validation.
 
-Around the loop, each in a module of its own: the run folder (``training/run_folder.py``: the
-files a run writes, checkpoints, resume), the batch feed (``training/feed.py``: the pairs, each
-epoch's batches, read-ahead), the divergence guard (``training/guard.py``: non-finite updates
-skipped, too many in a row stop the run), preemption (``training/preemption.py``: SIGTERM/SIGINT
-stop the run with a resumable checkpoint), the config-change check of a resume
-(``training/config_change.py``) and a full disk stopping every rank cleanly
-(``training/saving.py``). With ``tensorboard`` on (the default) and the ``tensorboard`` package
-installed, the logged numbers go to TensorBoard event files in ``tensorboard/`` too
-(``train/loss``, ``valid/bleu``, ...); without the package a one-line notice says so and
-training goes on.
+Around it, each in a module of its own (in ``training/``): the run folder (``run_folder.py``:
+its files, checkpoints, resume), the batch feed (``feed.py``: the pairs, each epoch's batches,
+read-ahead), the divergence guard (``guard.py``: non-finite updates skipped, too many in a row
+stop the run), preemption (``preemption.py``: SIGTERM/SIGINT stop the run with a resumable
+checkpoint), the config-change check of a resume (``config_change.py``) and a full disk
+stopping every rank cleanly (``saving.py``).
 
 Distributed: under ``torchrun`` every rank trains on its own shard of the batches with
 DistributedDataParallel (see ``training/distributed.py``); the loss of each update is normalised by
@@ -48,7 +44,7 @@ from transduce.training.progress import Progress, after_validation, should_stop
 from transduce.training.report import TrainingDisplay, announcement, step_record
 from transduce.training.rng import seed_all
 from transduce.training.run_folder import RunFolder
-from transduce.training.schedule import cooldown, rate
+from transduce.training.schedule import scheduled_rate
 from transduce.training.validation import Validator, validate
 
 StepCallback = Callable[[Progress], None]
@@ -108,10 +104,6 @@ class Trainer:
         """Write the step checkpoint of now (``RunFolder.save``); every rank must call it."""
         return self.folder.save(self.progress)
 
-    def _log(self, record: dict[str, Any]) -> None:
-        if self.world.is_main:
-            self.folder.log.write(record)
-
     # --- one update -----------------------------------------------------------------------------
 
     def _backward(self, group: list[Batch], scale: float) -> torch.Tensor:
@@ -165,10 +157,7 @@ class Trainer:
         if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
             skipped = guard.drop(self.optimizer, self.scaler, loss, grad_norm, bad_ranks)
         else:
-            lr = rate(
-                self.progress.step + 1, d_model=self.cfg.model.d_model, warmup=t.warmup,
-                factor=t.lr_factor,
-            ) * cooldown(self._budget_done, fraction=t.cooldown)
+            lr = scheduled_rate(self.progress.step + 1, self.cfg, self._budget_done)
             for g in self.optimizer.param_groups:
                 g["lr"] = lr
             self.scaler.step(self.optimizer)
@@ -191,8 +180,8 @@ class Trainer:
         if self.world.is_main:
             started = time.monotonic()
             metrics = self.validate()
-            self._log({"step": self.progress.step, "split": "valid", **metrics,
-                       "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
+            self.folder.record({"step": self.progress.step, "split": "valid", **metrics,
+                                "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
             reason, best = after_validation(self.progress, self.cfg.train, metrics, self.score_key)
             if self.display is not None:
                 self.display.validated(metrics)
@@ -265,13 +254,17 @@ class Trainer:
         update = self._update(group)
         p.elapsed = base_elapsed + time.monotonic() - started
         guard.count(p, update)
-        if update.skipped is not None:
-            self._skipped(update, display)
+        if update.skipped is not None:  # shown, logged; Diverged after max_bad_updates in a row
+            guard.report_skip(p, update, t, note=display.note if self.world.is_main else None,
+                              record=self.folder.record, last_good=self.folder.last_good())
         else:
             window.add(update.loss, update.nll, update.tokens, update.grad_norm)
             p.step += 1
-            if p.step % t.log_every == 0:
-                self._log_step(window, display)
+            if p.step % t.log_every == 0:  # the window's loss, the rate, speed; shown too
+                stats, lr = window.report(), self.optimizer.param_groups[0]["lr"]
+                scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+                self.folder.record(step_record(p, stats, lr, scale))
+                display.logged(stats, lr)
             display.advance()
             if t.eval_every and p.step % t.eval_every == 0:
                 paused = time.monotonic()
@@ -285,28 +278,11 @@ class Trainer:
             self._preempt()
         return validated, reason or self._should_stop(started, base_elapsed)
 
-    def _skipped(self, update: guard.Update, display: TrainingDisplay) -> None:
-        """Report a skipped update; ``Diverged`` after ``max_bad_updates`` in a row."""
-        p, t = self.progress, self.cfg.train
-        if self.world.is_main:
-            display.note(guard.skip_line(p, update, t))
-            self._log(guard.skip_record(p, update))
-        guard.stop_if_diverged(p, update, t, self.folder.last_good())
-
     def _preempt(self) -> NoReturn:
         """A resumable checkpoint (unless the last one is of this very moment), then
         ``Preempted``: a stop signal reached a rank (training/preemption.py)."""
         path = self.folder.save_now(self.progress)
         raise self.signals.preempted(self.progress.step, path, self.world.size)
-
-    def _log_step(self, window: LossWindow, display: TrainingDisplay) -> None:
-        """A metrics line of the window's loss, the learning rate and speed; shown too."""
-        p = self.progress
-        lr = self.optimizer.param_groups[0]["lr"]
-        stats = window.report()
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self._log(step_record(p, stats, lr, scale))
-        display.logged(stats, lr)
 
     def _finish(self, reason: str, last_metrics: dict[str, float]) -> dict[str, Any]:
         p = self.progress
