@@ -111,7 +111,7 @@ def stop_if_diverged(p: Progress, update: Update, t: TrainConfig, last_good: Pat
 
 
 def report_skip(
-    p: Progress, update: Update, t: TrainConfig, *, note: Callable[[str], None] | None,
+    p: Progress, update: Update, t: TrainConfig, note: Callable[[str], None] | None,
     record: Callable[[dict[str, Any]], None], last_good: Path | None,
 ) -> None:  # fmt: skip
     """Report the skipped ``update`` (counted in ``p``): a line to ``note`` and a record to

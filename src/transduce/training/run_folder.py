@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -30,22 +30,29 @@ from transduce.training.resume import load_training_state, restore_position
 from transduce.training.rng import rng_state
 
 
-class RunFolder:
-    """The files of a run in ``path`` for ``model`` trained with ``optimizer`` and ``scaler``
-    at ``precision`` (as resolved) on ``device``; see the module."""
+class Training(Protocol):
+    """What a run folder saves and restores: a ``Trainer``'s config, vocabulary, model,
+    optimizer, loss scaler and precision (as resolved), on its processes and device."""
 
-    def __init__(
-        self, path: Path, cfg: Config, vocab: Vocab, model: Seq2Seq, world: distributed.World, *,
-        optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, precision: str,
-        device: torch.device,
-    ) -> None:  # fmt: skip
+    cfg: Config
+    vocab: Vocab
+    model: Seq2Seq
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    precision: str
+    world: distributed.World
+    device: torch.device
+
+
+class RunFolder:
+    """The files in ``path`` of the run of ``training``; see the module."""
+
+    def __init__(self, path: Path, training: Training) -> None:
         self.path, self.checkpoints = path, path / "checkpoints"
-        self.cfg, self.vocab, self.model, self.world = cfg, vocab, model, world
-        self.optimizer, self.scaler, self.precision = optimizer, scaler, precision
-        self.device = device
-        self.log = MetricsLog(path, tensorboard=cfg.train.tensorboard and world.is_main)
+        self.training, self.cfg, self.world = training, training.cfg, training.world
+        self.log = MetricsLog(path, tensorboard=self.cfg.train.tensorboard and self.world.is_main)
         self._saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch) of the last save
-        if world.is_main:
+        if self.world.is_main:
             path.mkdir(parents=True, exist_ok=True)
 
     def start(self, *, resume: bool, allow_change: tuple[str, ...]) -> Progress:
@@ -63,13 +70,12 @@ class RunFolder:
         return progress
 
     def _resume(self, allow_change: tuple[str, ...]) -> Progress:
-        path = checkpoint.step_checkpoints(self.checkpoints)[-1]
+        path, run = checkpoint.step_checkpoints(self.checkpoints)[-1], self.training
         state = checkpoint.load(path)
-        now = config_change.Setting(self.world.size, self.precision)
-        config_change.check_checkpoint(state, path, self.cfg, allow_change, now,
-                                        self.world.is_main)  # fmt: skip
-        load_training_state(state, path, self.model, self.optimizer, self.scaler)
-        progress = restore_position(state, path, self.world, self.cfg.train.seed, self.device)
+        now = config_change.Setting(self.world.size, run.precision)
+        config_change.check_checkpoint(state, path, self.cfg, allow_change, now, self.world.is_main)
+        load_training_state(state, path, run.model, run.optimizer, run.scaler)
+        progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
         if self.world.is_main:
             self.log.truncate_after(progress.step)
         return progress
@@ -81,8 +87,9 @@ class RunFolder:
 
     def model_state(self) -> dict[str, Any]:
         """What a model file holds: the config, the vocabulary and the weights (on the CPU)."""
-        model = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        return {"config": self.cfg.to_dict(), "vocab": self.vocab.to_dict(), "model": model}
+        run = self.training
+        model = {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
+        return {"config": self.cfg.to_dict(), "vocab": run.vocab.to_dict(), "model": model}
 
     def last_good(self) -> Path | None:
         """The newest step checkpoint (None: none yet)."""
@@ -93,14 +100,15 @@ class RunFolder:
 
         Every rank must call it (the RNG states of all ranks are gathered); rank 0 writes.
         """
-        rngs = distributed.all_gather_objects(rng_state(self.device), self.world)
+        run = self.training
+        rngs = distributed.all_gather_objects(rng_state(run.device), self.world)
         path = checkpoint.step_path(self.checkpoints, progress.step)
 
         def state() -> dict[str, Any]:
-            return {**self.model_state(), "optimizer": self.optimizer.state_dict(),
-                    "scaler": self.scaler.state_dict(),  # {} unless fp16
+            return {**self.model_state(), "optimizer": run.optimizer.state_dict(),
+                    "scaler": run.scaler.state_dict(),  # {} unless fp16
                     "progress": vars(progress).copy(), "rng": rngs[0],
-                    "precision": self.precision,  # as resolved: a resume must keep it
+                    "precision": run.precision,  # as resolved: a resume must keep it
                     "rng_ranks": rngs}  # fmt: skip
 
         saving.write_model_file(self.world, path, state, self.checkpoints)
@@ -139,4 +147,4 @@ class RunFolder:
                                     self.checkpoints, checkpoint.save_safetensors)  # fmt: skip
 
 
-__all__ = ["RunFolder"]
+__all__ = ["RunFolder", "Training"]

@@ -41,7 +41,13 @@ from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
 from transduce.training.preemption import SignalWatch
 from transduce.training.progress import Progress, after_validation, should_stop
-from transduce.training.report import TrainingDisplay, announcement, step_record
+from transduce.training.report import (
+    TrainingDisplay,
+    announcement,
+    run_summary,
+    step_record,
+    valid_record,
+)
 from transduce.training.rng import seed_all
 from transduce.training.run_folder import RunFolder
 from transduce.training.schedule import scheduled_rate
@@ -70,10 +76,9 @@ class Trainer:
         callbacks: Sequence[StepCallback] = (),
         allow_change: Sequence[str] = (),
     ) -> None:
-        """``resegment``, when given, supplies each epoch's training pairs in place of
-        ``train_pairs`` (``training/feed.py``). ``callbacks`` are called with the progress after
-        every update (and its checkpoint), or after every skipped one. ``allow_change``: config
-        keys that a resume may change beyond those that change neither the model nor the data
+        """``resegment``: each epoch's training pairs (``training/feed.py``). ``callbacks`` are
+        called with the progress after every update (and its checkpoint), or every skipped one.
+        ``allow_change``: config keys a resume may change beyond the free ones
         (``training/config_change.py``)."""
         self.cfg, self.model, self.vocab = cfg, model, vocab
         t = cfg.train
@@ -86,15 +91,13 @@ class Trainer:
         # a bar on a terminal, else plain lines (training/report.py); rank 0 only
         self.shown = show_progress is not False and self.world.is_main
         self.display: TrainingDisplay | None = None  # made when training starts
-        self.optimizer = make_optimizer(
+        self.optimizer: torch.optim.Optimizer = make_optimizer(
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
         self.precision = resolve_precision(t.precision, self.device)
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
-        self.folder = RunFolder(Path(run_dir), cfg, vocab, model, self.world,
-                                optimizer=self.optimizer, scaler=self.scaler,
-                                precision=self.precision, device=self.device)  # fmt: skip
+        self.folder = RunFolder(Path(run_dir), self)  # it saves and restores the above
         # Dropout differs between ranks; rank 0 draws exactly what a single process would.
         seed_all(t.seed + self.world.rank)
         self.progress = self.folder.start(resume=resume, allow_change=tuple(allow_change))
@@ -163,8 +166,9 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-        return guard.Update(loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, skipped,
-                            signalled > 0)  # fmt: skip
+        return guard.Update(
+            loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, skipped, signalled > 0
+        )
 
     # --- validation -----------------------------------------------------------------------------
 
@@ -180,15 +184,14 @@ class Trainer:
         if self.world.is_main:
             started = time.monotonic()
             metrics = self.validate()
-            self.folder.record({"step": self.progress.step, "split": "valid", **metrics,
-                                "valid_seconds": round(time.monotonic() - started, 2)})  # fmt: skip
+            seconds = time.monotonic() - started
+            self.folder.record(valid_record(self.progress.step, metrics, seconds))
             reason, best = after_validation(self.progress, self.cfg.train, metrics, self.score_key)
             if self.display is not None:
                 self.display.validated(metrics)
         self.progress.last_valid_step = self.progress.step
-        metrics, reason, best = distributed.all_gather_objects(
-            (metrics, reason, best), self.world
-        )[0]
+        gathered = distributed.all_gather_objects((metrics, reason, best), self.world)
+        metrics, reason, best = gathered[0]
         if best:
             self.folder.write_best()
         return metrics, reason
@@ -198,8 +201,9 @@ class Trainer:
     def _should_stop(self, started: float, base_elapsed: float) -> str | None:
         """Why to stop now, or None; also updates the share of the budget spent."""
         elapsed = base_elapsed + time.monotonic() - started
-        reason, self._budget_done = should_stop(self.progress, self.cfg.train, elapsed,
-                                                self.world, self.device)  # fmt: skip
+        reason, self._budget_done = should_stop(
+            self.progress, self.cfg.train, elapsed, self.world, self.device
+        )
         return reason
 
     def train(self) -> dict[str, Any]:
@@ -208,9 +212,11 @@ class Trainer:
         the run stops before that, its last good checkpoint intact."""
         started, base_elapsed = time.monotonic(), self.progress.elapsed
         if self.world.is_main:
-            print(announcement(self.cfg.train, self.world.size, self.device, self.precision,
-                               len(self.feed.pairs), self.feed.n_filtered),
-                  file=sys.stderr)  # fmt: skip
+            n, filtered = len(self.feed.pairs), self.feed.n_filtered
+            line = announcement(
+                self.cfg.train, self.world.size, self.device, self.precision, n, filtered
+            )
+            print(line, file=sys.stderr)
             self.folder.log.open(self.progress.step)
         self.signals = SignalWatch()
         try:
@@ -255,8 +261,8 @@ class Trainer:
         p.elapsed = base_elapsed + time.monotonic() - started
         guard.count(p, update)
         if update.skipped is not None:  # shown, logged; Diverged after max_bad_updates in a row
-            guard.report_skip(p, update, t, note=display.note if self.world.is_main else None,
-                              record=self.folder.record, last_good=self.folder.last_good())
+            note = display.note if self.world.is_main else None
+            guard.report_skip(p, update, t, note, self.folder.record, self.folder.last_good())
         else:
             window.add(update.loss, update.nll, update.tokens, update.grad_norm)
             p.step += 1
@@ -288,9 +294,7 @@ class Trainer:
         p = self.progress
         self.save()  # the final state, best score included, for --resume with a larger budget
         self.folder.finish()  # model.pt (averaged over the last checkpoints), model.safetensors
-        return {"stopped_by": reason, "step": p.step, "epoch": p.epoch,
-                "seconds": round(p.elapsed, 2), "filtered_pairs": self.feed.n_filtered,
-                **last_metrics}  # fmt: skip
+        return run_summary(reason, p, self.feed.n_filtered, last_metrics)
 
 
 __all__ = ["StepCallback", "Trainer"]
