@@ -26,12 +26,12 @@ from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.errors import UserError
 from transduce.model.transformer import make_model
+from transduce.training import trainer as trainer_module
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.precision import native_bf16, resolve_precision
 from transduce.training.run import train_synthetic
-from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.schedule import rate
-from transduce.training import trainer as trainer_module
+from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
