@@ -29,7 +29,7 @@ from transduce.data.synthetic import make_task
 from transduce.errors import UserError
 from transduce.inference.translator import Translator
 from transduce.model.transformer import make_model
-from transduce.training.run import encode_pairs
+from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "transduce"

@@ -6,7 +6,7 @@ from transduce.config import Config, ParsingTaskConfig, TrainConfig
 from transduce.data.subword import train_sentencepiece
 from transduce.data.vocab import EOS, SPECIALS, TokenVocab, VocabPair
 from transduce.parsing.parser import word_units
-from transduce.training.parsing_run import source_dropout_pairs
+from transduce.training.tasks.parsing import source_dropout_pairs
 
 SENTENCES = [s.split() for s in (
     "Pierre Vinken , 61 years old , will join the board as a nonexecutive director Nov. 29 .",

@@ -19,7 +19,7 @@ from transduce.data.synthetic import make_task
 from transduce.model.transformer import make_model
 from transduce.training.progress import Progress
 from transduce.training.report import eta_seconds, step_line, valid_line
-from transduce.training.run import encode_pairs
+from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 STEP = re.compile(
@@ -89,7 +89,7 @@ TINY: dict[str, Any] = {
 
 
 def _train(tmp_path: Path, stream: FakeStream, show_progress: bool | None) -> list[str]:
-    from transduce.training.run import accuracy_validator
+    from transduce.training.tasks.synthetic import accuracy_validator
 
     cfg = update(Config(), TINY)
     task = make_task(cfg.task)

@@ -26,11 +26,12 @@ from transduce.data.synthetic import make_task
 from transduce.data.vocab import PAD
 from transduce.errors import UserError
 from transduce.model.transformer import make_model
+from transduce.training import trainer as trainer_module
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.precision import native_bf16, resolve_precision
-from transduce.training.run import encode_pairs, train_synthetic
+from transduce.training.run import train_synthetic
 from transduce.training.schedule import rate
-from transduce.training import trainer as trainer_module
+from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
@@ -172,8 +173,8 @@ def test_resegment_gives_each_epoch_its_own_pairs(tmp_path: Path) -> None:
     summary = trainer.train()
     assert calls == [0, 1, 2]  # once per epoch, not once per batch
     assert summary["step"] == sum(batches) and summary["stopped_by"] == "max_epochs"
-    assert trainer.pairs == pairs(2)
-    assert trainer.n_filtered == 0  # decided by train_pairs, not by an epoch's pairs
+    assert trainer.feed.pairs == pairs(2)
+    assert trainer.feed.n_filtered == 0  # decided by train_pairs, not by an epoch's pairs
 
 
 def test_resegment_with_several_processes_is_refused(
@@ -216,8 +217,8 @@ def test_accumulated_group_equals_one_concatenated_batch(tmp_path: Path) -> None
     a = _trainer(tmp_path / "a", cfg)
     b = _trainer(tmp_path / "b", cfg)
     b.model.load_state_dict(a.model.state_dict())
-    short = [p for p in a.pairs if len(p[0]) <= 2][:7]
-    long = [p for p in a.pairs if len(p[0]) >= 5][:13]
+    short = [p for p in a.feed.pairs if len(p[0]) <= 2][:7]
+    long = [p for p in a.feed.pairs if len(p[0]) >= 5][:13]
     first, second = short, long + short[:3]  # the two batches pad to different widths
     assert collate(first).src.shape[1] < collate(first + second).src.shape[1]
     joined = collate(first + second)
@@ -262,10 +263,10 @@ def test_pad_multiple_pads_the_batches_read_and_leaves_the_update(tmp_path: Path
     a = _trainer(tmp_path / "a", cfg)
     b = _trainer(tmp_path / "b", update(cfg, {"pad_multiple": 1}))
     b.model.load_state_dict(a.model.state_dict())
-    batches = a._epoch_batches()
-    group = a._reader(batches)(0)
+    with a.feed.epoch(0, a.device) as epoch:
+        batches, group = epoch.batches, epoch.read(0)
     assert all(t.shape[1] % 8 == 0 for batch in group for t in batch[:3])
-    plain = [collate([a.pairs[i] for i in batches[0].tolist()])]
+    plain = [collate([a.feed.pairs[i] for i in batches[0].tolist()])]
     assert plain[0].src.shape[1] % 8 or plain[0].tgt_in.shape[1] % 8  # padding was added
     ua, ub = a._update(group), b._update(plain)
     assert ua.tokens == ub.tokens and ua.loss == pytest.approx(ub.loss, rel=1e-6)
@@ -275,7 +276,7 @@ def test_pad_multiple_pads_the_batches_read_and_leaves_the_update(tmp_path: Path
 def test_update_freq_groups_batches(tmp_path: Path) -> None:
     one = _trainer(tmp_path / "one", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0))
     two = _trainer(tmp_path / "two", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0, update_freq=2))
-    n_batches = len(token_batches(one.lengths, 256, seed=1, epoch=0))
+    n_batches = len(token_batches(one.feed.lengths, 256, seed=1, epoch=0))
     assert one.train()["step"] == n_batches
     assert two.train()["step"] == (n_batches + 1) // 2
 
@@ -298,7 +299,7 @@ def test_max_steps(tmp_path: Path) -> None:
 
 def test_max_epochs(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _cfg(max_steps=10_000, max_epochs=2))
-    expected = sum(len(token_batches(trainer.lengths, 256, seed=1, epoch=e)) for e in (0, 1))
+    expected = sum(len(token_batches(trainer.feed.lengths, 256, seed=1, epoch=e)) for e in (0, 1))
     summary = trainer.train()
     assert summary["stopped_by"] == "max_epochs"
     assert summary["step"] == expected and summary["epoch"] == 2
@@ -436,9 +437,9 @@ def test_validation_loss_matches_loss_function(tmp_path: Path) -> None:
 
 def test_long_pairs_are_filtered(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _cfg(max_len=5, max_steps=2))
-    assert trainer.n_filtered > 0
-    assert all(max(s, t) <= 5 for s, t in model_lengths(trainer.pairs))
-    assert trainer.train()["filtered_pairs"] == trainer.n_filtered
+    assert trainer.feed.n_filtered > 0
+    assert all(max(s, t) <= 5 for s, t in model_lengths(trainer.feed.pairs))
+    assert trainer.train()["filtered_pairs"] == trainer.feed.n_filtered
 
 
 def test_nothing_left_after_filtering_is_a_user_error(tmp_path: Path) -> None:
@@ -498,7 +499,7 @@ def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> No
     # float16 gradients of a loss scaled by 2^100 overflow: the update must change nothing
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
     before = copy.deepcopy(trainer.model.state_dict())
-    batch = collate(trainer.pairs[:8])
+    batch = collate(trainer.feed.pairs[:8])
     adam_before = copy.deepcopy(trainer.optimizer.state_dict())
     update = trainer._update([batch])
     assert 0 < update.loss < 10  # the reported loss is the unscaled one
@@ -524,7 +525,7 @@ def test_fp16_skip_for_a_nan_loss_backs_the_scale_off_too(
         return sums._replace(loss=sums.loss.detach() * math.nan + sums.loss)
 
     monkeypatch.setattr(trainer_module, "label_smoothed_nll", nan_loss)
-    update = trainer._update([collate(trainer.pairs[:8])])
+    update = trainer._update([collate(trainer.feed.pairs[:8])])
     assert update.skipped == "non-finite loss (nan)"
     assert trainer.scaler.get_scale() == 2.0**15  # halved, not grown as for a clean update
 
@@ -561,8 +562,9 @@ def test_logged_loss_is_token_weighted_mean_since_last_log(tmp_path: Path) -> No
     windowed = _trainer(tmp_path / "b", _cfg(max_steps=6, log_every=3, dropout=0.0))
     windowed.train()
     per_step = dict(train_losses(tmp_path / "a"))
-    batches = every._epoch_batches()  # epoch 0: update i trained on batches[i - 1]
-    tokens = [collate([every.pairs[i] for i in b]).n_tokens for b in batches[:6]]
+    with every.feed.epoch(0, every.device) as epoch:  # update i trained on batches[i - 1]
+        batches = epoch.batches
+    tokens = [collate([every.feed.pairs[i] for i in b]).n_tokens for b in batches[:6]]
     want = [
         sum(per_step[s] * tokens[s - 1] for s in window) / sum(tokens[s - 1] for s in window)
         for window in (range(1, 4), range(4, 7))

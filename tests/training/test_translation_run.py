@@ -17,11 +17,13 @@ import pytest
 from training_testkit import records
 
 from transduce import checkpoint
-from transduce.config import from_dict
+from transduce.config import SyntheticTaskConfig, TranslationTaskConfig, from_dict
+from transduce.data.parallel import resolve_data_path
 from transduce.data.subword import SentencePieceVocab
 from transduce.errors import UserError
 from transduce.training import run
-from transduce.training.run import resolve_data_path, train, train_translation
+from transduce.training.run import train, train_translation
+from transduce.training.tasks.translation_files import bpe_dropout_pairs
 
 WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
 
@@ -160,8 +162,8 @@ def test_bpe_dropout_segments_the_training_text_anew_each_epoch(tmp_path, monkey
 
     vocab = SentencePieceVocab.load(out / "vocab.model")
     text = read_parallel(Path(paths["train_src"]), Path(paths["train_tgt"]))
-    assert run.bpe_dropout_pairs(plain_cfg, vocab, text) is None
-    epoch_pairs = run.bpe_dropout_pairs(cfg, vocab, text)
+    assert bpe_dropout_pairs(plain_cfg, vocab, text) is None
+    epoch_pairs = bpe_dropout_pairs(cfg, vocab, text)
     first = epoch_pairs(0)
     assert epoch_pairs(1) != first and epoch_pairs(0) == first  # a resumed run draws the same
     plain = list(zip(vocab.encode_batch(text.source), vocab.encode_batch(text.target)))
@@ -246,8 +248,10 @@ def test_without_validation_files(tmp_path) -> None:
 
 def test_train_dispatches_by_task(tmp_path, monkeypatch) -> None:
     calls = []
-    monkeypatch.setattr(run, "train_synthetic", lambda cfg, out, **kw: calls.append("synthetic"))
-    monkeypatch.setattr(run, "train_translation", lambda cfg, out, **kw: calls.append("translate"))
+    monkeypatch.setitem(run.TASKS, SyntheticTaskConfig,
+                        lambda cfg, out, **kw: calls.append("synthetic"))  # fmt: skip
+    monkeypatch.setitem(run.TASKS, TranslationTaskConfig,
+                        lambda cfg, out, **kw: calls.append("translate"))  # fmt: skip
     train(from_dict({"task": {"name": "copy"}}), tmp_path)
     train(from_dict({"task": {"name": "translation"}}), tmp_path)
     assert calls == ["synthetic", "translate"]

@@ -23,7 +23,7 @@ from transduce.data.synthetic import make_task
 from transduce.model.transformer import make_model
 from transduce.training import run
 from transduce.training.progress import Progress
-from transduce.training.run import encode_pairs
+from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {

@@ -16,6 +16,7 @@ precision that ``precision: auto`` resolved to (``Setting``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 from transduce.config import Config, from_dict, resolve_key
 from transduce.errors import UserError
+from transduce.training.resume import saved_processes
 
 FREE: frozenset[str] = frozenset({
     "train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience",
@@ -110,4 +112,17 @@ def check_resume(
     return f"resuming {source} with a changed config: {_listed(changes)}"
 
 
-__all__ = ["FREE", "Setting", "allowed_keys", "check_resume", "differences"]
+def check_checkpoint(
+    state: dict[str, Any], path: Path, cfg: Config, allow_change: Sequence[str], now: Setting,
+    is_main: bool,
+) -> None:  # fmt: skip
+    """``check_resume`` of ``cfg`` (and ``now``: this run's processes and precision) against
+    the step checkpoint ``state`` read from ``path``; the changes let through are printed
+    (rank 0: ``is_main``)."""
+    before = Setting(saved_processes(state), state.get("precision"))
+    change = check_resume(state["config"], cfg, allow_change, path, before, now)
+    if change and is_main:
+        print(f"transduce: {change}", file=sys.stderr)
+
+
+__all__ = ["FREE", "Setting", "allowed_keys", "check_checkpoint", "check_resume", "differences"]

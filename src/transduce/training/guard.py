@@ -15,7 +15,7 @@ skips the same updates. ``require_finite`` checks weights before any file is wri
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,20 @@ def skip_reason(
     return None
 
 
+def drop(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loss: float,
+    grad_norm: float, bad_ranks: float,
+) -> str | None:  # fmt: skip
+    """Drop an update that must not be applied: its gradients are cleared and nothing steps, so
+    the weights, Adam's state, the step and the rate stay. Under fp16 the scale backs off
+    (halves) for any skip, not only for an overflow. Why it was dropped (``skip_reason``)."""
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    optimizer.zero_grad(set_to_none=True)
+    if scale is not None:
+        scaler.update(scale * scaler.get_backoff_factor())
+    return skip_reason(loss, grad_norm, bad_ranks, scale)
+
+
 def skip_record(p: Progress, update: Update) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of a skipped update (the one after step ``p.step``; its
     non-finite numbers become strings there, ``MetricsLog.write``)."""
@@ -96,6 +110,19 @@ def stop_if_diverged(p: Progress, update: Update, t: TrainConfig, last_good: Pat
         )
 
 
+def report_skip(
+    p: Progress, update: Update, t: TrainConfig, note: Callable[[str], None] | None,
+    record: Callable[[dict[str, Any]], None], last_good: Path | None,
+) -> None:  # fmt: skip
+    """Report the skipped ``update`` (counted in ``p``): a line to ``note`` and a record to
+    ``record`` (``metrics.jsonl``), unless ``note`` is None (ranks other than 0); ``Diverged``
+    after ``max_bad_updates`` in a row, naming ``last_good``, the checkpoint to resume from."""
+    if note is not None:
+        note(skip_line(p, update, t))
+        record(skip_record(p, update))
+    stop_if_diverged(p, update, t, last_good)
+
+
 def skip_line(p: Progress, update: Update, t: TrainConfig) -> str:
     """What a skipped update prints."""
     return (f"transduce: the update after step {p.step} was skipped: {update.skipped} "
@@ -120,5 +147,6 @@ def require_finite(tensors: Iterable[torch.Tensor], path: Path, last_good: Path 
                        f"good checkpoint: {last_good or 'none yet'}")  # fmt: skip
 
 
-__all__ = ["Update", "all_finite", "count", "gradient_norm", "require_finite",
-           "skip_line", "skip_reason", "skip_record", "stop_if_diverged"]  # fmt: skip
+__all__ = ["Update", "all_finite", "count", "drop", "gradient_norm", "report_skip",
+           "require_finite", "skip_line", "skip_reason", "skip_record",
+           "stop_if_diverged"]  # fmt: skip

@@ -23,8 +23,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
+
+from transduce.errors import Preempted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -60,6 +63,18 @@ class SignalWatch:
         if self.signum is None:
             return "a signal to another process"
         return signal.Signals(self.signum).name
+
+    def preempted(self, step: int, path: Path, world_size: int) -> Preempted:
+        """What a run raises once it has saved the resumable checkpoint ``path`` after
+        ``step``, the signal received (by this rank, or by another one)."""
+        return Preempted(stopped_message(self.signal_name(), step, str(path), world_size), path)
+
+    def say_if_late(self) -> None:
+        """For a run that has finished: a signal received too late to stop it, said."""
+        if self.received:
+            print(f"transduce: {self.signal_name()} came as the run was ending: it finished "
+                  "instead (model.pt written); there is nothing to resume",
+                  file=sys.stderr)  # fmt: skip
 
     def __enter__(self) -> SignalWatch:
         if threading.current_thread() is threading.main_thread():

@@ -23,8 +23,8 @@ from transduce.config import TrainConfig
 from transduce.console import duration, is_terminal
 from transduce.training.progress import Progress
 
-__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "step_line", "step_record",
-           "valid_line"]  # fmt: skip
+__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "run_summary", "step_line",
+           "step_record", "valid_line", "valid_record"]  # fmt: skip
 
 # validation keys shown under shorter names, first; the rest follow in their order
 _VALID_NAMES = {"valid_loss": "loss", "valid_ppl": "ppl"}
@@ -53,6 +53,20 @@ def step_line(
             f"gnorm={grad_norm:.3f} tok/s={tokens_per_s:.0f} elapsed={duration(elapsed)} "
             f"eta={duration(eta)}")  # fmt: skip
     return f"{line} skipped={skipped}" if skipped else line
+
+
+def valid_record(step: int, metrics: Mapping[str, object], seconds: float) -> dict[str, Any]:
+    """The ``metrics.jsonl`` record of a validation at ``step`` that took ``seconds``."""
+    return {"step": step, "split": "valid", **metrics, "valid_seconds": round(seconds, 2)}
+
+
+def run_summary(
+    reason: str, p: Progress, filtered: int, metrics: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What a finished run returns (and ``transduce train`` prints): why and where it stopped,
+    the pairs left out for max_len and the last validation's ``metrics``."""
+    return {"stopped_by": reason, "step": p.step, "epoch": p.epoch,
+            "seconds": round(p.elapsed, 2), "filtered_pairs": filtered, **metrics}  # fmt: skip
 
 
 def step_record(

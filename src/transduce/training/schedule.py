@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from transduce.config import Config
+
 
 def rate(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)  (eq. 3).
@@ -24,3 +26,12 @@ def cooldown(done: float, *, fraction: float) -> float:
     if fraction <= 0.0:
         return 1.0
     return min(1.0, max(0.0, (1.0 - done) / fraction))
+
+
+def scheduled_rate(step: int, cfg: Config, done: float) -> float:
+    """The learning rate of update ``step`` (from 1) of a run of ``cfg``: eq. 3 (``rate``)
+    times the ``cooldown`` at ``done``, the share of the budget spent."""
+    t = cfg.train
+    return rate(step, d_model=cfg.model.d_model, warmup=t.warmup, factor=t.lr_factor) * cooldown(
+        done, fraction=t.cooldown
+    )

@@ -11,11 +11,13 @@ import torch
 from transduce.architectures import Seq2Seq
 from transduce.config import TrainConfig
 from transduce.data.batching import Pair, collate, model_lengths, token_batches
-from transduce.data.vocab import PAD
+from transduce.data.vocab import PAD, Vocab
 from transduce.training.loss import label_smoothed_nll
 
 # The task's validation metrics: numbers, or lists of numbers (accuracy per answer position)
 Validator = Callable[[Seq2Seq], dict[str, Any]]
+# A Validator of the model's output text: from the vocabulary, the sources and their references
+TextValidator = Callable[[Vocab, Sequence[str], Sequence[str]], Validator]
 
 
 @torch.no_grad()
@@ -62,4 +64,4 @@ def validate(
     return out
 
 
-__all__ = ["Validator", "validate", "validation_loss"]
+__all__ = ["TextValidator", "Validator", "validate", "validation_loss"]

@@ -1,4 +1,5 @@
-"""Translation from a prepared folder (``task.prepared``, written by ``transduce prepare``).
+"""The translation task's data from a prepared folder (``task.prepared``, written by ``transduce
+prepare``).
 
 Every rank opens the folder's memory-mapped ids (it must be on storage every rank sees): the
 batches come from the length index alone, and each rank reads only the pairs of its own
@@ -11,13 +12,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from transduce.architectures import build_model
 from transduce.config import Config, TranslationTaskConfig
 from transduce.data.parallel import read_lines, resolve_data_path
 from transduce.data.prepared import (
@@ -28,13 +25,11 @@ from transduce.data.prepared import (
     vocab_files,
 )
 from transduce.data.subword import SentencePieceVocab
-from transduce.data.vocab import VocabPair, vocab_sizes
+from transduce.data.vocab import VocabPair
 from transduce.errors import UserError
 from transduce.training import distributed
-from transduce.training.run import Log, bleu_validator
-from transduce.training.trainer import StepCallback, Trainer, Validator
-
-__all__ = ["train_prepared"]
+from transduce.training.fit import Log, TaskData
+from transduce.training.validation import TextValidator, Validator
 
 
 def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
@@ -76,7 +71,8 @@ def _vocabulary(folder: Path, shared: bool, run_dir: Path, *, is_main: bool) -> 
 
 
 def _validation(
-    cfg: Config, folder: Path, manifest: dict[str, Any], vocab: Any, log: Log
+    cfg: Config, folder: Path, manifest: dict[str, Any], vocab: Any, log: Log,
+    validator: TextValidator,
 ) -> tuple[list[Any], Validator | None]:
     if "valid" not in manifest["splits"]:
         log("no validation split in the prepared folder: no BLEU, best.pt or early stopping")
@@ -86,37 +82,29 @@ def _validation(
     n = cfg.task.max_valid_sentences or len(split)
     sources = read_lines(folder / "valid.src.txt")[:n]
     references = read_lines(folder / "valid.tgt.txt")[:n]
-    return list(split[:n]), bleu_validator(cfg, vocab, sources, references)
+    return list(split[:n]), validator(vocab, sources, references)
 
 
-def train_prepared(
-    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
-    log: Log, callbacks: Sequence[StepCallback] = (), allow_change: Sequence[str] = (),
-) -> dict[str, Any]:  # fmt: skip
-    """Train a translation model on the prepared folder ``task.prepared`` into ``out_dir``;
-    the Trainer's summary plus the data counts."""
-    world, _ = distributed.init_from_env(cfg.train.device)
+def from_prepared(
+    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, log: Log,
+    validator: TextValidator,
+) -> TaskData:  # fmt: skip
+    """The training and validation pairs of the prepared folder ``task.prepared`` with its
+    vocabulary, ``validator`` of its validation sentences, and the counts of what was read;
+    ``prepared.json`` and the vocabulary written to (or, with ``resume``, checked in)
+    ``run_dir``."""
     assert isinstance(cfg.task, TranslationTaskConfig)
     folder, manifest = _open(cfg.task)
-    out = Path(out_dir)
-    _run_record(folder, out, resume=resume, is_main=world.is_main)
-    vocab = _vocabulary(folder, cfg.task.shared_vocab, out, is_main=world.is_main)
+    _run_record(folder, run_dir, resume=resume, is_main=world.is_main)
+    vocab = _vocabulary(folder, cfg.task.shared_vocab, run_dir, is_main=world.is_main)
     train = PreparedSplit(folder, "train", manifest)
     info = manifest["splits"]["train"]
     log(f"train: {len(train)} prepared pairs ({manifest['dtype']} ids, {len(info['shards'])} "
         f"shard(s)) from {folder}")  # fmt: skip
-    valid_pairs, validator = _validation(cfg, folder, manifest, vocab, log)
-    torch.manual_seed(cfg.train.seed)
-    src_size, tgt_size = vocab_sizes(vocab)
-    model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
-    trainer = Trainer(
-        cfg, model, vocab, train, run_dir=out, valid_pairs=valid_pairs, validator=validator,
-        score_key="bleu", resume=resume, show_progress=show_progress, callbacks=callbacks,
-        allow_change=allow_change,
-    )  # fmt: skip
-    if trainer.n_filtered:
-        log(f"train: {trainer.n_filtered} pairs longer than max_len={cfg.train.max_len} "
-            "tokens left out")  # fmt: skip
-    summary = trainer.train()
-    return {**summary, "train_pairs": len(train), "valid_pairs": len(valid_pairs),
-            "vocab_size": len(vocab), "prepared": str(folder)}  # fmt: skip
+    valid_pairs, bleu = _validation(cfg, folder, manifest, vocab, log, validator)
+    counts = {"train_pairs": len(train), "valid_pairs": len(valid_pairs),
+              "vocab_size": len(vocab), "prepared": str(folder)}  # fmt: skip
+    return TaskData(vocab, train, valid_pairs, bleu, "bleu", counts=counts)
+
+
+__all__ = ["from_prepared"]

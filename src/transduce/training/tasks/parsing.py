@@ -1,5 +1,5 @@
-"""From a parsing config to a trained run folder (section 6.3): trees -> linearised targets,
-separate vocabularies (word pieces in, bracket tokens out), validation by EVALB F1 on dev."""
+"""The parsing task (section 6.3): trees -> linearised targets, separate vocabularies (word
+pieces in, bracket tokens out), validation by EVALB F1 on dev; best.pt by F1."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from transduce.architectures import Seq2Seq, build_model
+from transduce.architectures import Seq2Seq
 from transduce.config import Config, ParsingTaskConfig
 from transduce.data.batching import Pair
 from transduce.data.linearise import fill_slots, linearise
-from transduce.data.parallel import read_lines
+from transduce.data.parallel import read_lines, resolve_data_path
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import TokenVocab, VocabPair
@@ -21,8 +19,10 @@ from transduce.errors import UserError
 from transduce.parsing.parser import Parser, parsing_scores, word_units
 from transduce.model.transformer import Transformer
 from transduce.training import distributed
-from transduce.training.run import Log, epoch_seed, resolve_data_path, stderr_log
-from transduce.training.trainer import Resegment, StepCallback, Trainer, Validator
+from transduce.training.feed import Resegment
+from transduce.training.fit import Log, RunOptions, TaskData, epoch_seed, fit, rank_log
+from transduce.training.trainer import StepCallback
+from transduce.training.validation import Validator
 
 
 def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
@@ -118,7 +118,7 @@ def train_parsing(
     if not isinstance(task, ParsingTaskConfig):
         raise UserError(f"task.name is {task.name!r}, not 'parsing'")
     world, _ = distributed.init_from_env(cfg.train.device)
-    log = (log or stderr_log) if world.is_main else (lambda message: None)
+    log = rank_log(log, world)
     folder = resolve_data_path(task.parse_data, "parse_data")
     train_words, train_trees = read_split(folder, "train")
     dev_words, dev_trees = read_split(folder, "dev")
@@ -135,19 +135,18 @@ def train_parsing(
         (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
         for w, t in zip(dev_words, dev_targets, strict=True)
     ]
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, src_vocab_size=len(vocab.source),
-                        tgt_vocab_size=len(vocab.target))  # fmt: skip
-    if cfg.model.position_unit == "word" and isinstance(model, Transformer):  # rnn: no positions
-        model.set_word_units(*word_units(vocab))
-    resegment = source_dropout_pairs(cfg, vocab.source, train_words, [t for _, t in train_pairs])
-    trainer = Trainer(
-        cfg, model, vocab, train_pairs, run_dir=Path(out_dir), valid_pairs=dev_pairs,
-        validator=f1_validator(cfg, vocab, dev_words, dev_trees), score_key="f1",
-        resegment=resegment, resume=resume, show_progress=show_progress, callbacks=callbacks, allow_change=allow_change,
+    data = TaskData(
+        vocab, train_pairs, dev_pairs, f1_validator(cfg, vocab, dev_words, dev_trees), "f1",
+        source_dropout_pairs(cfg, vocab.source, train_words, [t for _, t in train_pairs]),
+        counts={"train_sentences": len(train_words), "dev_sentences": len(dev_words)},
     )  # fmt: skip
-    summary = trainer.train()
-    return {**summary, "train_sentences": len(train_words), "dev_sentences": len(dev_words)}
+
+    def adapt(model: Seq2Seq) -> None:
+        if cfg.model.position_unit == "word" and isinstance(model, Transformer):  # rnn: none
+            model.set_word_units(*word_units(vocab))
+
+    return fit(cfg, out_dir, data, RunOptions(resume, show_progress, callbacks, allow_change),
+               adapt=adapt)  # fmt: skip
 
 
 __all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",

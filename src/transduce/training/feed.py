@@ -1,0 +1,125 @@
+"""The Trainer's batch feed: the training pairs within max_len, each epoch's batches of this rank,
+read one update ahead.
+
+The batches of an epoch follow from the pairs' lengths, ``train.seed`` and the epoch alone
+(``token_batch_arrays``), so a resumed run, or another rank, recomputes them instead of storing
+them; each rank takes its own share (``distributed.shard``). Data drawn anew every epoch
+(BPE-dropout: ``resegment``) is refused with several processes, whose draws would disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from transduce.config import TrainConfig
+from transduce.data.batching import (
+    Batch,
+    Pair,
+    group_reader,
+    length_index,
+    select_pairs,
+    token_batch_arrays,
+)
+from transduce.data.read_ahead import ReadAhead
+from transduce.errors import UserError
+from transduce.training import distributed
+from transduce.training.loss_window import LossWindow
+from transduce.training.progress import Progress
+
+# The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
+Resegment = Callable[[int], Sequence[Pair]]
+
+
+class EpochReader:
+    """One epoch's ``batches`` of this rank (index arrays into the pairs), an update's worth
+    (``update_freq`` batches, ``read(first)``) at a time, the next one read on a background
+    thread while the current one trains (``ReadAhead``)."""
+
+    def __init__(self, batches: list[np.ndarray], read: Callable[[int], list[Batch]],
+                 update_freq: int) -> None:  # fmt: skip
+        self.batches, self.read, self.update_freq = batches, read, update_freq
+        self._reader = ReadAhead(read)
+
+    def ended(self, p: Progress) -> bool:
+        """Whether ``p`` stands past the epoch's last batch."""
+        return p.batch_index >= len(self.batches)
+
+    def next(self, p: Progress, window: LossWindow) -> list[Batch] | None:
+        """The batches of the update at ``p.batch_index``, which moves past them (None: the
+        epoch has ended); the time spent waiting for them goes to ``window``."""
+        if self.ended(p):
+            return None
+        first = p.batch_index
+        p.batch_index = min(first + self.update_freq, len(self.batches))
+        waiting = time.monotonic()
+        ahead = None if self.ended(p) else p.batch_index
+        group = self._reader.get(first, ahead)
+        window.waited(time.monotonic() - waiting)
+        return group
+
+    def __enter__(self) -> EpochReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._reader.close()
+
+
+class BatchFeed:
+    """The training pairs within ``max_len`` and, epoch by epoch, this rank's batches of them.
+
+    ``resegment``, when given, supplies each epoch's pairs in place of ``pairs`` (which still
+    decide ``n_filtered``); it must return the same pairs for the same epoch, so that batches
+    can be recomputed after a resume.
+    """
+
+    def __init__(
+        self, pairs: Sequence[Pair], t: TrainConfig, world: distributed.World,
+        resegment: Resegment | None = None,
+    ) -> None:  # fmt: skip
+        if resegment is not None and world.distributed:
+            # SentencePiece's sampling differs between processes even with one seed, so ranks
+            # would cut different batches: data seen twice or not at all, and a hang
+            raise UserError(
+                f"bpe_dropout with {world.size} processes: SentencePiece's BPE-dropout "
+                "draws differently in each process, so the ranks' batches would disagree; "
+                "train on one process or set bpe_dropout to 0"
+            )
+        self.t, self.world, self.resegment = t, world, resegment
+        self._use(pairs)
+        self.n_filtered = len(pairs) - len(self.pairs)
+
+    def _use(self, pairs: Sequence[Pair]) -> None:
+        """Train on ``pairs`` from now on, less those longer than max_len: chosen by their
+        length index (a prepared dataset's is read from disk, no pair is), the kept ones a
+        view (``select_pairs``)."""
+        max_len = self.t.max_len
+        lengths = length_index(pairs)  # (N, 2): source + EOS, BOS + target
+        kept = np.flatnonzero(lengths.max(axis=1, initial=0) <= max_len)
+        if not len(kept):
+            raise UserError(
+                f"every training pair is longer than max_len={max_len} tokens "
+                f"(all {len(pairs)}, with EOS); raise max_len"
+            )
+        self.pairs = select_pairs(pairs, kept)
+        self.lengths = lengths[kept]
+
+    def epoch(self, epoch: int, device: torch.device) -> EpochReader:
+        """This rank's batches of ``epoch``, read in pinned memory for a CUDA ``device`` (the
+        copy overlaps); called once as each epoch starts (or resumes), which is when
+        ``resegment`` draws that epoch's pairs."""
+        t = self.t
+        if self.resegment is not None:
+            self._use(self.resegment(epoch))
+        batches = distributed.shard(token_batch_arrays(
+            self.lengths, t.max_tokens, seed=t.seed, epoch=epoch, pad_multiple=t.pad_multiple,
+        ), self.world)  # fmt: skip
+        read = group_reader(self.pairs, batches, t.update_freq, pin=device.type == "cuda",
+                            pad_multiple=t.pad_multiple)  # fmt: skip
+        return EpochReader(batches, read, t.update_freq)
+
+
+__all__ = ["BatchFeed", "EpochReader", "Resegment"]

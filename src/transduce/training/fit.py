@@ -1,0 +1,109 @@
+"""The tail every task shares: from a task's data to a trained run folder.
+
+A task (``training/tasks/``) reads its data and makes its vocabulary, validator and score;
+``fit`` then seeds, builds the model the config names, trains it with the ``Trainer`` and
+returns the Trainer's summary with the task's data counts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transduce.architectures import Seq2Seq, build_model
+from transduce.config import Config
+from transduce.data.batching import Pair
+from transduce.data.vocab import Vocab, vocab_sizes
+from transduce.training.distributed import World
+from transduce.training.feed import Resegment
+from transduce.training.trainer import StepCallback, Trainer
+from transduce.training.validation import Validator
+
+Log = Callable[[str], None]
+
+
+def stderr_log(message: str) -> None:
+    print(f"transduce: {message}", file=sys.stderr, flush=True)
+
+
+def _silent(message: str) -> None:
+    """The log of ranks other than 0."""
+
+
+def rank_log(log: Log | None, world: World) -> Log:
+    """``log`` (default: stderr) on rank 0, silence on the others: one report, not one per
+    rank."""
+    return (log or stderr_log) if world.is_main else _silent
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The BPE-dropout seed of ``epoch``'s first side (the target's is one more): the same on
+    every rank and after a resume."""
+    return (seed * 1_000_003 + 2 * epoch) % 2**32
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes, whatever its task (the keyword arguments of ``Trainer``)."""
+
+    resume: bool = False
+    show_progress: bool | None = None
+    callbacks: Sequence[StepCallback] = ()
+    allow_change: Sequence[str] = ()
+
+
+@dataclass
+class TaskData:
+    """What a task trains on: its vocabulary (one shared, or a ``VocabPair``), the training
+    and validation pairs, the validator of its own metrics and the one that picks best.pt,
+    ``resegment`` for data drawn anew every epoch (``training/feed.py``), and ``counts`` of
+    the data read, added to the run's summary."""
+
+    vocab: Vocab
+    train_pairs: Sequence[Pair]
+    valid_pairs: Sequence[Pair] = ()
+    validator: Validator | None = None
+    score_key: str = "neg_valid_nll"
+    resegment: Resegment | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
+def fit(
+    cfg: Config, out_dir: str | Path, data: TaskData, options: RunOptions, *,
+    log: Log | None = None, adapt: Callable[[Seq2Seq], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train the model of ``cfg.model`` on ``data`` into ``out_dir``: seeded by
+    ``train.seed``, ``adapt`` applied to it once built. ``log``, when given, hears how many
+    training pairs were longer than max_len. The Trainer's summary plus ``data.counts``."""
+    torch.manual_seed(cfg.train.seed)
+    src_size, tgt_size = vocab_sizes(data.vocab)
+    model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    if adapt is not None:
+        adapt(model)
+    trainer = Trainer(
+        cfg,
+        model,
+        data.vocab,
+        data.train_pairs,
+        run_dir=Path(out_dir),
+        valid_pairs=data.valid_pairs,
+        validator=data.validator,
+        score_key=data.score_key,
+        resume=options.resume,
+        show_progress=options.show_progress,
+        resegment=data.resegment,
+        callbacks=options.callbacks,
+        allow_change=options.allow_change,
+    )
+    if log is not None and trainer.feed.n_filtered:
+        log(f"train: {trainer.feed.n_filtered} pairs longer than max_len={cfg.train.max_len} "
+            "tokens left out")  # fmt: skip
+    return {**trainer.train(), **data.counts}
+
+
+__all__ = ["Log", "RunOptions", "TaskData", "epoch_seed", "fit", "rank_log", "stderr_log"]

@@ -1,0 +1,150 @@
+"""The run folder: what a run writes, and what a resume reads back.
+
+``config.json`` (the config the run goes on with), ``metrics.jsonl`` (``MetricsLog``),
+``checkpoints/step_N.pt`` (full state for ``--resume``; the last ``keep_last`` are kept),
+``best.pt`` (best validation score) and, when the run finishes, ``model.pt`` (averaged over the
+last ``average_last`` checkpoints when that is more than 1) and ``model.safetensors``. Only rank
+0 writes; every rank calls the writers (``training/saving.py``: a full disk stops all ranks).
+
+With ``tensorboard`` on (the default) and the ``tensorboard`` package installed, the numbers of
+``metrics.jsonl`` go to TensorBoard event files in ``tensorboard/`` too (``train/loss``,
+``valid/bleu``, ...); without the package a one-line notice says so and training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from transduce import checkpoint
+from transduce.architectures import Seq2Seq
+from transduce.config import Config
+from transduce.data.vocab import Vocab
+from transduce.training import config_change, distributed, saving
+from transduce.training.metrics_log import MetricsLog
+from transduce.training.progress import Progress
+from transduce.training.resume import load_training_state, restore_position
+from transduce.training.rng import rng_state
+
+
+class Training(Protocol):
+    """What a run folder saves and restores: a ``Trainer``'s config, vocabulary, model,
+    optimizer, loss scaler and precision (as resolved), on its processes and device."""
+
+    cfg: Config
+    vocab: Vocab
+    model: Seq2Seq
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    precision: str
+    world: distributed.World
+    device: torch.device
+
+
+class RunFolder:
+    """The files in ``path`` of the run of ``training``; see the module."""
+
+    def __init__(self, path: Path, training: Training) -> None:
+        self.path, self.checkpoints = path, path / "checkpoints"
+        self.training, self.cfg, self.world = training, training.cfg, training.world
+        self.log = MetricsLog(path, tensorboard=self.cfg.train.tensorboard and self.world.is_main)
+        self._saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch) of the last save
+        if self.world.is_main:
+            path.mkdir(parents=True, exist_ok=True)
+
+    def start(self, *, resume: bool, allow_change: tuple[str, ...]) -> Progress:
+        """Where the run stands: at its last checkpoint with ``resume`` (the model, optimizer,
+        scaler and random states loaded; ``allow_change``: ``training/config_change.py``),
+        else at the start (``metrics.jsonl`` emptied). Then ``config.json`` is written: after
+        the resume's config check, so that a refused config is not kept."""
+        progress = Progress()
+        if resume and checkpoint.step_checkpoints(self.checkpoints):
+            progress = self._resume(allow_change)
+        elif self.world.is_main:
+            self.log.reset()
+        if self.world.is_main:
+            (self.path / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        return progress
+
+    def _resume(self, allow_change: tuple[str, ...]) -> Progress:
+        path, run = checkpoint.step_checkpoints(self.checkpoints)[-1], self.training
+        state = checkpoint.load(path)
+        now = config_change.Setting(self.world.size, run.precision)
+        config_change.check_checkpoint(state, path, self.cfg, allow_change, now, self.world.is_main)
+        load_training_state(state, path, run.model, run.optimizer, run.scaler)
+        progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
+        if self.world.is_main:
+            self.log.truncate_after(progress.step)
+        return progress
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to ``metrics.jsonl`` (and TensorBoard); rank 0 only."""
+        if self.world.is_main:
+            self.log.write(record)
+
+    def model_state(self) -> dict[str, Any]:
+        """What a model file holds: the config, the vocabulary and the weights (on the CPU)."""
+        run = self.training
+        model = {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
+        return {"config": self.cfg.to_dict(), "vocab": run.vocab.to_dict(), "model": model}
+
+    def last_good(self) -> Path | None:
+        """The newest step checkpoint (None: none yet)."""
+        return saving.last_good(self.checkpoints)
+
+    def save(self, progress: Progress) -> Path:
+        """Write ``checkpoints/step_N.pt`` with everything needed to resume; prune old ones.
+
+        Every rank must call it (the RNG states of all ranks are gathered); rank 0 writes.
+        """
+        run = self.training
+        rngs = distributed.all_gather_objects(rng_state(run.device), self.world)
+        path = checkpoint.step_path(self.checkpoints, progress.step)
+
+        def state() -> dict[str, Any]:
+            return {**self.model_state(), "optimizer": run.optimizer.state_dict(),
+                    "scaler": run.scaler.state_dict(),  # {} unless fp16
+                    "progress": vars(progress).copy(), "rng": rngs[0],
+                    "precision": run.precision,  # as resolved: a resume must keep it
+                    "rng_ranks": rngs}  # fmt: skip
+
+        saving.write_model_file(self.world, path, state, self.checkpoints)
+        if self.world.is_main:
+            checkpoint.prune(self.checkpoints, self.cfg.train.keep_last, self.cfg.train.save_every)
+        self._saved_at = (progress.step, progress.epoch, progress.batch_index)
+        return path
+
+    def save_now(self, progress: Progress) -> Path:
+        """The step checkpoint of this very moment: written unless the last save was of it."""
+        if self._saved_at != (progress.step, progress.epoch, progress.batch_index):
+            self.save(progress)
+        return checkpoint.step_path(self.checkpoints, progress.step)
+
+    def write_best(self) -> None:
+        """``best.pt``: the model as it is now (every rank calls it)."""
+        saving.write_model_file(self.world, self.path / "best.pt", self.model_state,
+                                self.checkpoints)  # fmt: skip
+
+    def finish(self) -> None:
+        """``model.pt`` and, where safetensors is installed, ``model.safetensors`` (the same
+        model for other tools): the model as it is, or averaged over the last ``average_last``
+        step checkpoints. Every rank calls it, after the final ``save``."""
+        t = self.cfg.train
+        final: dict[str, Any] = {}
+        if self.world.is_main:
+            if t.average_last > 1:
+                paths = checkpoint.step_checkpoints(self.checkpoints)[-t.average_last :]
+                final = checkpoint.average(paths)
+            else:
+                final = self.model_state()
+        saving.write_model_file(self.world, self.path / "model.pt", lambda: final,
+                                self.checkpoints)  # fmt: skip
+        if checkpoint.safetensors_available():
+            saving.write_model_file(self.world, self.path / "model.safetensors", lambda: final,
+                                    self.checkpoints, checkpoint.save_safetensors)  # fmt: skip
+
+
+__all__ = ["RunFolder", "Training"]

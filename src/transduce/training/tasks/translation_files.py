@@ -1,0 +1,230 @@
+"""The translation task's data from its text files: parallel text -> a shared SentencePiece BPE
+vocabulary (or one per side) -> pairs of ids; BPE-dropout draws each epoch's pairs anew."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transduce.config import Config, TranslationTaskConfig
+from transduce.data.batching import Pair
+from transduce.data.parallel import resolve_data_path
+from transduce.data.vocab import VocabPair
+from transduce.errors import UserError
+from transduce.training import distributed
+from transduce.training.feed import Resegment
+from transduce.training.fit import Log, TaskData, epoch_seed
+from transduce.training.validation import TextValidator, Validator
+
+if TYPE_CHECKING:
+    from transduce.data.parallel import ParallelText
+    from transduce.data.subword import SentencePieceVocab
+
+
+def _translation(cfg: Config) -> TranslationTaskConfig:
+    """``cfg.task``, which must be a translation task."""
+    if not isinstance(cfg.task, TranslationTaskConfig):
+        raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
+    return cfg.task
+
+
+def _read_split(cfg: Config, split: str, log: Log) -> ParallelText | None:
+    from transduce.data.parallel import read_parallel
+
+    src_key, tgt_key = f"{split}_src", f"{split}_tgt"
+    src_value, tgt_value = getattr(cfg.task, src_key), getattr(cfg.task, tgt_key)
+    if not src_value and not tgt_value:
+        return None
+    for key, value in ((src_key, src_value), (tgt_key, tgt_value)):
+        if not value:
+            raise UserError(f"task.{key} is not set; name the {split} {key[-3:]} file")
+    src, tgt = resolve_data_path(src_value, src_key), resolve_data_path(tgt_value, tgt_key)
+    text = read_parallel(src, tgt)
+    notes = [f"{text.skipped} with an empty side skipped"] if text.skipped else []
+    if text.normalised.describe():
+        notes.append(f"{text.normalised.describe()} normalised")
+    log(
+        f"{split}: {len(text)} sentence pairs from {src} and {tgt}"
+        + (f" ({'; '.join(notes)})" if notes else "")
+    )
+    if not len(text):
+        raise UserError(f"{src} and {tgt}: no sentence pairs with both sides non-empty")
+    return text
+
+
+def _sides(vocab: SentencePieceVocab | VocabPair) -> tuple[SentencePieceVocab, SentencePieceVocab]:
+    """(source vocabulary, target vocabulary): the one shared vocabulary twice, or the pair's."""
+    if isinstance(vocab, VocabPair):
+        return vocab.source, vocab.target  # type: ignore[return-value]  # SentencePiece both
+    return vocab, vocab
+
+
+def _learn(texts: Iterable[str], task: TranslationTaskConfig, seed: int) -> SentencePieceVocab:
+    from transduce.data.subword import train_sentencepiece
+
+    return train_sentencepiece(
+        texts, task.vocab_size, input_sentence_size=task.vocab_sample, seed=seed
+    )
+
+
+def _vocabulary(
+    cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log
+) -> SentencePieceVocab | VocabPair:
+    """The run's vocabulary: ``vocab.model`` (shared) or ``vocab.src.model`` and
+    ``vocab.tgt.model`` (``task.shared_vocab`` false) of the run when resuming, else learned on
+    the training sentences (a sample of ``task.vocab_sample`` of them, if set) and saved there
+    (the run folder is made first)."""
+    from transduce.data.subword import SentencePieceVocab
+
+    task = _translation(cfg)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{run_dir}: cannot create the run folder ({e.strerror or e})") from None
+    names = ["vocab.model"] if task.shared_vocab else ["vocab.src.model", "vocab.tgt.model"]
+    paths = [run_dir / name for name in names]
+    if resume and all(p.is_file() for p in paths):
+        loaded = [SentencePieceVocab.load(p) for p in paths]
+        log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
+            f"{', '.join(map(str, paths))} (resumed run)")
+        return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
+    if not task.vocab_model:
+        log(f"learning a BPE vocabulary of {task.vocab_size} pieces on {2 * len(train)} "
+            "sentences (may take minutes on a large corpus)")
+    if task.vocab_model:  # an existing SentencePiece vocabulary, reused
+        from transduce.data.prepare import reused_vocabulary
+
+        learned = reused_vocabulary(task)
+    elif task.shared_vocab:
+        learned = [_learn(itertools.chain(train.source, train.target), task, cfg.train.seed)]
+    else:
+        learned = [_learn(train.source, task, cfg.train.seed),
+                   _learn(train.target, task, cfg.train.seed)]  # fmt: skip
+    for vocab, path in zip(learned, paths, strict=True):
+        vocab.save(path)
+    sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
+    kind = "shared" if task.shared_vocab else "source and target"
+    how = f"reused from {task.vocab_model}" if task.vocab_model else (
+        f"learned on the training text{sample}")
+    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces {how} -> "
+        f"{', '.join(map(str, paths))}")
+    return learned[0] if task.shared_vocab else VocabPair(learned[0], learned[1])
+
+
+def _rank0_vocabulary(
+    cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log,
+    world: distributed.World,
+) -> SentencePieceVocab | VocabPair:  # fmt: skip
+    """``_vocabulary`` (and the run folder) on rank 0 only; the other ranks receive its bytes:
+    no shared file system needed, no rank learning or writing a vocabulary of its own. Rank 0's
+    UserError, if any, is raised on every rank, so none waits for a vocabulary that never
+    comes."""
+    from transduce.data.subword import SentencePieceVocab
+
+    if not world.distributed:
+        return _vocabulary(cfg, run_dir, train, resume=resume, log=log)
+    vocab: SentencePieceVocab | VocabPair | None = None
+    failure: Exception | None = None
+    sent: list[bytes] | UserError = []
+    if world.is_main:
+        try:
+            vocab = _vocabulary(cfg, run_dir, train, resume=resume, log=log)
+            sent = [v.model_proto for v in dict.fromkeys(_sides(vocab))]
+        except Exception as e:  # tell the others, then fail here as before
+            failure = e
+            sent = e if isinstance(e, UserError) else UserError(f"rank 0: {type(e).__name__}: {e}")
+    received = distributed.all_gather_objects(sent, world)[0]
+    if failure is not None:
+        raise failure
+    if isinstance(received, UserError):
+        raise received
+    if vocab is not None:
+        return vocab
+    protos = [SentencePieceVocab(p, name="rank 0's vocabulary") for p in received]
+    return protos[0] if len(protos) == 1 else VocabPair(protos[0], protos[1])
+
+
+def _validation(
+    cfg: Config, vocab: SentencePieceVocab | VocabPair, valid_text: ParallelText | None,
+    summary: dict[str, Any], log: Log, validator: TextValidator,
+) -> tuple[list[Pair], Validator | None]:
+    """The validation pairs and their ``validator`` (none without validation files); adds the
+    validation counts to ``summary``."""
+    if valid_text is None:
+        log(
+            "no validation files (task.valid_src, task.valid_tgt): "
+            "no BLEU, best.pt or early stopping"
+        )
+        return [], None
+    n = _translation(cfg).max_valid_sentences or len(valid_text)
+    sources, references = valid_text.source[:n], valid_text.target[:n]
+    valid_pairs = list(
+        zip(_sides(vocab)[0].encode_batch(sources), _sides(vocab)[1].encode_batch(references),
+            strict=True)
+    )
+    summary.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
+    if n < len(valid_text):
+        log(f"valid: validating on the first {n} pairs (max_valid_sentences)")
+    return valid_pairs, validator(vocab, sources, references)
+
+
+def bpe_dropout_pairs(
+    cfg: Config, vocab: SentencePieceVocab | VocabPair, train: ParallelText
+) -> Resegment | None:
+    """Each epoch's training pairs under BPE-dropout ``task.bpe_dropout`` (None when 0): both
+    sides segmented anew, seeded by ``train.seed``, the epoch and the side (the same pairs within
+    a process, not across processes: ``SentencePieceVocab.sample_batch``)."""
+    p = _translation(cfg).bpe_dropout
+    if not p:
+        return None
+    source, target = _sides(vocab)
+
+    def pairs(epoch: int) -> list[Pair]:
+        seed = epoch_seed(cfg.train.seed, epoch)
+        return list(zip(
+            source.sample_batch(train.source, dropout=p, seed=seed),
+            target.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
+            strict=True,
+        ))  # fmt: skip
+
+    return pairs
+
+
+def from_files(
+    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, log: Log,
+    validator: TextValidator,
+) -> TaskData:  # fmt: skip
+    """The training and validation pairs of the files of ``cfg.task`` with the run's
+    vocabulary (learned, or with ``resume`` read from ``run_dir``), ``validator`` of the
+    validation sentences, and the counts of what was read."""
+    task = _translation(cfg)
+    if not task.train_src or not task.train_tgt:
+        raise UserError(
+            "task translation needs task.train_src and task.train_tgt (the training files)"
+        )
+    if task.clean_max_len or task.clean_ratio or task.clean_identical or task.clean_dedup:
+        log("the task.clean_* keys apply to transduce prepare; training from the files keeps "
+            "every pair with both sides non-empty")  # fmt: skip
+    train_text = _read_split(cfg, "train", log)
+    valid_text = _read_split(cfg, "valid", log)
+    assert train_text is not None
+    vocab = _rank0_vocabulary(cfg, run_dir, train_text, resume=resume, log=log, world=world)
+    train_pairs = list(
+        zip(
+            _sides(vocab)[0].encode_batch(train_text.source),
+            _sides(vocab)[1].encode_batch(train_text.target),
+            strict=True,
+        )
+    )
+    counts: dict[str, Any] = {
+        "train_pairs": len(train_text), "train_skipped_empty": train_text.skipped,
+        "vocab_size": len(vocab),
+    }  # fmt: skip
+    valid_pairs, bleu = _validation(cfg, vocab, valid_text, counts, log, validator)
+    resegment = bpe_dropout_pairs(cfg, vocab, train_text)
+    return TaskData(vocab, train_pairs, valid_pairs, bleu, "bleu", resegment, counts)
+
+
+__all__ = ["bpe_dropout_pairs", "from_files"]
