@@ -4,6 +4,7 @@ import importlib
 import os
 import random
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -191,7 +192,7 @@ def test_split() -> list[Tree]:
     return split_treebank(read_treebank(data_root() / "ptb-sample" / "treebank.zip"))["test"]
 
 
-def _needed_in_ci(name: str):  # noqa: ANN202 - the module
+def _needed_in_ci(name: str) -> ModuleType:
     """The module ``name``, or a skip where it is missing; in CI (``CI=true``, which .ci/run
     installs it for: the ``evalb-check`` extra, with --no-deps) a failure instead, so that the
     one independent check of our scorer cannot be skipped there without a word."""
