@@ -65,7 +65,17 @@ def test_rnn_run_resumes_exactly_and_averages(copy_run, tmp_path: Path) -> None:
     out = tmp_path / "avg.pt"
     assert main(["--no-malloc-tuning", "average", "--run", str(straight), "--last", "2",
                  "--output", str(out)]) == 0  # fmt: skip
-    assert isinstance(checkpoint.load_model(out)[0], RecurrentSeq2Seq)
+    averaged, _, avg_cfg = checkpoint.load_model(out)
+    assert isinstance(averaged, RecurrentSeq2Seq) and avg_cfg == short
+    # the element-wise mean of the last two checkpoints (steps 30 and 60), exactly
+    last_two = checkpoint.step_checkpoints(straight / "checkpoints")[-2:]
+    assert [p.name for p in last_two] == ["step_00000030.pt", "step_00000060.pt"]
+    first, second = (checkpoint.load(p)["model"] for p in last_two)
+    state = averaged.state_dict()
+    assert state.keys() == first.keys() and any(not torch.equal(first[k], second[k]) for k in first)
+    for key, value in state.items():
+        mean = (first[key].double() + second[key].double()) / 2
+        assert torch.equal(value, mean.to(value.dtype)), key
 
 
 @pytest.fixture(scope="module")

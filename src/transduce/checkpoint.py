@@ -24,10 +24,12 @@ config and vocabulary in its metadata) for other tools; ``load_model`` reads tho
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import pickle
 import re
+import secrets
 import tempfile
 import warnings
 import zipfile
@@ -112,9 +114,24 @@ class _KeepsWriteErrors:
         return getattr(self.f, name)
 
 
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new file ``.NAME.RANDOM.tmp`` beside ``path``, opened for writing, created with mode
+    0666 and so given what the umask (and a default ACL) leaves, as open() gives config.json
+    beside it: tempfile.mkstemp's 0600 would keep a model file from a server under another uid
+    or a colleague on shared storage."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(tempfile.TMP_MAX):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
+
+
 def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             kept = _KeepsWriteErrors(f)
@@ -133,9 +150,10 @@ def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over ``path``:
-    a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
-    Writes ``obj`` as given; checkpoints go through ``save``."""
+    """torch.save to a temporary file in the same folder (created with the mode open() would
+    give it), fsync, then rename over ``path``: a reader (or a run killed mid-write) sees the old
+    file or the new one, never half of one. Writes ``obj`` as given; checkpoints go through
+    ``save``."""
     _write_atomic(Path(path), lambda f: torch.save(obj, f))
 
 

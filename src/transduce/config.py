@@ -4,9 +4,10 @@ A run's configuration has four sections, ``model``, ``train``, ``task`` and ``de
 section is the dataclass of the task named: ``SyntheticTaskConfig`` (copy, reverse, addition) or
 ``TranslationTaskConfig``, each with its own keys only. Every key name is unique across sections, so a
 command-line override can name a key alone (``--set d_model=256``) or with its section
-(``--set model.d_model=256``). Unknown keys, a key of another task, values of the wrong type or out
-of range are ``UserError``s naming the key, whether the config comes from a file, the command
-line or Python (``ModelConfig(n_heads=0)``).
+(``--set model.d_model=256``). Unknown keys, a key of another task, a key of the other
+architecture off its default (``ARCHITECTURE_KEYS``), values of the wrong type or out of range
+are ``UserError``s naming the key, whether the config comes from a file, the command line or
+Python (``ModelConfig(n_heads=0)``).
 """
 
 from __future__ import annotations
@@ -93,12 +94,31 @@ class ModelConfig(_Section):
     # the Transformer's, beyond the paper, for parsing: token (the paper's) or word: a source
     # piece's position is its word's index and a decoder input's the number of word slots before
     # it, so the query for the next slot and the key of its word share a position (the decoder
-    # need not count the words it placed); rnn has no positions and ignores it
+    # need not count the words it placed); rnn has no positions and refuses it
     position_unit: Literal["token", "word"] = "token"
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")
         _fraction(self, "dropout", "attention_dropout", "activation_dropout")
+        for owner, keys in ARCHITECTURE_KEYS.items():
+            if owner == self.architecture:
+                continue
+            for f in fields(self):
+                if f.name in keys and getattr(self, f.name) != f.default:
+                    raise UserError(
+                        f"{f.name} is a key of architecture: {owner}, which architecture: "
+                        f"{self.architecture} ignores; got {getattr(self, f.name)!r} (remove it)"
+                    )
+
+
+# The model keys that one architecture alone reads (``build_model``); the others (architecture,
+# n_layers, d_model, dropout, tie_embeddings) both do. A key of the other architecture off its
+# default is refused, as a key of another task is: it would be ignored without a word.
+ARCHITECTURE_KEYS: dict[str, tuple[str, ...]] = {
+    "transformer": ("d_ff", "n_heads", "d_k", "d_v", "attention_dropout", "activation_dropout",
+                    "positional", "max_positions", "norm", "position_unit"),
+    "rnn": ("rnn_attention", "input_feeding"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -450,6 +470,16 @@ def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
     return replace(task, **changes) if isinstance(task, cls) else cls(**changes)
 
 
+def _updated_model(model: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
+    """``model`` with ``changes``; a new ``architecture`` starts the keys only the old one reads
+    from their defaults (a Transformer's config trained with ``--set architecture=rnn``), as a
+    new task starts from its own. Such a key given with the change is refused by the check."""
+    if changes.get("architecture", model.architecture) != model.architecture:
+        defaults = {f.name: f.default for f in fields(ModelConfig)}
+        changes = {**{k: defaults[k] for k in ARCHITECTURE_KEYS[model.architecture]}, **changes}
+    return replace(model, **changes)
+
+
 def update(cfg: Config, values: dict[str, Any]) -> Config:
     """Return ``cfg`` with flat or dotted keys replaced; values are type-checked."""
     by_section: dict[str, dict[str, Any]] = {}
@@ -460,6 +490,8 @@ def update(cfg: Config, values: dict[str, Any]) -> Config:
     for section, changes in by_section.items():
         if section == "task":
             sections[section] = _updated_task(cfg.task, changes)
+        elif section == "model":
+            sections[section] = _updated_model(cfg.model, changes)
         else:
             sections[section] = replace(getattr(cfg, section), **changes)
     return replace(cfg, **sections)  # one Config: its checks across sections see every change
@@ -488,7 +520,9 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
     """Build a Config from nested sections (a parsed YAML file); ``preset`` names a base.
 
     ``stored``: a config kept inside a checkpoint. Those written before the task section was
-    split by task hold every task's keys; the keys of other tasks are dropped there."""
+    split by task hold every task's keys, and those written before the keys of the other
+    architecture were refused may hold some off their defaults (unread by the model); the keys
+    of other tasks and of the other architecture are dropped there."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
     data = dict(data)
@@ -507,11 +541,20 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
             if stored and section == "task":
                 keys = _hints(TASKS[values.get("name", cfg.task.name)])
                 values = {k: v for k, v in values.items() if k in keys}
+            if stored and section == "model":
+                unread = _keys_unread_by(values.get("architecture", cfg.model.architecture))
+                values = {k: v for k, v in values.items() if k not in unread}
             for key, value in values.items():
                 flat[f"{section}.{key}"] = value
         return update(cfg, flat)
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+def _keys_unread_by(architecture: Any) -> set[str]:
+    """The keys of the architectures other than ``architecture`` (all of them for a name no
+    architecture has: the check of ``architecture`` names that)."""
+    return {k for owner, keys in ARCHITECTURE_KEYS.items() if owner != architecture for k in keys}
 
 
 def load_config(path: str | Path) -> Config:

@@ -136,28 +136,52 @@ def test_params_base(capsys) -> None:
     assert code == 0 and json.loads(out)["parameters"] < data["parameters"]
 
 
+# The tiny config made to learn copy in a few seconds: 600 updates reach a validation exact match
+# of 0.9 (seeds 2 and 3: 0.7), from 0.45-0.6 at update 200; fp32 for the same numbers on CPUs
+# with and without bfloat16
+LEARNS_COPY = {
+    "max_steps": 600, "eval_every": 200, "save_every": 200, "warmup": 30, "lr_factor": 0.3,
+    "label_smoothing": 0.0, "precision": "fp32", "tensorboard": False, "d_model": 32,
+    "d_ff": 64, "d_k": 16, "d_v": 16, "dropout": 0.0, "train_size": 200, "valid_size": 20,
+    "n_symbols": 6,
+}  # fmt: skip
+
+
 def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
+    import torch
+
+    from transduce.checkpoint import load, load_model
+
     run = tmp_path / "run"
+    sets = [arg for key, value in LEARNS_COPY.items() for arg in ("--set", f"{key}={value}")]
     code, out, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(run), "--quiet", "--set", "max_steps=5"],
-        capsys,
+        ["train", "--config", str(tiny_config), "--out", str(run), "--quiet", *sets], capsys
     )
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["step"] == 5 and summary["stopped_by"] == "max_steps"
-    assert 0.0 <= summary["seq_accuracy"] <= 1.0
+    assert summary["step"] == 600 and summary["stopped_by"] == "max_steps"
+    valid = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r.get("split") == "valid"]  # fmt: skip
+    assert [r["step"] for r in valid] == [200, 400, 600]
+    assert summary["seq_accuracy"] == valid[-1]["seq_accuracy"] >= 0.5, valid  # it learnt copy
+    assert valid[-1]["seq_accuracy"] > valid[0]["seq_accuracy"], valid
     for name in ("model.pt", "best.pt", "metrics.jsonl", "config.json"):
         assert (run / name).exists(), name
-    assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 5
+    assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 600
 
-    # and average the run's checkpoints into a model file
+    # and average the run's checkpoints into a model file: the mean of the last two, exactly
     avg = tmp_path / "avg.pt"
     code, out, err = _run(["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys)
     assert code == 0, err
-    assert len(json.loads(out)["averaged"]) == 2
-    from transduce.checkpoint import load_model
-
-    load_model(avg)
+    averaged = json.loads(out)["averaged"]
+    assert [Path(p).name for p in averaged] == ["step_00000400.pt", "step_00000600.pt"]
+    model, vocab, cfg = load_model(avg)
+    assert cfg.model.d_model == 32 and cfg.task.name == "copy" and len(vocab) == 6 + 4
+    a, b = (load(p)["model"] for p in averaged)
+    assert a.keys() == model.state_dict().keys()
+    assert sum(not torch.equal(a[k], b[k]) for k in a) > len(a) / 2  # 200 updates apart
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, ((a[name].double() + b[name].double()) / 2).to(value.dtype)), name
 
 
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

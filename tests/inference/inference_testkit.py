@@ -189,7 +189,9 @@ def save_toy_translation_model(path, decode: dict, model: dict | None = None):  
     from transduce.data.subword import train_sentencepiece
 
     vocab = train_sentencepiece(toy_sentences(300), 60)
-    sizes = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
+    sizes = {"n_layers": 1, "d_model": 32}
+    if (model or {}).get("architecture", "transformer") == "transformer":  # the rnn refuses them
+        sizes |= {"d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
     cfg = from_dict({"model": {**sizes, **(model or {})}, "decode": decode})
     torch.manual_seed(0)
     model = build_model(cfg.model, src_vocab_size=len(vocab))

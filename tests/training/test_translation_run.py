@@ -17,7 +17,7 @@ import pytest
 from training_testkit import records
 
 from transduce import checkpoint
-from transduce.config import SyntheticTaskConfig, TranslationTaskConfig, from_dict
+from transduce.config import SyntheticTaskConfig, TranslationTaskConfig, from_dict, update
 from transduce.data.parallel import resolve_data_path
 from transduce.data.subword import SentencePieceVocab
 from transduce.errors import UserError
@@ -65,13 +65,22 @@ def tiny_config(paths: dict[str, str], **train_overrides):  # noqa: ANN201
     })  # fmt: skip
 
 
+# A model that learns the toy task (the words reversed, upper-cased) in a few seconds: 400
+# updates reach a validation BLEU of 54 and chrF 84 on one thread, as the tests run (seeds 1-4:
+# BLEU 44-76, chrF 67-85; on two threads 30-64 and 60-83), from 13-15 and 48-56 at update 200;
+# fp32 for the same numbers on CPUs with and without bfloat16
+LEARNS = {"d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16,
+          "label_smoothing": 0.0, "warmup": 100, "precision": "fp32"}  # fmt: skip
+
+
 def test_run_folder_vocab_metrics_and_report(tmp_path) -> None:
     paths = write_corpus(tmp_path / "data", gz=True)
     logged: list[str] = []
     out = tmp_path / "run"
-    summary = train_translation(tiny_config(paths), out, show_progress=False, log=logged.append)
+    cfg = update(tiny_config(paths, max_steps=400, eval_every=200, save_every=200), LEARNS)
+    summary = train_translation(cfg, out, show_progress=False, log=logged.append)
 
-    assert summary["step"] == 12 and summary["stopped_by"] == "max_steps"
+    assert summary["step"] == 400 and summary["stopped_by"] == "max_steps"
     assert summary["train_pairs"] == 199 and summary["train_skipped_empty"] == 1
     assert summary["valid_pairs"] == 19 and summary["valid_skipped_empty"] == 1
     assert summary["vocab_size"] == 60 and "bleu" in summary and "chrf" in summary
@@ -85,10 +94,13 @@ def test_run_folder_vocab_metrics_and_report(tmp_path) -> None:
         assert data["vocab"] == vocab.to_dict()  # the checkpoint alone can translate
         assert data["config"]["task"]["name"] == "translation"
     valid = [r for r in records(out) if r.get("split") == "valid"]
-    assert [r["step"] for r in valid] == [6, 12]
+    assert [r["step"] for r in valid] == [200, 400]
     for r in valid:
         assert {"bleu", "chrf", "valid_loss", "valid_ppl"} <= set(r)
-        assert 0.0 <= r["bleu"] <= 100.0 and r["valid_ppl"] > 1.0
+        assert r["valid_ppl"] > 1.0
+    first, last = valid
+    assert last["bleu"] >= 20.0 and last["chrf"] >= 50.0, valid  # it learnt the task
+    assert last["bleu"] > first["bleu"] and last["valid_loss"] < first["valid_loss"], valid
     assert json.loads((out / "config.json").read_text())["task"]["vocab_size"] == 60
 
 

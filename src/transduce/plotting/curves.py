@@ -1,7 +1,7 @@
 """Learning curves: the metrics of one or more runs against steps, epochs or wall-clock minutes.
 
-``plot_curves`` draws one panel per metric (training values solid, validation dashed with dots),
-one colour per run. Computing the points (``panel_series``) is separate from drawing them.
+``plot_curves`` draws one panel per metric (training values solid, validation dashed with dots;
+a training series of one point as a dot), one colour per run. Computing the points (``panel_series``) is separate from drawing them.
 """
 
 from __future__ import annotations
@@ -227,7 +227,9 @@ def _draw(
         for run, color, mapping in zip(runs, colors, to_x):
             for s in panel_series(run, panel, mapping):
                 if s.split == "train":
-                    ax.plot(s.x, s.y, color=color, linewidth=1.2)
+                    # a line through one point draws nothing: that point gets a marker
+                    alone = {"marker": "o", "markersize": 3} if len(s.x) == 1 else {}
+                    ax.plot(s.x, s.y, color=color, linewidth=1.2, **alone)
                 else:
                     ax.plot(
                         s.x,
