@@ -95,6 +95,12 @@ class ModelConfig(_Section):
     # it, so the query for the next slot and the key of its word share a position (the decoder
     # need not count the words it placed); rnn has no positions and ignores it
     position_unit: Literal["token", "word"] = "token"
+    # the Transformer's, beyond the paper, for models made elsewhere (Marian / OPUS-MT,
+    # transduce.export.huggingface); rnn ignores them. The FFN's activation: relu (eq. 2),
+    # swish (SiLU, x * sigmoid(x)) or gelu (erf form)
+    activation: Literal["relu", "swish", "gelu"] = "relu"
+    # a bias on the pre-softmax projection (Marian's final_logits_bias); off: the paper's
+    output_bias: bool = False
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")

@@ -20,7 +20,8 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
 * post-norm (the paper's ``LayerNorm(x + Sublayer(x))``): ``pre_norm=False``, which has no final
   layer norm; pre-norm models get ``pre_norm=True`` with our final norms. LayerNorm epsilon is
   written into the config (ours 1e-5; CTranslate2 would otherwise assume its own default).
-* embeddings times sqrt(d_model): ``scale_embeddings``; ReLU FFN; biases on every projection.
+* embeddings times sqrt(d_model): ``scale_embeddings``; the FFN's activation (ReLU, or swish or
+  GELU); biases on every projection, and on the pre-softmax one with ``output_bias``.
 * sinusoidal positions: CTranslate2's built-in table puts the sines in the first half and the
   cosines in the second (as fairseq and Marian do), while the paper (and ``positional_table``)
   interleaves them, so our table is written explicitly into ``position_encodings``
@@ -169,17 +170,21 @@ def build_spec(
     if cfg.position_unit != "token":
         raise UserError("CTranslate2 counts positions in tokens; this model counts them in words")
     head_dim = None if cfg.d_k * cfg.n_heads == cfg.d_model else cfg.d_k
-    if model.generator.bias is not None:
-        raise UserError("cannot export a pre-softmax projection with a bias")
     pre_norm = cfg.norm == "pre"
-    common = {"pre_norm": pre_norm, "activation": common_spec.Activation.RELU}
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                  "gelu": common_spec.Activation.GELU}[cfg.activation]  # fmt: skip
+    common = {"pre_norm": pre_norm, "activation": activation}
     if head_dim is not None:
         common["head_dim"] = head_dim
     encoder = transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **common)
     decoder = transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **common)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
-    for side_spec, side in ((spec.encoder, model.encoder), (spec.decoder, model.decoder)):
+    # the modules as Any: a ModuleList's items are typed Module, final_norm LayerNorm | Identity
+    sides: tuple[tuple[Any, Any], ...] = (
+        (spec.encoder, model.encoder), (spec.decoder, model.decoder)
+    )
+    for side_spec, side in sides:
         embeddings = side_spec.embeddings
         if isinstance(embeddings, list):  # the encoder may have several source embeddings
             embeddings = embeddings[0]
@@ -190,14 +195,18 @@ def build_spec(
         )
         if pre_norm:
             _set_norm(side_spec.layer_norm, side.final_norm)
-    for ls, layer in zip(spec.encoder.layer, model.encoder.layers, strict=True):
+    encoder_layers: list[Any] = list(model.encoder.layers)
+    decoder_layers: list[Any] = list(model.decoder.layers)
+    for ls, layer in zip(spec.encoder.layer, encoder_layers, strict=True):
         _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _set_ffn(ls.ffn, layer.ffn, layer.norms[1])
-    for ls, layer in zip(spec.decoder.layer, model.decoder.layers, strict=True):
+    for ls, layer in zip(spec.decoder.layer, decoder_layers, strict=True):
         _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _set_attention(ls.attention, layer.cross_attn, layer.norms[1], self_attention=False)
         _set_ffn(ls.ffn, layer.ffn, layer.norms[2])
     spec.decoder.projection.weight = _array(model.generator.weight)
+    if model.generator.bias is not None:  # output_bias
+        spec.decoder.projection.bias = _array(model.generator.bias)
 
     vocab = _check_tokens(tokens, model.generator.weight.size(0))
     if model.encoder.embed.weight.size(0) != len(vocab):

@@ -62,7 +62,8 @@ IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
     "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
     "tie_embeddings": (True, False), "architecture": ("transformer",),
     "rnn_attention": None, "input_feeding": None,  # the recurrent baseline's, not read here
-    "position_unit": ("token", "word"),
+    "position_unit": ("token", "word"), "activation": ("relu", "swish", "gelu"),
+    "output_bias": (True, False),
 }  # fmt: skip
 
 
@@ -104,6 +105,7 @@ class _LayerWeights:
     n_heads: int
     d_k: int
     d_v: int
+    activation: Callable[[Tensor], Tensor] | None  # the FFN's; None: ReLU, in place
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ def _layer_fields(
         "n_heads": sa.n_heads,
         "d_k": sa.d_k,
         "d_v": sa.d_v,
+        "activation": None if ffn.activation is F.relu else ffn.activation,
     }
 
 
@@ -160,8 +163,10 @@ def _decoder_layer_weights(
 
 
 def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2): x (N, D) -> (N, D)."""
-    return w.ffn_out(w.ffn_in(x).relu_())
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), or another ``activation``: x (N, D) ->
+    (N, D)."""
+    hidden = w.ffn_in(x)  # (N, F)
+    return w.ffn_out(hidden.relu_() if w.activation is None else w.activation(hidden))
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -219,8 +224,6 @@ class DecodingModel:
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
-        if model.generator.bias is not None:
-            raise ValueError("the pre-softmax projection of a Transformer has no bias")
         self.model = model
         self.attention = attention
         weight = model.generator.weight
@@ -236,13 +239,16 @@ class DecodingModel:
         fold = cpu_fp32 if fold_one_sentence is None else fold_one_sentence
         with torch.no_grad():
             self.encoder_layers = tuple(
-                _encoder_layer_weights(layer, self.onednn) for layer in model.encoder.layers
+                _encoder_layer_weights(cast(EncoderLayer, layer), self.onednn)
+                for layer in model.encoder.layers  # a ModuleList: typed as Module
             )
             self.layers = tuple(
-                _decoder_layer_weights(layer, self.onednn, one_row_parts, fold)
+                _decoder_layer_weights(cast(DecoderLayer, layer), self.onednn, one_row_parts, fold)
                 for layer in model.decoder.layers
             )
-            self.generator = Projection.of(weight, None, self.onednn, one_row_parts)  # D -> V
+            self.generator = Projection.of(  # D -> V; the bias of output_bias
+                weight, model.generator.bias, self.onednn, one_row_parts
+            )
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
