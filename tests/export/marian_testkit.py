@@ -81,6 +81,9 @@ def marian_folder(
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5)
         model.final_logits_bias[0, 0] += eos_bias  # some outputs end before the limit
+        # the start (pad) row: Hugging Face initialises it to 0, a trained model's is not
+        for embed in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens):
+            embed.weight[v - 1].normal_(0.0, options["init_std"])
     model.generation_config = GenerationConfig(
         decoder_start_token_id=v - 1, eos_token_id=0, pad_token_id=v - 1, forced_eos_token_id=0,
         bad_words_ids=[[v - 1]], max_length=128, num_beams=4,

@@ -38,21 +38,26 @@ from transduce.inference.translator import Translator
 SOURCES = corpus(12, seed=7)[0]
 
 
-@pytest.fixture(scope="module")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A Marian folder, its import, and both loaded."""
-    root = tmp_path_factory.mktemp("marian")
-    folder = marian_folder(root / "opus")
-    summary = import_marian(folder, root / "opus.pt")
+def _loaded(root: Path, folder: Path) -> dict[str, Any]:
+    """Import ``folder`` and load both sides."""
+    summary = import_marian(folder, root / f"{folder.name}.pt")
     hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
-    model, vocab, _ = load_model(root / "opus.pt")
-    order = {p: i for i, p in enumerate(vocab.pieces)}  # transduce id of each piece
+    model, vocab, _ = load_model(root / f"{folder.name}.pt")
+    pieces = vocab.pieces if hasattr(vocab, "pieces") else vocab.target.pieces
+    order = {p: i for i, p in enumerate(pieces)}  # transduce id of each piece
     marian_ids = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     to_ours = {i: order.get(p) for p, i in marian_ids.items()}  # Marian id -> transduce id
     to_ours[marian_ids["</s>"]], to_ours[marian_ids["<unk>"]] = EOS, 3
     return {"root": root, "folder": folder, "summary": summary, "hf": hf, "tok": tok,
             "model": model, "vocab": vocab, "to_ours": to_ours}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A Marian folder, its import, and both loaded."""
+    root = tmp_path_factory.mktemp("marian")
+    return _loaded(root, marian_folder(root / "opus"))
 
 
 def _sources(m: dict[str, Any], texts: list[str]) -> torch.Tensor:
@@ -84,8 +89,7 @@ def test_import_keeps_the_marian_layout(marian: dict[str, Any]) -> None:
     assert theirs == ours.tolist()  # same pieces, same ids, same padding
 
 
-def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
-    m = marian
+def _check_teacher_forced(m: dict[str, Any]) -> None:
     batch = m["tok"](SOURCES, text_target=corpus(12, seed=7)[1], return_tensors="pt", padding=True)
     labels = batch["labels"]  # (B, T) Marian ids, padded with the pad id
     pad = m["hf"].config.pad_token_id
@@ -100,6 +104,21 @@ def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
     valid = labels != pad  # padded target positions are not compared
     assert torch.allclose(ours[..., perm][valid], hf[valid], atol=1e-4, rtol=0)
     assert float(ours[..., BOS].max()) < -1000  # the added BOS takes no probability
+
+
+def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
+    _check_teacher_forced(marian)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_untied_embeddings_import(tmp_path: Path, share: bool) -> None:
+    """tie_word_embeddings off: the output layer apart, with shared source and target
+    embeddings (transduce: two copies) or not (a VocabPair)."""
+    folder = marian_folder(tmp_path / "untied", tie_word_embeddings=False,
+                           share_encoder_decoder_embeddings=share)  # fmt: skip
+    m = _loaded(tmp_path, folder)
+    assert (m["summary"]["shared_vocab"], m["summary"]["tie_embeddings"]) == (share, False)
+    _check_teacher_forced(m)
 
 
 def test_greedy_equals_generate(marian: dict[str, Any]) -> None:
