@@ -15,7 +15,8 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
-WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+WORDS = ["the", "a", "dog", "cat", "man", "woman", "runs", "sits", "on", "in", "red", "blue",
+         "big", "small", "park", "street", "ball"]  # fmt: skip
 
 
 def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
 transformers = pytest.importorskip("transformers")
-os.environ["HF_HUB_OFFLINE"] = "1"
 
 import torch
 from marian_testkit import corpus, marian_folder
