@@ -40,44 +40,40 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
 import torch
 
 from transduce.checkpoint import load_model, save
-from transduce.config import Config, DecodeConfig, ModelConfig, TranslationTaskConfig
+from transduce.config import Config, DecodeConfig, TranslationTaskConfig
 from transduce.data.marian_vocab import MarianVocab
-from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab, VocabPair
+from transduce.data.vocab import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    Vocab,
+    VocabPair,
+    vocab_sizes,
+)
 from transduce.errors import UserError
+from transduce.export.marian_config import (
+    check_exportable,
+    check_marian_config,
+    generation_config,
+    marian_config,
+    model_config,
+    transformers_module,
+)
 from transduce.export.marian_weights import from_marian_state, to_marian_state
-from transduce.model.transformer import Transformer, make_model
+from transduce.model.transformer import make_model
 
 __all__ = ["export_marian", "import_marian"]
 
-Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
-# Marian's activation_function -> ModelConfig.activation, and back
-_ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
-_MARIAN_ACTIVATIONS = {"swish": "swish", "gelu": "gelu", "relu": "relu"}
-# config.json fields some Marian conversions carry that transduce has no place for, when true
-_REFUSED_TRUE = {
-    "normalize_before": "pre-norm layers",
-    "normalize_embedding": "a layer norm on the embeddings",
-    "layernorm_embedding": "a layer norm on the embeddings",
-    "add_final_layer_norm": "a final layer norm",
-    "add_bias_logits": "a second logits bias",
-}
 SPM_FILES = ("source.spm", "target.spm")
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise UserError(
-            "Hugging Face models need the transformers package: pip install 'transduce[hf]'"
-        ) from None
-    return transformers
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -97,52 +93,6 @@ def _optional_json(path: Path) -> dict[str, Any]:
 
 
 # --- import ---------------------------------------------------------------------------------------
-
-
-def _check_marian_config(c: dict[str, Any], where: Path) -> None:
-    """One-line UserErrors naming the first config.json field transduce cannot represent."""
-    if c.get("model_type") != "marian":
-        raise UserError(f"{where}: model_type is {c.get('model_type')!r}; transduce imports marian")
-    for key, what in _REFUSED_TRUE.items():
-        if c.get(key):
-            raise UserError(f"{where}: {key} is set ({what}); transduce cannot represent it")
-    if c.get("static_position_embeddings", True) is not True:
-        raise UserError(f"{where}: static_position_embeddings is false (learned positions); "
-                        "transduce imports Marian's sinusoids only")  # fmt: skip
-    if c.get("scale_embedding") is not True:
-        raise UserError(f"{where}: scale_embedding is not true; transduce's embeddings are "
-                        "always scaled by sqrt(d_model)")  # fmt: skip
-    for enc, dec in (("encoder_layers", "decoder_layers"), ("encoder_ffn_dim", "decoder_ffn_dim"),
-                     ("encoder_attention_heads", "decoder_attention_heads")):  # fmt: skip
-        if c.get(enc) != c.get(dec):
-            raise UserError(f"{where}: {enc} ({c.get(enc)}) differs from {dec} ({c.get(dec)}); "
-                            "transduce's encoder and decoder have one shape")  # fmt: skip
-    if c.get("activation_function") not in _ACTIVATIONS:
-        raise UserError(f"{where}: activation_function {c.get('activation_function')!r}; "
-                        f"transduce has {', '.join(_ACTIVATIONS)}")  # fmt: skip
-    d_model, heads = c.get("d_model"), c.get("encoder_attention_heads")
-    if not isinstance(d_model, int) or d_model % 2 or not isinstance(heads, int) or d_model % heads:
-        raise UserError(f"{where}: d_model {d_model} must be even and a multiple of "
-                        f"encoder_attention_heads ({heads})")  # fmt: skip
-    if isinstance(c.get("eos_token_id"), list):
-        raise UserError(f"{where}: eos_token_id is a list; transduce has one EOS")
-
-
-def _model_config(c: dict[str, Any]) -> ModelConfig:
-    d_model, heads = c["d_model"], c["encoder_attention_heads"]
-    try:
-        return ModelConfig(
-            n_layers=c["encoder_layers"], d_model=d_model, d_ff=c["encoder_ffn_dim"],
-            n_heads=heads, d_k=d_model // heads, d_v=d_model // heads,
-            dropout=float(c.get("dropout", 0.1)),
-            attention_dropout=float(c.get("attention_dropout", 0.0)),
-            activation_dropout=float(c.get("activation_dropout", 0.0)),
-            positional="sinusoidal", max_positions=c.get("max_position_embeddings", 1024),
-            norm="post", tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-            activation=cast(Activation, _ACTIVATIONS[c["activation_function"]]), output_bias=True,
-        )  # fmt: skip
-    except UserError as e:
-        raise UserError(f"config.json: {e}") from None
 
 
 def _vocab_order(
@@ -176,7 +126,7 @@ def _vocab_order(
 
 
 def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
-    transformers = _transformers()
+    transformers = transformers_module()
     try:
         model = transformers.MarianMTModel.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, RuntimeError) as e:
@@ -185,7 +135,7 @@ def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach().float() for k, v in model.state_dict().items()}
 
 
-def _special_ids(c: dict[str, Any], tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
+def _special_ids(tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
     """The pad, eos and unk ids of the source vocabulary (the tokenizer's tokens)."""
     names = {"pad": tok.get("pad_token", "<pad>"), "eos": tok.get("eos_token", "</s>"),
              "unk": tok.get("unk_token", "<unk>")}  # fmt: skip
@@ -198,12 +148,19 @@ def _special_ids(c: dict[str, Any], tok: dict[str, Any], vocab: dict[str, int]) 
     return ids
 
 
-def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
-    """Write the Marian model of ``folder`` as the transduce model file ``output``; returns a
-    summary. Unsupported models are one-line UserErrors naming the config field."""
-    folder, output = Path(folder), Path(output)
-    c = _read_json(folder / "config.json")
-    _check_marian_config(c, folder / "config.json")
+@dataclass(frozen=True)
+class _Vocabularies:
+    """A Marian folder's vocabulary as transduce's, and where each transduce id comes from."""
+
+    vocab: Vocab  # a MarianVocab (shared embeddings) or a VocabPair of two
+    src_order: list[int | None]  # the Marian id of each transduce source id
+    tgt_order: list[int | None]  # ... target id (None: the added BOS)
+    start: int  # the Marian id the decoder starts from
+    share: bool  # share_encoder_decoder_embeddings
+
+
+def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
+    """The tokenizer files of ``folder`` against its config.json ``c``."""
     tok = _optional_json(folder / "tokenizer_config.json")
     for f in (*SPM_FILES, "vocab.json"):
         if not (folder / f).is_file():
@@ -215,7 +172,7 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
     share = bool(c.get("share_encoder_decoder_embeddings", True))
     src_size = c["vocab_size"]
     tgt_size = src_size if share else c.get("decoder_vocab_size") or src_size
-    ids = _special_ids(c, tok, src_json)
+    ids = _special_ids(tok, src_json)
     pad, eos = c.get("pad_token_id"), c.get("eos_token_id")
     start = c.get("decoder_start_token_id", pad)
     if not (isinstance(pad, int) and isinstance(eos, int) and isinstance(start, int)):
@@ -226,68 +183,53 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
         tgt_json, tgt_size, pad=pad, eos=eos, unk=tgt_unk, start=start,
         name="target_vocab.json" if separate else "vocab.json",
     )  # fmt: skip
-    if share:  # one vocabulary, one layout: the target's (the source never holds BOS)
-        if (ids["pad"], ids["eos"]) != (pad, eos) or separate:
-            raise UserError(f"{folder}: the tokenizer's pad/eos ids {ids['pad']}/{ids['eos']} "
-                            f"differ from config.json's {pad}/{eos} over one shared "
-                            "vocabulary")  # fmt: skip
-        src_order, src_pieces = tgt_order, tgt_pieces
-    else:
-        src_order, src_pieces = _vocab_order(
-            src_json, src_size, **ids, start=None, name="vocab.json"
-        )
     source_spm, target_spm = ((folder / f).read_bytes() for f in SPM_FILES)
-    vocab: Vocab
-    if share:
+    if share:  # one vocabulary, one layout: the target's (the source never holds BOS)
+        if separate or (ids["pad"], ids["eos"]) != (pad, eos):
+            raise UserError(f"{folder}: share_encoder_decoder_embeddings with the tokenizer's "
+                            f"pad/eos ids {ids['pad']}/{ids['eos']} and config.json's "
+                            f"{pad}/{eos}; shared embeddings need one vocabulary")  # fmt: skip
         vocab = MarianVocab(tgt_pieces, source_spm, target_spm)
-    else:
-        vocab = VocabPair(MarianVocab(src_pieces, source_spm, source_spm),
-                          MarianVocab(tgt_pieces, target_spm, target_spm))  # fmt: skip
-    model_cfg = _model_config(c)
+        return _Vocabularies(vocab, tgt_order, tgt_order, start, share)
+    src_order, src_pieces = _vocab_order(src_json, src_size, **ids, start=None, name="vocab.json")
+    pair = VocabPair(MarianVocab(src_pieces, source_spm, source_spm),
+                     MarianVocab(tgt_pieces, target_spm, target_spm))  # fmt: skip
+    return _Vocabularies(pair, src_order, tgt_order, start, share)
+
+
+def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
+    """Write the Marian model of ``folder`` (what ``MarianMTModel.save_pretrained`` and
+    ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output``; returns a
+    summary. What transduce cannot represent is a one-line UserError naming the config field."""
+    folder, output = Path(folder), Path(output)
+    c = _read_json(folder / "config.json")
+    check_marian_config(c, folder / "config.json")
+    v = _read_vocabularies(folder, c)
+    model_cfg = model_config(c)
     state = from_marian_state(
-        _load_marian_state(folder), n_layers=model_cfg.n_layers, src_order=src_order,
-        tgt_order=tgt_order, start=start, tied=model_cfg.tie_embeddings,
+        _load_marian_state(folder), n_layers=model_cfg.n_layers, src_order=v.src_order,
+        tgt_order=v.tgt_order, start=v.start, tied=model_cfg.tie_embeddings,
     )  # fmt: skip
-    model = make_model(model_cfg, src_vocab_size=len(src_pieces),
-                       tgt_vocab_size=None if share else len(tgt_pieces))  # fmt: skip
+    src_size, tgt_size = vocab_sizes(v.vocab)
+    model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(state)
     generation = _optional_json(folder / "generation_config.json")
     beam = generation.get("num_beams", c.get("num_beams", 4))
     cfg = Config(
-        model=model_cfg, task=TranslationTaskConfig(shared_vocab=share),
+        model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share),
         decode=DecodeConfig(beam=beam if isinstance(beam, int) and beam > 0 else 4),
     )  # fmt: skip
-    save({"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, output)
+    save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)
     return {
         "input": str(folder), "output": str(output), "format": "marian",
         "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model,
-        "activation": model_cfg.activation, "shared_vocab": share,
-        "tie_embeddings": model_cfg.tie_embeddings, "vocab_size": len(tgt_pieces),
-        "added_bos": tgt_order[BOS] is None, "beam": cfg.decode.beam,
+        "activation": model_cfg.activation, "shared_vocab": v.share,
+        "tie_embeddings": model_cfg.tie_embeddings, "vocab_size": len(v.vocab),
+        "added_bos": v.tgt_order[BOS] is None, "beam": cfg.decode.beam,
     }  # fmt: skip
 
 
 # --- export ---------------------------------------------------------------------------------------
-
-
-def _check_exportable(model: object, cfg: Config, path: Path) -> Transformer:
-    """The model as a Transformer Marian can represent, or a one-line UserError naming why."""
-    m = cfg.model
-    if not isinstance(model, Transformer):
-        raise UserError(f"{path}: Marian is a Transformer; this is the {m.architecture!r} baseline "
-                        "(model.architecture)")  # fmt: skip
-    refusals = (
-        (m.norm != "post", f"model.norm is {m.norm!r}; Marian's layers are post-norm"),
-        (m.positional != "sinusoidal", "model.positional is 'learned'; Marian has sinusoids"),
-        (m.position_unit != "token", "model.position_unit is 'word'; Marian counts tokens"),
-        (m.d_k != m.d_v or m.d_k * m.n_heads != m.d_model,
-         f"model.d_k/d_v ({m.d_k}/{m.d_v}) must be d_model / n_heads ({m.d_model}/{m.n_heads})"),
-        (m.d_model % 2 == 1, f"model.d_model ({m.d_model}) must be even"),
-    )  # fmt: skip
-    for refused, why in refusals:
-        if refused:
-            raise UserError(f"{path}: cannot export to Marian: {why}")
-    return model
 
 
 def _side(vocab: object, where: str) -> tuple[list[str], bytes, bytes]:
@@ -324,33 +266,6 @@ def _prepare_folder(folder: Path, force: bool) -> None:
         shutil.rmtree(folder)
 
 
-def _marian_config(model: Transformer, cfg: Config, src: int, tgt: int, share: bool) -> Any:
-    m = cfg.model
-    return _transformers().MarianConfig(
-        vocab_size=src, decoder_vocab_size=tgt, d_model=m.d_model,
-        encoder_layers=m.n_layers, decoder_layers=m.n_layers,
-        encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff,
-        encoder_attention_heads=m.n_heads, decoder_attention_heads=m.n_heads,
-        activation_function=_MARIAN_ACTIVATIONS[m.activation], dropout=m.dropout,
-        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
-        max_position_embeddings=m.max_positions, scale_embedding=True,
-        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
-        share_encoder_decoder_embeddings=share, tie_word_embeddings=m.tie_embeddings,
-    )  # fmt: skip
-
-
-def _generation_config(cfg: Config) -> Any:
-    d = cfg.decode
-    options: dict[str, Any] = {
-        "decoder_start_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
-        "forced_eos_token_id": EOS, "bad_words_ids": [[PAD], [BOS]],  # never generated
-        "max_length": cfg.model.max_positions, "num_beams": d.beam,
-    }  # fmt: skip
-    if d.beam > 1:  # Hugging Face warns of a length penalty without a beam
-        options["length_penalty"] = d.alpha
-    return _transformers().GenerationConfig(**options)
-
-
 def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> None:
     (folder / SPM_FILES[0]).write_bytes(files["source_spm"])
     (folder / SPM_FILES[1]).write_bytes(files["target_spm"])
@@ -360,7 +275,7 @@ def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> Non
     for name, pieces in vocab_files.items():
         text = json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=1)
         (folder / name).write_text(text + "\n", encoding="utf-8")
-    tokenizer = _transformers().MarianTokenizer(
+    tokenizer = transformers_module().MarianTokenizer(
         str(folder / SPM_FILES[0]), str(folder / SPM_FILES[1]), str(folder / "vocab.json"),
         target_vocab_file=str(folder / "target_vocab.json") if separate else None,
         separate_vocabs=separate, unk_token=SPECIALS[UNK], eos_token=SPECIALS[EOS],
@@ -375,15 +290,15 @@ def export_marian(
     """Write the transduce model file ``model_path`` as a Marian folder ``folder``; returns a
     summary. A model Marian cannot represent is a one-line UserError; an existing ``folder``
     is one unless ``force`` (and even then unless it is empty or a previous export)."""
-    transformers = _transformers()
+    transformers = transformers_module()
     model_path, folder = Path(model_path), Path(folder)
     loaded, vocab, cfg = load_model(model_path, device="cpu")
-    model = _check_exportable(loaded, cfg, model_path)
+    model = check_exportable(loaded, cfg, model_path)
     files = _vocab_files(vocab, str(model_path))
     separate = files["src"] != files["tgt"]
     src_embed, tgt_embed = model.encoder.embed.weight, model.decoder.embed.weight
     share = not separate and (src_embed is tgt_embed or torch.equal(src_embed, tgt_embed))
-    hf_config = _marian_config(model, cfg, len(files["src"]), len(files["tgt"]), share)
+    hf_config = marian_config(cfg, len(files["src"]), len(files["tgt"]), share)
     state = to_marian_state(model.state_dict(), n_layers=cfg.model.n_layers)
     if not share:
         del state["model.shared.weight"]
@@ -392,7 +307,7 @@ def export_marian(
     left = [k for k in missing if "embed_positions" not in k]
     if left or unexpected:
         raise AssertionError(f"Marian weights left out {left}, unknown {unexpected}")
-    hf_model.generation_config = _generation_config(cfg)
+    hf_model.generation_config = generation_config(cfg)
     _prepare_folder(folder, force)
     hf_model.save_pretrained(str(folder))
     _write_tokenizer(folder, files, separate)
