@@ -28,6 +28,7 @@ from transduce.errors import UserError
 from transduce.export.huggingface import export_marian, import_marian
 from transduce.inference.beam import beam_search
 from transduce.inference.engine import DecodingModel
+from transduce.inference.greedy import greedy_search
 from transduce.inference.translator import Translator
 
 SOURCES, TARGETS = corpus(300, seed=0)
@@ -167,8 +168,8 @@ def _until_eos(row: list[int]) -> list[int]:
 
 
 def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: Path) -> None:
-    """A padded batch through ``generate`` (outputs end by themselves): every line as
-    ``Translator`` greedy gives it. Beam 4 without length penalty on both sides: at least 90%
+    """A padded batch through ``generate``: every line as ``Translator`` greedy gives it (a line
+    that transduce's limit ended, source pieces + EOS + 20, generated alone with that limit). Beam 4 without length penalty on both sides: at least 90%
     of the lines alike, and each other one a choice of the search (the two beams differ, see
     test_huggingface.py), not of the model: both models give both outputs the same
     log-probability."""
@@ -178,16 +179,22 @@ def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: 
     translator = Translator.load(trained)
     texts = corpus(40, seed=11)[0]
     batch = tok(texts, return_tensors="pt", padding=True)
-    greedy = tok.batch_decode(hf.generate(**batch, num_beams=1, max_new_tokens=60),
-                              skip_special_tokens=True)  # fmt: skip
-    ours = translator.translate(texts, beam=1)
-    assert greedy == ours
+    ours = translator.translate(texts, beam=1)  # max_len_offset 20, the model's
     assert sum(o == t.upper() for o, t in zip(ours, texts, strict=True)) > 10  # it learned
-    rows = hf.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=60).tolist()
-    theirs = [_until_eos(row) for row in rows]
     sources = [translator.vocab.encode(t) + [EOS] for t in texts]
     model = translator.model
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(x) for x in sources], batch_first=True)
+    ids = greedy_search(DecodingModel(model), src, max_len_offset=20)
+    rows = hf.generate(**batch, num_beams=1, max_new_tokens=200).tolist()
+    for k, row in enumerate(rows):
+        limit = len(sources[k]) + 20
+        if len(ids[k]) == limit:  # ended by transduce's limit: generate with the same alone
+            enc = tok([texts[k]], return_tensors="pt")
+            row = hf.generate(**enc, num_beams=1, max_new_tokens=limit + 1)[0].tolist()
+        assert _until_eos(row) == ids[k]
+        assert tok.decode(row, skip_special_tokens=True) == ours[k]
+    rows = hf.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=200).tolist()
+    theirs = [_until_eos(row) for row in rows]
     hyps = beam_search(DecodingModel(model), src, beam=4, alpha=0.0, max_len_offset=20)
     alike = 0
     for k, (mine, other) in enumerate(zip((h[0].tokens for h in hyps), theirs, strict=True)):

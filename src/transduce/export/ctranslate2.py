@@ -68,6 +68,8 @@ __all__ = [
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")  # fmt: skip
 SENTENCEPIECE_FILE = "sentencepiece.model"
+# a model imported from Marian joins target pieces with its own SentencePiece model
+TARGET_SENTENCEPIECE_FILE = "target_sentencepiece.model"
 INFO_FILE = "transduce.json"
 DEFAULT_MAX_POSITIONS = 1024
 
@@ -232,6 +234,7 @@ def export_model(
     output_dir: str | Path,
     *,
     sentencepiece_model: bytes | None = None,
+    target_sentencepiece_model: bytes | None = None,
     quantization: str | None = None,
     force: bool = False,
     max_positions: int = DEFAULT_MAX_POSITIONS,
@@ -270,6 +273,8 @@ def export_model(
         raise UserError(f"CTranslate2 conversion failed: {e}") from None
     if sentencepiece_model is not None:
         (out / SENTENCEPIECE_FILE).write_bytes(sentencepiece_model)
+    if target_sentencepiece_model is not None:
+        (out / TARGET_SENTENCEPIECE_FILE).write_bytes(target_sentencepiece_model)
     cfg = model.config
     info: dict[str, Any] = {
         "output": str(out),
@@ -300,6 +305,7 @@ def export_checkpoint(
     """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
     _ct2()  # before loading a large checkpoint
     from transduce.checkpoint import load_model
+    from transduce.data.marian_vocab import MarianVocab
     from transduce.data.subword import SentencePieceVocab
 
     model, vocab, cfg = load_model(path, device="cpu")
@@ -308,9 +314,14 @@ def export_checkpoint(
             f"{path}: CTranslate2 takes a Transformer; this is the {cfg.model.architecture!r} "
             "baseline (model.architecture)"
         )
+    target_model: bytes | None = None
     if isinstance(vocab, SentencePieceVocab):
         tokens = [vocab.id_to_piece(i) for i in range(len(vocab))]
         sp_model: bytes | None = vocab.model_proto
+    elif isinstance(vocab, MarianVocab):  # imported from Marian: source.spm splits
+        tokens, sp_model = list(vocab.pieces), vocab.encoder_model
+        if vocab.decoder_model != vocab.encoder_model:  # and target.spm joins
+            target_model = vocab.decoder_model
     elif hasattr(vocab, "symbols"):  # CharVocab: one token per character
         tokens = [*SPECIALS, *vocab.symbols]
         sp_model = None
@@ -319,7 +330,8 @@ def export_checkpoint(
     decode = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha,
               "max_len_offset": cfg.decode.max_len_offset}  # fmt: skip
     return export_model(
-        model, tokens, output_dir, sentencepiece_model=sp_model, quantization=quantization,
+        model, tokens, output_dir, sentencepiece_model=sp_model,
+        target_sentencepiece_model=target_model, quantization=quantization,
         force=force, max_positions=max_positions,
         extra_info={"source_checkpoint": str(path), "decode": decode},
     )  # fmt: skip
@@ -349,6 +361,10 @@ def translate_with_ctranslate2(
 
     model_dir = Path(model_dir)
     sp = spm.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE_FILE))
+    target_file = model_dir / TARGET_SENTENCEPIECE_FILE
+    target = (
+        spm.SentencePieceProcessor(model_file=str(target_file)) if target_file.is_file() else None
+    )
     translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
     if max_len_offset is None and "max_decoding_length" not in options:
         info_path = model_dir / INFO_FILE
@@ -369,5 +385,8 @@ def translate_with_ctranslate2(
             [pieces[i] for i in todo], beam_size=beam_size, **options
         )
         for i, r in zip(todo, results, strict=True):
-            out[i] = sp.decode([p for p in r.hypotheses[0] if p not in SPECIALS])
+            kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
+            # a target model: as MarianVocab.decode joins them
+            out[i] = (sp.decode(kept) if target is None
+                      else target.decode_pieces(kept).replace("▁", " ").strip())  # fmt: skip
     return out
