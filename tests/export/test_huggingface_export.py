@@ -169,10 +169,10 @@ def _until_eos(row: list[int]) -> list[int]:
 
 def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: Path) -> None:
     """A padded batch through ``generate``: every line as ``Translator`` greedy gives it (a line
-    that transduce's limit ended, source pieces + EOS + 20, generated alone with that limit). Beam 4 without length penalty on both sides: at least 90%
-    of the lines alike, and each other one a choice of the search (the two beams differ, see
-    test_huggingface.py), not of the model: both models give both outputs the same
-    log-probability."""
+    that transduce's limit ended, source pieces + EOS + 20, generated alone with that limit).
+    Beam 4 without length penalty on both sides: at least 90% of the lines alike, and each
+    other one a choice of the search (the two beams differ, see test_huggingface.py), not of
+    the model: both models give both outputs the same log-probability."""
     export_marian(trained, tmp_path / "hf")
     hf = transformers.MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
