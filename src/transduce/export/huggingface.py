@@ -1,11 +1,11 @@
 """Hugging Face Marian models in and out: ``import_marian`` turns a local ``MarianMTModel`` folder
 (an OPUS-MT model: ``config.json``, the weights, ``source.spm``, ``target.spm``, ``vocab.json``)
 into an ordinary transduce model file, and ``export_marian`` a transduce Transformer into such
-a folder, which ``MarianMTModel.from_pretrained``, ``AutoTokenizer.from_pretrained`` and
-``pipeline("translation", model=...)`` load offline. Both need ``transformers``: ``pip install
-'transduce[hf]'``.
+a folder, which ``MarianMTModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load
+offline (and ``pipeline("translation", model=...)`` in transformers 4; version 5 dropped that
+pipeline). Both need ``transformers``: ``pip install 'transduce[hf]'``.
 
-What maps onto what (weights: ``marian_weights``):
+What maps onto what (configurations: ``marian_config``; weights: ``marian_weights``):
 
 * post-norm layers, embeddings times sqrt(d_model) (Marian's ``scale_embedding``), static
   sinusoids (the model dimension permuted between Marian's sines-then-cosines and the paper's
@@ -16,18 +16,25 @@ What maps onto what (weights: ``marian_weights``):
   gives the ids), ids reordered into transduce's (PAD 0, BOS 1, EOS 2, UNK 3, then the others in
   Marian's order). Marian starts decoding from ``decoder_start_token_id`` (OPUS-MT: the pad id)
   where transduce starts from BOS: BOS is then an added row holding that token's decoder
-  embedding, which the output layer never predicts (bias ``NEVER``);
+  embedding, which the output layer never predicts (bias ``NEVER``), so the searches need no
+  start token of their own. (``MarianTokenizer`` joins the output of a joint vocabulary with
+  ``source.spm``, ``MarianVocab`` with ``target.spm``: the same text for the pieces of either
+  model, as the tests check.)
 * embeddings: ``share_encoder_decoder_embeddings`` with ``tie_word_embeddings`` is the paper's
   three-way sharing; shared without tying gives separate source and target embeddings with the
   same values (the function is Marian's; fine-tuning would let them part); not shared: a
   ``VocabPair`` (``vocab.json`` for both sides, or ``target_vocab.json`` for the target), the
   target embedding tied to the output layer or not as Marian's.
 
-Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; their
+Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
+BOS are never generated (``bad_words_ids``), as in transduce's searches. Their
 ``generation_config.json`` holds the model's beam as ``num_beams`` and its alpha as
 ``length_penalty``, which Hugging Face applies as ``log P / |Y| ** length_penalty`` where
-transduce applies the GNMT ``log P / ((5 + |Y|) / 6) ** alpha``: the beam outputs agree when
-both are 0; PAD and BOS are never generated (``bad_words_ids``), as in transduce's searches.
+transduce applies the GNMT ``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy
+outputs are the same. Beams can differ even then: transduce's shrinks as hypotheses finish
+(Marian's way), Hugging Face's keeps W live ones, and a forced EOS (at the length limit) counts
+its log-probability here and 0 there (tests/export/test_huggingface*.py: 39 of 40 lines alike
+on a trained model, the other one a choice of the search).
 
 What neither side can represent is refused in one line naming the field: on import
 ``normalize_before``, ``normalize_embedding`` / ``layernorm_embedding``, ``add_final_layer_norm``,
