@@ -42,6 +42,7 @@ import torch
 
 from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config, from_dict
+from transduce.data.marian_vocab import MarianVocab
 from transduce.data.subword import SentencePieceVocab
 from transduce.data.vocab import CharVocab, TokenVocab, Vocab, VocabPair, vocab_sizes
 from transduce.errors import UserError
@@ -376,6 +377,8 @@ def vocab_from_dict(data: dict[str, Any]) -> Vocab:
         return SentencePieceVocab.from_dict(data)
     if kind == "tokens":
         return TokenVocab(list(data["tokens"]))
+    if kind == "marian":  # a model imported from Marian (transduce.export.huggingface)
+        return MarianVocab.from_dict(data)
     if kind == "pair":
         return VocabPair(vocab_from_dict(data["source"]), vocab_from_dict(data["target"]))
     raise ValueError(f"unknown vocabulary kind {kind!r}")

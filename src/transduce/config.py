@@ -96,6 +96,12 @@ class ModelConfig(_Section):
     # it, so the query for the next slot and the key of its word share a position (the decoder
     # need not count the words it placed); rnn has no positions and refuses it
     position_unit: Literal["token", "word"] = "token"
+    # the Transformer's, beyond the paper, for models made elsewhere (Marian / OPUS-MT,
+    # transduce.export.huggingface); rnn refuses them. The FFN's activation: relu (eq. 2),
+    # swish (SiLU, x * sigmoid(x)) or gelu (erf form)
+    activation: Literal["relu", "swish", "gelu"] = "relu"
+    # a bias on the pre-softmax projection (Marian's final_logits_bias); off: the paper's
+    output_bias: bool = False
 
     def _check(self) -> None:
         _positive(self, "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions")
@@ -116,7 +122,8 @@ class ModelConfig(_Section):
 # default is refused, as a key of another task is: it would be ignored without a word.
 ARCHITECTURE_KEYS: dict[str, tuple[str, ...]] = {
     "transformer": ("d_ff", "n_heads", "d_k", "d_v", "attention_dropout", "activation_dropout",
-                    "positional", "max_positions", "norm", "position_unit"),
+                    "positional", "max_positions", "norm", "position_unit", "activation",
+                    "output_bias"),
     "rnn": ("rnn_attention", "input_feeding"),
 }  # fmt: skip
 

@@ -1,7 +1,9 @@
-"""Exporting trained models to other inference engines.
+"""Exporting trained models to other inference engines, and importing models made elsewhere.
 
 ``transduce.export.ctranslate2``: a CTranslate2 model folder (``transduce export ctranslate2``).
-Each exporter imports its engine's package lazily, so ``import transduce.export`` needs none.
+``transduce.export.huggingface``: Hugging Face Marian (OPUS-MT) folders in (``import_marian``) and
+out (``export_marian``); ``marian_config`` and ``marian_weights`` map configurations and weights.
+Each imports its engine's package lazily, so ``import transduce.export`` needs none.
 """
 
-__all__ = ["ctranslate2"]
+__all__ = ["ctranslate2", "huggingface"]

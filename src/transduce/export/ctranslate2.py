@@ -20,7 +20,8 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
 * post-norm (the paper's ``LayerNorm(x + Sublayer(x))``): ``pre_norm=False``, which has no final
   layer norm; pre-norm models get ``pre_norm=True`` with our final norms. LayerNorm epsilon is
   written into the config (ours 1e-5; CTranslate2 would otherwise assume its own default).
-* embeddings times sqrt(d_model): ``scale_embeddings``; ReLU FFN; biases on every projection.
+* embeddings times sqrt(d_model): ``scale_embeddings``; the FFN's activation (ReLU, or swish or
+  GELU); biases on every projection, and on the pre-softmax one with ``output_bias``.
 * sinusoidal positions: CTranslate2's built-in table puts the sines in the first half and the
   cosines in the second (as fairseq and Marian do), while the paper (and ``positional_table``)
   interleaves them, so our table is written explicitly into ``position_encodings``
@@ -67,6 +68,8 @@ __all__ = [
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")  # fmt: skip
 SENTENCEPIECE_FILE = "sentencepiece.model"
+# a model imported from Marian joins target pieces with its own SentencePiece model
+TARGET_SENTENCEPIECE_FILE = "target_sentencepiece.model"
 INFO_FILE = "transduce.json"
 DEFAULT_MAX_POSITIONS = 1024
 
@@ -169,17 +172,21 @@ def build_spec(
     if cfg.position_unit != "token":
         raise UserError("CTranslate2 counts positions in tokens; this model counts them in words")
     head_dim = None if cfg.d_k * cfg.n_heads == cfg.d_model else cfg.d_k
-    if model.generator.bias is not None:
-        raise UserError("cannot export a pre-softmax projection with a bias")
     pre_norm = cfg.norm == "pre"
-    common = {"pre_norm": pre_norm, "activation": common_spec.Activation.RELU}
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                  "gelu": common_spec.Activation.GELU}[cfg.activation]  # fmt: skip
+    common = {"pre_norm": pre_norm, "activation": activation}
     if head_dim is not None:
         common["head_dim"] = head_dim
     encoder = transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **common)
     decoder = transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **common)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
-    for side_spec, side in ((spec.encoder, model.encoder), (spec.decoder, model.decoder)):
+    # the modules as Any: a ModuleList's items are typed Module, final_norm LayerNorm | Identity
+    sides: tuple[tuple[Any, Any], ...] = (
+        (spec.encoder, model.encoder), (spec.decoder, model.decoder)
+    )
+    for side_spec, side in sides:
         embeddings = side_spec.embeddings
         if isinstance(embeddings, list):  # the encoder may have several source embeddings
             embeddings = embeddings[0]
@@ -190,14 +197,18 @@ def build_spec(
         )
         if pre_norm:
             _set_norm(side_spec.layer_norm, side.final_norm)
-    for ls, layer in zip(spec.encoder.layer, model.encoder.layers, strict=True):
+    encoder_layers: list[Any] = list(model.encoder.layers)
+    decoder_layers: list[Any] = list(model.decoder.layers)
+    for ls, layer in zip(spec.encoder.layer, encoder_layers, strict=True):
         _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _set_ffn(ls.ffn, layer.ffn, layer.norms[1])
-    for ls, layer in zip(spec.decoder.layer, model.decoder.layers, strict=True):
+    for ls, layer in zip(spec.decoder.layer, decoder_layers, strict=True):
         _set_attention(ls.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _set_attention(ls.attention, layer.cross_attn, layer.norms[1], self_attention=False)
         _set_ffn(ls.ffn, layer.ffn, layer.norms[2])
     spec.decoder.projection.weight = _array(model.generator.weight)
+    if model.generator.bias is not None:  # output_bias
+        spec.decoder.projection.bias = _array(model.generator.bias)
 
     vocab = _check_tokens(tokens, model.generator.weight.size(0))
     if model.encoder.embed.weight.size(0) != len(vocab):
@@ -223,6 +234,7 @@ def export_model(
     output_dir: str | Path,
     *,
     sentencepiece_model: bytes | None = None,
+    target_sentencepiece_model: bytes | None = None,
     quantization: str | None = None,
     force: bool = False,
     max_positions: int = DEFAULT_MAX_POSITIONS,
@@ -261,6 +273,8 @@ def export_model(
         raise UserError(f"CTranslate2 conversion failed: {e}") from None
     if sentencepiece_model is not None:
         (out / SENTENCEPIECE_FILE).write_bytes(sentencepiece_model)
+    if target_sentencepiece_model is not None:
+        (out / TARGET_SENTENCEPIECE_FILE).write_bytes(target_sentencepiece_model)
     cfg = model.config
     info: dict[str, Any] = {
         "output": str(out),
@@ -291,6 +305,7 @@ def export_checkpoint(
     """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
     _ct2()  # before loading a large checkpoint
     from transduce.checkpoint import load_model
+    from transduce.data.marian_vocab import MarianVocab
     from transduce.data.subword import SentencePieceVocab
 
     model, vocab, cfg = load_model(path, device="cpu")
@@ -299,9 +314,14 @@ def export_checkpoint(
             f"{path}: CTranslate2 takes a Transformer; this is the {cfg.model.architecture!r} "
             "baseline (model.architecture)"
         )
+    target_model: bytes | None = None
     if isinstance(vocab, SentencePieceVocab):
         tokens = [vocab.id_to_piece(i) for i in range(len(vocab))]
         sp_model: bytes | None = vocab.model_proto
+    elif isinstance(vocab, MarianVocab):  # imported from Marian: source.spm splits
+        tokens, sp_model = list(vocab.pieces), vocab.encoder_model
+        if vocab.decoder_model != vocab.encoder_model:  # and target.spm joins
+            target_model = vocab.decoder_model
     elif hasattr(vocab, "symbols"):  # CharVocab: one token per character
         tokens = [*SPECIALS, *vocab.symbols]
         sp_model = None
@@ -310,7 +330,8 @@ def export_checkpoint(
     decode = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha,
               "max_len_offset": cfg.decode.max_len_offset}  # fmt: skip
     return export_model(
-        model, tokens, output_dir, sentencepiece_model=sp_model, quantization=quantization,
+        model, tokens, output_dir, sentencepiece_model=sp_model,
+        target_sentencepiece_model=target_model, quantization=quantization,
         force=force, max_positions=max_positions,
         extra_info={"source_checkpoint": str(path), "decode": decode},
     )  # fmt: skip
@@ -340,6 +361,10 @@ def translate_with_ctranslate2(
 
     model_dir = Path(model_dir)
     sp = spm.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE_FILE))
+    target_file = model_dir / TARGET_SENTENCEPIECE_FILE
+    target = (
+        spm.SentencePieceProcessor(model_file=str(target_file)) if target_file.is_file() else None
+    )
     translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
     if max_len_offset is None and "max_decoding_length" not in options:
         info_path = model_dir / INFO_FILE
@@ -360,5 +385,8 @@ def translate_with_ctranslate2(
             [pieces[i] for i in todo], beam_size=beam_size, **options
         )
         for i, r in zip(todo, results, strict=True):
-            out[i] = sp.decode([p for p in r.hypotheses[0] if p not in SPECIALS])
+            kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
+            # a target model: as MarianVocab.decode joins them
+            out[i] = (sp.decode(kept) if target is None
+                      else target.decode_pieces(kept).replace("▁", " ").strip())  # fmt: skip
     return out

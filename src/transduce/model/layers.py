@@ -61,6 +61,7 @@ class EncoderLayer(_Sublayers):
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         pre_norm: bool = False,
+        activation: str = "relu",
         options: KernelOptions = KernelOptions(),
     ) -> None:
         super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=2)
@@ -69,8 +70,9 @@ class EncoderLayer(_Sublayers):
             options=options,
         )  # fmt: skip
         self.ffn = PositionwiseFeedForward(
-            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout, options=options
-        )
+            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout,
+            activation=activation, options=options,
+        )  # fmt: skip
 
     def forward(
         self, x: Tensor, mask: Tensor | None, record: AttentionRecord | None = None
@@ -97,6 +99,7 @@ class DecoderLayer(_Sublayers):
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         pre_norm: bool = False,
+        activation: str = "relu",
         options: KernelOptions = KernelOptions(),
     ) -> None:
         super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=3)
@@ -108,8 +111,9 @@ class DecoderLayer(_Sublayers):
             for _ in range(2)
         )
         self.ffn = PositionwiseFeedForward(
-            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout, options=options
-        )
+            d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout,
+            activation=activation, options=options,
+        )  # fmt: skip
 
     def _self_attention(
         self, h: Tensor, cache: LayerCache | None, record: list[Tensor] | None

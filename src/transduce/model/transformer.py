@@ -37,6 +37,7 @@ def _layer_kwargs(cfg: ModelConfig, options: KernelOptions) -> dict[str, Any]:
         "attention_dropout": cfg.attention_dropout,
         "activation_dropout": cfg.activation_dropout,
         "pre_norm": cfg.norm == "pre",
+        "activation": cfg.activation,
         "options": options,
     }
 
@@ -184,7 +185,10 @@ class Transformer(nn.Module):
             tgt_embed = Embeddings(vocab_size=tgt_vocab_size, d_model=cfg.d_model)
         self.encoder = Encoder(cfg, src_embed, options)
         self.decoder = Decoder(cfg, tgt_embed, options)
-        self.generator = kernels.Linear(cfg.d_model, tgt_vocab_size, False, options.matmul)
+        # with output_bias, logits = h E^T + b (Marian's final_logits_bias)
+        self.generator = kernels.Linear(
+            cfg.d_model, tgt_vocab_size, cfg.output_bias, options.matmul
+        )
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name and "positions" not in name:
                 nn.init.xavier_uniform_(p)

@@ -59,7 +59,8 @@ IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
     "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
     "tie_embeddings": (True, False), "architecture": ("transformer",),
     "rnn_attention": None, "input_feeding": None,  # the recurrent baseline's, not read here
-    "position_unit": ("token", "word"),
+    "position_unit": ("token", "word"), "activation": ("relu", "swish", "gelu"),
+    "output_bias": (True, False),
 }  # fmt: skip
 
 
@@ -101,6 +102,7 @@ class _LayerWeights:
     n_heads: int
     d_k: int
     d_v: int
+    activation: Callable[[Tensor], Tensor] | None  # the FFN's; None: ReLU, in place
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ def _layer_fields(
         "n_heads": sa.n_heads,
         "d_k": sa.d_k,
         "d_v": sa.d_v,
+        "activation": None if ffn.activation is F.relu else ffn.activation,
     }
 
 
@@ -155,8 +158,10 @@ def _decoder_layer_weights(
 
 
 def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2): x (N, D) -> (N, D)."""
-    return w.ffn_out(w.ffn_in(x).relu_())
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), or another ``activation``: x (N, D) ->
+    (N, D)."""
+    hidden = w.ffn_in(x)  # (N, F)
+    return w.ffn_out(hidden.relu_() if w.activation is None else w.activation(hidden))
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -213,8 +218,6 @@ class DecodingModel:
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
-        if model.generator.bias is not None:
-            raise ValueError("the pre-softmax projection of a Transformer has no bias")
         self.model = model
         self.attention = attention
         weight = model.generator.weight
@@ -226,13 +229,16 @@ class DecodingModel:
             fold_one_sentence = kernels.one_row_is_read_bound(weight)
         with torch.no_grad():
             self.encoder_layers = tuple(
-                _encoder_layer_weights(layer, layout) for layer in model.encoder.layers
+                _encoder_layer_weights(cast(EncoderLayer, layer), layout)
+                for layer in model.encoder.layers  # a ModuleList: typed as Module
             )
             self.layers = tuple(
-                _decoder_layer_weights(layer, layout, fold_one_sentence)
+                _decoder_layer_weights(cast(DecoderLayer, layer), layout, fold_one_sentence)
                 for layer in model.decoder.layers
             )
-            self.generator = Projection.of(weight, None, layout)  # D -> V
+            self.generator = Projection.of(  # D -> V; the bias of output_bias
+                weight, model.generator.bias, layout
+            )
         self.pre_norm = model.config.norm == "pre"
         # (src_valid, its version counter, its source_mask): see _source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None

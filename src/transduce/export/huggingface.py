@@ -1,0 +1,326 @@
+"""Hugging Face Marian models in and out: ``import_marian`` turns a local ``MarianMTModel`` folder
+(an OPUS-MT model: ``config.json``, the weights, ``source.spm``, ``target.spm``, ``vocab.json``)
+into an ordinary transduce model file, and ``export_marian`` a transduce Transformer into such
+a folder, which ``MarianMTModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load
+offline (and ``pipeline("translation", model=...)`` in transformers 4; version 5 dropped that
+pipeline). Both need ``transformers``: ``pip install 'transduce[hf]'``.
+
+What maps onto what (configurations: ``marian_config``; weights: ``marian_weights``):
+
+* post-norm layers, embeddings times sqrt(d_model) (Marian's ``scale_embedding``), static
+  sinusoids (the model dimension permuted between Marian's sines-then-cosines and the paper's
+  interleaving; the function is kept exactly), biases on every projection;
+* Marian's ``activation_function`` (OPUS-MT: swish) as ``ModelConfig.activation``, its
+  ``final_logits_bias`` as the output layer's bias (``ModelConfig.output_bias``);
+* the vocabulary: a ``MarianVocab`` (``source.spm`` splits, ``target.spm`` joins, ``vocab.json``
+  gives the ids), ids reordered into transduce's (PAD 0, BOS 1, EOS 2, UNK 3, then the others in
+  Marian's order). Marian starts decoding from ``decoder_start_token_id`` (OPUS-MT: the pad id)
+  where transduce starts from BOS: BOS is then an added row holding that token's decoder
+  embedding, which the output layer never predicts (bias ``NEVER``), so the searches need no
+  start token of their own. (``MarianTokenizer`` joins the output of a joint vocabulary with
+  ``source.spm``, ``MarianVocab`` with ``target.spm``: the same text for the pieces of either
+  model, as the tests check.)
+* embeddings: ``share_encoder_decoder_embeddings`` with ``tie_word_embeddings`` is the paper's
+  three-way sharing; shared without tying gives separate source and target embeddings with the
+  same values (the function is Marian's; fine-tuning would let them part); not shared: a
+  ``VocabPair`` (``vocab.json`` for both sides, or ``target_vocab.json`` for the target), the
+  target embedding tied to the output layer or not as Marian's.
+
+Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
+BOS are never generated (``bad_words_ids``), as in transduce's searches. Their
+``generation_config.json`` holds the model's beam as ``num_beams`` and its alpha as
+``length_penalty``, which Hugging Face applies as ``log P / |Y| ** length_penalty`` where
+transduce applies the GNMT ``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy
+outputs are the same. Beams can differ even then: transduce's shrinks as hypotheses finish
+(Marian's way), Hugging Face's keeps W live ones, and a forced EOS (at the length limit) counts
+its log-probability here and 0 there (tests/export/test_huggingface*.py: 39 of 40 lines alike
+on a trained model, the other one a choice of the search).
+
+What neither side can represent is refused in one line naming the field: on import
+``normalize_before``, ``normalize_embedding`` / ``layernorm_embedding``, ``add_final_layer_norm``,
+``static_position_embeddings: false``, ``scale_embedding: false``, unequal encoder and decoder
+shapes, an odd ``d_model``; on export the recurrent baseline, pre-norm, learned positions, word
+positions, d_k or d_v other than d_model / n_heads, vocabularies other than SentencePiece ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transduce.checkpoint import load_model, save
+from transduce.config import Config, DecodeConfig, TranslationTaskConfig
+from transduce.data.marian_vocab import MarianVocab
+from transduce.data.vocab import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    Vocab,
+    VocabPair,
+    vocab_sizes,
+)
+from transduce.errors import UserError
+from transduce.export.marian_config import (
+    check_exportable,
+    check_marian_config,
+    generation_config,
+    marian_config,
+    model_config,
+    transformers_module,
+)
+from transduce.export.marian_weights import from_marian_state, to_marian_state
+from transduce.model.transformer import make_model
+
+__all__ = ["export_marian", "import_marian"]
+
+SPM_FILES = ("source.spm", "target.spm")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"{path} not found: not a Marian model folder")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+# --- import ---------------------------------------------------------------------------------------
+
+
+def _vocab_order(
+    vocab: dict[str, int], size: int, *, pad: int, eos: int, unk: int, start: int | None, name: str
+) -> tuple[list[int | None], list[str]]:
+    """(order, pieces): the Marian id of each transduce id (None: the added BOS) and the pieces
+    by transduce id, for a vocabulary of ``size`` ids (``start``: the decoder's first input, or
+    None on the source side)."""
+    by_id: dict[int, str] = {}
+    for piece, i in vocab.items():
+        if not isinstance(i, int) or not 0 <= i < size or i in by_id:
+            raise UserError(f"{name}: {piece!r} has id {i!r}; the model's ids are 0..{size - 1}, "
+                            "each once")  # fmt: skip
+        by_id[i] = piece
+    if len(by_id) != size:
+        raise UserError(f"{name} has {len(by_id)} pieces, the model {size} ids")
+    for label, i in (("pad", pad), ("eos", eos), ("unk", unk)):
+        if i not in by_id:
+            raise UserError(f"{name} has no {label} id {i}")
+    real_bos = start is not None and start not in (pad, eos, unk) and by_id[start] == "<s>"
+    bos = start if real_bos else None
+    specials = [pad, bos, eos, unk]
+    if len({s for s in specials if s is not None}) != 3 + (bos is not None):
+        raise UserError(f"{name}: pad, eos and unk ids must differ; got {pad}, {eos}, {unk}")
+    rest = [i for i in range(size) if i not in specials]
+    pieces = [*SPECIALS, *(by_id[i] for i in rest)]
+    if len(set(pieces)) != len(pieces):
+        clash = next(p for p in SPECIALS if p in {by_id[i] for i in rest})
+        raise UserError(f"{name} holds {clash!r} as an ordinary piece; transduce reserves it")
+    return [*specials, *rest], pieces
+
+
+def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
+    transformers = transformers_module()
+    try:
+        model = transformers.MarianMTModel.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{folder}: cannot load the Marian weights ({first})") from None
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+def _special_ids(tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
+    """The pad, eos and unk ids of the source vocabulary (the tokenizer's tokens)."""
+    names = {"pad": tok.get("pad_token", "<pad>"), "eos": tok.get("eos_token", "</s>"),
+             "unk": tok.get("unk_token", "<unk>")}  # fmt: skip
+    ids = {}
+    for label, piece in names.items():
+        piece = piece.get("content") if isinstance(piece, dict) else piece
+        if piece not in vocab:
+            raise UserError(f"vocab.json has no {label} token {piece!r}")
+        ids[label] = vocab[piece]
+    return ids
+
+
+@dataclass(frozen=True)
+class _Vocabularies:
+    """A Marian folder's vocabulary as transduce's, and where each transduce id comes from."""
+
+    vocab: Vocab  # a MarianVocab (shared embeddings) or a VocabPair of two
+    src_order: list[int | None]  # the Marian id of each transduce source id
+    tgt_order: list[int | None]  # ... target id (None: the added BOS)
+    start: int  # the Marian id the decoder starts from
+    share: bool  # share_encoder_decoder_embeddings
+
+
+def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
+    """The tokenizer files of ``folder`` against its config.json ``c``."""
+    tok = _optional_json(folder / "tokenizer_config.json")
+    for f in (*SPM_FILES, "vocab.json"):
+        if not (folder / f).is_file():
+            raise UserError(f"{folder / f} not found: a Marian folder has "
+                            f"{', '.join(SPM_FILES)}, vocab.json")  # fmt: skip
+    src_json = _read_json(folder / "vocab.json")
+    separate = bool(tok.get("separate_vocabs", False))
+    tgt_json = _read_json(folder / "target_vocab.json") if separate else src_json
+    share = bool(c.get("share_encoder_decoder_embeddings", True))
+    src_size = c["vocab_size"]
+    tgt_size = src_size if share else c.get("decoder_vocab_size") or src_size
+    ids = _special_ids(tok, src_json)
+    pad, eos = c.get("pad_token_id"), c.get("eos_token_id")
+    start = c.get("decoder_start_token_id", pad)
+    if not (isinstance(pad, int) and isinstance(eos, int) and isinstance(start, int)):
+        raise UserError(f"{folder}/config.json: pad_token_id, eos_token_id and "
+                        "decoder_start_token_id must be ids")  # fmt: skip
+    tgt_unk = tgt_json.get(tok.get("unk_token", "<unk>"), ids["unk"]) if separate else ids["unk"]
+    tgt_order, tgt_pieces = _vocab_order(
+        tgt_json, tgt_size, pad=pad, eos=eos, unk=tgt_unk, start=start,
+        name="target_vocab.json" if separate else "vocab.json",
+    )  # fmt: skip
+    source_spm, target_spm = ((folder / f).read_bytes() for f in SPM_FILES)
+    if share:  # one vocabulary, one layout: the target's (the source never holds BOS)
+        if separate or (ids["pad"], ids["eos"]) != (pad, eos):
+            raise UserError(f"{folder}: share_encoder_decoder_embeddings with the tokenizer's "
+                            f"pad/eos ids {ids['pad']}/{ids['eos']} and config.json's "
+                            f"{pad}/{eos}; shared embeddings need one vocabulary")  # fmt: skip
+        vocab = MarianVocab(tgt_pieces, source_spm, target_spm)
+        return _Vocabularies(vocab, tgt_order, tgt_order, start, share)
+    src_order, src_pieces = _vocab_order(src_json, src_size, **ids, start=None, name="vocab.json")
+    pair = VocabPair(MarianVocab(src_pieces, source_spm, source_spm),
+                     MarianVocab(tgt_pieces, target_spm, target_spm))  # fmt: skip
+    return _Vocabularies(pair, src_order, tgt_order, start, share)
+
+
+def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
+    """Write the Marian model of ``folder`` (what ``MarianMTModel.save_pretrained`` and
+    ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output``; returns a
+    summary. What transduce cannot represent is a one-line UserError naming the config field."""
+    folder, output = Path(folder), Path(output)
+    c = _read_json(folder / "config.json")
+    check_marian_config(c, folder / "config.json")
+    v = _read_vocabularies(folder, c)
+    model_cfg = model_config(c)
+    state = from_marian_state(
+        _load_marian_state(folder), n_layers=model_cfg.n_layers, src_order=v.src_order,
+        tgt_order=v.tgt_order, start=v.start, tied=model_cfg.tie_embeddings,
+    )  # fmt: skip
+    src_size, tgt_size = vocab_sizes(v.vocab)
+    model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    model.load_state_dict(state)
+    generation = _optional_json(folder / "generation_config.json")
+    beam = generation.get("num_beams", c.get("num_beams", 4))
+    cfg = Config(
+        model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share),
+        decode=DecodeConfig(beam=beam if isinstance(beam, int) and beam > 0 else 4),
+    )  # fmt: skip
+    save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)
+    return {
+        "input": str(folder), "output": str(output), "format": "marian",
+        "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model,
+        "activation": model_cfg.activation, "shared_vocab": v.share,
+        "tie_embeddings": model_cfg.tie_embeddings, "vocab_size": len(v.vocab),
+        "added_bos": v.tgt_order[BOS] is None, "beam": cfg.decode.beam,
+    }  # fmt: skip
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+
+def _side(vocab: object, where: str) -> tuple[list[str], bytes, bytes]:
+    """(pieces by id, SentencePiece model that splits, model that joins) of one vocabulary."""
+    from transduce.data.subword import SentencePieceVocab
+
+    if isinstance(vocab, MarianVocab):
+        return list(vocab.pieces), vocab.encoder_model, vocab.decoder_model
+    if isinstance(vocab, SentencePieceVocab):
+        pieces = [*SPECIALS, *(vocab.id_to_piece(i) for i in range(len(SPECIALS), len(vocab)))]
+        return pieces, vocab.model_proto, vocab.model_proto
+    raise UserError(f"{where}: Marian needs a SentencePiece vocabulary; this one is a "
+                    f"{type(vocab).__name__}")  # fmt: skip
+
+
+def _vocab_files(vocab: Vocab, where: str) -> dict[str, Any]:
+    """What the tokenizer files hold: source/target pieces and SentencePiece models."""
+    if isinstance(vocab, VocabPair):
+        src, tgt = _side(vocab.source, where), _side(vocab.target, where)
+        return {"src": src[0], "tgt": tgt[0], "source_spm": src[1], "target_spm": tgt[2]}
+    pieces, enc, dec = _side(vocab, where)
+    return {"src": pieces, "tgt": pieces, "source_spm": enc, "target_spm": dec}
+
+
+def _prepare_folder(folder: Path, force: bool) -> None:
+    if folder.exists() and not force:
+        raise UserError(f"{folder} already exists; pass --force (force=True) to replace it")
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} exists and is not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not (folder / "config.json").is_file() or not (folder / "vocab.json").is_file():
+            # --force replaces a previous export only, never "." or a run folder
+            raise UserError(f"{folder} is a folder that holds no Marian model; not replacing it")
+        shutil.rmtree(folder)
+
+
+def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> None:
+    (folder / SPM_FILES[0]).write_bytes(files["source_spm"])
+    (folder / SPM_FILES[1]).write_bytes(files["target_spm"])
+    vocab_files = {"vocab.json": files["src"]}
+    if separate:
+        vocab_files["target_vocab.json"] = files["tgt"]
+    for name, pieces in vocab_files.items():
+        text = json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=1)
+        (folder / name).write_text(text + "\n", encoding="utf-8")
+    tokenizer = transformers_module().MarianTokenizer(
+        str(folder / SPM_FILES[0]), str(folder / SPM_FILES[1]), str(folder / "vocab.json"),
+        target_vocab_file=str(folder / "target_vocab.json") if separate else None,
+        separate_vocabs=separate, unk_token=SPECIALS[UNK], eos_token=SPECIALS[EOS],
+        pad_token=SPECIALS[PAD],
+    )  # fmt: skip
+    tokenizer.save_pretrained(str(folder))
+
+
+def export_marian(
+    model_path: str | Path, folder: str | Path, *, force: bool = False
+) -> dict[str, Any]:
+    """Write the transduce model file ``model_path`` as a Marian folder ``folder``; returns a
+    summary. A model Marian cannot represent is a one-line UserError; an existing ``folder``
+    is one unless ``force`` (and even then unless it is empty or a previous export)."""
+    transformers = transformers_module()
+    model_path, folder = Path(model_path), Path(folder)
+    loaded, vocab, cfg = load_model(model_path, device="cpu")
+    model = check_exportable(loaded, cfg, model_path)
+    files = _vocab_files(vocab, str(model_path))
+    separate = files["src"] != files["tgt"]
+    src_embed, tgt_embed = model.encoder.embed.weight, model.decoder.embed.weight
+    share = not separate and (src_embed is tgt_embed or torch.equal(src_embed, tgt_embed))
+    hf_config = marian_config(cfg, len(files["src"]), len(files["tgt"]), share)
+    state = to_marian_state(model.state_dict(), n_layers=cfg.model.n_layers)
+    if not share:
+        del state["model.shared.weight"]
+    hf_model = transformers.MarianMTModel(hf_config)
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    left = [k for k in missing if "embed_positions" not in k]
+    if left or unexpected:
+        raise AssertionError(f"Marian weights left out {left}, unknown {unexpected}")
+    hf_model.generation_config = generation_config(cfg)
+    _prepare_folder(folder, force)
+    hf_model.save_pretrained(str(folder))
+    _write_tokenizer(folder, files, separate)
+    return {
+        "input": str(model_path), "output": str(folder), "format": "marian",
+        "vocab_size": len(files["tgt"]), "separate_vocabs": separate,
+        "share_encoder_decoder_embeddings": share, "tie_word_embeddings": cfg.model.tie_embeddings,
+        "num_beams": cfg.decode.beam, "files": sorted(p.name for p in folder.iterdir()),
+    }  # fmt: skip

@@ -1,0 +1,222 @@
+"""Hugging Face Marian models in and out (transduce.export.huggingface), against the real
+``transformers`` on Marian folders built here (tests/export/marian_testkit.py; nothing from a hub).
+
+Beam search: transduce's beam shrinks as hypotheses finish (Marian's and Nematus' way) and ranks
+finished ones by the GNMT penalty, Hugging Face's keeps W live hypotheses and divides by
+``|Y| ** length_penalty``; and where EOS is forced, transduce counts its log-probability and
+Hugging Face does not. The searches keep the same hypotheses when none ends before the forced
+end, so beam outputs are compared with EOS forced at one fixed length (``max_len`` here,
+``max_new_tokens`` and ``forced_eos_token_id`` there), no length penalty (alpha 0,
+length_penalty 0), as n-best sets; greedy outputs (ids and text) with natural ends, one limit
+per sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
+transformers = pytest.importorskip("transformers")
+
+import torch
+from marian_testkit import corpus, marian_folder
+
+from transduce.checkpoint import load_model
+from transduce.data.vocab import BOS, EOS, PAD
+from transduce.errors import UserError
+from transduce.export.huggingface import export_marian, import_marian
+from transduce.inference.beam import beam_search
+from transduce.inference.engine import DecodingModel
+from transduce.inference.greedy import greedy_search
+from transduce.inference.translator import Translator
+
+SOURCES = corpus(12, seed=7)[0]
+
+
+def _loaded(root: Path, folder: Path) -> dict[str, Any]:
+    """Import ``folder`` and load both sides."""
+    summary = import_marian(folder, root / f"{folder.name}.pt")
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    model, vocab, _ = load_model(root / f"{folder.name}.pt")
+    pieces = vocab.pieces if hasattr(vocab, "pieces") else vocab.target.pieces
+    order = {p: i for i, p in enumerate(pieces)}  # transduce id of each piece
+    marian_ids = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    to_ours = {i: order.get(p) for p, i in marian_ids.items()}  # Marian id -> transduce id
+    to_ours[marian_ids["</s>"]], to_ours[marian_ids["<unk>"]] = EOS, 3
+    return {"root": root, "folder": folder, "summary": summary, "hf": hf, "tok": tok,
+            "model": model, "vocab": vocab, "to_ours": to_ours}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A Marian folder, its import, and both loaded."""
+    root = tmp_path_factory.mktemp("marian")
+    return _loaded(root, marian_folder(root / "opus"))
+
+
+def _sources(m: dict[str, Any], texts: list[str]) -> torch.Tensor:
+    """transduce's padded source ids (B, S), each ending in EOS."""
+    ids = [m["vocab"].encode(t) + [EOS] for t in texts]
+    width = max(map(len, ids))
+    return torch.tensor([row + [PAD] * (width - len(row)) for row in ids])
+
+
+def _hf_ids(m: dict[str, Any], row: list[int]) -> list[int]:
+    """A generated Hugging Face row as transduce ids without start, EOS and padding."""
+    out = []
+    for i in row[1:]:
+        t = m["to_ours"][i]
+        if t == EOS:
+            break
+        out.append(t)
+    return out
+
+
+def test_import_keeps_the_marian_layout(marian: dict[str, Any]) -> None:
+    s = marian["summary"]
+    assert (s["activation"], s["shared_vocab"], s["tie_embeddings"], s["added_bos"]) == (
+        "swish", True, True, True)  # fmt: skip
+    m = marian
+    batch = m["tok"](SOURCES, return_tensors="pt", padding=True)
+    ours = _sources(m, SOURCES)
+    theirs = [[m["to_ours"][i] for i in row] for row in batch["input_ids"].tolist()]
+    assert theirs == ours.tolist()  # same pieces, same ids, same padding
+
+
+def _check_teacher_forced(m: dict[str, Any]) -> None:
+    batch = m["tok"](SOURCES, text_target=corpus(12, seed=7)[1], return_tensors="pt", padding=True)
+    labels = batch["labels"]  # (B, T) Marian ids, padded with the pad id
+    pad = m["hf"].config.pad_token_id
+    start = torch.full((labels.size(0), 1), m["hf"].config.decoder_start_token_id)
+    decoder_in = torch.cat([start, labels[:, :-1]], 1)
+    with torch.no_grad():
+        hf = m["hf"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     decoder_input_ids=decoder_in).logits.log_softmax(-1)  # fmt: skip
+        tgt = torch.tensor([[BOS] + [m["to_ours"][i] for i in row[:-1]] for row in labels.tolist()])
+        ours = m["model"](_sources(m, SOURCES), tgt).log_softmax(-1)  # (B, T, V + 1)
+    perm = torch.tensor([m["to_ours"][i] for i in range(hf.size(-1))])
+    valid = labels != pad  # padded target positions are not compared
+    assert torch.allclose(ours[..., perm][valid], hf[valid], atol=1e-4, rtol=0)
+    assert float(ours[..., BOS].max()) < -1000  # the added BOS takes no probability
+
+
+def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
+    _check_teacher_forced(marian)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_untied_embeddings_import(tmp_path: Path, share: bool) -> None:
+    """tie_word_embeddings off: the output layer apart, with shared source and target
+    embeddings (transduce: two copies) or not (a VocabPair)."""
+    folder = marian_folder(tmp_path / "untied", tie_word_embeddings=False,
+                           share_encoder_decoder_embeddings=share)  # fmt: skip
+    m = _loaded(tmp_path, folder)
+    assert (m["summary"]["shared_vocab"], m["summary"]["tie_embeddings"]) == (share, False)
+    _check_teacher_forced(m)
+
+
+def test_greedy_equals_generate(marian: dict[str, Any]) -> None:
+    """Translator (the engine, a padded batch) against generate one sentence at a time, each
+    with transduce's limit: source pieces + EOS + max_len_offset tokens, then EOS."""
+    m, offset = marian, 5
+    translator = Translator(m["model"], m["vocab"], load_model(m["root"] / "opus.pt")[2])
+    texts = translator.translate(SOURCES, beam=1, max_len_offset=offset)
+    ids = greedy_search(DecodingModel(m["model"]), _sources(m, SOURCES), max_len_offset=offset)
+    ended = 0
+    for k, text in enumerate(SOURCES):
+        enc = m["tok"]([text], return_tensors="pt")
+        limit = enc["input_ids"].size(1) + offset
+        out = m["hf"].generate(**enc, num_beams=1, do_sample=False, max_new_tokens=limit + 1)
+        assert _hf_ids(m, out[0].tolist()) == ids[k]
+        assert m["tok"].decode(out[0], skip_special_tokens=True) == texts[k]
+        ended += len(ids[k]) < limit
+    assert 0 < ended < len(SOURCES)  # both natural ends and forced ones were compared
+
+
+@pytest.mark.parametrize("beam", [4, 1])
+def test_beam_equals_generate_at_a_fixed_length(
+    marian: dict[str, Any], tmp_path: Path, beam: int
+) -> None:
+    """EOS only where forced: both beams hold the same W hypotheses at the end. Their order can
+    differ: transduce counts the forced EOS's own log-probability, Hugging Face's forced EOS
+    scores 0; so the n-best sets are compared, and the best one where the beam is 1."""
+    folder = marian_folder(tmp_path / "long", eos_bias=-30.0)
+    import_marian(folder, tmp_path / "long.pt")
+    model, _, _ = load_model(tmp_path / "long.pt")
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    m, length = marian, 6
+    batch = m["tok"](SOURCES, return_tensors="pt", padding=True)
+    hyps = beam_search(DecodingModel(model), _sources(m, SOURCES), beam=beam, alpha=0.0,
+                       max_len=length, nbest=beam)  # fmt: skip
+    out = hf.generate(**batch, num_beams=beam, length_penalty=0.0, do_sample=False,
+                      max_new_tokens=length + 1, early_stopping=False,
+                      num_return_sequences=beam).tolist()  # fmt: skip
+    for k in range(len(SOURCES)):
+        theirs = {tuple(_hf_ids(m, row)) for row in out[k * beam : (k + 1) * beam]}
+        assert theirs == {tuple(h.tokens) for h in hyps[k]}
+        assert all(len(h.tokens) == length for h in hyps[k])
+
+
+def test_refusals_name_the_field(tmp_path: Path) -> None:
+    folder = marian_folder(tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    for key, value in (("normalize_before", True), ("scale_embedding", False),
+                       ("static_position_embeddings", False), ("decoder_layers", 3),
+                       ("activation_function", "tanh")):  # fmt: skip
+        (folder / "config.json").write_text(json.dumps({**config, key: value}), encoding="utf-8")
+        with pytest.raises(UserError, match=key) as e:
+            import_marian(folder, tmp_path / "x.pt")
+        assert "\n" not in str(e.value)
+
+
+def test_export_then_generate_and_reimport(marian: dict[str, Any], tmp_path: Path) -> None:
+    """The imported model out again: generate equals transduce's greedy output, the tokenizer
+    and pipeline load, and importing the export gives the same outputs."""
+    m = marian
+    out = tmp_path / "hf"
+    summary = export_marian(m["root"] / "opus.pt", out)
+    files = {"config.json", "generation_config.json", "vocab.json", "source.spm", "target.spm"}
+    assert files <= set(summary["files"])
+    generation = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))
+    assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)
+    hf = transformers.MarianMTModel.from_pretrained(str(out)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    translator = Translator.load(m["root"] / "opus.pt")
+    texts = translator.translate(SOURCES, beam=1, max_len_offset=5)
+    for k, text in enumerate(SOURCES):
+        enc = tok([text], return_tensors="pt")
+        gen = hf.generate(**enc, num_beams=1, max_new_tokens=enc["input_ids"].size(1) + 6)
+        assert tok.decode(gen[0], skip_special_tokens=True) == texts[k]
+    try:  # transformers 5 removed the translation pipeline (4.x has it)
+        pipe = transformers.pipeline("translation", model=str(out), num_beams=1, max_new_tokens=12)
+    except KeyError:
+        pipe = None
+    if pipe is not None:
+        assert pipe(SOURCES[0])[0]["translation_text"] == texts[0]
+    import_marian(out, tmp_path / "again.pt")
+    again = Translator.load(tmp_path / "again.pt")
+    assert again.translate(SOURCES, beam=4, max_len_offset=5) == translator.translate(
+        SOURCES, beam=4, max_len_offset=5)  # fmt: skip
+
+
+def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path: Path) -> None:
+    """An imported file is an ordinary model file: CTranslate2's export takes it (swish, the
+    logits bias, source.spm to split and target.spm to join) and greedy agrees."""
+    ct2 = pytest.importorskip("transduce.export.ctranslate2")
+    pytest.importorskip("ctranslate2")
+    ct2.export_checkpoint(marian["root"] / "opus.pt", tmp_path / "ct2")
+    theirs = ct2.translate_with_ctranslate2(
+        tmp_path / "ct2", SOURCES, beam_size=1, max_len_offset=5
+    )
+    ours = Translator.load(marian["root"] / "opus.pt").translate(SOURCES, beam=1, max_len_offset=5)
+    # where EOS is the first choice (an empty output) CTranslate2 with suppress_sequences goes
+    # on (measured: without it, it ends there too): those lines are left out
+    kept = [k for k, text in enumerate(ours) if text]
+    assert len(kept) > len(SOURCES) // 2
+    assert [theirs[k] for k in kept] == [ours[k] for k in kept]

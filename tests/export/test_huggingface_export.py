@@ -1,0 +1,205 @@
+"""transduce models out to Hugging Face Marian (transduce.export.huggingface.export_marian):
+models made here (random seeded weights, SentencePiece vocabularies trained on a synthetic
+corpus), loaded by the real ``transformers`` offline; greedy ``generate`` against transduce's
+greedy search, one sentence at a time with transduce's limit (source pieces + EOS +
+max_len_offset, then EOS forced); export then import gives the same translations."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
+transformers = pytest.importorskip("transformers")
+
+import torch
+from marian_testkit import corpus
+
+from transduce.architectures import build_model
+from transduce.checkpoint import save
+from transduce.config import Config, DecodeConfig, ModelConfig, TranslationTaskConfig
+from transduce.data.subword import train_sentencepiece
+from transduce.data.vocab import BOS, EOS, Vocab, VocabPair, vocab_sizes
+from transduce.errors import UserError
+from transduce.export.huggingface import export_marian, import_marian
+from transduce.inference.beam import beam_search
+from transduce.inference.engine import DecodingModel
+from transduce.inference.greedy import greedy_search
+from transduce.inference.translator import Translator
+
+SOURCES, TARGETS = corpus(300, seed=0)
+TEXTS = corpus(10, seed=3)[0]
+OFFSET = 4
+SMALL = {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 4, "d_k": 8, "d_v": 8,
+         "dropout": 0.0}  # fmt: skip
+
+
+def _model_file(path: Path, vocab: Vocab, seed: int = 0, **model: Any) -> Path:
+    """A model file of random seeded weights."""
+    cfg = Config(model=ModelConfig(**{**SMALL, **model}),
+                 task=TranslationTaskConfig(shared_vocab=not isinstance(vocab, VocabPair)),
+                 decode=DecodeConfig(beam=3, alpha=0.8))  # fmt: skip
+    src, tgt = vocab_sizes(vocab)
+    torch.manual_seed(seed)
+    net = build_model(cfg.model, src_vocab_size=src, tgt_vocab_size=tgt)
+    with torch.no_grad():
+        for name, p in net.named_parameters():  # nonzero biases: wiring mistakes show
+            if p.dim() == 1:  # small, or the last norm's bias would pick every output
+                p.normal_(1.0 if "norms" in name and name.endswith("weight") else 0.0, 0.05)
+    save({"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": net.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Vocab:
+    return train_sentencepiece(SOURCES + TARGETS, 60)
+
+
+def _greedy_equal(model_file: Path, folder: Path) -> None:
+    translator = Translator.load(model_file)
+    ours = translator.translate(TEXTS, beam=1, max_len_offset=OFFSET)
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    for k, text in enumerate(TEXTS):
+        enc = tok([text], return_tensors="pt")
+        assert enc["input_ids"][0].tolist() == translator.vocab.encode(text) + [2]
+        limit = enc["input_ids"].size(1) + OFFSET  # pieces + EOS + offset
+        out = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=limit + 1)
+        assert tok.decode(out[0], skip_special_tokens=True) == ours[k]
+
+
+@pytest.mark.parametrize("model", [{}, {"activation": "gelu", "tie_embeddings": False}],
+                         ids=["paper", "gelu-untied"])  # fmt: skip
+def test_export_greedy_equals_generate(shared: Vocab, tmp_path: Path, model: dict) -> None:
+    path = _model_file(tmp_path / "m.pt", shared, **model)
+    summary = export_marian(path, tmp_path / "hf")
+    assert not summary["separate_vocabs"]
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text("utf-8"))
+    assert (generation["num_beams"], generation["length_penalty"]) == (3, 0.8)
+    assert generation["bad_words_ids"] == [[0], [1]]  # PAD and BOS never generated
+    _greedy_equal(path, tmp_path / "hf")
+
+
+def test_export_separate_vocabularies(tmp_path: Path) -> None:
+    pair = VocabPair(train_sentencepiece(SOURCES, 40), train_sentencepiece(TARGETS, 50))
+    path = _model_file(tmp_path / "pair.pt", pair)
+    summary = export_marian(path, tmp_path / "hf")
+    assert summary["separate_vocabs"] and (tmp_path / "hf" / "target_vocab.json").is_file()
+    _greedy_equal(path, tmp_path / "hf")
+
+
+def test_round_trip_gives_the_same_translations(shared: Vocab, tmp_path: Path) -> None:
+    path = _model_file(tmp_path / "m.pt", shared, activation="swish")
+    export_marian(path, tmp_path / "hf")
+    summary = import_marian(tmp_path / "hf", tmp_path / "back.pt")
+    assert not summary["added_bos"]  # the export starts from <s>: ids unchanged
+    before, after = Translator.load(path), Translator.load(tmp_path / "back.pt")
+    for beam in (1, 4):
+        assert after.translate(TEXTS, beam=beam) == before.translate(TEXTS, beam=beam)
+
+
+def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Path) -> None:
+    for field, model in (("model.norm", {"norm": "pre"}),
+                         ("model.positional", {"positional": "learned"}),
+                         ("model.architecture", {"architecture": "rnn"}),
+                         ("model.d_k", {"d_k": 5, "d_v": 5})):  # fmt: skip
+        path = _model_file(tmp_path / "x.pt", shared, **model)
+        with pytest.raises(UserError, match=field) as e:
+            export_marian(path, tmp_path / "out")
+        assert "\n" not in str(e.value)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("keep me", encoding="utf-8")
+    with pytest.raises(UserError, match="already exists"):
+        export_marian(_model_file(tmp_path / "ok.pt", shared), tmp_path / "run")
+    with pytest.raises(UserError, match="holds no Marian model"):
+        export_marian(tmp_path / "ok.pt", tmp_path / "run", force=True)
+    assert (tmp_path / "run" / "notes.txt").is_file()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model trained here to upper-case the words (about 10 s on one CPU thread), with
+    Marian's swish activation."""
+    from transduce.config import from_dict
+    from transduce.training.run import train_translation
+
+    root = tmp_path_factory.mktemp("trained")
+    src = corpus(400, seed=0)[0]
+    tgt = [s.upper() for s in src]
+    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    cfg = from_dict({
+        "model": {**SMALL, "d_model": 64, "d_ff": 128, "d_k": 16, "d_v": 16, "n_layers": 1,
+                  "activation": "swish"},
+        "train": {"max_steps": 300, "warmup": 60, "max_tokens": 600, "eval_every": 0,
+                  "save_every": 100_000, "keep_last": 1, "log_every": 1000, "tensorboard": False},
+        "task": {"name": "translation", "train_src": str(root / "train.src"),
+                 "train_tgt": str(root / "train.tgt"), "vocab_size": 60},
+        "decode": {"max_len_offset": 20},
+    })  # fmt: skip
+    torch.manual_seed(0)
+    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
+    return root / "run" / "model.pt"
+
+
+def _log_prob_ours(model: Any, src: list[int], out: list[int]) -> float:
+    """log P(out + EOS | src) under a transduce model (teacher forcing)."""
+    with torch.no_grad():
+        lp = model(torch.tensor([src]), torch.tensor([[BOS, *out]])).log_softmax(-1)[0]
+    return float(sum(lp[t, tok] for t, tok in enumerate([*out, EOS])))
+
+
+def _log_prob_hf(hf: Any, src: list[int], out: list[int]) -> float:
+    """The same under a Marian model with transduce's ids (an export)."""
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([[BOS, *out]]))
+    lp = logits.logits.log_softmax(-1)[0]
+    return float(sum(lp[t, tok] for t, tok in enumerate([*out, EOS])))
+
+
+def _until_eos(row: list[int]) -> list[int]:
+    """A generated row without its start token, EOS and padding."""
+    out = row[1:]
+    return out[: out.index(EOS)] if EOS in out else out
+
+
+def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: Path) -> None:
+    """A padded batch through ``generate``: every line as ``Translator`` greedy gives it (a line
+    that transduce's limit ended, source pieces + EOS + 20, generated alone with that limit).
+    Beam 4 without length penalty on both sides: at least 90% of the lines alike, and each
+    other one a choice of the search (the two beams differ, see test_huggingface.py), not of
+    the model: both models give both outputs the same log-probability."""
+    export_marian(trained, tmp_path / "hf")
+    hf = transformers.MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    translator = Translator.load(trained)
+    texts = corpus(40, seed=11)[0]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    ours = translator.translate(texts, beam=1)  # max_len_offset 20, the model's
+    assert sum(o == t.upper() for o, t in zip(ours, texts, strict=True)) > 10  # it learned
+    sources = [translator.vocab.encode(t) + [EOS] for t in texts]
+    model = translator.model
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(x) for x in sources], batch_first=True)
+    ids = greedy_search(DecodingModel(model), src, max_len_offset=20)
+    rows = hf.generate(**batch, num_beams=1, max_new_tokens=200).tolist()
+    for k, row in enumerate(rows):
+        limit = len(sources[k]) + 20
+        if len(ids[k]) == limit:  # ended by transduce's limit: generate with the same alone
+            enc = tok([texts[k]], return_tensors="pt")
+            row = hf.generate(**enc, num_beams=1, max_new_tokens=limit + 1)[0].tolist()
+        assert _until_eos(row) == ids[k]
+        assert tok.decode(row, skip_special_tokens=True) == ours[k]
+    rows = hf.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=200).tolist()
+    theirs = [_until_eos(row) for row in rows]
+    hyps = beam_search(DecodingModel(model), src, beam=4, alpha=0.0, max_len_offset=20)
+    alike = 0
+    for k, (mine, other) in enumerate(zip((h[0].tokens for h in hyps), theirs, strict=True)):
+        alike += mine == other
+        for out in (mine, other):
+            assert abs(_log_prob_ours(model, sources[k], out)
+                       - _log_prob_hf(hf, sources[k], out)) < 1e-4  # fmt: skip
+    assert alike >= 0.9 * len(texts)
