@@ -36,7 +36,8 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 OTHER_VALUE = {
     "d_ff": 1024, "n_heads": 4, "d_k": 32, "d_v": 32, "attention_dropout": 0.1,
     "activation_dropout": 0.1, "positional": "learned", "max_positions": 512, "norm": "pre",
-    "position_unit": "word", "rnn_attention": "additive", "input_feeding": True,
+    "position_unit": "word", "activation": "swish", "output_bias": True,
+    "rnn_attention": "additive", "input_feeding": True,
 }  # fmt: skip
 FOREIGN = [("rnn", key) for key in ARCHITECTURE_KEYS["transformer"]] + [
     ("transformer", key) for key in ARCHITECTURE_KEYS["rnn"]

@@ -126,7 +126,7 @@ def test_greedy_equals_generate(marian: dict[str, Any]) -> None:
     with transduce's limit: source pieces + EOS + max_len_offset tokens, then EOS."""
     m, offset = marian, 5
     translator = Translator(m["model"], m["vocab"], load_model(m["root"] / "opus.pt")[2])
-    texts = translator.translate(SOURCES, beam=1, max_len_offset=offset)
+    texts = translator.translate(SOURCES, translator.decode_config(beam=1, max_len_offset=offset))
     ids = greedy_search(DecodingModel(m["model"]), _sources(m, SOURCES), max_len_offset=offset)
     ended = 0
     for k, text in enumerate(SOURCES):
@@ -188,7 +188,7 @@ def test_export_then_generate_and_reimport(marian: dict[str, Any], tmp_path: Pat
     hf = transformers.MarianMTModel.from_pretrained(str(out)).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     translator = Translator.load(m["root"] / "opus.pt")
-    texts = translator.translate(SOURCES, beam=1, max_len_offset=5)
+    texts = translator.translate(SOURCES, translator.decode_config(beam=1, max_len_offset=5))
     for k, text in enumerate(SOURCES):
         enc = tok([text], return_tensors="pt")
         gen = hf.generate(**enc, num_beams=1, max_new_tokens=enc["input_ids"].size(1) + 6)
@@ -201,8 +201,7 @@ def test_export_then_generate_and_reimport(marian: dict[str, Any], tmp_path: Pat
         assert pipe(SOURCES[0])[0]["translation_text"] == texts[0]
     import_marian(out, tmp_path / "again.pt")
     again = Translator.load(tmp_path / "again.pt")
-    assert again.translate(SOURCES, beam=4, max_len_offset=5) == translator.translate(
-        SOURCES, beam=4, max_len_offset=5)  # fmt: skip
+    assert again.translate(SOURCES, again.decode_config(beam=4, max_len_offset=5)) == translator.translate(SOURCES, translator.decode_config(beam=4, max_len_offset=5))
 
 
 def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path: Path) -> None:
@@ -214,7 +213,7 @@ def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path:
     theirs = ct2.translate_with_ctranslate2(
         tmp_path / "ct2", SOURCES, beam_size=1, max_len_offset=5
     )
-    ours = Translator.load(marian["root"] / "opus.pt").translate(SOURCES, beam=1, max_len_offset=5)
+    ours = (t := Translator.load(marian["root"] / "opus.pt")).translate(SOURCES, t.decode_config(beam=1, max_len_offset=5))
     # where EOS is the first choice (an empty output) CTranslate2 with suppress_sequences goes
     # on (measured: without it, it ends there too): those lines are left out
     kept = [k for k, text in enumerate(ours) if text]

@@ -40,7 +40,8 @@ SMALL = {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 4, "d_k": 8, "d_v"
 
 def _model_file(path: Path, vocab: Vocab, seed: int = 0, **model: Any) -> Path:
     """A model file of random seeded weights."""
-    cfg = Config(model=ModelConfig(**{**SMALL, **model}),
+    sizes = {"n_layers": 2, "d_model": 32} if model.get("architecture") == "rnn" else SMALL
+    cfg = Config(model=ModelConfig(**{**sizes, "dropout": 0.0, **model}),
                  task=TranslationTaskConfig(shared_vocab=not isinstance(vocab, VocabPair)),
                  decode=DecodeConfig(beam=3, alpha=0.8))  # fmt: skip
     src, tgt = vocab_sizes(vocab)
@@ -61,7 +62,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Vocab:
 
 def _greedy_equal(model_file: Path, folder: Path) -> None:
     translator = Translator.load(model_file)
-    ours = translator.translate(TEXTS, beam=1, max_len_offset=OFFSET)
+    ours = translator.translate(TEXTS, translator.decode_config(beam=1, max_len_offset=OFFSET))
     hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     for k, text in enumerate(TEXTS):
@@ -99,7 +100,7 @@ def test_round_trip_gives_the_same_translations(shared: Vocab, tmp_path: Path) -
     assert not summary["added_bos"]  # the export starts from <s>: ids unchanged
     before, after = Translator.load(path), Translator.load(tmp_path / "back.pt")
     for beam in (1, 4):
-        assert after.translate(TEXTS, beam=beam) == before.translate(TEXTS, beam=beam)
+        assert after.translate(TEXTS, after.decode_config(beam=beam)) == before.translate(TEXTS, before.decode_config(beam=beam))
 
 
 def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Path) -> None:
@@ -179,7 +180,7 @@ def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: 
     translator = Translator.load(trained)
     texts = corpus(40, seed=11)[0]
     batch = tok(texts, return_tensors="pt", padding=True)
-    ours = translator.translate(texts, beam=1)  # max_len_offset 20, the model's
+    ours = translator.translate(texts, translator.decode_config(beam=1))  # max_len_offset 20, the model's
     assert sum(o == t.upper() for o, t in zip(ours, texts, strict=True)) > 10  # it learned
     sources = [translator.vocab.encode(t) + [EOS] for t in texts]
     model = translator.model
