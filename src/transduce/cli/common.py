@@ -119,3 +119,14 @@ __all__ = [
     "add_decoding", "add_device", "add_precision", "add_set", "one_output_line", "read_input",
     "write_output",
 ]
+
+
+def require(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """A one-line UserError naming the missing ``modules`` and the extra that installs them."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(
+            f"{what} needs {', '.join(missing)}: pip install 'transduce[{extra}]'"
+        )

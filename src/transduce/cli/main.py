@@ -18,6 +18,7 @@ from typing import NoReturn
 from transduce.cli import (
     analysis_commands,
     data_commands,
+    exchange_commands,
     parsing_commands,
     serve_commands,
     training_commands,
@@ -28,7 +29,8 @@ from transduce.errors import Preempted, RunStopped, UserError
 # Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
 REGISTER = [
     training_commands.register, data_commands.register, translation_commands.register,
-    parsing_commands.register, serve_commands.register, analysis_commands.register,
+    parsing_commands.register, serve_commands.register, exchange_commands.register,
+    analysis_commands.register,
     data_commands.register_prepare,
 ]
 

@@ -1,5 +1,4 @@
-"""Subcommands for deploying a trained model: ``serve`` (HTTP with dynamic batching) and
-``export ctranslate2``.
+"""The subcommand that serves a trained model: ``serve`` (HTTP with dynamic batching).
 
 ``transduce serve --model CKPT [--host 127.0.0.1] [--port 8000]`` answers ``POST /translate``
 with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}`` and ``GET
@@ -14,33 +13,18 @@ optional ``source`` / ``target`` fields (default: the first model). A checkpoint
 its languages, so a lone ``--model PATH`` serves the native API, and the LibreTranslate API only
 once its languages are given.
 Needs ``pip install 'transduce[serve]'``.
-
-``transduce export ctranslate2 --model CKPT --output DIR`` writes a CTranslate2 model folder
-(see ``transduce.export.ctranslate2``) and prints one JSON line describing it. Needs ``pip install
-'transduce[export]'``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
 import sys
 
-from transduce.cli.common import add_device, add_precision
+from transduce.cli.common import add_device, add_precision, require
 from transduce.errors import UserError
-
-
-def _require(modules: tuple[str, ...], extra: str, what: str) -> None:
-    import importlib.util
-
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        raise UserError(
-            f"{what} needs {', '.join(missing)}: pip install 'transduce[{extra}]'"
-        )
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
@@ -76,7 +60,7 @@ def _model_specs(values: list[str]) -> list[tuple[str | None, str | None, str]]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    _require(("fastapi", "uvicorn"), "serve", "transduce serve")
+    require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
     from transduce.serve.dynamic_batching import BatchingConfig
@@ -130,17 +114,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve(app, args.host, args.port, log_level=args.log_level, on_listening=listening)
     except OSError as e:
         raise UserError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
-    return 0
-
-
-def _cmd_export_ctranslate2(args: argparse.Namespace) -> int:
-    _require(("ctranslate2",), "export", "transduce export ctranslate2")
-    from transduce.export.ctranslate2 import export_checkpoint
-
-    quantization = None if args.quantization == "none" else args.quantization
-    info = export_checkpoint(args.model, args.output, quantization=quantization, force=args.force)
-    print(json.dumps(info))
-    sys.stdout.flush()
     return 0
 
 
@@ -201,23 +174,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     p.set_defaults(func=_cmd_serve)
-
-    p = sub.add_parser("export", help="export a model for other inference engines")
-    export_sub = p.add_subparsers(dest="export_format", required=True, metavar="FORMAT")
-    c = export_sub.add_parser(
-        "ctranslate2",
-        help="a CTranslate2 model folder (model.bin, config.json, vocabulary, sentencepiece.model)",
-        description="Convert a checkpoint to a CTranslate2 Transformer model folder, with the "
-        "SentencePiece model beside it. Translate with ctranslate2.Translator(DIR) on the "
-        "SentencePiece pieces of each sentence.",
-    )
-    c.add_argument("--model", required=True, help="checkpoint file or run folder")
-    c.add_argument("--output", required=True, help="folder to write (new unless --force)")
-    c.add_argument(
-        "--quantization", default="none",
-        choices=["none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16", "float32"],
-        help="weight type in the exported model (default: none = as trained, float32)",
-    )  # fmt: skip
-    c.add_argument("--force", action="store_true", help="replace --output if it exists")
-    c.set_defaults(func=_cmd_export_ctranslate2)
