@@ -34,11 +34,21 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 # a value other than the default, for each key of one architecture only
 OTHER_VALUE = {
-    "d_ff": 1024, "n_heads": 4, "d_k": 32, "d_v": 32, "attention_dropout": 0.1,
-    "activation_dropout": 0.1, "positional": "learned", "max_positions": 512, "norm": "pre",
-    "position_unit": "word", "activation": "swish", "output_bias": True,
-    "rnn_attention": "additive", "input_feeding": True,
-}  # fmt: skip
+    "d_ff": 1024,
+    "n_heads": 4,
+    "d_k": 32,
+    "d_v": 32,
+    "attention_dropout": 0.1,
+    "activation_dropout": 0.1,
+    "positional": "learned",
+    "max_positions": 512,
+    "norm": "pre",
+    "position_unit": "word",
+    "activation": "swish",
+    "output_bias": True,
+    "rnn_attention": "additive",
+    "input_feeding": True,
+}
 FOREIGN = [("rnn", key) for key in ARCHITECTURE_KEYS["transformer"]] + [
     ("transformer", key) for key in ARCHITECTURE_KEYS["rnn"]
 ]
@@ -74,8 +84,16 @@ def test_a_key_of_the_other_architecture_is_refused(architecture: str, key: str)
 
 
 def test_keys_of_the_own_architecture_are_taken() -> None:
-    rnn = update(Config(), {"architecture": "rnn", "rnn_attention": "additive",
-                            "input_feeding": True, "n_layers": 2, "d_model": 32})  # fmt: skip
+    rnn = update(
+        Config(),
+        {
+            "architecture": "rnn",
+            "rnn_attention": "additive",
+            "input_feeding": True,
+            "n_layers": 2,
+            "d_model": 32,
+        },
+    )
     assert (rnn.model.rnn_attention, rnn.model.input_feeding) == ("additive", True)
     transformer = update(Config(), {"n_heads": 4, "norm": "pre", "positional": "learned"})
     assert transformer.model.norm == "pre"
@@ -97,13 +115,19 @@ def test_switching_architecture_starts_the_other_keys_from_their_defaults() -> N
 
 def test_cli_refuses_a_key_of_the_other_architecture_in_one_line(tmp_path: Path, capsys) -> None:
     config = tmp_path / "lstm.yaml"
-    config.write_text(yaml.safe_dump({  # a run of seconds, were it taken
-        "model": {"architecture": "rnn", "n_heads": 4, "n_layers": 1, "d_model": 16},
-        "train": {"max_steps": 1, "max_tokens": 64, "tensorboard": False},
-        "task": {"name": "copy", "train_size": 20, "valid_size": 4, "max_length": 3},
-    }))  # fmt: skip
-    for argv in (["train", "--config", str(config), "--out", str(tmp_path / "r")],
-                 ["params", "--preset", "base", "--set", "input_feeding=true"]):  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {  # a run of seconds, were it taken
+                "model": {"architecture": "rnn", "n_heads": 4, "n_layers": 1, "d_model": 16},
+                "train": {"max_steps": 1, "max_tokens": 64, "tensorboard": False},
+                "task": {"name": "copy", "train_size": 20, "valid_size": 4, "max_length": 3},
+            }
+        )
+    )
+    for argv in (
+        ["train", "--config", str(config), "--out", str(tmp_path / "r")],
+        ["params", "--preset", "base", "--set", "input_feeding=true"],
+    ):
         assert main(["--no-malloc-tuning", *argv]) == 2
         out, err = capsys.readouterr()
         lines = err.strip().splitlines()
@@ -128,8 +152,9 @@ def test_a_checkpoint_that_stored_keys_of_the_other_architecture_loads(tmp_path:
     with pytest.raises(UserError, match="architecture: rnn"):
         from_dict(stored)  # a new config is held to the architecture's keys
     cfg = from_dict(stored, stored=True)
-    assert cfg.model == ModelConfig(architecture="rnn", rnn_attention="additive", n_layers=1,
-                                    d_model=16, dropout=0.1)  # fmt: skip
+    assert cfg.model == ModelConfig(
+        architecture="rnn", rnn_attention="additive", n_layers=1, d_model=16, dropout=0.1
+    )
     # the file as the old code wrote it: those keys inside, the LSTM's weights
     vocab = CharVocab(list("abcdef"))
     torch.manual_seed(0)

@@ -64,19 +64,37 @@ def test_every_writer_gives_the_umask_mode(umask: int, tmp_path: Path) -> None:
 
 def test_a_training_run_writes_every_file_with_the_umask_mode(tmp_path: Path, capsys) -> None:
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": TINY,
-        "train": {"max_tokens": 128, "warmup": 10, "max_steps": 4, "save_every": 2,
-                  "eval_every": 4, "keep_last": 2, "average_last": 2, "tensorboard": False},
-        "task": {"name": "copy", "train_size": 40, "valid_size": 8, "max_length": 4,
-                 "n_symbols": 4},
-        "decode": {"beam": 1},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": TINY,
+                "train": {
+                    "max_tokens": 128,
+                    "warmup": 10,
+                    "max_steps": 4,
+                    "save_every": 2,
+                    "eval_every": 4,
+                    "keep_last": 2,
+                    "average_last": 2,
+                    "tensorboard": False,
+                },
+                "task": {
+                    "name": "copy",
+                    "train_size": 40,
+                    "valid_size": 8,
+                    "max_length": 4,
+                    "n_symbols": 4,
+                },
+                "decode": {"beam": 1},
+            }
+        )
+    )
     run = tmp_path / "run"
     old = os.umask(0o027)
     try:
-        code = main(["--no-malloc-tuning", "train", "--config", str(config), "--out", str(run),
-                     "--quiet"])  # fmt: skip
+        code = main(
+            ["--no-malloc-tuning", "train", "--config", str(config), "--out", str(run), "--quiet"]
+        )
     finally:
         os.umask(old)
     out, err = capsys.readouterr()

@@ -81,7 +81,9 @@ def test_imports_only_from_itself_and_below(path: Path) -> None:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from transduce.training.run import train\n    import transduce.cli\n")
+    bad.write_text(
+        "def f():\n    from transduce.training.run import train\n    import transduce.cli\n"
+    )
     assert _imports(bad) == [(2, "transduce.training.run"), (3, "transduce.cli")]
 
 
@@ -105,13 +107,14 @@ def test_the_model_names_no_cpu_vendor_or_matrix_library() -> None:
 
 
 def _module_name(path: Path, package: Path) -> str:
-    """src/transduce/training/run.py -> 'transduce.training.run'; a package's __init__ -> the package."""
+    """src/transduce/training/run.py -> 'transduce.training.run'; a package's __init__: the
+    package."""
     parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _import_graph(package: Path) -> dict[str, set[str]]:
-    """Each module -> the transduce modules it imports (`from pkg import sub` names the submodule)."""
+    """Each module -> the transduce modules it imports (`from pkg import sub`: the submodule)."""
     paths = sorted(package.rglob("*.py"))
     names = {_module_name(p, package) for p in paths}
     graph: dict[str, set[str]] = {}

@@ -15,11 +15,19 @@ from transduce.cli.main import main
 
 TINY_YAML = {
     "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
-    "train": {"max_tokens": 128, "warmup": 10, "max_steps": 6, "save_every": 3, "log_every": 2,
-              "eval_every": 3, "keep_last": 2, "average_last": 2},
+    "train": {
+        "max_tokens": 128,
+        "warmup": 10,
+        "max_steps": 6,
+        "save_every": 3,
+        "log_every": 2,
+        "eval_every": 3,
+        "keep_last": 2,
+        "average_last": 2,
+    },
     "task": {"name": "copy", "train_size": 60, "valid_size": 10, "max_length": 4, "n_symbols": 4},
     "decode": {"beam": 1},
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -64,10 +72,17 @@ def test_misspelled_config_key(tiny_config: Path, tmp_path: Path, capsys) -> Non
 
 def test_non_integer_set_value(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "max_steps=ten"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "max_steps=ten",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "max_steps", "ten")
     code, _, err = _run(["params", "--set", "d_model=1.5"], capsys)
     _assert_user_error(code, err, "d_model", "1.5")
@@ -102,19 +117,33 @@ def test_invalid_yaml(tmp_path: Path, capsys) -> None:
 
 def test_empty_task(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "train_size=0"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "train_size=0",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "train_size")
 
 
 def test_too_small_task_space(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "n_symbols=1"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "n_symbols=1",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "copy")
 
 
@@ -140,11 +169,23 @@ def test_params_base(capsys) -> None:
 # of 0.9 (seeds 2 and 3: 0.7), from 0.45-0.6 at update 200; fp32 for the same numbers on CPUs
 # with and without bfloat16
 LEARNS_COPY = {
-    "max_steps": 600, "eval_every": 200, "save_every": 200, "warmup": 30, "lr_factor": 0.3,
-    "label_smoothing": 0.0, "precision": "fp32", "tensorboard": False, "d_model": 32,
-    "d_ff": 64, "d_k": 16, "d_v": 16, "dropout": 0.0, "train_size": 200, "valid_size": 20,
+    "max_steps": 600,
+    "eval_every": 200,
+    "save_every": 200,
+    "warmup": 30,
+    "lr_factor": 0.3,
+    "label_smoothing": 0.0,
+    "precision": "fp32",
+    "tensorboard": False,
+    "d_model": 32,
+    "d_ff": 64,
+    "d_k": 16,
+    "d_v": 16,
+    "dropout": 0.0,
+    "train_size": 200,
+    "valid_size": 20,
     "n_symbols": 6,
-}  # fmt: skip
+}
 
 
 def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
@@ -160,8 +201,11 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["step"] == 600 and summary["stopped_by"] == "max_steps"
-    valid = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-             if r.get("split") == "valid"]  # fmt: skip
+    valid = [
+        r
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if r.get("split") == "valid"
+    ]
     assert [r["step"] for r in valid] == [200, 400, 600]
     assert summary["seq_accuracy"] == valid[-1]["seq_accuracy"] >= 0.5, valid  # it learnt copy
     assert valid[-1]["seq_accuracy"] > valid[0]["seq_accuracy"], valid
@@ -171,7 +215,9 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
 
     # and average the run's checkpoints into a model file: the mean of the last two, exactly
     avg = tmp_path / "avg.pt"
-    code, out, err = _run(["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys)
+    code, out, err = _run(
+        ["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys
+    )
     assert code == 0, err
     averaged = json.loads(out)["averaged"]
     assert [Path(p).name for p in averaged] == ["step_00000400.pt", "step_00000600.pt"]
@@ -187,15 +233,25 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **env)
     return subprocess.run(
-        [sys.executable, "-m", "transduce", *args], capture_output=True, text=True, env=full_env,
+        [sys.executable, "-m", "transduce", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
         timeout=300,
-    )  # fmt: skip
+    )
 
 
 def test_subprocess_user_error(tiny_config: Path, tmp_path: Path) -> None:
     # (tests/training/test_trainer.py runs ``python -m transduce train`` to the end, killed and not)
-    bad = _subprocess("train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-                      "--set", "max_steps=many")  # fmt: skip
+    bad = _subprocess(
+        "train",
+        "--config",
+        str(tiny_config),
+        "--out",
+        str(tmp_path / "r"),
+        "--set",
+        "max_steps=many",
+    )
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("transduce: error: ")
     assert "max_steps" in bad.stderr and "'many'" in bad.stderr and "Traceback" not in bad.stderr

@@ -19,8 +19,9 @@ LINES = ["the cat sat on the mat", "a dog ran home", "the red ball"] * 30
 
 def _model(lines: list[str]) -> bytes:
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
-                                   vocab_size=20, minloglevel=2)  # fmt: skip
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, vocab_size=20, minloglevel=2
+    )
     return out.getvalue()
 
 

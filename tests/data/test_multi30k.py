@@ -69,7 +69,7 @@ def test_download_via_file_url(release, tmp_path):
     assert isinstance(m, Multi30k)
     assert m.splits == ("train", "val", "test_2016_flickr", "test_2017_flickr")
     assert sorted(p.name for p in dest.iterdir()) == sorted(
-        f"{s}.{l}.gz" for s in m.splits for l in ("en", "de")
+        f"{s}.{lang}.gz" for s in m.splits for lang in ("en", "de")
     )
     src, tgt = m.pair("train")
     assert src == dest / "train.en.gz"

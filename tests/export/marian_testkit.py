@@ -15,8 +15,25 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
-WORDS = ["the", "a", "dog", "cat", "man", "woman", "runs", "sits", "on", "in", "red", "blue",
-         "big", "small", "park", "street", "ball"]  # fmt: skip
+WORDS = [
+    "the",
+    "a",
+    "dog",
+    "cat",
+    "man",
+    "woman",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "red",
+    "blue",
+    "big",
+    "small",
+    "park",
+    "street",
+    "ball",
+]
 
 
 def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
@@ -28,9 +45,12 @@ def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
 def train_spm(lines: list[str], size: int) -> bytes:
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=out, vocab_size=size, model_type="unigram",
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=size,
+        model_type="unigram",
         minloglevel=2,
-    )  # fmt: skip
+    )
     return out.getvalue()
 
 
@@ -70,13 +90,25 @@ def marian_folder(
     (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     v = len(vocab)
     options: dict[str, Any] = {
-        "vocab_size": v, "d_model": d_model, "encoder_layers": 2, "decoder_layers": 2,
-        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
-        "decoder_ffn_dim": 64, "activation_function": "swish", "scale_embedding": True,
-        "pad_token_id": v - 1, "eos_token_id": 0, "decoder_start_token_id": v - 1,
-        "forced_eos_token_id": 0, "max_position_embeddings": 128, "dropout": 0.0,
-        "init_std": 0.3, **config,
-    }  # fmt: skip
+        "vocab_size": v,
+        "d_model": d_model,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "activation_function": "swish",
+        "scale_embedding": True,
+        "pad_token_id": v - 1,
+        "eos_token_id": 0,
+        "decoder_start_token_id": v - 1,
+        "forced_eos_token_id": 0,
+        "max_position_embeddings": 128,
+        "dropout": 0.0,
+        "init_std": 0.3,
+        **config,
+    }
     torch.manual_seed(seed)
     model = MarianMTModel(MarianConfig(**options))
     with torch.no_grad():
@@ -86,9 +118,14 @@ def marian_folder(
         for embed in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens):
             embed.weight[v - 1].normal_(0.0, options["init_std"])
     model.generation_config = GenerationConfig(
-        decoder_start_token_id=v - 1, eos_token_id=0, pad_token_id=v - 1, forced_eos_token_id=0,
-        bad_words_ids=[[v - 1]], max_length=128, num_beams=4,
-    )  # fmt: skip
+        decoder_start_token_id=v - 1,
+        eos_token_id=0,
+        pad_token_id=v - 1,
+        forced_eos_token_id=0,
+        bad_words_ids=[[v - 1]],
+        max_length=128,
+        num_beams=4,
+    )
     model.save_pretrained(str(folder))
     MarianTokenizer(
         str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")

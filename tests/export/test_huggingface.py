@@ -49,8 +49,16 @@ def _loaded(root: Path, folder: Path) -> dict[str, Any]:
     marian_ids = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     to_ours = {i: order.get(p) for p, i in marian_ids.items()}  # Marian id -> transduce id
     to_ours[marian_ids["</s>"]], to_ours[marian_ids["<unk>"]] = EOS, 3
-    return {"root": root, "folder": folder, "summary": summary, "hf": hf, "tok": tok,
-            "model": model, "vocab": vocab, "to_ours": to_ours}  # fmt: skip
+    return {
+        "root": root,
+        "folder": folder,
+        "summary": summary,
+        "hf": hf,
+        "tok": tok,
+        "model": model,
+        "vocab": vocab,
+        "to_ours": to_ours,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +89,11 @@ def _hf_ids(m: dict[str, Any], row: list[int]) -> list[int]:
 def test_import_keeps_the_marian_layout(marian: dict[str, Any]) -> None:
     s = marian["summary"]
     assert (s["activation"], s["shared_vocab"], s["tie_embeddings"], s["added_bos"]) == (
-        "swish", True, True, True)  # fmt: skip
+        "swish",
+        True,
+        True,
+        True,
+    )
     m = marian
     batch = m["tok"](SOURCES, return_tensors="pt", padding=True)
     ours = _sources(m, SOURCES)
@@ -96,8 +108,11 @@ def _check_teacher_forced(m: dict[str, Any]) -> None:
     start = torch.full((labels.size(0), 1), m["hf"].config.decoder_start_token_id)
     decoder_in = torch.cat([start, labels[:, :-1]], 1)
     with torch.no_grad():
-        hf = m["hf"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                     decoder_input_ids=decoder_in).logits.log_softmax(-1)  # fmt: skip
+        hf = m["hf"](
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_in,
+        ).logits.log_softmax(-1)
         tgt = torch.tensor([[BOS] + [m["to_ours"][i] for i in row[:-1]] for row in labels.tolist()])
         ours = m["model"](_sources(m, SOURCES), tgt).log_softmax(-1)  # (B, T, V + 1)
     perm = torch.tensor([m["to_ours"][i] for i in range(hf.size(-1))])
@@ -114,8 +129,9 @@ def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
 def test_untied_embeddings_import(tmp_path: Path, share: bool) -> None:
     """tie_word_embeddings off: the output layer apart, with shared source and target
     embeddings (transduce: two copies) or not (a VocabPair)."""
-    folder = marian_folder(tmp_path / "untied", tie_word_embeddings=False,
-                           share_encoder_decoder_embeddings=share)  # fmt: skip
+    folder = marian_folder(
+        tmp_path / "untied", tie_word_embeddings=False, share_encoder_decoder_embeddings=share
+    )
     m = _loaded(tmp_path, folder)
     assert (m["summary"]["shared_vocab"], m["summary"]["tie_embeddings"]) == (share, False)
     _check_teacher_forced(m)
@@ -152,11 +168,18 @@ def test_beam_equals_generate_at_a_fixed_length(
     hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
     m, length = marian, 6
     batch = m["tok"](SOURCES, return_tensors="pt", padding=True)
-    hyps = beam_search(DecodingModel(model), _sources(m, SOURCES), beam=beam, alpha=0.0,
-                       max_len=length, nbest=beam)  # fmt: skip
-    out = hf.generate(**batch, num_beams=beam, length_penalty=0.0, do_sample=False,
-                      max_new_tokens=length + 1, early_stopping=False,
-                      num_return_sequences=beam).tolist()  # fmt: skip
+    hyps = beam_search(
+        DecodingModel(model), _sources(m, SOURCES), beam=beam, alpha=0.0, max_len=length, nbest=beam
+    )
+    out = hf.generate(
+        **batch,
+        num_beams=beam,
+        length_penalty=0.0,
+        do_sample=False,
+        max_new_tokens=length + 1,
+        early_stopping=False,
+        num_return_sequences=beam,
+    ).tolist()
     for k in range(len(SOURCES)):
         theirs = {tuple(_hf_ids(m, row)) for row in out[k * beam : (k + 1) * beam]}
         assert theirs == {tuple(h.tokens) for h in hyps[k]}
@@ -166,9 +189,13 @@ def test_beam_equals_generate_at_a_fixed_length(
 def test_refusals_name_the_field(tmp_path: Path) -> None:
     folder = marian_folder(tmp_path / "m")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    for key, value in (("normalize_before", True), ("scale_embedding", False),
-                       ("static_position_embeddings", False), ("decoder_layers", 3),
-                       ("activation_function", "tanh")):  # fmt: skip
+    for key, value in (
+        ("normalize_before", True),
+        ("scale_embedding", False),
+        ("static_position_embeddings", False),
+        ("decoder_layers", 3),
+        ("activation_function", "tanh"),
+    ):
         (folder / "config.json").write_text(json.dumps({**config, key: value}), encoding="utf-8")
         with pytest.raises(UserError, match=key) as e:
             import_marian(folder, tmp_path / "x.pt")
@@ -201,7 +228,9 @@ def test_export_then_generate_and_reimport(marian: dict[str, Any], tmp_path: Pat
         assert pipe(SOURCES[0])[0]["translation_text"] == texts[0]
     import_marian(out, tmp_path / "again.pt")
     again = Translator.load(tmp_path / "again.pt")
-    assert again.translate(SOURCES, again.decode_config(beam=4, max_len_offset=5)) == translator.translate(SOURCES, translator.decode_config(beam=4, max_len_offset=5))
+    assert again.translate(
+        SOURCES, again.decode_config(beam=4, max_len_offset=5)
+    ) == translator.translate(SOURCES, translator.decode_config(beam=4, max_len_offset=5))
 
 
 def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path: Path) -> None:
@@ -213,7 +242,9 @@ def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path:
     theirs = ct2.translate_with_ctranslate2(
         tmp_path / "ct2", SOURCES, beam_size=1, max_len_offset=5
     )
-    ours = (t := Translator.load(marian["root"] / "opus.pt")).translate(SOURCES, t.decode_config(beam=1, max_len_offset=5))
+    ours = (t := Translator.load(marian["root"] / "opus.pt")).translate(
+        SOURCES, t.decode_config(beam=1, max_len_offset=5)
+    )
     # where EOS is the first choice (an empty output) CTranslate2 with suppress_sequences goes
     # on (measured: without it, it ends there too): those lines are left out
     kept = [k for k, text in enumerate(ours) if text]

@@ -15,10 +15,10 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
+from marian_testkit import marian_folder  # noqa: E402
+
 from transduce.cli.main import main  # noqa: E402
 from transduce.inference.translator import Translator  # noqa: E402
-
-from marian_testkit import marian_folder  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -60,8 +60,13 @@ def test_readme_commands_import_translate_export(tmp_path: Path) -> None:
     t = Translator.load(model_file)
     assert outputs[1].splitlines() == t.translate(["A dog runs on the beach."])
     # the README's Python, run in the folder: generate (greedy) says what translate --beam 1 says
-    done = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", python],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr
     greedy = t.translate(["A dog runs on the beach."], t.decode_config(beam=1))
     assert done.stdout.strip() == repr(greedy)

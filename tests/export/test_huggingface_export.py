@@ -34,16 +34,17 @@ from transduce.inference.translator import Translator
 SOURCES, TARGETS = corpus(300, seed=0)
 TEXTS = corpus(10, seed=3)[0]
 OFFSET = 4
-SMALL = {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 4, "d_k": 8, "d_v": 8,
-         "dropout": 0.0}  # fmt: skip
+SMALL = {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 4, "d_k": 8, "d_v": 8, "dropout": 0.0}
 
 
 def _model_file(path: Path, vocab: Vocab, seed: int = 0, **model: Any) -> Path:
     """A model file of random seeded weights."""
     sizes = {"n_layers": 2, "d_model": 32} if model.get("architecture") == "rnn" else SMALL
-    cfg = Config(model=ModelConfig(**{**sizes, "dropout": 0.0, **model}),
-                 task=TranslationTaskConfig(shared_vocab=not isinstance(vocab, VocabPair)),
-                 decode=DecodeConfig(beam=3, alpha=0.8))  # fmt: skip
+    cfg = Config(
+        model=ModelConfig(**{**sizes, "dropout": 0.0, **model}),
+        task=TranslationTaskConfig(shared_vocab=not isinstance(vocab, VocabPair)),
+        decode=DecodeConfig(beam=3, alpha=0.8),
+    )
     src, tgt = vocab_sizes(vocab)
     torch.manual_seed(seed)
     net = build_model(cfg.model, src_vocab_size=src, tgt_vocab_size=tgt)
@@ -73,8 +74,9 @@ def _greedy_equal(model_file: Path, folder: Path) -> None:
         assert tok.decode(out[0], skip_special_tokens=True) == ours[k]
 
 
-@pytest.mark.parametrize("model", [{}, {"activation": "gelu", "tie_embeddings": False}],
-                         ids=["paper", "gelu-untied"])  # fmt: skip
+@pytest.mark.parametrize(
+    "model", [{}, {"activation": "gelu", "tie_embeddings": False}], ids=["paper", "gelu-untied"]
+)
 def test_export_greedy_equals_generate(shared: Vocab, tmp_path: Path, model: dict) -> None:
     path = _model_file(tmp_path / "m.pt", shared, **model)
     summary = export_marian(path, tmp_path / "hf")
@@ -100,14 +102,18 @@ def test_round_trip_gives_the_same_translations(shared: Vocab, tmp_path: Path) -
     assert not summary["added_bos"]  # the export starts from <s>: ids unchanged
     before, after = Translator.load(path), Translator.load(tmp_path / "back.pt")
     for beam in (1, 4):
-        assert after.translate(TEXTS, after.decode_config(beam=beam)) == before.translate(TEXTS, before.decode_config(beam=beam))
+        assert after.translate(TEXTS, after.decode_config(beam=beam)) == before.translate(
+            TEXTS, before.decode_config(beam=beam)
+        )
 
 
 def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Path) -> None:
-    for field, model in (("model.norm", {"norm": "pre"}),
-                         ("model.positional", {"positional": "learned"}),
-                         ("model.architecture", {"architecture": "rnn"}),
-                         ("model.d_k", {"d_k": 5, "d_v": 5})):  # fmt: skip
+    for field, model in (
+        ("model.norm", {"norm": "pre"}),
+        ("model.positional", {"positional": "learned"}),
+        ("model.architecture", {"architecture": "rnn"}),
+        ("model.d_k", {"d_k": 5, "d_v": 5}),
+    ):
         path = _model_file(tmp_path / "x.pt", shared, **model)
         with pytest.raises(UserError, match=field) as e:
             export_marian(path, tmp_path / "out")
@@ -133,15 +139,36 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tgt = [s.upper() for s in src]
     (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
     (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    cfg = from_dict({
-        "model": {**SMALL, "d_model": 64, "d_ff": 128, "d_k": 16, "d_v": 16, "n_layers": 1,
-                  "activation": "swish"},
-        "train": {"max_steps": 300, "warmup": 60, "max_tokens": 600, "eval_every": 0,
-                  "save_every": 100_000, "keep_last": 1, "log_every": 1000, "tensorboard": False},
-        "task": {"name": "translation", "train_src": str(root / "train.src"),
-                 "train_tgt": str(root / "train.tgt"), "vocab_size": 60},
-        "decode": {"max_len_offset": 20},
-    })  # fmt: skip
+    cfg = from_dict(
+        {
+            "model": {
+                **SMALL,
+                "d_model": 64,
+                "d_ff": 128,
+                "d_k": 16,
+                "d_v": 16,
+                "n_layers": 1,
+                "activation": "swish",
+            },
+            "train": {
+                "max_steps": 300,
+                "warmup": 60,
+                "max_tokens": 600,
+                "eval_every": 0,
+                "save_every": 100_000,
+                "keep_last": 1,
+                "log_every": 1000,
+                "tensorboard": False,
+            },
+            "task": {
+                "name": "translation",
+                "train_src": str(root / "train.src"),
+                "train_tgt": str(root / "train.tgt"),
+                "vocab_size": 60,
+            },
+            "decode": {"max_len_offset": 20},
+        }
+    )
     torch.manual_seed(0)
     train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
     return root / "run" / "model.pt"
@@ -180,7 +207,9 @@ def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: 
     translator = Translator.load(trained)
     texts = corpus(40, seed=11)[0]
     batch = tok(texts, return_tensors="pt", padding=True)
-    ours = translator.translate(texts, translator.decode_config(beam=1))  # max_len_offset 20, the model's
+    ours = translator.translate(
+        texts, translator.decode_config(beam=1)
+    )  # max_len_offset 20, the model's
     assert sum(o == t.upper() for o, t in zip(ours, texts, strict=True)) > 10  # it learned
     sources = [translator.vocab.encode(t) + [EOS] for t in texts]
     model = translator.model
@@ -201,6 +230,8 @@ def test_trained_model_translates_the_same_in_generate(trained: Path, tmp_path: 
     for k, (mine, other) in enumerate(zip((h[0].tokens for h in hyps), theirs, strict=True)):
         alike += mine == other
         for out in (mine, other):
-            assert abs(_log_prob_ours(model, sources[k], out)
-                       - _log_prob_hf(hf, sources[k], out)) < 1e-4  # fmt: skip
+            assert (
+                abs(_log_prob_ours(model, sources[k], out) - _log_prob_hf(hf, sources[k], out))
+                < 1e-4
+            )
     assert alike >= 0.9 * len(texts)

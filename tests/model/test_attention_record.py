@@ -1,4 +1,5 @@
-"""Attention weights on request: what the model computes, every layer and head, rows summing to 1."""
+"""Attention weights on request: what the model computes, every layer and head, rows summing to
+1."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from transduce.model.positions import (
 
 
 def _paper_pe(pos: int, dim: int, d_model: int) -> float:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+    PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
     two_i = dim - (dim % 2)
     angle = pos / (10000 ** (two_i / d_model))
     return math.sin(angle) if dim % 2 == 0 else math.cos(angle)

@@ -16,11 +16,14 @@ from transduce.model.transformer import make_model
 SMALL = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
 
 
-@pytest.mark.parametrize(("name", "fn"), [
-    ("relu", F.relu),
-    ("swish", lambda x: x * torch.sigmoid(x)),  # Marian's (OPUS-MT)
-    ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / 2**0.5))),  # the erf form
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("relu", F.relu),
+        ("swish", lambda x: x * torch.sigmoid(x)),  # Marian's (OPUS-MT)
+        ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / 2**0.5))),  # the erf form
+    ],
+)
 def test_feed_forward_activation(name: str, fn) -> None:
     torch.manual_seed(0)
     ffn = PositionwiseFeedForward(d_model=8, d_ff=16, activation=name)
@@ -37,8 +40,9 @@ def test_defaults_keep_the_paper_s_parameters() -> None:
         biased.generator.bias.normal_()
         src, tgt = torch.tensor([[4, 5, 2]]), torch.tensor([[1, 6]])
         hidden = biased.decoder(tgt, *biased.encode(src))
-        torch.testing.assert_close(biased(src, tgt), hidden @ biased.generator.weight.T
-                                   + biased.generator.bias)  # fmt: skip
+        torch.testing.assert_close(
+            biased(src, tgt), hidden @ biased.generator.weight.T + biased.generator.bias
+        )
 
 
 def test_config_checks_the_new_keys() -> None:

@@ -19,14 +19,32 @@ from transduce.data.trees import parse_trees
 from transduce.parsing.parser import word_units
 
 TINY = {
-    "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16,
-              "dropout": 0.0},
-    "train": {"max_tokens": 1000, "warmup": 50, "lr_factor": 0.5, "label_smoothing": 0.0,
-              "max_steps": 300, "eval_every": 300, "save_every": 300, "keep_last": 1,
-              "log_every": 100, "valid_beam": 1, "tensorboard": False, "precision": "fp32"},
+    "model": {
+        "n_layers": 1,
+        "d_model": 64,
+        "d_ff": 128,
+        "n_heads": 4,
+        "d_k": 16,
+        "d_v": 16,
+        "dropout": 0.0,
+    },
+    "train": {
+        "max_tokens": 1000,
+        "warmup": 50,
+        "lr_factor": 0.5,
+        "label_smoothing": 0.0,
+        "max_steps": 300,
+        "eval_every": 300,
+        "save_every": 300,
+        "keep_last": 1,
+        "log_every": 100,
+        "valid_beam": 1,
+        "tensorboard": False,
+        "precision": "fp32",
+    },
     "task": {"name": "parsing", "src_vocab_size": 100},
     "decode": {"beam": 2, "alpha": 0.3, "max_len_offset": 60},
-}  # fmt: skip
+}
 
 # A toy grammar whose words decide the tree: a verb says whether an object follows, a
 # preposition opens a PP, a determiner an NP (with an adjective or not), a name an NP alone
@@ -66,27 +84,64 @@ def ptb(tmp_path_factory: pytest.TempPathFactory) -> Path:
             trees = "".join(_sentence(rng) + "\n" for _ in range(n))
             z.writestr(f"treebank/combined/{name}", trees)
     prepared = tmp_path_factory.mktemp("ptb")
-    assert main(["--no-malloc-tuning", "data", "ptb-sample", "--dest", str(prepared), "--from",
-                 str(source)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "data",
+                "ptb-sample",
+                "--dest",
+                str(prepared),
+                "--from",
+                str(source),
+            ]
+        )
+        == 0
+    )
     assert len((prepared / "test.trees").read_text().splitlines()) == 20
     return prepared
 
 
-def _train(ptb: Path, out: Path, steps: int, capsys, model: dict | None = None,
-           **task: object) -> dict:  # fmt: skip
-    cfg = {**TINY, "task": {**TINY["task"], "parse_data": str(ptb), **task},
-           "train": {**TINY["train"], "max_steps": steps},
-           "model": {**TINY["model"], **(model or {})}}  # fmt: skip
+def _train(
+    ptb: Path, out: Path, steps: int, capsys, model: dict | None = None, **task: object
+) -> dict:
+    cfg = {
+        **TINY,
+        "task": {**TINY["task"], "parse_data": str(ptb), **task},
+        "train": {**TINY["train"], "max_steps": steps},
+        "model": {**TINY["model"], **(model or {})},
+    }
     (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(cfg))
-    code = main(["--no-malloc-tuning", "train", "--config", str(out.parent / f"{out.name}.yaml"),
-                 "--out", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "train",
+            "--config",
+            str(out.parent / f"{out.name}.yaml"),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def _evaluate(model: Path, ptb: Path, capsys, *extra: str) -> dict:
-    code = main(["--no-malloc-tuning", "evaluate", "--model", str(model), "--src",
-                 str(ptb / "test.words"), "--ref", str(ptb / "test.trees"), "--quiet", *extra])
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "evaluate",
+            "--model",
+            str(model),
+            "--src",
+            str(ptb / "test.words"),
+            "--ref",
+            str(ptb / "test.trees"),
+            "--quiet",
+            *extra,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out)
 
@@ -97,8 +152,16 @@ def test_a_trained_parser_beats_an_untrained_one(ptb: Path, tmp_path: Path, caps
     untrained = _train(ptb, tmp_path / "zero", 1, capsys)
     trained = _evaluate(tmp_path / "run" / "model.pt", ptb, capsys)
     zero = _evaluate(tmp_path / "zero" / "model.pt", ptb, capsys)
-    assert {"precision", "recall", "f1", "exact_match", "le40_f1", "well_formed", "repairs",
-            "sentences"} <= set(trained)  # fmt: skip
+    assert {
+        "precision",
+        "recall",
+        "f1",
+        "exact_match",
+        "le40_f1",
+        "well_formed",
+        "repairs",
+        "sentences",
+    } <= set(trained)
     assert trained["sentences"] == 20
     # 300 updates: test F1 81.6, 15 of the 20 trees exact (the untrained model: 0)
     assert trained["f1"] >= 60.0 and trained["exact_match"] >= 50.0, (trained, untrained)
@@ -112,8 +175,19 @@ def _check_constrained_and_parse(model: Path, ptb: Path, tmp_path: Path, capsys)
     constrained = _evaluate(model, ptb, capsys, "--constrained")
     assert constrained["well_formed"] == 1.0 and constrained["repairs"] == 0
     out = tmp_path / "trees.txt"
-    code = main(["--no-malloc-tuning", "parse", "--model", str(model), "--input",
-                 str(ptb / "test.words"), "--output", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "parse",
+            "--model",
+            str(model),
+            "--input",
+            str(ptb / "test.words"),
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     words = (ptb / "test.words").read_text().splitlines()
     trees = parse_trees(out.read_text())

@@ -44,8 +44,9 @@ def test_a_series_of_one_point_is_drawn(
     two = tmp_path / "two"
     two.mkdir()
     first = {**lines[0], "step": 1, "elapsed": 6.0}
-    (two / "metrics.jsonl").write_text(json.dumps(first) + "\n"
-                                       + json.dumps({**lines[0], "loss": 2.0}) + "\n")  # fmt: skip
+    (two / "metrics.jsonl").write_text(
+        json.dumps(first) + "\n" + json.dumps({**lines[0], "loss": 2.0}) + "\n"
+    )
     figures: list[Any] = []
     real_save = _figure.save
 

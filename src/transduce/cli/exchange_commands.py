@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from transduce.cli.common import require
 
@@ -58,11 +57,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model", required=True, help="checkpoint file or run folder")
     c.add_argument("--output", required=True, help="folder to write (new unless --force)")
     c.add_argument(
-        "--quantization", default="none",
-        choices=["none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16", "float32"],
+        "--quantization",
+        default="none",
+        choices=[
+            "none",
+            "int8",
+            "int8_float32",
+            "int8_float16",
+            "int8_bfloat16",
+            "int16",
+            "float16",
+            "bfloat16",
+            "float32",
+        ],
         help="weight type in the exported model (default: none = as trained, float32)",
-    )  # fmt: skip
+    )
     c.add_argument("--force", action="store_true", help="replace --output if it exists")
     c.set_defaults(func=_cmd_export_ctranslate2)
     h = export_sub.add_parser(

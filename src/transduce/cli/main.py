@@ -28,8 +28,12 @@ from transduce.errors import Preempted, RunStopped, UserError
 
 # Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
 REGISTER = [
-    training_commands.register, data_commands.register, translation_commands.register,
-    parsing_commands.register, serve_commands.register, exchange_commands.register,
+    training_commands.register,
+    data_commands.register,
+    translation_commands.register,
+    parsing_commands.register,
+    serve_commands.register,
+    exchange_commands.register,
     analysis_commands.register,
     data_commands.register_prepare,
 ]
@@ -53,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="transduce", description="The Transformer of 'Attention Is All You Need'."
     )
-    no_tuning = "leave glibc malloc and the matrix library's kernel cache as they are (see transduce.runtime)"
+    no_tuning = (
+        "leave glibc malloc and the matrix library's kernel cache as they are "
+        "(see transduce.runtime)"
+    )
     parser.add_argument("--no-malloc-tuning", action="store_true", help=no_tuning)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in REGISTER:

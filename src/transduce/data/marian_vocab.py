@@ -58,9 +58,10 @@ class MarianVocab:
         self.encoder_model, self.decoder_model = bytes(encoder_model), bytes(decoder_model)
         self._encoder = _processor(self.encoder_model, "the source SentencePiece model")
         self._decoder = (
-            self._encoder if self.decoder_model == self.encoder_model
+            self._encoder
+            if self.decoder_model == self.encoder_model
             else _processor(self.decoder_model, "the target SentencePiece model")
-        )  # fmt: skip
+        )
 
     def __len__(self) -> int:
         return len(self.pieces)

@@ -8,8 +8,7 @@ reverse draw the length uniformly, then the symbols.
 The held-out splits (valid and test, ``valid_size`` each) never share a source with each other or
 with the training split, and take at most ``HELD_OUT_SHARE`` of any class of examples (same
 operand lengths, or same sequence length): without that cap the few short examples (there are
-only 100 one-digit sums) would nearly all be held out and never be seen in training. The held-out splits (valid and test, ``valid_size`` each) never share a source with each other
-or with the training split.
+only 100 one-digit sums) would nearly all be held out and never be seen in training.
 """
 
 from __future__ import annotations

@@ -65,8 +65,16 @@ __all__ = [
     "translate_with_ctranslate2",
 ]
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                 "bfloat16", "float32")  # fmt: skip
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 SENTENCEPIECE_FILE = "sentencepiece.model"
 # a model imported from Marian joins target pieces with its own SentencePiece model
 TARGET_SENTENCEPIECE_FILE = "target_sentencepiece.model"
@@ -173,8 +181,11 @@ def build_spec(
         raise UserError("CTranslate2 counts positions in tokens; this model counts them in words")
     head_dim = None if cfg.d_k * cfg.n_heads == cfg.d_model else cfg.d_k
     pre_norm = cfg.norm == "pre"
-    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
-                  "gelu": common_spec.Activation.GELU}[cfg.activation]  # fmt: skip
+    activation = {
+        "relu": common_spec.Activation.RELU,
+        "swish": common_spec.Activation.SWISH,
+        "gelu": common_spec.Activation.GELU,
+    }[cfg.activation]
     common = {"pre_norm": pre_norm, "activation": activation}
     if head_dim is not None:
         common["head_dim"] = head_dim
@@ -184,7 +195,8 @@ def build_spec(
 
     # the modules as Any: a ModuleList's items are typed Module, final_norm LayerNorm | Identity
     sides: tuple[tuple[Any, Any], ...] = (
-        (spec.encoder, model.encoder), (spec.decoder, model.decoder)
+        (spec.encoder, model.encoder),
+        (spec.decoder, model.decoder),
     )
     for side_spec, side in sides:
         embeddings = side_spec.embeddings
@@ -283,10 +295,12 @@ def export_model(
         "quantization": quantization or "none",
         "vocab_size": len(tokens),
         "tokenizer": SENTENCEPIECE_FILE if sentencepiece_model is not None else None,
-        "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
         "max_positions": max_positions if cfg.positional == "sinusoidal" else cfg.max_positions,
         **(extra_info or {}),
-    }  # fmt: skip
+    }
     tmp = out / (INFO_FILE + ".tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out / INFO_FILE)
@@ -327,14 +341,22 @@ def export_checkpoint(
         sp_model = None
     else:
         raise UserError(f"cannot export a vocabulary of type {type(vocab).__name__}")
-    decode = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha,
-              "max_len_offset": cfg.decode.max_len_offset}  # fmt: skip
+    decode = {
+        "beam": cfg.decode.beam,
+        "alpha": cfg.decode.alpha,
+        "max_len_offset": cfg.decode.max_len_offset,
+    }
     return export_model(
-        model, tokens, output_dir, sentencepiece_model=sp_model,
-        target_sentencepiece_model=target_model, quantization=quantization,
-        force=force, max_positions=max_positions,
+        model,
+        tokens,
+        output_dir,
+        sentencepiece_model=sp_model,
+        target_sentencepiece_model=target_model,
+        quantization=quantization,
+        force=force,
+        max_positions=max_positions,
         extra_info={"source_checkpoint": str(path), "decode": decode},
-    )  # fmt: skip
+    )
 
 
 def translate_with_ctranslate2(
@@ -387,6 +409,9 @@ def translate_with_ctranslate2(
         for i, r in zip(todo, results, strict=True):
             kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
             # a target model: as MarianVocab.decode joins them
-            out[i] = (sp.decode(kept) if target is None
-                      else target.decode_pieces(kept).replace("▁", " ").strip())  # fmt: skip
+            out[i] = (
+                sp.decode(kept)
+                if target is None
+                else target.decode_pieces(kept).replace("▁", " ").strip()
+            )
     return out

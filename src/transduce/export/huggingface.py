@@ -111,8 +111,9 @@ def _vocab_order(
     by_id: dict[int, str] = {}
     for piece, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < size or i in by_id:
-            raise UserError(f"{name}: {piece!r} has id {i!r}; the model's ids are 0..{size - 1}, "
-                            "each once")  # fmt: skip
+            raise UserError(
+                f"{name}: {piece!r} has id {i!r}; the model's ids are 0..{size - 1}, each once"
+            )
         by_id[i] = piece
     if len(by_id) != size:
         raise UserError(f"{name} has {len(by_id)} pieces, the model {size} ids")
@@ -144,8 +145,11 @@ def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
 
 def _special_ids(tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
     """The pad, eos and unk ids of the source vocabulary (the tokenizer's tokens)."""
-    names = {"pad": tok.get("pad_token", "<pad>"), "eos": tok.get("eos_token", "</s>"),
-             "unk": tok.get("unk_token", "<unk>")}  # fmt: skip
+    names = {
+        "pad": tok.get("pad_token", "<pad>"),
+        "eos": tok.get("eos_token", "</s>"),
+        "unk": tok.get("unk_token", "<unk>"),
+    }
     ids = {}
     for label, piece in names.items():
         piece = piece.get("content") if isinstance(piece, dict) else piece
@@ -171,8 +175,9 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
     tok = _optional_json(folder / "tokenizer_config.json")
     for f in (*SPM_FILES, "vocab.json"):
         if not (folder / f).is_file():
-            raise UserError(f"{folder / f} not found: a Marian folder has "
-                            f"{', '.join(SPM_FILES)}, vocab.json")  # fmt: skip
+            raise UserError(
+                f"{folder / f} not found: a Marian folder has {', '.join(SPM_FILES)}, vocab.json"
+            )
     src_json = _read_json(folder / "vocab.json")
     separate = bool(tok.get("separate_vocabs", False))
     tgt_json = _read_json(folder / "target_vocab.json") if separate else src_json
@@ -183,24 +188,35 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
     pad, eos = c.get("pad_token_id"), c.get("eos_token_id")
     start = c.get("decoder_start_token_id", pad)
     if not (isinstance(pad, int) and isinstance(eos, int) and isinstance(start, int)):
-        raise UserError(f"{folder}/config.json: pad_token_id, eos_token_id and "
-                        "decoder_start_token_id must be ids")  # fmt: skip
+        raise UserError(
+            f"{folder}/config.json: pad_token_id, eos_token_id and "
+            "decoder_start_token_id must be ids"
+        )
     tgt_unk = tgt_json.get(tok.get("unk_token", "<unk>"), ids["unk"]) if separate else ids["unk"]
     tgt_order, tgt_pieces = _vocab_order(
-        tgt_json, tgt_size, pad=pad, eos=eos, unk=tgt_unk, start=start,
+        tgt_json,
+        tgt_size,
+        pad=pad,
+        eos=eos,
+        unk=tgt_unk,
+        start=start,
         name="target_vocab.json" if separate else "vocab.json",
-    )  # fmt: skip
+    )
     source_spm, target_spm = ((folder / f).read_bytes() for f in SPM_FILES)
     if share:  # one vocabulary, one layout: the target's (the source never holds BOS)
         if separate or (ids["pad"], ids["eos"]) != (pad, eos):
-            raise UserError(f"{folder}: share_encoder_decoder_embeddings with the tokenizer's "
-                            f"pad/eos ids {ids['pad']}/{ids['eos']} and config.json's "
-                            f"{pad}/{eos}; shared embeddings need one vocabulary")  # fmt: skip
+            raise UserError(
+                f"{folder}: share_encoder_decoder_embeddings with the tokenizer's "
+                f"pad/eos ids {ids['pad']}/{ids['eos']} and config.json's "
+                f"{pad}/{eos}; shared embeddings need one vocabulary"
+            )
         vocab = MarianVocab(tgt_pieces, source_spm, target_spm)
         return _Vocabularies(vocab, tgt_order, tgt_order, start, share)
     src_order, src_pieces = _vocab_order(src_json, src_size, **ids, start=None, name="vocab.json")
-    pair = VocabPair(MarianVocab(src_pieces, source_spm, source_spm),
-                     MarianVocab(tgt_pieces, target_spm, target_spm))  # fmt: skip
+    pair = VocabPair(
+        MarianVocab(src_pieces, source_spm, source_spm),
+        MarianVocab(tgt_pieces, target_spm, target_spm),
+    )
     return _Vocabularies(pair, src_order, tgt_order, start, share)
 
 
@@ -214,26 +230,37 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
     v = _read_vocabularies(folder, c)
     model_cfg = model_config(c)
     state = from_marian_state(
-        _load_marian_state(folder), n_layers=model_cfg.n_layers, src_order=v.src_order,
-        tgt_order=v.tgt_order, start=v.start, tied=model_cfg.tie_embeddings,
-    )  # fmt: skip
+        _load_marian_state(folder),
+        n_layers=model_cfg.n_layers,
+        src_order=v.src_order,
+        tgt_order=v.tgt_order,
+        start=v.start,
+        tied=model_cfg.tie_embeddings,
+    )
     src_size, tgt_size = vocab_sizes(v.vocab)
     model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(state)
     generation = _optional_json(folder / "generation_config.json")
     beam = generation.get("num_beams", c.get("num_beams", 4))
     cfg = Config(
-        model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share),
+        model=model_cfg,
+        task=TranslationTaskConfig(shared_vocab=v.share),
         decode=DecodeConfig(beam=beam if isinstance(beam, int) and beam > 0 else 4),
-    )  # fmt: skip
+    )
     save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)
     return {
-        "input": str(folder), "output": str(output), "format": "marian",
-        "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model,
-        "activation": model_cfg.activation, "shared_vocab": v.share,
-        "tie_embeddings": model_cfg.tie_embeddings, "vocab_size": len(v.vocab),
-        "added_bos": v.tgt_order[BOS] is None, "beam": cfg.decode.beam,
-    }  # fmt: skip
+        "input": str(folder),
+        "output": str(output),
+        "format": "marian",
+        "n_layers": model_cfg.n_layers,
+        "d_model": model_cfg.d_model,
+        "activation": model_cfg.activation,
+        "shared_vocab": v.share,
+        "tie_embeddings": model_cfg.tie_embeddings,
+        "vocab_size": len(v.vocab),
+        "added_bos": v.tgt_order[BOS] is None,
+        "beam": cfg.decode.beam,
+    }
 
 
 # --- export ---------------------------------------------------------------------------------------
@@ -248,8 +275,9 @@ def _side(vocab: object, where: str) -> tuple[list[str], bytes, bytes]:
     if isinstance(vocab, SentencePieceVocab):
         pieces = [*SPECIALS, *(vocab.id_to_piece(i) for i in range(len(SPECIALS), len(vocab)))]
         return pieces, vocab.model_proto, vocab.model_proto
-    raise UserError(f"{where}: Marian needs a SentencePiece vocabulary; this one is a "
-                    f"{type(vocab).__name__}")  # fmt: skip
+    raise UserError(
+        f"{where}: Marian needs a SentencePiece vocabulary; this one is a {type(vocab).__name__}"
+    )
 
 
 def _vocab_files(vocab: Vocab, where: str) -> dict[str, Any]:
@@ -283,11 +311,15 @@ def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> Non
         text = json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=1)
         (folder / name).write_text(text + "\n", encoding="utf-8")
     tokenizer = transformers_module().MarianTokenizer(
-        str(folder / SPM_FILES[0]), str(folder / SPM_FILES[1]), str(folder / "vocab.json"),
+        str(folder / SPM_FILES[0]),
+        str(folder / SPM_FILES[1]),
+        str(folder / "vocab.json"),
         target_vocab_file=str(folder / "target_vocab.json") if separate else None,
-        separate_vocabs=separate, unk_token=SPECIALS[UNK], eos_token=SPECIALS[EOS],
+        separate_vocabs=separate,
+        unk_token=SPECIALS[UNK],
+        eos_token=SPECIALS[EOS],
         pad_token=SPECIALS[PAD],
-    )  # fmt: skip
+    )
     tokenizer.save_pretrained(str(folder))
 
 
@@ -319,8 +351,13 @@ def export_marian(
     hf_model.save_pretrained(str(folder))
     _write_tokenizer(folder, files, separate)
     return {
-        "input": str(model_path), "output": str(folder), "format": "marian",
-        "vocab_size": len(files["tgt"]), "separate_vocabs": separate,
-        "share_encoder_decoder_embeddings": share, "tie_word_embeddings": cfg.model.tie_embeddings,
-        "num_beams": cfg.decode.beam, "files": sorted(p.name for p in folder.iterdir()),
-    }  # fmt: skip
+        "input": str(model_path),
+        "output": str(folder),
+        "format": "marian",
+        "vocab_size": len(files["tgt"]),
+        "separate_vocabs": separate,
+        "share_encoder_decoder_embeddings": share,
+        "tie_word_embeddings": cfg.model.tie_embeddings,
+        "num_beams": cfg.decode.beam,
+        "files": sorted(p.name for p in folder.iterdir()),
+    }

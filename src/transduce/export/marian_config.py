@@ -13,8 +13,14 @@ from transduce.data.vocab import BOS, EOS, PAD
 from transduce.errors import UserError
 from transduce.model.transformer import Transformer
 
-__all__ = ["check_exportable", "check_marian_config", "generation_config", "marian_config",
-           "model_config", "transformers_module"]  # fmt: skip
+__all__ = [
+    "check_exportable",
+    "check_marian_config",
+    "generation_config",
+    "marian_config",
+    "model_config",
+    "transformers_module",
+]
 
 Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
 # Marian's activation_function -> ModelConfig.activation, and back
@@ -40,13 +46,17 @@ def transformers_module() -> Any:
     return transformers
 
 
-
 def check_marian_config(c: dict[str, Any], where: Path) -> None:
     """One-line UserErrors naming the first config.json field transduce cannot represent."""
     if c.get("model_type") != "marian":
         raise UserError(f"{where}: model_type is {c.get('model_type')!r}; transduce imports marian")
-    for key in ("d_model", "vocab_size", "encoder_layers", "encoder_ffn_dim",
-                "encoder_attention_heads"):  # fmt: skip
+    for key in (
+        "d_model",
+        "vocab_size",
+        "encoder_layers",
+        "encoder_ffn_dim",
+        "encoder_attention_heads",
+    ):
         value = c.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UserError(f"{where}: {key} must be a positive integer; got {value!r}")
@@ -54,23 +64,36 @@ def check_marian_config(c: dict[str, Any], where: Path) -> None:
         if c.get(key):
             raise UserError(f"{where}: {key} is set ({what}); transduce cannot represent it")
     if c.get("static_position_embeddings", True) is not True:
-        raise UserError(f"{where}: static_position_embeddings is false (learned positions); "
-                        "transduce imports Marian's sinusoids only")  # fmt: skip
+        raise UserError(
+            f"{where}: static_position_embeddings is false (learned positions); "
+            "transduce imports Marian's sinusoids only"
+        )
     if c.get("scale_embedding") is not True:
-        raise UserError(f"{where}: scale_embedding is not true; transduce's embeddings are "
-                        "always scaled by sqrt(d_model)")  # fmt: skip
-    for enc, dec in (("encoder_layers", "decoder_layers"), ("encoder_ffn_dim", "decoder_ffn_dim"),
-                     ("encoder_attention_heads", "decoder_attention_heads")):  # fmt: skip
+        raise UserError(
+            f"{where}: scale_embedding is not true; transduce's embeddings are "
+            "always scaled by sqrt(d_model)"
+        )
+    for enc, dec in (
+        ("encoder_layers", "decoder_layers"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+        ("encoder_attention_heads", "decoder_attention_heads"),
+    ):
         if c.get(enc) != c.get(dec):
-            raise UserError(f"{where}: {enc} ({c.get(enc)}) differs from {dec} ({c.get(dec)}); "
-                            "transduce's encoder and decoder have one shape")  # fmt: skip
+            raise UserError(
+                f"{where}: {enc} ({c.get(enc)}) differs from {dec} ({c.get(dec)}); "
+                "transduce's encoder and decoder have one shape"
+            )
     if c.get("activation_function") not in ACTIVATIONS:
-        raise UserError(f"{where}: activation_function {c.get('activation_function')!r}; "
-                        f"transduce has {', '.join(ACTIVATIONS)}")  # fmt: skip
+        raise UserError(
+            f"{where}: activation_function {c.get('activation_function')!r}; "
+            f"transduce has {', '.join(ACTIVATIONS)}"
+        )
     d_model, heads = c.get("d_model"), c.get("encoder_attention_heads")
     if not isinstance(d_model, int) or d_model % 2 or not isinstance(heads, int) or d_model % heads:
-        raise UserError(f"{where}: d_model {d_model} must be even and a multiple of "
-                        f"encoder_attention_heads ({heads})")  # fmt: skip
+        raise UserError(
+            f"{where}: d_model {d_model} must be even and a multiple of "
+            f"encoder_attention_heads ({heads})"
+        )
     if isinstance(c.get("eos_token_id"), list):
         raise UserError(f"{where}: eos_token_id is a list; transduce has one EOS")
 
@@ -79,39 +102,48 @@ def model_config(c: dict[str, Any]) -> ModelConfig:
     d_model, heads = c["d_model"], c["encoder_attention_heads"]
     try:
         return ModelConfig(
-            n_layers=c["encoder_layers"], d_model=d_model, d_ff=c["encoder_ffn_dim"],
-            n_heads=heads, d_k=d_model // heads, d_v=d_model // heads,
+            n_layers=c["encoder_layers"],
+            d_model=d_model,
+            d_ff=c["encoder_ffn_dim"],
+            n_heads=heads,
+            d_k=d_model // heads,
+            d_v=d_model // heads,
             dropout=float(c.get("dropout", 0.1)),
             attention_dropout=float(c.get("attention_dropout", 0.0)),
             activation_dropout=float(c.get("activation_dropout", 0.0)),
-            positional="sinusoidal", max_positions=c.get("max_position_embeddings", 1024),
-            norm="post", tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-            activation=cast(Activation, ACTIVATIONS[c["activation_function"]]), output_bias=True,
-        )  # fmt: skip
+            positional="sinusoidal",
+            max_positions=c.get("max_position_embeddings", 1024),
+            norm="post",
+            tie_embeddings=bool(c.get("tie_word_embeddings", True)),
+            activation=cast(Activation, ACTIVATIONS[c["activation_function"]]),
+            output_bias=True,
+        )
     except UserError as e:
         raise UserError(f"config.json: {e}") from None
-
 
 
 def check_exportable(model: object, cfg: Config, path: Path) -> Transformer:
     """The model as a Transformer Marian can represent, or a one-line UserError naming why."""
     m = cfg.model
     if not isinstance(model, Transformer):
-        raise UserError(f"{path}: Marian is a Transformer; this is the {m.architecture!r} baseline "
-                        "(model.architecture)")  # fmt: skip
+        raise UserError(
+            f"{path}: Marian is a Transformer; this is the {m.architecture!r} baseline "
+            "(model.architecture)"
+        )
     refusals = (
         (m.norm != "post", f"model.norm is {m.norm!r}; Marian's layers are post-norm"),
         (m.positional != "sinusoidal", "model.positional is 'learned'; Marian has sinusoids"),
         (m.position_unit != "token", "model.position_unit is 'word'; Marian counts tokens"),
-        (m.d_k != m.d_v or m.d_k * m.n_heads != m.d_model,
-         f"model.d_k/d_v ({m.d_k}/{m.d_v}) must be d_model / n_heads ({m.d_model}/{m.n_heads})"),
+        (
+            m.d_k != m.d_v or m.d_k * m.n_heads != m.d_model,
+            f"model.d_k/d_v ({m.d_k}/{m.d_v}) must be d_model / n_heads ({m.d_model}/{m.n_heads})",
+        ),
         (m.d_model % 2 == 1, f"model.d_model ({m.d_model}) must be even"),
-    )  # fmt: skip
+    )
     for refused, why in refusals:
         if refused:
             raise UserError(f"{path}: cannot export to Marian: {why}")
     return model
-
 
 
 def marian_config(cfg: Config, src: int, tgt: int, share: bool) -> Any:
@@ -119,16 +151,28 @@ def marian_config(cfg: Config, src: int, tgt: int, share: bool) -> Any:
     embedding matrix for the encoder and the decoder)."""
     m = cfg.model
     return transformers_module().MarianConfig(
-        vocab_size=src, decoder_vocab_size=tgt, d_model=m.d_model,
-        encoder_layers=m.n_layers, decoder_layers=m.n_layers,
-        encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff,
-        encoder_attention_heads=m.n_heads, decoder_attention_heads=m.n_heads,
-        activation_function=MARIAN_ACTIVATIONS[m.activation], dropout=m.dropout,
-        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
-        max_position_embeddings=m.max_positions, scale_embedding=True,
-        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
-        share_encoder_decoder_embeddings=share, tie_word_embeddings=m.tie_embeddings,
-    )  # fmt: skip
+        vocab_size=src,
+        decoder_vocab_size=tgt,
+        d_model=m.d_model,
+        encoder_layers=m.n_layers,
+        decoder_layers=m.n_layers,
+        encoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.d_ff,
+        encoder_attention_heads=m.n_heads,
+        decoder_attention_heads=m.n_heads,
+        activation_function=MARIAN_ACTIVATIONS[m.activation],
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        activation_dropout=m.activation_dropout,
+        max_position_embeddings=m.max_positions,
+        scale_embedding=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=EOS,
+        share_encoder_decoder_embeddings=share,
+        tie_word_embeddings=m.tie_embeddings,
+    )
 
 
 def generation_config(cfg: Config) -> Any:
@@ -136,10 +180,14 @@ def generation_config(cfg: Config) -> Any:
     docstring of ``transduce.export.huggingface`` for the length penalty)."""
     d = cfg.decode
     options: dict[str, Any] = {
-        "decoder_start_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
-        "forced_eos_token_id": EOS, "bad_words_ids": [[PAD], [BOS]],  # never generated
-        "max_length": cfg.model.max_positions, "num_beams": d.beam,
-    }  # fmt: skip
+        "decoder_start_token_id": BOS,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "forced_eos_token_id": EOS,
+        "bad_words_ids": [[PAD], [BOS]],  # never generated
+        "max_length": cfg.model.max_positions,
+        "num_beams": d.beam,
+    }
     if d.beam > 1:  # Hugging Face warns of a length penalty without a beam
         options["length_penalty"] = d.alpha
     return transformers_module().GenerationConfig(**options)

@@ -55,8 +55,9 @@ def _names(n_layers: int) -> list[tuple[str, str, str]]:
                 for w, proj in _ATTENTION.items():
                     kind = "out" if w == "w_o" else "in"
                     for p in ("weight", "bias"):
-                        out.append((f"{ours}.{attn}.{w}.{p}", f"{theirs}.{their_attn}.{proj}.{p}",
-                                    kind))  # fmt: skip
+                        out.append(
+                            (f"{ours}.{attn}.{w}.{p}", f"{theirs}.{their_attn}.{proj}.{p}", kind)
+                        )
             for w, fc, kind in (("w_1", "fc1", "in"), ("w_2", "fc2", "out")):
                 for p in ("weight", "bias"):
                     out.append((f"{ours}.ffn.{w}.{p}", f"{theirs}.{fc}.{p}", kind))
@@ -77,8 +78,12 @@ def _permuted(t: Tensor, kind: str, perm: Tensor) -> Tensor:
 
 def _rows(weight: Tensor, order: list[int | None], fill: Tensor | None) -> Tensor:
     """weight (V, D) rows in ``order``; a None row is ``fill`` (D,), or zeros."""
-    rows = [weight[i] if i is not None else (fill if fill is not None else weight.new_zeros(
-        weight.size(1))) for i in order]  # fmt: skip
+    rows = [
+        weight[i]
+        if i is not None
+        else (fill if fill is not None else weight.new_zeros(weight.size(1)))
+        for i in order
+    ]
     return torch.stack(rows)
 
 
@@ -108,9 +113,9 @@ def from_marian_state(
     lm_head = state["lm_head.weight"][:, perm]  # (V_tgt, D)
     out["generator.weight"] = _rows(lm_head, tgt_order, start_row if tied else None)
     bias = state["final_logits_bias"].reshape(-1)  # (1, V_tgt) -> (V_tgt,)
-    out["generator.bias"] = torch.stack([
-        bias[i] if i is not None else bias.new_tensor(NEVER) for i in tgt_order
-    ])  # fmt: skip
+    out["generator.bias"] = torch.stack(
+        [bias[i] if i is not None else bias.new_tensor(NEVER) for i in tgt_order]
+    )
     return out
 
 

@@ -13,8 +13,10 @@ from transduce.kernels import KernelOptions
 
 # ModelConfig.activation -> the function (PyTorch's gelu is the erf form, as Marian's "gelu")
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu, "swish": F.silu, "gelu": F.gelu,
-}  # fmt: skip
+    "relu": F.relu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+}
 
 
 class PositionwiseFeedForward(nn.Module):

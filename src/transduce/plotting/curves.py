@@ -1,7 +1,8 @@
 """Learning curves: the metrics of one or more runs against steps, epochs or wall-clock minutes.
 
 ``plot_curves`` draws one panel per metric (training values solid, validation dashed with dots;
-a training series of one point as a dot), one colour per run. Computing the points (``panel_series``) is separate from drawing them.
+a training series of one point as a dot), one colour per run. Computing the points
+(``panel_series``) is separate from drawing them.
 """
 
 from __future__ import annotations
