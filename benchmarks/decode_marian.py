@@ -1,0 +1,505 @@
+"""Decoding an OPUS-MT-sized Marian model: transduce (its import) against Hugging Face and
+CTranslate2 (its own Marian converter), all three from one ``MarianMTModel`` folder.
+
+    python benchmarks/decode_marian.py [--threads 2] [--repeats 3] [--quick]
+
+Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2, sentencepiece). The model, built
+here with random seeded weights (nothing from a hub), has OPUS-MT en-de's shape:
+
+    OPUS   d_model 512, 6+6 layers, 8 heads, d_ff 2048, swish, vocabulary 58,101
+    QUICK  d_model 64, 2+2 layers, 4 heads, d_ff 256, vocabulary 2,000 (``--quick``)
+
+with static sinusoids, scale_embedding, tied (shared) embeddings, a nonzero final_logits_bias,
+and OPUS-MT's vocabulary layout (``</s>`` 0, ``<unk>`` 1, pieces, ``<pad>`` last, the pad id as
+the decoder's start, its embedding row and bias zero as the OPUS-MT conversion writes them). The
+folder is ``MarianMTModel.save_pretrained`` plus a ``MarianTokenizer`` (source.spm and
+target.spm trained here on a synthetic corpus; vocab.json padded with made-up pieces).
+
+    transduce  ``import_marian`` of the folder, loaded, then ``greedy_search`` / ``beam_search``
+               (alpha 0.6) on a ``DecodingModel`` of it, as benchmarks/decode.py times it
+    hf         the folder's ``MarianMTModel`` ``generate`` (greedy, num_beams=4)
+    ct2        ``ctranslate2.converters.TransformersConverter(folder)`` (float32), then
+               ``translate_batch`` in a process of its own that imports no torch, as decode.py
+               runs it (the fastest ISA that works, each figure the faster of Intel MKL and
+               oneDNN)
+
+The work is decode.py's: ``--threads`` CPU threads (torch.set_num_threads / intra_threads),
+sources of 20 tokens (19 random pieces + ``</s>``), exactly 30 decoder steps per sentence (EOS
+suppressed until then), each figure the median of ``--repeats`` runs after a warm-up (batch-1
+figures: of ``--latency-repeats``). Timed: greedy and beam 4 on a batch of 32, and on one
+sentence (latency). No system generates its padding token (ours: PAD and BOS; hf: ``<pad>``,
+the folder's bad_words_ids; ct2's vocabulary has neither). decode.py's constants,
+``median_time``, EOS suppression wrapper and CTranslate2 ISAs and backends are imported from
+it. Its CTranslate2 worker is not: it suppresses ``<pad>`` and ``<s>``, which the converted
+Marian vocabulary lacks (CTranslate2 refuses unknown tokens), and times no beam at batch 1; the
+worker here is the same otherwise.
+
+Before timing, the three are checked to compute the same model: per-token log-probabilities of a
+fixed pair (the target + ``</s>``) within 1e-3 of transduce's. The systems' ids differ (the
+import puts PAD, BOS, EOS, UNK first and adds a BOS row; CTranslate2 takes pieces), so the pair
+is drawn as pieces and mapped. CTranslate2's converter drops ``<pad>`` from the vocabulary
+(Marian's own has none), so every log-probability here is over the vocabulary without it.
+
+Prints a table and ends with one JSON line: per system the times, and the ratios
+``opus_beam4_b32_vs_hf``, ``opus_beam4_b32_vs_ct2``, ``opus_greedy_b32_vs_*`` (our throughput
+over theirs: > 1 means transduce is faster) and ``opus_beam4_b1_latency_vs_*``,
+``opus_greedy_b1_latency_vs_*`` (our latency over theirs: < 1 means transduce is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode  # noqa: E402  (benchmarks/decode.py: the timing machinery shared with it)
+from decode import ALPHA, BATCH, BEAM, SRC_LEN, STEPS, median_time  # noqa: E402
+
+SIZES = {
+    "opus": {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "vocab": 58101},
+    "quick": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 256, "vocab": 2000},
+}  # fmt: skip
+CHECK_TOL = 1e-3
+FIGURES = ("greedy_b32", "beam4_b32", "greedy_b1", "beam4_b1")
+WORDS = ["the", "a", "dog", "cat", "man", "woman", "runs", "sits", "on", "in", "red", "blue",
+         "big", "small", "park", "street", "ball"]  # fmt: skip
+
+
+# -- the Marian folder ----------------------------------------------------------------------------
+
+
+def _train_spm(lines: list[str], size: int) -> bytes:
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, vocab_size=size, model_type="unigram",
+        minloglevel=2,
+    )  # fmt: skip
+    return out.getvalue()
+
+
+def _vocab(source: bytes, target: bytes, size: int) -> dict[str, int]:
+    """OPUS-MT's layout: ``</s>`` 0, ``<unk>`` 1, both models' pieces, made-up pieces up to
+    ``size``, ``<pad>`` last."""
+    import sentencepiece as spm
+
+    vocab = {"</s>": 0, "<unk>": 1}
+    for proto in (source, target):
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    filler = (f"\u2581w{i}" for i in range(size))
+    while len(vocab) < size - 1:
+        vocab.setdefault(next(filler), len(vocab))
+    vocab["<pad>"] = size - 1
+    return vocab
+
+
+def make_folder(folder: Path, size: dict[str, int], seed: int = 0) -> Path:
+    """Write an OPUS-MT-shaped MarianMTModel + MarianTokenizer folder with random weights."""
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))) for _ in range(300)]
+    source, target = _train_spm(src, 40), _train_spm([s.upper()[::-1] for s in src], 40)
+    (folder / "source.spm").write_bytes(source)
+    (folder / "target.spm").write_bytes(target)
+    vocab = _vocab(source, target, size["vocab"])
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    v, d = size["vocab"], size["d_model"]
+    pad = v - 1
+    cfg = MarianConfig(
+        vocab_size=v, d_model=d, encoder_layers=size["layers"], decoder_layers=size["layers"],
+        encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="swish",
+        scale_embedding=True, static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=pad,
+        eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+        max_position_embeddings=512, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        init_std=2.0 / d**0.5,  # logits of standard deviation about 2: a sharp check
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.5)
+        # OPUS-MT's conversion appends <pad> with a zero embedding and a zero bias; Marian (and
+        # CTranslate2, start_from_zero_embedding) starts decoding from a zero vector
+        model.final_logits_bias[0, pad] = 0.0
+        model.model.shared.weight[pad] = 0.0
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=pad, eos_token_id=0, pad_token_id=pad, forced_eos_token_id=0,
+        bad_words_ids=[[pad]], max_length=512, num_beams=4,
+    )  # fmt: skip
+    model.save_pretrained(str(folder))
+    MarianTokenizer(
+        str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")
+    ).save_pretrained(str(folder))
+    return folder
+
+
+# -- the three systems on one folder ------------------------------------------------------------
+
+
+@dataclass
+class Systems:
+    """The folder's model in transduce (imported) and Hugging Face, and the id maps."""
+
+    ours: Any  # the imported transduce model
+    hf: Any  # MarianMTModel
+    marian_ids: dict[str, int]  # vocab.json: piece -> Marian id
+    our_ids: dict[str, int]  # piece -> transduce id
+
+    def ids(self, pieces: list[str], ours: bool) -> list[int]:
+        return [(self.our_ids if ours else self.marian_ids)[p] for p in pieces]
+
+
+def load_systems(folder: Path, model_file: Path) -> Systems:
+    from transformers import MarianMTModel
+
+    from transduce.checkpoint import load_model
+    from transduce.export.huggingface import import_marian
+
+    import_marian(folder, model_file)
+    ours, vocab, _ = load_model(model_file)
+    hf = MarianMTModel.from_pretrained(str(folder)).eval()
+    marian_ids = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    our_ids = {p: i for i, p in enumerate(vocab.pieces)}
+    return Systems(ours, hf, marian_ids, our_ids)
+
+
+def draw_pieces(systems: Systems, seed: int = 1) -> tuple[list[list[str]], list[str]]:
+    """(BATCH sources of SRC_LEN - 1 ordinary pieces, one target of 12) for the timing and check
+    (``</s>`` is appended where each system wants it)."""
+    ordinary = [p for p in systems.marian_ids if p not in ("</s>", "<unk>", "<pad>")]
+    rng = random.Random(seed)
+    sources = [[rng.choice(ordinary) for _ in range(SRC_LEN - 1)] for _ in range(BATCH)]
+    return sources, [rng.choice(ordinary) for _ in range(12)]
+
+
+def ours_log_probs(systems: Systems, source: list[str], target: list[str]) -> list[float]:
+    """transduce's log-probabilities of target + ``</s>`` (over the vocabulary without PAD)."""
+    import torch
+
+    from transduce.data.vocab import BOS, EOS, PAD
+
+    src = torch.tensor([[*systems.ids(source, True), EOS]])
+    tgt = systems.ids(target, True)
+    with torch.no_grad():
+        logits = systems.ours(src, torch.tensor([[BOS, *tgt]]))[0]  # (T + 1, V + 1)
+    logits[:, PAD] = float("-inf")
+    lp = logits.log_softmax(-1)
+    return lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])].tolist()
+
+
+def hf_log_probs(systems: Systems, source: list[str], target: list[str]) -> list[float]:
+    """Hugging Face's log-probabilities of target + ``</s>`` (over the vocabulary without pad)."""
+    import torch
+
+    c = systems.hf.config
+    src = torch.tensor([[*systems.ids(source, False), c.eos_token_id]])
+    tgt = systems.ids(target, False)
+    with torch.no_grad():
+        out = systems.hf(input_ids=src, decoder_input_ids=torch.tensor([[c.pad_token_id, *tgt]]))
+    logits = out.logits[0]  # (T + 1, V)
+    logits[:, c.pad_token_id] = float("-inf")
+    lp = logits.log_softmax(-1)
+    return lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, c.eos_token_id])].tolist()
+
+
+def max_diff(name: str, theirs: list[float], ref: list[float]) -> float:
+    """The largest log-probability difference; a RuntimeError past CHECK_TOL."""
+    if len(theirs) != len(ref):
+        raise RuntimeError(f"{name} scored {len(theirs)} tokens, transduce {len(ref)}")
+    diff = max(abs(a - b) for a, b in zip(theirs, ref, strict=True))
+    if not diff <= CHECK_TOL:  # NaN fails too
+        raise RuntimeError(f"{name} does not compute the imported model: log-probabilities "
+                           f"differ by {diff:.3g}")  # fmt: skip
+    return diff
+
+
+def convert_ct2(folder: Path, output: Path) -> Path:
+    """CTranslate2's own converter for Transformers models, float32."""
+    import ctranslate2
+
+    converter = ctranslate2.converters.TransformersConverter(str(folder))
+    converter.convert(str(output), quantization="float32")
+    return output
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+
+def time_ours(systems: Systems, sources: list[list[str]], args: argparse.Namespace) -> dict:
+    """decode.py's way: EOS masked before the last step, 29 tokens + the forced final EOS."""
+    import torch
+
+    from transduce.data.vocab import EOS
+    from transduce.inference import beam_search, greedy_search
+    from transduce.inference.engine import DecodingModel
+
+    wrapped = decode.SuppressEarlyEOS(DecodingModel(systems.ours), STEPS - 1)
+    src = torch.tensor([[*systems.ids(s, True), EOS] for s in sources])  # (32, 20), no padding
+    lengths: set[int] = set()
+
+    def run(x, beam):
+        def go():
+            if beam == 1:
+                out = greedy_search(wrapped, x, max_len=STEPS - 1)
+            else:
+                out = [h[0].tokens for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA,
+                                                       max_len=STEPS - 1)]  # fmt: skip
+            lengths.update(len(t) + 1 for t in out)  # + the final EOS
+
+        return go
+
+    res = _four(run, src, args)
+    return res | {"lengths": sorted(lengths)}
+
+
+def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace) -> dict:
+    """``generate`` with min_new_tokens = max_new_tokens = 30 (the folder's generation config
+    keeps ``<pad>`` out; the forced EOS at the length limit is switched off)."""
+    import torch
+
+    eos = systems.hf.config.eos_token_id
+    src = torch.tensor([[*systems.ids(s, False), eos] for s in sources])
+    lengths: set[int] = set()
+
+    def run(x, beam):
+        def go():
+            with torch.no_grad():
+                out = systems.hf.generate(
+                    input_ids=x, attention_mask=torch.ones_like(x), num_beams=beam,
+                    do_sample=False, min_new_tokens=STEPS, max_new_tokens=STEPS,
+                    length_penalty=ALPHA, early_stopping=False, forced_eos_token_id=None,
+                )  # fmt: skip
+            lengths.add(out.size(1) - 1)  # minus the decoder start token
+
+        return go
+
+    res = _four(run, src, args)
+    return res | {"lengths": sorted(lengths)}
+
+
+def _four(run, src, repeats: dict[str, Any] | argparse.Namespace) -> dict[str, float]:
+    """The four timed figures of ``run(sources, beam)``; ``repeats``: the options (or job)."""
+    r = repeats if isinstance(repeats, dict) else vars(repeats)
+    return {
+        "greedy_b32": median_time(run(src, 1), r["repeats"]),
+        "beam4_b32": median_time(run(src, BEAM), r["repeats"]),
+        "greedy_b1": median_time(run(src[:1], 1), r["latency_repeats"]),
+        "beam4_b1": median_time(run(src[:1], BEAM), r["latency_repeats"]),
+    }
+
+
+# CTranslate2 in its own process (no torch), as decode.py runs it (its worker does not fit here:
+# see the module's docstring).
+
+
+def ct2_worker(spec_path: str) -> None:
+    """Time CTranslate2 on the job in ``spec_path``; print one JSON line."""
+    import ctranslate2
+
+    job = json.loads(Path(spec_path).read_text())
+    translator = ctranslate2.Translator(
+        job["model_dir"], device="cpu", intra_threads=job["threads"], inter_threads=1
+    )
+    options = {"min_decoding_length": STEPS, "max_decoding_length": STEPS, "length_penalty": ALPHA}
+    lengths: set[int] = set()
+
+    def run(tokens, beam):
+        def go():
+            for r in translator.translate_batch(tokens, beam_size=beam, **options):
+                lengths.add(len(r.hypotheses[0]))
+
+        return go
+
+    out: dict[str, Any] = _four(run, job["batch"], job)
+    out["lengths"] = sorted(lengths)
+    check = translator.score_batch([job["check"]["source"]], [job["check"]["target"]])[0]
+    out["check_log_probs"] = list(check.log_probs)
+    out["torch_imported"] = "torch" in sys.modules
+    out["ctranslate2"] = ctranslate2.__version__
+    print(json.dumps(out))
+
+
+def time_ct2(
+    model_dir: Path, sources: list[list[str]], target: list[str], args: argparse.Namespace
+) -> dict:
+    """CTranslate2 on the fastest ISA that runs (decode.ISAS), each figure the faster of its two
+    matrix-product backends (decode.CT2_BACKENDS). The converted Marian model adds no ``</s>``
+    to the source: the pieces here end in it."""
+    tokens = [[*s, "</s>"] for s in sources]
+    job = {"model_dir": str(model_dir), "threads": args.threads, "batch": tokens,
+           "check": {"source": tokens[0], "target": target}, "repeats": args.repeats,
+           "latency_repeats": args.latency_repeats}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "job.json"
+        spec.write_text(json.dumps(job))
+        for isa in decode.ISAS:
+            base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
+            runs = {name: _ct2_process(spec, {**base, **env}, args.timeout)
+                    for name, env in decode.CT2_BACKENDS.items()}  # fmt: skip
+            runs = {name: r for name, r in runs.items() if r is not None}
+            if runs:
+                break
+        else:
+            raise RuntimeError("CTranslate2 failed with every ISA")
+    res = dict(next(iter(runs.values())))
+    res["isa"], res["backend"] = isa, {}
+    for key in FIGURES:
+        best = min(runs, key=lambda name: runs[name][key])
+        res[key], res["backend"][key] = runs[best][key], best
+    res["backend_times"] = {name: {k: r[k] for k in FIGURES} for name, r in runs.items()}
+    return res
+
+
+def _ct2_process(spec: Path, env: dict[str, str], timeout: float) -> dict | None:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--ct2-worker", str(spec)], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"ct2 with {env} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}",
+          file=sys.stderr)  # fmt: skip
+    return None
+
+
+def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Build the folder in ``workdir``, check the three systems agree, time them."""
+    import torch
+
+    size = SIZES["quick" if args.quick else "opus"]
+    print(f"building the Marian folder {size} ...", file=sys.stderr, flush=True)
+    folder = make_folder(workdir / "opus-mt", size)
+    print("importing (transduce) and converting (ct2) ...", file=sys.stderr, flush=True)
+    systems = load_systems(folder, workdir / "model.pt")
+    ct2_dir = convert_ct2(folder, workdir / "ct2")
+    sources, target = draw_pieces(systems)
+    ref = ours_log_probs(systems, sources[0], target)
+    hf_diff = max_diff("hf", hf_log_probs(systems, sources[0], target), ref)
+
+    torch.set_num_threads(args.threads)
+    results: dict[str, dict] = {}
+    print("timing transduce ...", file=sys.stderr, flush=True)
+    results["transduce"] = time_ours(systems, sources, args)
+    print("timing hf ...", file=sys.stderr, flush=True)
+    results["hf"] = time_hf(systems, sources, args) | {"check_max_abs_diff": hf_diff}
+    del systems
+    print("timing ct2 ...", file=sys.stderr, flush=True)
+    ct2 = time_ct2(ct2_dir, sources, target, args)
+    ct2["check_max_abs_diff"] = max_diff("ct2", ct2.pop("check_log_probs"), ref)
+    results["ct2"] = ct2
+    for name, r in results.items():
+        if r["lengths"] != [STEPS]:
+            raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
+    return {"size": size, "systems": results}
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def ratios(systems: dict[str, dict]) -> dict[str, float]:
+    """Throughput ours over theirs (> 1: transduce faster); latency ours over theirs (< 1)."""
+    ours = systems["transduce"]
+    out = {}
+    for other in ("hf", "ct2"):
+        them = systems[other]
+        out[f"opus_beam4_b32_vs_{other}"] = them["beam4_b32"] / ours["beam4_b32"]
+        out[f"opus_greedy_b32_vs_{other}"] = them["greedy_b32"] / ours["greedy_b32"]
+        out[f"opus_beam4_b1_latency_vs_{other}"] = ours["beam4_b1"] / them["beam4_b1"]
+        out[f"opus_greedy_b1_latency_vs_{other}"] = ours["greedy_b1"] / them["greedy_b1"]
+    return out
+
+
+def print_table(res: dict, threads: int) -> None:
+    s = res["size"]
+    print(f"\nMarian (OPUS-MT shape): d_model {s['d_model']}, {s['layers']}+{s['layers']} layers, "
+          f"{s['heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; {SRC_LEN} source tokens, "
+          f"{STEPS} steps, {threads} threads")  # fmt: skip
+    print(f"{'system':10} {'greedy b32 sent/s':>18} {'tok/s':>8} {'beam4 b32 sent/s':>17} "
+          f"{'tok/s':>8} {'greedy b1 ms':>13} {'beam4 b1 ms':>12}")  # fmt: skip
+    for system, r in res["systems"].items():
+        print(f"{system:10} {BATCH / r['greedy_b32']:18.1f} {BATCH * STEPS / r['greedy_b32']:8.0f} "
+              f"{BATCH / r['beam4_b32']:17.1f} {BATCH * STEPS / r['beam4_b32']:8.0f} "
+              f"{1000 * r['greedy_b1']:13.1f} {1000 * r['beam4_b1']:12.1f}")  # fmt: skip
+    ct2 = res["systems"]["ct2"]
+    print(f"ct2 seconds by backend (the faster one is used; ISA {ct2['isa']}): " + "; ".join(
+        f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items())
+        for b, t in ct2["backend_times"].items()))  # fmt: skip
+    print()
+    for key, v in ratios(res["systems"]).items():
+        print(f"{key:32} {v:.2f}")
+
+
+def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    ct2 = res["systems"]["ct2"]
+    out: dict[str, Any] = {"benchmark": "decode_marian", "quick": args.quick,
+                           "threads": args.threads, **ratios(res["systems"])}  # fmt: skip
+    out["size"] = res["size"]
+    out["seconds"] = {name: {k: decode._round(r[k]) for k in FIGURES}
+                      for name, r in res["systems"].items()}  # fmt: skip
+    out["check_max_abs_diff"] = {name: decode._round(res["systems"][name]["check_max_abs_diff"])
+                                 for name in ("hf", "ct2")}  # fmt: skip
+    out.update({
+        "ct2_isa": ct2["isa"], "ct2_backend": ct2["backend"],
+        "ct2_backend_seconds": {b: {k: decode._round(v) for k, v in t.items()}
+                                for b, t in ct2["backend_times"].items()},
+        "ct2_torch_imported": ct2["torch_imported"], "torch": torch.__version__,
+        "transformers": transformers.__version__, "ctranslate2": ct2["ctranslate2"],
+        "machine": platform.processor() or platform.machine(), "repeats": args.repeats,
+        "latency_repeats": args.latency_repeats,
+    })  # fmt: skip
+    return {k: decode._round(v) for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    parser.add_argument("--latency-repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help="d_model 64, 2+2 layers, vocabulary 2000, one repeat")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for a ct2 process")
+    parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ct2_worker:
+        ct2_worker(args.ct2_worker)
+        return {}
+    if args.quick:
+        args.repeats, args.latency_repeats = 1, 1
+
+    import transformers
+
+    from transduce.runtime import tune_malloc
+
+    tune_malloc()
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as tmp:
+        res = bench(args, Path(tmp))
+    print_table(res, args.threads)
+    out = summary(res, args)
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

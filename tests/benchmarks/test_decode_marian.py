@@ -1,0 +1,94 @@
+"""benchmarks/decode_marian.py: the --quick run end to end (the JSON keys, every system
+decoding exactly 30 steps, the same-model check passing), the check failing on a wrong model
+and on unmapped ids, and the direction of the ratios. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
+pytest.importorskip("transformers")
+pytest.importorskip("ctranslate2")
+pytest.importorskip("sentencepiece")
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ("beam4_b32", "greedy_b32", "beam4_b1_latency", "greedy_b1_latency")
+KEYS = [f"opus_{figure}_vs_{other}" for other in ("hf", "ct2") for figure in FIGURES]
+
+
+def _module() -> types.ModuleType:
+    """The benchmark script as a module."""
+    path = ROOT / "benchmarks" / "decode_marian.py"
+    spec = importlib.util.spec_from_file_location("decode_marian", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["decode_marian"] = module  # dataclasses look the module up while it loads
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["decode_marian"]
+    return module
+
+
+def test_quick_run_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    dm = _module()
+    out = dm.main(["--quick", "--threads", "1"])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(printed[-1]) == out
+    assert all(isinstance(out[k], float) and out[k] > 0 for k in KEYS)
+    assert out["quick"] is True and out["size"] == dm.SIZES["quick"]
+    assert max(out["check_max_abs_diff"].values()) <= dm.CHECK_TOL
+    assert out["ct2_torch_imported"] is False
+    assert set(out["seconds"]) == {"transduce", "hf", "ct2"}
+
+
+def test_the_check_fails_on_a_wrong_model_or_unmapped_ids(tmp_path: Path) -> None:
+    dm = _module()
+    size = dm.SIZES["quick"]
+    folder = dm.make_folder(tmp_path / "opus-mt", size)
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    assert len(vocab) == size["vocab"] and (vocab["</s>"], vocab["<unk>"]) == (0, 1)
+    assert vocab["<pad>"] == size["vocab"] - 1
+    systems = dm.load_systems(folder, tmp_path / "model.pt")
+    assert len(systems.our_ids) == size["vocab"] + 1  # the import adds a BOS row
+    sources, target = dm.draw_pieces(systems)
+    ref = dm.ours_log_probs(systems, sources[0], target)
+    assert len(ref) == len(target) + 1
+    assert dm.max_diff("hf", dm.hf_log_probs(systems, sources[0], target), ref) <= dm.CHECK_TOL
+
+    ct2 = pytest.importorskip("ctranslate2")
+    translator = ct2.Translator(str(dm.convert_ct2(folder, tmp_path / "ct2")), device="cpu")
+    scored = translator.score_batch([[*sources[0], "</s>"]], [target])[0].log_probs
+    assert dm.max_diff("ct2", list(scored), ref) <= dm.CHECK_TOL
+
+    # transduce fed Marian's ids (no mapping): the check fails
+    unmapped = dm.Systems(systems.ours, systems.hf, systems.marian_ids, systems.marian_ids)
+    with pytest.raises(RuntimeError, match="does not compute"):
+        dm.max_diff("hf", dm.hf_log_probs(systems, sources[0], target),
+                    dm.ours_log_probs(unmapped, sources[0], target))  # fmt: skip
+    # one weight changed on the Hugging Face side (one feature: a shift of all of them would
+    # vanish in the layer norm after it): the check fails
+    with torch.no_grad():
+        systems.hf.model.decoder.layers[-1].fc2.bias[0] += 0.1
+    with pytest.raises(RuntimeError, match="does not compute"):
+        dm.max_diff("hf", dm.hf_log_probs(systems, sources[0], target), ref)
+
+
+def test_ratios_are_ours_faster_above_one_and_latency_ours_over_theirs() -> None:
+    dm = _module()
+    ours = {"greedy_b32": 1.0, "beam4_b32": 2.0, "greedy_b1": 0.1, "beam4_b1": 0.2}
+    slower = {k: 2 * v for k, v in ours.items()}
+    out = dm.ratios({"transduce": ours, "hf": slower, "ct2": ours})
+    assert sorted(out) == sorted(KEYS)
+    assert out["opus_beam4_b32_vs_hf"] == 2.0 and out["opus_greedy_b32_vs_hf"] == 2.0
+    assert out["opus_beam4_b1_latency_vs_hf"] == 0.5 and out["opus_greedy_b1_latency_vs_hf"] == 0.5
+    assert all(out[k] == 1.0 for k in KEYS if k.endswith("ct2"))
