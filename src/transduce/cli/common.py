@@ -36,11 +36,23 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_models(p: argparse.ArgumentParser) -> None:
+    """``--model``, once or more (``args.model``: a list of paths; several: an ensemble)."""
+    p.add_argument(
+        "--model", required=True, action="append", metavar="CKPT",
+        help="checkpoint file (model.pt, best.pt) or run folder; given more than once, an "
+        "ensemble: the mean of the models' next-token probabilities (one vocabulary)",
+    )  # fmt: skip
+
+
+def models_shown(paths: Sequence[str]) -> str | list[str]:
+    """``--model`` as a JSON report shows it: the path, or the list of an ensemble's."""
+    return str(paths[0]) if len(paths) == 1 else [str(p) for p in paths]
+
+
 def add_decoding(p: argparse.ArgumentParser) -> None:
     """The options of decoding a file with a checkpoint (``translate``, ``evaluate``)."""
-    p.add_argument(
-        "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
-    )
+    add_models(p)
     p.add_argument(
         "--beam", type=int, default=None,
         help="beam size; 1 = greedy (default: the checkpoint's decode.beam, 4 unless its config "
@@ -116,6 +128,6 @@ def one_output_line(text: str) -> str:
 
 
 __all__ = [
-    "add_decoding", "add_device", "add_precision", "add_set", "one_output_line", "read_input",
-    "write_output",
+    "add_decoding", "add_device", "add_models", "add_precision", "add_set", "models_shown",
+    "one_output_line", "read_input", "write_output",
 ]

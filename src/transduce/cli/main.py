@@ -19,6 +19,7 @@ from transduce.cli import (
     analysis_commands,
     data_commands,
     parsing_commands,
+    score_commands,
     serve_commands,
     training_commands,
     translation_commands,
@@ -28,8 +29,8 @@ from transduce.errors import Preempted, RunStopped, UserError
 # Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
 REGISTER = [
     training_commands.register, data_commands.register, translation_commands.register,
-    parsing_commands.register, serve_commands.register, analysis_commands.register,
-    data_commands.register_prepare,
+    score_commands.register, parsing_commands.register, serve_commands.register,
+    analysis_commands.register, data_commands.register_prepare,
 ]
 
 
