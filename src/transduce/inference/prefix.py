@@ -60,7 +60,7 @@ class PrefixConstrained:
         if src.size(0) != self.forced.size(0):
             raise ValueError(f"{src.size(0)} sentences but {self.forced.size(0)} prefixes")
         self.forced = self.forced.to(src.device)
-        return self.model.encode(src, src_valid)
+        return self.model.encode(src) if src_valid is None else self.model.encode(src, src_valid)
 
     def new_cache(self) -> PrefixCache:
         return PrefixCache(self.model.new_cache(), self.forced)
