@@ -133,7 +133,9 @@ def test_prefix_file(files, capsys) -> None:
 
 
 def test_unbuffered_answers_each_line_before_the_next(files) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # stdout block-buffered, as a pipe's is by default: only the flush can answer in time
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "transduce", "--no-malloc-tuning", "translate", "--model",
            files["tf"], "--unbuffered", "--beam", "2"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -141,7 +143,7 @@ def test_unbuffered_answers_each_line_before_the_next(files) -> None:
     assert proc.stdin is not None and proc.stdout is not None
     want = Translator.load(files["tf"]).translate(SOURCES, Translator.load(files["tf"])
                                                   .decode_config(beam=2))  # fmt: skip
-    watchdog = threading.Timer(120, proc.kill)  # a missing answer fails the test, not hangs it
+    watchdog = threading.Timer(60, proc.kill)  # a missing answer fails the test, not hangs it
     watchdog.start()
     try:
         for sentence, expected in zip(SOURCES, want, strict=True):
@@ -153,3 +155,22 @@ def test_unbuffered_answers_each_line_before_the_next(files) -> None:
         proc.wait(timeout=60)
         watchdog.cancel()
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_line_by_line_by_default_on_a_terminal(monkeypatch) -> None:
+    from argparse import Namespace
+
+    from transduce.cli.decoding_tools import line_by_line
+    from transduce.errors import UserError
+
+    def args(**kw) -> Namespace:
+        return Namespace(**{"input": None, "interactive": None, "unbuffered": False, **kw})
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    assert line_by_line(args()) and not line_by_line(args(interactive=False))
+    assert not line_by_line(args(input="file.txt"))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)
+    assert not line_by_line(args()) and line_by_line(args(interactive=True))
+    assert line_by_line(args(unbuffered=True))
+    with pytest.raises(UserError, match="--input"):
+        line_by_line(args(input="file.txt", unbuffered=True))

@@ -55,11 +55,12 @@ def test_top_k_and_top_p_cut_exactly() -> None:
     lprobs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     got = sampling_probs(lprobs, temperature=1.0, top_k=2, top_p=1.0)
     assert got.tolist()[0] == pytest.approx([0.625, 0.375, 0.0, 0.0])
-    got = sampling_probs(lprobs, temperature=1.0, top_k=0, top_p=0.8)  # .5 + .3 reach .8
+    # the smallest set of the best tokens whose probability reaches top_p
+    got = sampling_probs(lprobs, temperature=1.0, top_k=0, top_p=0.79)  # .5 + .3
     assert got.tolist()[0] == pytest.approx([0.625, 0.375, 0.0, 0.0])
-    got = sampling_probs(lprobs, temperature=1.0, top_k=0, top_p=0.81)
+    got = sampling_probs(lprobs, temperature=1.0, top_k=0, top_p=0.81)  # .5 + .3 + .15
     assert got.tolist()[0] == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
-    got = sampling_probs(lprobs, temperature=1.0, top_k=3, top_p=0.5)  # the best alone
+    got = sampling_probs(lprobs, temperature=1.0, top_k=3, top_p=0.49)  # the best alone
     assert got.tolist()[0] == pytest.approx([1.0, 0.0, 0.0, 0.0])
     assert set(first_tokens(2, top_k=2)) == {A, B}
     counts = first_tokens(3, top_p=0.8)
