@@ -174,3 +174,50 @@ def test_line_by_line_by_default_on_a_terminal(monkeypatch) -> None:
     assert line_by_line(args(unbuffered=True))
     with pytest.raises(UserError, match="--input"):
         line_by_line(args(input="file.txt", unbuffered=True))
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_decoding_tools_run_as_written(files, tmp_path, monkeypatch) -> None:
+    """The README's "Decoding tools" commands and Python, run in a folder holding the files
+    they name (the toy Transformer as runs/en_de, the toy rnn as runs/en_de_seed2)."""
+    import re
+    import shlex
+    import shutil
+
+    text = README.read_text(encoding="utf-8")
+    start = text.index("#### Decoding tools")
+    section = text[start : text.index("\n### ", start)]
+    (bash,) = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    (python,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    for run_dir, model in (("en_de", "tf"), ("en_de_seed2", "rnn")):
+        (tmp_path / "runs" / run_dir).mkdir(parents=True)
+        shutil.copy(files[model], tmp_path / "runs" / run_dir / "model.pt")
+    for name, key in (("test.en", "src"), ("in.en", "src"), ("test.de", "tgt"),
+                      ("prefixes.de", "tgt")):  # fmt: skip
+        shutil.copy(files[key], tmp_path / name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    transduce = f"{shlex.quote(sys.executable)} -m transduce --no-malloc-tuning"
+    commands = [line for line in bash.splitlines() if line.startswith("transduce ")]
+    assert len(commands) == 5
+    for command in commands:
+        shell = re.sub(r"^transduce", transduce, command)
+        done = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (command, done.stderr)
+        if "score" in command:
+            rows = (tmp_path / "scores.jsonl").read_text(encoding="utf-8").splitlines()
+            assert len(rows) == len(SOURCES) and "normalized" in json.loads(rows[0])
+        elif "--nbest 4" in command:
+            assert len(done.stdout.splitlines()) == 4 * 3 + 1  # an empty line: one
+        else:
+            assert len(done.stdout.splitlines()) == len(SOURCES), command
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(python, "README.md", "exec"), namespace)
+    t = namespace["t"]
+    assert len(t.score(["a"], ["b"])) == 1
+    # (the toy vocabulary has no capitals: a prefix in its own words)
+    assert t.translate(["a man"], prefixes=["the dog"])[0].startswith("the dog")
+    assert len(t.translate_nbest(["the dog"], 4, namespace["sampling"])[0]) == 4
