@@ -5,7 +5,9 @@ and writes detokenized translations to ``--output`` or stdout, one line per inpu
 same order; an empty input line gives an empty output line. With ``--nbest K`` (K > 1) each input
 line gives up to K lines ``INDEX<TAB>SCORE<TAB>TEXT``, best first: INDEX is the 0-based input
 line number, SCORE the length-normalised log-probability ``log P / lp`` the beam ranks by (an
-empty input line gives the single line ``INDEX<TAB>0.0000<TAB>``).
+empty input line gives the single line ``INDEX<TAB>0.0000<TAB>``). The decoding toolbox's
+options (``--sampling``, ``--prefix-file``, ``--model`` twice for an ensemble, ``--unbuffered``
+and ``--interactive``) are in ``transduce.cli.decoding_tools``.
 
 ``transduce evaluate`` translates ``--src`` and prints one JSON object with sacreBLEU's BLEU and
 chrF against ``--ref`` (cased, detokenized, 13a; see ``transduce.evaluation.bleu``), their
@@ -128,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument(
-        "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam)"
+        "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam; with --sampling, samples)"
     )
     p.add_argument(
         "--max-len-offset", type=int, default=None, metavar="N",

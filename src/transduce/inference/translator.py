@@ -25,6 +25,11 @@ How sentences are decoded:
   (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
   tokens.
 
+The decoding toolbox: ``score`` gives the log-probabilities of given translations (forced
+decoding, ``inference.scoring``); ``load_ensemble`` decodes several checkpoints as one
+(``inference.ensemble``); ``translate(..., prefixes=...)`` forces each translation's start
+(``inference.prefix``); ``DecodeConfig.sampling`` samples (``inference.sampling``).
+
 "Weights" names the dtype a model decodes with (``WeightPrecision``: "fp32" or "bf16", the
 CLI's ``--precision``), apart from training's autocast ``train.precision``.
 """
