@@ -164,16 +164,19 @@ def test_line_by_line_by_default_on_a_terminal(monkeypatch) -> None:
     from transduce.errors import UserError
 
     def args(**kw) -> Namespace:
-        return Namespace(**{"input": None, "interactive": None, "unbuffered": False, **kw})
+        return Namespace(**{"input": None, "output": None, "interactive": None,
+                            "unbuffered": False, **kw})  # fmt: skip
 
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     assert line_by_line(args()) and not line_by_line(args(interactive=False))
-    assert not line_by_line(args(input="file.txt"))
+    assert not line_by_line(args(input="file.txt")) and not line_by_line(args(output="out.txt"))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)
     assert not line_by_line(args()) and line_by_line(args(interactive=True))
     assert line_by_line(args(unbuffered=True))
     with pytest.raises(UserError, match="--input"):
         line_by_line(args(input="file.txt", unbuffered=True))
+    with pytest.raises(UserError, match="--output"):
+        line_by_line(args(output="out.txt", interactive=True))
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"

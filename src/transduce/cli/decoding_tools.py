@@ -103,14 +103,21 @@ def add_line_by_line(p: argparse.ArgumentParser) -> None:
 
 
 def line_by_line(args: argparse.Namespace) -> bool:
-    """Whether ``translate`` answers stdin a line at a time: ``--unbuffered``, ``--interactive``,
-    or by default when stdin (the input) is a terminal."""
+    """Whether ``translate`` answers stdin a line at a time on stdout: ``--unbuffered``,
+    ``--interactive``, or by default when stdin (the input) is a terminal and the answers go to
+    stdout."""
     reads_stdin = args.input is None or args.input == "-"
+    writes_stdout = args.output is None or args.output == "-"
     if args.unbuffered or args.interactive:
-        if not reads_stdin:
-            raise UserError("--interactive and --unbuffered answer stdin: not with --input")
+        if not (reads_stdin and writes_stdout):
+            raise UserError(
+                "--interactive and --unbuffered answer stdin on stdout: not with --input or --output"
+            )
         return True
-    return args.interactive is None and reads_stdin and sys.stdin.isatty()
+    from transduce.console import is_terminal
+
+    on_terminal = sys.stdin is not None and is_terminal(sys.stdin)
+    return args.interactive is None and reads_stdin and writes_stdout and on_terminal
 
 
 def answer_lines(
