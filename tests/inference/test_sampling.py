@@ -98,3 +98,30 @@ def test_an_ended_sample_waits_for_the_others_and_a_forced_eos_is_drawn() -> Non
     (hyps,) = sample(model, torch.tensor([[4]]), samples=3, max_len_offset=2)
     assert [h.tokens for h in hyps] == [[A] * 3] * 3
     assert all(h.log_prob == float("-inf") for h in hyps)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("temperature", 0.0), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("sampling_seed", -1)],
+)
+def test_sampling_settings_are_checked_naming_the_key(key: str, value: float) -> None:
+    from transduce.config import DecodeConfig
+    from transduce.errors import UserError
+
+    with pytest.raises(UserError, match=key) as e:
+        DecodeConfig(**{key: value})
+    assert "\n" not in str(e.value)
+    assert DecodeConfig().sampling is False  # off by default: the searches as before
+
+
+def test_generate_samples_with_a_decode_config() -> None:
+    from transduce.config import DecodeConfig
+    from transduce.inference.search import generate
+
+    cfg = DecodeConfig(sampling=True, sampling_seed=5, top_k=2, decode_batch=1)
+    src = torch.tensor([[4], [4]])
+    first = generate(ScriptedModel(FIRST), src, cfg, nbest=30)
+    assert [len(h) for h in first] == [30, 30]
+    assert {h.tokens[0] for hyps in first for h in hyps} == {A, B}  # top-k 2
+    again = generate(ScriptedModel(FIRST), src, cfg, nbest=30)
+    assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]
