@@ -126,6 +126,10 @@ def test_prefix_file(files, capsys) -> None:
         lines = out.splitlines()
         assert lines[0].startswith("a cat") and lines[3].startswith("small"), lines
         assert lines[2] == ""  # an empty source line stays empty
+    prefixes.write_text("\n" + "the dog " * 10 + "\n\n\n", encoding="utf-8")
+    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
+                        "--prefix-file", str(prefixes), "--max-len-offset", "1"], capsys)  # fmt: skip
+    assert code == 2 and "prefix 2 has" in err and len(err.strip().splitlines()) == 1
     prefixes.write_text("a cat\n", encoding="utf-8")
     code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
                         "--prefix-file", str(prefixes)], capsys)  # fmt: skip
