@@ -228,3 +228,23 @@ def test_readme_decoding_tools_run_as_written(files, tmp_path, monkeypatch) -> N
     # (the toy vocabulary has no capitals: a prefix in its own words)
     assert t.translate(["a man"], prefixes=["the dog"])[0].startswith("the dog")
     assert len(t.translate_nbest(["the dog"], 4, namespace["sampling"])[0]) == 4
+
+
+def test_answer_lines_flushes_each_answer_and_names_bad_input() -> None:
+    import io
+
+    from transduce.cli.decoding_tools import answer_lines
+    from transduce.errors import UserError
+
+    class Out(io.StringIO):
+        flushes: list[str] = []
+
+        def flush(self) -> None:
+            self.flushes.append(self.getvalue())
+
+    out = Out()
+    answer_lines(lambda lines, i: [f"{i}:{lines[0]}"], io.StringIO("\ufeffa\n b \n"), out)
+    assert out.flushes == ["0:a\n", "0:a\n1:b\n"]
+    bad = io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"ok\n\xff\n")), encoding="utf-8")
+    with pytest.raises(UserError, match="line 2: invalid UTF-8"):
+        answer_lines(lambda lines, i: lines, bad, io.StringIO())

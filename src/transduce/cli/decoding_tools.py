@@ -125,16 +125,24 @@ def answer_lines(
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
 ) -> None:
-    """For each line of ``stdin`` as it arrives (read with ``readline``, not the buffered
+    """For each line of ``stdin`` as it arrives (read with ``readline``, not the read-ahead
     iterator, so a line is answered before the next is typed), write ``answer([line], index)``
-    (index: the 0-based line number) and flush."""
+    (index: the 0-based line number; the line stripped) and flush."""
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
+    # lines as bytes where there are bytes underneath: each decoded alone, so a bad one is named
+    buffer = getattr(stdin, "buffer", None)
     index = 0
     while True:
-        line = stdin.readline()
-        if not line:
+        raw: bytes | str = stdin.readline() if buffer is None else buffer.readline()
+        if not raw:
             return
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as e:  # as a whole input's (cli.common): one line, named
+            raise UserError(f"<stdin>: line {index + 1}: invalid UTF-8 ({e.reason})") from None
+        if index == 0 and line.startswith("\ufeff"):
+            line = line[1:]  # a byte order mark
         for out in answer([line.strip()], index):
             stdout.write(out + "\n")
         stdout.flush()
