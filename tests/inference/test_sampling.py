@@ -125,3 +125,27 @@ def test_generate_samples_with_a_decode_config() -> None:
     assert {h.tokens[0] for hyps in first for h in hyps} == {A, B}  # top-k 2
     again = generate(ScriptedModel(FIRST), src, cfg, nbest=30)
     assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]
+
+
+@pytest.mark.parametrize("kind", ["engine", "rnn"])
+def test_real_models_sample_and_the_log_probs_are_their_scores(kind: str) -> None:
+    from inference_testkit import VOCAB, no_pad, random_sources, tiny_model
+
+    from transduce.architectures import build_model
+    from transduce.config import ModelConfig
+    from transduce.inference.engine import DecodingModel
+    from transduce.inference.scoring import score_targets
+
+    if kind == "engine":
+        model = DecodingModel(tiny_model(3))
+    else:
+        torch.manual_seed(3)
+        cfg = ModelConfig(architecture="rnn", n_layers=1, d_model=16, dropout=0.0)
+        model = build_model(cfg, src_vocab_size=VOCAB).eval()
+    src = random_sources(torch.Generator().manual_seed(4), [3, 5])
+    gen = torch.Generator().manual_seed(0)
+    out = sample(model, src, samples=4, temperature=1.5, generator=gen, max_len_offset=3)
+    for i, hyps in enumerate(out):
+        assert len(hyps) == 4
+        scores = score_targets(model, no_pad(src[i]).expand(4, -1), [h.tokens for h in hyps], 0.6)
+        assert [s.log_prob for s in scores] == pytest.approx([h.log_prob for h in hyps], abs=1e-5)
