@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from inference_testkit import VOCAB, B_, A, ScriptedModel, random_sources, tiny_model
+from inference_testkit import B_, VOCAB, A, ScriptedModel, random_sources, tiny_model
 
 from transduce.architectures import build_model
 from transduce.config import ModelConfig

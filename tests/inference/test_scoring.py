@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from inference_testkit import VOCAB, random_sources, save_toy_translation_model, tiny_model
+from inference_testkit import (
+    VOCAB,
+    random_sources,
+    save_toy_translation_model,
+    tiny_model,
+)
 
 from transduce.architectures import build_model
 from transduce.config import ModelConfig

@@ -23,7 +23,11 @@ from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
 from transduce.inference.beam import Hypothesis
-from transduce.inference.common import check_eval_mode, max_output_lengths, next_token_log_probs
+from transduce.inference.common import (
+    check_eval_mode,
+    max_output_lengths,
+    next_token_log_probs,
+)
 from transduce.inference.contract import DecodableModel
 from transduce.inference.length_penalty import length_penalty
 

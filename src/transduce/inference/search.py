@@ -40,13 +40,12 @@ def generate(
         generator = torch.Generator(device=src.device).manual_seed(decode_cfg.sampling_seed)
         out_samples: list[list[Hypothesis]] = []
         for chunk in src.split(decode_cfg.decode_batch):
-            out_samples.extend(
-                sample(
-                    model, chunk, samples=nbest, temperature=decode_cfg.temperature,
-                    top_k=decode_cfg.top_k, top_p=decode_cfg.top_p, alpha=decode_cfg.alpha,
-                    generator=generator, max_len_offset=decode_cfg.max_len_offset,
-                )  # fmt: skip
-            )
+            samples = sample(
+                model, chunk, samples=nbest, temperature=decode_cfg.temperature,
+                top_k=decode_cfg.top_k, top_p=decode_cfg.top_p, alpha=decode_cfg.alpha,
+                generator=generator, max_len_offset=decode_cfg.max_len_offset,
+            )  # fmt: skip
+            out_samples.extend(samples)
         return out_samples
     if decode_cfg.beam == 1 and nbest != 1:
         raise ValueError(f"greedy decoding (beam 1) gives one hypothesis, not nbest={nbest}")
