@@ -59,6 +59,8 @@ def token_log_probs(
         tgt_in[i, : len(y) + 1] = torch.tensor([BOS, *y])
         gold[i, : len(y) + 1] = torch.tensor([*y, EOS])
     memory, src_valid = model.encode(src)
+    # all positions at once, no cache: the inference engine (DecodingModel) takes this to its
+    # model's own decode (its fast path is the one-step cached one), which is the right one here
     logits = model.decode(tgt_in, memory, src_valid, None)  # (B, T, V)
     picked = F.log_softmax(logits.float(), dim=-1).gather(2, gold[:, :, None]).squeeze(2)
     rows = picked.tolist()
