@@ -47,16 +47,41 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_score_writes_one_json_line_per_pair_in_order(files, capsys) -> None:
-    code, out, _ = run(["score", "--model", files["tf"], "--src", files["src"],
-                        "--tgt", files["tgt"], "--batch-tokens", "8"], capsys)  # fmt: skip
+    code, out, _ = run(
+        [
+            "score",
+            "--model",
+            files["tf"],
+            "--src",
+            files["src"],
+            "--tgt",
+            files["tgt"],
+            "--batch-tokens",
+            "8",
+        ],
+        capsys,
+    )
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
     want = Translator.load(files["tf"]).score(SOURCES, TARGETS)
     assert [r["log_prob"] for r in rows] == pytest.approx([p.log_prob for p in want])
     assert [r["score"] for r in rows] == [r["log_prob"] for r in rows]
     assert set(rows[0]) == {"log_prob", "tokens", "per_token", "normalized", "score"}
-    code, out, _ = run(["score", "--model", files["tf"], "--src", files["src"], "--tgt",
-                        files["tgt"], "--normalize", "--alpha", "1.0"], capsys)  # fmt: skip
+    code, out, _ = run(
+        [
+            "score",
+            "--model",
+            files["tf"],
+            "--src",
+            files["src"],
+            "--tgt",
+            files["tgt"],
+            "--normalize",
+            "--alpha",
+            "1.0",
+        ],
+        capsys,
+    )
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["score"] for r in rows] == [r["normalized"] for r in rows]
     assert rows[1]["tokens"] == 1 and rows[1]["normalized"] == pytest.approx(rows[1]["log_prob"])
@@ -77,8 +102,10 @@ def test_ensembles_of_a_transformer_and_an_rnn(files, capsys) -> None:
         assert mixed[i] != pytest.approx(a.log_prob)
     code, out, _ = run(["translate", *both, "--input", files["src"], "--quiet"], capsys)
     assert code == 0 and len(out.splitlines()) == len(SOURCES)
-    code, out, _ = run(["evaluate", *both, "--src", files["src"], "--ref", files["tgt"],
-                        "--quiet", "--beam", "2"], capsys)  # fmt: skip
+    code, out, _ = run(
+        ["evaluate", *both, "--src", files["src"], "--ref", files["tgt"], "--quiet", "--beam", "2"],
+        capsys,
+    )
     assert code == 0 and json.loads(out)["model"] == [files["tf"], files["rnn"]]
 
 
@@ -90,14 +117,29 @@ def test_an_ensemble_needs_one_vocabulary(files, tmp_path, capsys) -> None:
     ckpt = torch.load(files["tf"], weights_only=False)
     ckpt["vocab"] = train_sentencepiece(toy_sentences(300, seed=5), 60).to_dict()
     checkpoint.save(ckpt, other)
-    code, _, err = run(["translate", "--model", files["tf"], "--model", str(other),
-                        "--input", files["src"]], capsys)  # fmt: skip
+    code, _, err = run(
+        ["translate", "--model", files["tf"], "--model", str(other), "--input", files["src"]],
+        capsys,
+    )
     assert code == 2 and "vocabulary" in err and len(err.strip().splitlines()) == 1
 
 
 def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
-    argv = ["translate", "--model", files["tf"], "--input", files["src"], "--quiet",
-            "--sampling", "--seed", "3", "--nbest", "5", "--top-p", "0.9"]  # fmt: skip
+    argv = [
+        "translate",
+        "--model",
+        files["tf"],
+        "--input",
+        files["src"],
+        "--quiet",
+        "--sampling",
+        "--seed",
+        "3",
+        "--nbest",
+        "5",
+        "--top-p",
+        "0.9",
+    ]
     code, first, _ = run(argv, capsys)
     assert code == 0
     lines = first.splitlines()
@@ -105,14 +147,29 @@ def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
     assert run(argv, capsys)[1] == first
     argv[argv.index("3")] = "4"
     assert run(argv, capsys)[1] != first
-    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
-                        "--top-k", "3"], capsys)  # fmt: skip
+    code, _, err = run(
+        ["translate", "--model", files["tf"], "--input", files["src"], "--top-k", "3"], capsys
+    )
     assert code == 2 and "--top-k goes with --sampling" in err
-    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
-                        "--sampling"], capsys)  # fmt: skip
+    code, _, err = run(
+        ["translate", "--model", files["tf"], "--input", files["src"], "--sampling"], capsys
+    )
     assert code == 2 and "--seed" in err
-    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
-                        "--sampling", "--seed", "1", "--top-p", "0"], capsys)  # fmt: skip
+    code, _, err = run(
+        [
+            "translate",
+            "--model",
+            files["tf"],
+            "--input",
+            files["src"],
+            "--sampling",
+            "--seed",
+            "1",
+            "--top-p",
+            "0",
+        ],
+        capsys,
+    )
     assert code == 2 and "top_p" in err
 
 
@@ -120,20 +177,54 @@ def test_prefix_file(files, capsys) -> None:
     prefixes = Path(files["dir"]) / "prefixes.txt"
     prefixes.write_text("a cat\n\nthe dog\nsmall\n", encoding="utf-8")
     for beam in ("1", "3"):
-        code, out, _ = run(["translate", "--model", files["tf"], "--input", files["src"],
-                            "--prefix-file", str(prefixes), "--beam", beam, "--quiet"],
-                           capsys)  # fmt: skip
+        code, out, _ = run(
+            [
+                "translate",
+                "--model",
+                files["tf"],
+                "--input",
+                files["src"],
+                "--prefix-file",
+                str(prefixes),
+                "--beam",
+                beam,
+                "--quiet",
+            ],
+            capsys,
+        )
         assert code == 0
         lines = out.splitlines()
         assert lines[0].startswith("a cat") and lines[3].startswith("small"), lines
         assert lines[2] == ""  # an empty source line stays empty
     prefixes.write_text("\n" + "the dog " * 10 + "\n\n\n", encoding="utf-8")
-    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
-                        "--prefix-file", str(prefixes), "--max-len-offset", "1"], capsys)  # fmt: skip
+    code, _, err = run(
+        [
+            "translate",
+            "--model",
+            files["tf"],
+            "--input",
+            files["src"],
+            "--prefix-file",
+            str(prefixes),
+            "--max-len-offset",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 2 and "prefix 2 has" in err and len(err.strip().splitlines()) == 1
     prefixes.write_text("a cat\n", encoding="utf-8")
-    code, _, err = run(["translate", "--model", files["tf"], "--input", files["src"],
-                        "--prefix-file", str(prefixes)], capsys)  # fmt: skip
+    code, _, err = run(
+        [
+            "translate",
+            "--model",
+            files["tf"],
+            "--input",
+            files["src"],
+            "--prefix-file",
+            str(prefixes),
+        ],
+        capsys,
+    )
     assert code == 2 and "1 prefixes for 4 input lines" in err
 
 
@@ -141,13 +232,30 @@ def test_unbuffered_answers_each_line_before_the_next(files) -> None:
     # stdout block-buffered, as a pipe's is by default: only the flush can answer in time
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "transduce", "--no-malloc-tuning", "translate", "--model",
-           files["tf"], "--unbuffered", "--beam", "2"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transduce",
+        "--no-malloc-tuning",
+        "translate",
+        "--model",
+        files["tf"],
+        "--unbuffered",
+        "--beam",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdin is not None and proc.stdout is not None
-    want = Translator.load(files["tf"]).translate(SOURCES, Translator.load(files["tf"])
-                                                  .decode_config(beam=2))  # fmt: skip
+    want = Translator.load(files["tf"]).translate(
+        SOURCES, Translator.load(files["tf"]).decode_config(beam=2)
+    )
     watchdog = threading.Timer(60, proc.kill)  # a missing answer fails the test, not hangs it
     watchdog.start()
     try:
@@ -169,8 +277,9 @@ def test_line_by_line_by_default_on_a_terminal(monkeypatch) -> None:
     from transduce.errors import UserError
 
     def args(**kw) -> Namespace:
-        return Namespace(**{"input": None, "output": None, "interactive": None,
-                            "unbuffered": False, **kw})  # fmt: skip
+        return Namespace(
+            **{"input": None, "output": None, "interactive": None, "unbuffered": False, **kw}
+        )
 
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     assert line_by_line(args()) and not line_by_line(args(interactive=False))
@@ -202,8 +311,12 @@ def test_readme_decoding_tools_run_as_written(files, tmp_path, monkeypatch) -> N
     for run_dir, model in (("en_de", "tf"), ("en_de_seed2", "rnn")):
         (tmp_path / "runs" / run_dir).mkdir(parents=True)
         shutil.copy(files[model], tmp_path / "runs" / run_dir / "model.pt")
-    for name, key in (("test.en", "src"), ("in.en", "src"), ("test.de", "tgt"),
-                      ("prefixes.de", "tgt")):  # fmt: skip
+    for name, key in (
+        ("test.en", "src"),
+        ("in.en", "src"),
+        ("test.de", "tgt"),
+        ("prefixes.de", "tgt"),
+    ):
         shutil.copy(files[key], tmp_path / name)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     transduce = f"{shlex.quote(sys.executable)} -m transduce --no-malloc-tuning"
@@ -211,8 +324,15 @@ def test_readme_decoding_tools_run_as_written(files, tmp_path, monkeypatch) -> N
     assert len(commands) == 5
     for command in commands:
         shell = re.sub(r"^transduce", transduce, command)
-        done = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-c", shell],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, (command, done.stderr)
         if "score" in command:
             rows = (tmp_path / "scores.jsonl").read_text(encoding="utf-8").splitlines()

@@ -53,12 +53,14 @@ def test_each_target_word_takes_the_source_word_with_the_most_attention() -> Non
     vocab = WordVocab(["▁a", "▁b", "c", "▁x", "▁y", "z"])
     src, tgt = [4, 5, 6], [7, 8, 9]  # source words: a, bc; target words: x, yz
     # rows: target pieces then EOS; columns: source pieces then EOS (neither EOS counts)
-    cross = torch.tensor([
-        [0.1, 0.4, 0.4, 0.1],  # x: a 0.1, bc 0.8
-        [0.5, 0.3, 0.0, 0.2],  # y
-        [0.4, 0.0, 0.5, 0.1],  # z -> yz: a 0.9, bc 0.8
-        [0.0, 0.0, 0.0, 1.0],
-    ])  # fmt: skip
+    cross = torch.tensor(
+        [
+            [0.1, 0.4, 0.4, 0.1],  # x: a 0.1, bc 0.8
+            [0.5, 0.3, 0.0, 0.2],  # y
+            [0.4, 0.0, 0.5, 0.1],  # z -> yz: a 0.9, bc 0.8
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
     pairs = word_alignment(_maps(cross, src, tgt), vocab)
     assert pairs == [(1, 0), (0, 1)]
     assert pharaoh(pairs) == "0-1 1-0"
@@ -67,8 +69,18 @@ def test_each_target_word_takes_the_source_word_with_the_most_attention() -> Non
 @pytest.fixture(scope="module")
 def char_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained model of a character task saved as a checkpoint."""
-    cfg = update(Config(), {"n_layers": 2, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8,
-                            "d_v": 8, "name": "copy"})  # fmt: skip
+    cfg = update(
+        Config(),
+        {
+            "n_layers": 2,
+            "d_model": 16,
+            "d_ff": 32,
+            "n_heads": 2,
+            "d_k": 8,
+            "d_v": 8,
+            "name": "copy",
+        },
+    )
     vocab = CharVocab(list("abcdefgh"))
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
@@ -95,11 +107,37 @@ def test_attention_command_draws_a_file(
     char_model: Path, tmp_path: Path, capsys, suffix: str, style: str
 ) -> None:
     out = tmp_path / f"attn{suffix}"
-    code = main(["--no-malloc-tuning", "attention", "--model", str(char_model), "--src", "abca",
-                 "--kind", "encoder", "--style", style, "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(char_model),
+            "--src",
+            "abca",
+            "--kind",
+            "encoder",
+            "--style",
+            style,
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["output"] == str(out)
     assert out.stat().st_size > 1000
-    code = main(["--no-malloc-tuning", "attention", "--model", str(char_model), "--src", "ab",
-                 "--layer", "5", "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(char_model),
+            "--src",
+            "ab",
+            "--layer",
+            "5",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 2 and "layer" in capsys.readouterr().err

@@ -55,12 +55,14 @@ def test_searches_over_the_mixture() -> None:
     assert greedy_search(ensemble(), torch.tensor([[4]])) == [[A]]
     (hyps,) = beam_search(ensemble(), torch.tensor([[4]]), beam=3, alpha=0.0, nbest=3)
     assert [h.tokens for h in hyps] == [[A], [B, B], []]
-    assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.315), math.log(0.2475),
-                                                        math.log(0.1)])  # fmt: skip
+    assert [h.log_prob for h in hyps] == pytest.approx(
+        [math.log(0.315), math.log(0.2475), math.log(0.1)]
+    )
 
 
 def test_beam_over_the_ensemble_is_brute_force_on_a_tiny_case() -> None:
     """Every output of up to 3 tokens over the mixture's hand-computed probabilities, ranked."""
+
     def prob(y: tuple[int, ...]) -> float:
         p = 1.0
         for t in range(len(y)):
@@ -69,18 +71,23 @@ def test_beam_over_the_ensemble_is_brute_force_on_a_tiny_case() -> None:
 
     for alpha in (0.0, 1.0):
         outputs = [y for n in range(4) for y in itertools.product((A, B), repeat=n)]
-        scored = [(math.log(prob(y)) / length_penalty(len(y) + 1, alpha), list(y))
-                  for y in outputs if prob(y) > 0]  # fmt: skip
+        scored = [
+            (math.log(prob(y)) / length_penalty(len(y) + 1, alpha), list(y))
+            for y in outputs
+            if prob(y) > 0
+        ]
         best = max(scored)
-        (hyps,) = beam_search(ensemble(), torch.tensor([[4]]), beam=4, alpha=alpha,
-                              max_len_offset=2)  # fmt: skip
+        (hyps,) = beam_search(
+            ensemble(), torch.tensor([[4]]), beam=4, alpha=alpha, max_len_offset=2
+        )
         assert hyps[0].tokens == best[1] and hyps[0].score == pytest.approx(best[0], abs=1e-6)
 
 
 def test_a_transformer_and_a_recurrent_model_together() -> None:
     torch.manual_seed(5)
-    rnn = build_model(ModelConfig(architecture="rnn", n_layers=1, d_model=16, dropout=0.0),
-                      src_vocab_size=VOCAB).eval()  # fmt: skip
+    rnn = build_model(
+        ModelConfig(architecture="rnn", n_layers=1, d_model=16, dropout=0.0), src_vocab_size=VOCAB
+    ).eval()
     transformer = DecodingModel(tiny_model(2))
     model = Ensemble([transformer, rnn])
     src = random_sources(torch.Generator().manual_seed(1), [4, 2, 5])

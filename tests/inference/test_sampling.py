@@ -14,15 +14,22 @@ from transduce.data.vocab import EOS, UNK
 from transduce.inference.sampling import sample, sampling_probs
 
 B = B_
-FIRST = {4: {(): {A: 0.5, B: 0.3, EOS: 0.15, UNK: 0.05}, (A,): {EOS: 1.0}, (B,): {EOS: 1.0},
-             (UNK,): {EOS: 1.0}}}  # fmt: skip
+FIRST = {
+    4: {
+        (): {A: 0.5, B: 0.3, EOS: 0.15, UNK: 0.05},
+        (A,): {EOS: 1.0},
+        (B,): {EOS: 1.0},
+        (UNK,): {EOS: 1.0},
+    }
+}
 N = 4000
 
 
 def first_tokens(seed: int, **settings) -> Counter:
     gen = torch.Generator().manual_seed(seed)
-    (hyps,) = sample(ScriptedModel(FIRST), torch.tensor([[4]]), samples=N, generator=gen,
-                     **settings)  # fmt: skip
+    (hyps,) = sample(
+        ScriptedModel(FIRST), torch.tensor([[4]]), samples=N, generator=gen, **settings
+    )
     assert len(hyps) == N
     return Counter(h.tokens[0] if h.tokens else EOS for h in hyps)
 
@@ -48,7 +55,10 @@ def test_temperature_flattens_or_sharpens() -> None:
         weights = {tok: p ** (1 / t) for tok, p in FIRST[4][()].items()}
         total = sum(weights.values())
         counts = first_tokens(1, temperature=t)
-        assert chi_square(counts, {k: w / total for k, w in weights.items()}) < CHI2_3DOF, (t, counts)
+        assert chi_square(counts, {k: w / total for k, w in weights.items()}) < CHI2_3DOF, (
+            t,
+            counts,
+        )
 
 
 def test_top_k_and_top_p_cut_exactly() -> None:
@@ -74,8 +84,15 @@ def test_a_seed_reproduces_and_log_probs_are_the_models() -> None:
 
     def run(seed: int, **settings):
         gen = torch.Generator().manual_seed(seed)
-        return sample(ScriptedModel(script), src, samples=5, generator=gen, alpha=0.6,
-                      max_len_offset=3, **settings)  # fmt: skip
+        return sample(
+            ScriptedModel(script),
+            src,
+            samples=5,
+            generator=gen,
+            alpha=0.6,
+            max_len_offset=3,
+            **settings,
+        )
 
     first, again, other = run(7), run(7), run(8)
     assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]

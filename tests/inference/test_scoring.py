@@ -73,8 +73,9 @@ def test_scores_of_the_beams_outputs_are_the_beams_own(kind: str) -> None:
     src = random_sources(torch.Generator().manual_seed(3), [4, 6])
     hyps = beam_search(model, src, beam=3, alpha=0.6, max_len_offset=3, nbest=3)
     for i, sentence in enumerate(hyps):
-        scores = score_targets(model, src[i : i + 1].expand(len(sentence), -1),
-                               [h.tokens for h in sentence], alpha=0.6)  # fmt: skip
+        scores = score_targets(
+            model, src[i : i + 1].expand(len(sentence), -1), [h.tokens for h in sentence], alpha=0.6
+        )
         for h, s in zip(sentence, scores, strict=True):
             assert s.log_prob == pytest.approx(h.log_prob, abs=1e-5)
             assert s.normalized == pytest.approx(h.score, abs=1e-5)

@@ -16,9 +16,13 @@ from transduce.errors import UserError
 
 def add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
-    )  # fmt: skip
+    )
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -29,20 +33,26 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     """``--precision``: the dtype of the weights a model decodes with (``args.weights``; not
     training's autocast ``train.precision``)."""
     p.add_argument(
-        "--precision", dest="weights", choices=("fp32", "bf16"), default="fp32",
+        "--precision",
+        dest="weights",
+        choices=("fp32", "bf16"),
+        default="fp32",
         help="weights for decoding: fp32 (as trained, the default) or bf16 (faster for batches "
         "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
         "translation may change)",
-    )  # fmt: skip
+    )
 
 
 def add_models(p: argparse.ArgumentParser) -> None:
     """``--model``, once or more (``args.model``: a list of paths; several: an ensemble)."""
     p.add_argument(
-        "--model", required=True, action="append", metavar="CKPT",
+        "--model",
+        required=True,
+        action="append",
+        metavar="CKPT",
         help="checkpoint file (model.pt, best.pt) or run folder; given more than once, an "
         "ensemble: the mean of the models' next-token probabilities (one vocabulary)",
-    )  # fmt: skip
+    )
 
 
 def models_shown(paths: Sequence[str]) -> str | list[str]:
@@ -54,19 +64,26 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     """The options of decoding a file with a checkpoint (``translate``, ``evaluate``)."""
     add_models(p)
     p.add_argument(
-        "--beam", type=int, default=None,
+        "--beam",
+        type=int,
+        default=None,
         help="beam size; 1 = greedy (default: the checkpoint's decode.beam, 4 unless its config "
         "set another)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alpha", type=float, default=None,
+        "--alpha",
+        type=float,
+        default=None,
         help="length penalty alpha (default: the checkpoint's decode.alpha: 0.6 unless its config "
         "set another, e.g. 1.6 in configs/multi30k_en_de.yaml)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--batch-tokens", type=int, default=None, metavar="N",
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
         help="padded source tokens per batch (default: the model's decode.batch_tokens, 4000)",
-    )  # fmt: skip
+    )
     add_device(p)
     add_precision(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -128,6 +145,13 @@ def one_output_line(text: str) -> str:
 
 
 __all__ = [
-    "add_decoding", "add_device", "add_models", "add_precision", "add_set", "models_shown",
-    "one_output_line", "read_input", "write_output",
+    "add_decoding",
+    "add_device",
+    "add_models",
+    "add_precision",
+    "add_set",
+    "models_shown",
+    "one_output_line",
+    "read_input",
+    "write_output",
 ]

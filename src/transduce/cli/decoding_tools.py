@@ -29,28 +29,41 @@ def load_translator(args: argparse.Namespace) -> Translator:
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sampling", action="store_true",
+        "--sampling",
+        action="store_true",
         help="draw each next token from the model's distribution instead of searching (with "
         "--nbest K: K samples per line, best score first); needs --seed",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--temperature", type=float, default=None, metavar="T",
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
         help="sampling: divide the log-probabilities by T (default 1: the model's distribution)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--top-k", type=int, default=None, metavar="K",
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
         help="sampling: draw from the K most probable tokens only (default 0: all)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--top-p", type=float, default=None, metavar="P",
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
         help="sampling: draw from the smallest set of most probable tokens holding probability "
         "P (default 1: all)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--seed", type=int, default=None, metavar="N",
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
         help="sampling: the seed of each batch's draws (the same seed, input and --batch-tokens "
         "give the same samples)",
-    )  # fmt: skip
+    )
 
 
 def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfig:
@@ -72,10 +85,12 @@ def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfi
 
 def add_prefix_file(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--prefix-file", default=None, metavar="FILE",
+        "--prefix-file",
+        default=None,
+        metavar="FILE",
         help="a target prefix per input line (an empty line: none): each translation starts "
         "with its prefix's tokens and the search continues after them",
-    )  # fmt: skip
+    )
 
 
 def read_prefixes(path: str | None, lines: int) -> list[str] | None:
@@ -93,13 +108,16 @@ def read_prefixes(path: str | None, lines: int) -> list[str] | None:
 
 def add_line_by_line(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--interactive", action=argparse.BooleanOptionalAction, default=None,
+        "--interactive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="answer each line of stdin as it arrives (default: when stdin is a terminal)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--unbuffered", action="store_true",
+        "--unbuffered",
+        action="store_true",
         help="the same for a pipe: each input line's answer written and flushed at once",
-    )  # fmt: skip
+    )
 
 
 def line_by_line(args: argparse.Namespace) -> bool:
@@ -150,6 +168,12 @@ def answer_lines(
 
 
 __all__ = [
-    "add_line_by_line", "add_prefix_file", "add_sampling", "answer_lines", "line_by_line",
-    "load_translator", "read_prefixes", "with_sampling",
-]  # fmt: skip
+    "add_line_by_line",
+    "add_prefix_file",
+    "add_sampling",
+    "answer_lines",
+    "line_by_line",
+    "load_translator",
+    "read_prefixes",
+    "with_sampling",
+]

@@ -28,9 +28,14 @@ from transduce.errors import Preempted, RunStopped, UserError
 
 # Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
 REGISTER = [
-    training_commands.register, data_commands.register, translation_commands.register,
-    score_commands.register, parsing_commands.register, serve_commands.register,
-    analysis_commands.register, data_commands.register_prepare,
+    training_commands.register,
+    data_commands.register,
+    translation_commands.register,
+    score_commands.register,
+    parsing_commands.register,
+    serve_commands.register,
+    analysis_commands.register,
+    data_commands.register_prepare,
 ]
 
 

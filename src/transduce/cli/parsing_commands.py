@@ -19,9 +19,11 @@ def _cmd_parse(args: argparse.Namespace) -> int:
         beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
     )
     parses = parser.parse(
-        sentences, decode, constrained=args.constrained,
+        sentences,
+        decode,
+        constrained=args.constrained,
         show_progress=None if not args.quiet else False,
-    )  # fmt: skip
+    )
     write_output(args.output, [to_brackets(p.tree) for p in parses])
     if not args.quiet:
         repaired = sum(p.repairs > 0 for p in parses)
@@ -41,11 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="default: the model's (21)")
     p.add_argument("--alpha", type=float, default=None, help="default: the model's (0.3)")
-    p.add_argument("--max-len-offset", type=int, default=None, metavar="N",
-                   help="outputs of at most input + N tokens (default: the model's, 300)")
-    p.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
-                   help="only continuations that can still become a well-formed tree with the "
-                   "input's words (default: the model's task.constrained)")  # fmt: skip
+    p.add_argument(
+        "--max-len-offset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="outputs of at most input + N tokens (default: the model's, 300)",
+    )
+    p.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only continuations that can still become a well-formed tree with the "
+        "input's words (default: the model's task.constrained)",
+    )
     add_device(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     p.set_defaults(func=_cmd_parse)

@@ -46,17 +46,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", required=True, help="source sentences, one per line (plain or .gz)")
     p.add_argument("--tgt", required=True, help="target sentences, line-aligned with --src")
     p.add_argument(
-        "--normalize", action="store_true",
+        "--normalize",
+        action="store_true",
         help="score = log_prob / length penalty (default: score = log_prob)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alpha", type=float, default=None,
+        "--alpha",
+        type=float,
+        default=None,
         help="the length penalty's alpha of normalized (default: the checkpoint's decode.alpha)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--batch-tokens", type=int, default=None, metavar="N",
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
         help="padded tokens per batch (default: the model's decode.batch_tokens, 4000)",
-    )  # fmt: skip
+    )
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     add_device(p)
     add_precision(p)

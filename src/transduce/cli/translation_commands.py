@@ -39,9 +39,11 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
     decode = translator.decode_config(
-        beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+        beam=args.beam,
+        alpha=args.alpha,
+        batch_tokens=args.batch_tokens,
         max_len_offset=args.max_len_offset,
-    )  # fmt: skip
+    )
     decode = tools.with_sampling(args, decode)
     show_progress = None if not args.quiet else False
 
@@ -91,26 +93,45 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         parser = Parser(model, vocab, cfg)  # --precision is for translation: weights as loaded
         decode = parser.translator.decode_config(beam=args.beam, alpha=args.alpha)
         scores = evaluate_parser(
-            parser, args.src, args.ref, decode, constrained=args.constrained,
+            parser,
+            args.src,
+            args.ref,
+            decode,
+            constrained=args.constrained,
             show_progress=show_progress,
-        )  # fmt: skip
+        )
         hyps: list[str] = []
     else:
         from transduce.inference.translator import Translator, evaluate_files, weight_dtype
 
-        translator = (Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
-                      if len(args.model) == 1 else tools.load_translator(args))  # fmt: skip
+        translator = (
+            Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+            if len(args.model) == 1
+            else tools.load_translator(args)
+        )
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
         scores, hyps = evaluate_files(
-            translator, args.src, args.ref, decode, lowercase=args.lowercase,
+            translator,
+            args.src,
+            args.ref,
+            decode,
+            lowercase=args.lowercase,
             show_progress=show_progress,
-        )  # fmt: skip
+        )
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])
-    print(json.dumps({"model": models_shown(args.model), "src": str(args.src), "ref": str(args.ref),
-                      **scores}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "model": models_shown(args.model),
+                "src": str(args.src),
+                "ref": str(args.ref),
+                **scores,
+            }
+        )
+    )
     return 0
 
 
@@ -130,21 +151,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument(
-        "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam; with --sampling, samples)"
+        "--nbest",
+        type=int,
+        default=1,
+        metavar="K",
+        help="hypotheses per line (<= beam; with --sampling, samples)",
     )
     p.add_argument(
-        "--max-len-offset", type=int, default=None, metavar="N",
+        "--max-len-offset",
+        type=int,
+        default=None,
+        metavar="N",
         help="outputs have at most source tokens + N tokens (default: the model's, 50)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alignments", action="store_true",
+        "--alignments",
+        action="store_true",
         help="append a TAB and the word alignment in Pharaoh format (i-j: source word i, target "
         "word j), from encoder-decoder attention averaged over the heads of one layer",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alignment-layer", type=int, default=-1, metavar="L",
+        "--alignment-layer",
+        type=int,
+        default=-1,
+        metavar="L",
         help="the layer whose attention aligns (default: the last, -1)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser(
@@ -160,10 +192,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive bleu and chrf")
     p.add_argument(
-        "--constrained", action=argparse.BooleanOptionalAction, default=None,
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="a parsing model: decode only continuations that can still become a well-formed "
         "tree with the input's words (default: the model's task.constrained)",
-    )  # fmt: skip
+    )
     p.add_argument("--output", default=None, help="also write the translations to this file")
     p.set_defaults(func=_cmd_evaluate)
 

@@ -57,8 +57,9 @@ class Ensemble:
     def encode(self, src: Tensor, src_valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """src (B, S) -> memory (B, X) (the members' memories (B, S, ...) flattened side by side,
         as float32), src_valid (B, S) (the first member's)."""
-        encoded = [m.encode(src) if src_valid is None else m.encode(src, src_valid)
-                   for m in self.members]  # fmt: skip
+        encoded = [
+            m.encode(src) if src_valid is None else m.encode(src, src_valid) for m in self.members
+        ]
         self._layout = [(memory.shape[2:], memory.dtype) for memory, _ in encoded]
         flat = [memory.reshape(memory.size(0), -1).float() for memory, _ in encoded]  # (B, X_m)
         return torch.cat(flat, dim=1), encoded[0][1]

@@ -70,8 +70,9 @@ def sample(
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
     if temperature <= 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"bad sampling settings: temperature={temperature}, top_k={top_k}, "
-                         f"top_p={top_p}")  # fmt: skip
+        raise ValueError(
+            f"bad sampling settings: temperature={temperature}, top_k={top_k}, top_p={top_p}"
+        )
     max_lens = max_output_lengths(src, max_len_offset, max_len)
     out = _sample(model, src, max_lens, samples, (temperature, top_k, top_p), generator)
     for hyps in out:

@@ -72,9 +72,7 @@ def score_targets(
 ) -> list[PairScore]:
     """``token_log_probs`` summed: one ``PairScore`` per target, its ``normalized`` with the
     length penalty's ``alpha``."""
-    return [
-        PairScore.of(sum(lps), len(lps), alpha) for lps in token_log_probs(model, src, targets)
-    ]
+    return [PairScore.of(sum(lps), len(lps), alpha) for lps in token_log_probs(model, src, targets)]
 
 
 __all__ = ["PairScore", "score_targets", "token_log_probs"]

@@ -41,10 +41,16 @@ def generate(
         out_samples: list[list[Hypothesis]] = []
         for chunk in src.split(decode_cfg.decode_batch):
             samples = sample(
-                model, chunk, samples=nbest, temperature=decode_cfg.temperature,
-                top_k=decode_cfg.top_k, top_p=decode_cfg.top_p, alpha=decode_cfg.alpha,
-                generator=generator, max_len_offset=decode_cfg.max_len_offset,
-            )  # fmt: skip
+                model,
+                chunk,
+                samples=nbest,
+                temperature=decode_cfg.temperature,
+                top_k=decode_cfg.top_k,
+                top_p=decode_cfg.top_p,
+                alpha=decode_cfg.alpha,
+                generator=generator,
+                max_len_offset=decode_cfg.max_len_offset,
+            )
             out_samples.extend(samples)
         return out_samples
     if decode_cfg.beam == 1 and nbest != 1:
