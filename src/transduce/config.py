@@ -360,6 +360,15 @@ class DecodeConfig(_Section):
     max_len_offset: int = 50
     decode_batch: int = 256  # sentences per decoding batch
     batch_tokens: int = 4000  # translation: padded source tokens per batch (sorted by length)
+    # Sampling instead of search (transduce.inference.sampling): each next token drawn from the
+    # model's distribution at ``temperature``, cut to the ``top_k`` most probable tokens (0: all)
+    # and then to the smallest set holding ``top_p`` of the probability; ``sampling_seed`` seeds
+    # each batch's draws (the same seed and batch give the same samples).
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sampling_seed: int = 0
 
     def _check(self) -> None:
         _positive(self, "beam", "decode_batch", "batch_tokens")
@@ -373,6 +382,10 @@ class DecodeConfig(_Section):
             raise UserError(
                 f"alpha must be at most {MAX_ALPHA} (the paper's is 0.6); got {self.alpha}"
             )
+        _positive(self, "temperature")
+        _not_negative(self, "top_k", "sampling_seed")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p must be in (0, 1]; got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,26 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_models(p: argparse.ArgumentParser) -> None:
+    """``--model``, once or more (``args.model``: a list of paths; several: an ensemble)."""
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        metavar="CKPT",
+        help="checkpoint file (model.pt, best.pt) or run folder; given more than once, an "
+        "ensemble: the mean of the models' next-token probabilities (one vocabulary)",
+    )
+
+
+def models_shown(paths: Sequence[str]) -> str | list[str]:
+    """``--model`` as a JSON report shows it: the path, or the list of an ensemble's."""
+    return str(paths[0]) if len(paths) == 1 else [str(p) for p in paths]
+
+
 def add_decoding(p: argparse.ArgumentParser) -> None:
     """The options of decoding a file with a checkpoint (``translate``, ``evaluate``)."""
-    p.add_argument(
-        "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
-    )
+    add_models(p)
     p.add_argument(
         "--beam",
         type=int,
@@ -132,10 +147,13 @@ def one_output_line(text: str) -> str:
 __all__ = [
     "add_decoding",
     "add_device",
+    "add_models",
     "add_precision",
     "add_set",
+    "models_shown",
     "one_output_line",
     "read_input",
+    "require",
     "write_output",
 ]
 

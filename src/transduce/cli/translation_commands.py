@@ -5,7 +5,9 @@ and writes detokenized translations to ``--output`` or stdout, one line per inpu
 same order; an empty input line gives an empty output line. With ``--nbest K`` (K > 1) each input
 line gives up to K lines ``INDEX<TAB>SCORE<TAB>TEXT``, best first: INDEX is the 0-based input
 line number, SCORE the length-normalised log-probability ``log P / lp`` the beam ranks by (an
-empty input line gives the single line ``INDEX<TAB>0.0000<TAB>``).
+empty input line gives the single line ``INDEX<TAB>0.0000<TAB>``). The decoding toolbox's
+options (``--sampling``, ``--prefix-file``, ``--model`` twice for an ensemble, ``--unbuffered``
+and ``--interactive``) are in ``transduce.cli.decoding_tools``.
 
 ``transduce evaluate`` translates ``--src`` and prints one JSON object with sacreBLEU's BLEU and
 chrF against ``--ref`` (cased, detokenized, 13a; see ``transduce.evaluation.bleu``), their
@@ -18,18 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 
-from transduce.cli.common import add_decoding, one_output_line, read_input, write_output
+from transduce.cli import decoding_tools as tools
+from transduce.cli.common import (
+    add_decoding,
+    models_shown,
+    one_output_line,
+    read_input,
+    write_output,
+)
 from transduce.errors import UserError
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from transduce.inference.translator import Translator
-
     if args.nbest < 1:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
     # a bad --model: before reading stdin
-    translator = Translator.load(args.model, device=args.device, weights=args.weights)
-    sentences = read_input(args.input)
+    translator = tools.load_translator(args)
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
     decode = translator.decode_config(
@@ -38,23 +44,38 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         max_len_offset=args.max_len_offset,
     )
+    decode = tools.with_sampling(args, decode)
     show_progress = None if not args.quiet else False
-    if args.nbest == 1:
-        translations = translator.translate(sentences, decode, show_progress=show_progress)
-        out = [one_output_line(t) for t in translations]
-        if args.alignments:
-            aligned = translator.align(sentences, out, layer=args.alignment_layer)
-            out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
-    else:
+
+    def answer(sentences: list[str], first: int, prefixes: list[str] | None = None) -> list[str]:
+        """The output lines of ``sentences`` (``first``: the input line number of the first)."""
+        if args.nbest == 1:
+            translations = translator.translate(
+                sentences, decode, show_progress=show_progress, prefixes=prefixes
+            )
+            out = [one_output_line(t) for t in translations]
+            if args.alignments:
+                aligned = translator.align(sentences, out, layer=args.alignment_layer)
+                out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
+            return out
         nbest = translator.translate_nbest(
-            sentences, args.nbest, decode, show_progress=show_progress
+            sentences, args.nbest, decode, show_progress=show_progress, prefixes=prefixes
         )
-        out = [
-            f"{i}\t{h.score:.4f}\t{one_output_line(h.text)}"
+        return [
+            f"{first + i}\t{h.score:.4f}\t{one_output_line(h.text)}"
             for i, hyps in enumerate(nbest)
             for h in hyps
         ]
-    write_output(args.output, out)
+
+    if tools.line_by_line(args):
+        if args.prefix_file is not None:
+            raise UserError("--prefix-file goes with a whole input, not line by line")
+        show_progress = False
+        tools.answer_lines(answer)
+        return 0
+    sentences = read_input(args.input)
+    prefixes = tools.read_prefixes(args.prefix_file, len(sentences))
+    write_output(args.output, answer(sentences, 0, prefixes))
     return 0
 
 
@@ -62,11 +83,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
 
-    model, vocab, cfg = load_model(args.model, device=resolve_device(args.device))
+    model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
     show_progress = None if not args.quiet else False
     if cfg.task.name == "parsing":  # EVALB of the trees; no outputs to write
         from transduce.parsing.parser import Parser, evaluate_parser
 
+        if len(args.model) > 1:
+            raise UserError("a parsing model is evaluated alone, not in an ensemble")
         parser = Parser(model, vocab, cfg)  # --precision is for translation: weights as loaded
         decode = parser.translator.decode_config(beam=args.beam, alpha=args.alpha)
         scores = evaluate_parser(
@@ -81,7 +104,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         from transduce.inference.translator import Translator, evaluate_files, weight_dtype
 
-        translator = Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+        translator = (
+            Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+            if len(args.model) == 1
+            else tools.load_translator(args)
+        )
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
@@ -96,7 +123,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])
     print(
-        json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref), **scores})
+        json.dumps(
+            {
+                "model": models_shown(args.model),
+                "src": str(args.src),
+                "ref": str(args.ref),
+                **scores,
+            }
+        )
     )
     return 0
 
@@ -111,10 +145,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "log-probability / length penalty, best first).",
     )
     add_decoding(p)
+    tools.add_sampling(p)
+    tools.add_prefix_file(p)
+    tools.add_line_by_line(p)
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument(
-        "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam)"
+        "--nbest",
+        type=int,
+        default=1,
+        metavar="K",
+        help="hypotheses per line (<= beam; with --sampling, samples)",
     )
     p.add_argument(
         "--max-len-offset",

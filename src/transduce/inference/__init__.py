@@ -8,7 +8,9 @@ with that contract can be decoded (the tests drive a scripted fake model). Beam 
 belongs to a source sentence is never copied per beam.
 Conventions shared by both searches (length limits, forced EOS, tokens never generated) are in
 ``transduce.inference.common``; the beam search algorithm and its stopping bound in
-``transduce.inference.beam``.
+``transduce.inference.beam``. On the same contract: sampling (``inference.sampling``), forced
+decoding (``inference.scoring``), ensembles (``inference.ensemble``) and target prefixes
+(``inference.prefix``), the last two as wrappers that keep the contract.
 """
 
 from transduce.inference.beam import Hypothesis, beam_search

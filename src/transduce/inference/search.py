@@ -17,6 +17,7 @@ from transduce.inference.contract import DecodableModel
 from transduce.inference.engine import DecodingModel
 from transduce.inference.greedy import greedy_decode, greedy_search
 from transduce.inference.length_penalty import length_penalty
+from transduce.inference.sampling import sample
 from transduce.model.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -29,9 +30,29 @@ def generate(
     """src (B, S) -> per sentence its ``nbest`` hypotheses, best first.
 
     Greedy search when ``decode_cfg.beam == 1`` (then ``nbest`` must be 1; it returns what
-    ``beam_search(beam=1)`` would, scores included), else beam search with ``decode_cfg.alpha``.
+    ``beam_search(beam=1)`` would, scores included), else beam search with ``decode_cfg.alpha``;
+    with ``decode_cfg.sampling``, ``nbest`` samples per sentence instead (``inference.sampling``;
+    a generator seeded with ``sampling_seed`` per call, so a call's samples depend on the seed
+    and the sentences of ``src``).
     Sentences are decoded ``decode_cfg.decode_batch`` at a time. Call ``model.eval()`` first.
     """
+    if decode_cfg.sampling:  # nbest samples per sentence; the draws seeded per call
+        generator = torch.Generator(device=src.device).manual_seed(decode_cfg.sampling_seed)
+        out_samples: list[list[Hypothesis]] = []
+        for chunk in src.split(decode_cfg.decode_batch):
+            samples = sample(
+                model,
+                chunk,
+                samples=nbest,
+                temperature=decode_cfg.temperature,
+                top_k=decode_cfg.top_k,
+                top_p=decode_cfg.top_p,
+                alpha=decode_cfg.alpha,
+                generator=generator,
+                max_len_offset=decode_cfg.max_len_offset,
+            )
+            out_samples.extend(samples)
+        return out_samples
     if decode_cfg.beam == 1 and nbest != 1:
         raise ValueError(f"greedy decoding (beam 1) gives one hypothesis, not nbest={nbest}")
     out: list[list[Hypothesis]] = []

@@ -25,6 +25,11 @@ How sentences are decoded:
   (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
   tokens.
 
+The decoding toolbox: ``score`` gives the log-probabilities of given translations (forced
+decoding, ``inference.scoring``); ``load_ensemble`` decodes several checkpoints as one
+(``inference.ensemble``); ``translate(..., prefixes=...)`` forces each translation's start
+(``inference.prefix``); ``DecodeConfig.sampling`` samples (``inference.sampling``).
+
 "Weights" names the dtype a model decodes with (``WeightPrecision``: "fp32" or "bf16", the
 CLI's ``--precision``), apart from training's autocast ``train.precision``.
 """
@@ -51,6 +56,9 @@ from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
 from transduce.inference.attention_maps import attention_maps, pharaoh, word_alignment
 from transduce.inference.contract import DecodableModel
+from transduce.inference.ensemble import Ensemble
+from transduce.inference.prefix import PrefixConstrained
+from transduce.inference.scoring import PairScore, score_targets
 from transduce.inference.search import generate, searchable
 from transduce.model.transformer import Transformer
 
@@ -142,6 +150,29 @@ class Translator:
         model, vocab, cfg = load_model(path, device=dev)
         return cls(model.to(dtype), vocab, cfg)
 
+    @classmethod
+    def load_ensemble(
+        cls,
+        paths: Sequence[str | Path],
+        device: str | torch.device = "cpu",
+        weights: WeightPrecision = "fp32",
+    ) -> Translator:
+        """Several checkpoints decoded as one model, the mean of their next-token probabilities
+        (``inference.ensemble``); one path loads as ``load``. The models must share a
+        vocabulary (else a UserError); the first one's configuration and decoding defaults
+        are the Translator's (and its model the one ``align`` reads)."""
+        if len(paths) == 1:
+            return cls.load(paths[0], device, weights)
+        members = [cls.load(path, device, weights) for path in paths]
+        first = members[0]
+        for path, member in zip(paths[1:], members[1:], strict=True):
+            if member.vocab.to_dict() != first.vocab.to_dict():
+                raise UserError(
+                    f"{path}: its vocabulary is not that of {paths[0]}; an ensemble's models "
+                    "must share one"
+                )
+        return cls(first.model, first.vocab, first.cfg, Ensemble([m.decoding for m in members]))
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -190,11 +221,15 @@ class Translator:
         decode: DecodeConfig | None = None,
         *,
         show_progress: bool | None = False,
+        prefixes: Sequence[str] | None = None,
     ) -> list[str]:
         """One detokenized translation per sentence, in order (``""`` for an empty one), decoded
-        with ``decode`` (default: the model's settings; see ``decode_config``)."""
+        with ``decode`` (default: the model's settings; see ``decode_config``). ``prefixes``:
+        one per sentence, the text each translation must start with ("" for none;
+        ``inference.prefix``)."""
         cfg = self._fits(decode)
-        return [hyps[0].text for hyps in self._decode(sentences, cfg, 1, show_progress)]
+        hyps = self._decode(sentences, cfg, 1, show_progress, prefixes)
+        return [h[0].text for h in hyps]
 
     def translate_nbest(
         self,
@@ -203,22 +238,31 @@ class Translator:
         decode: DecodeConfig | None = None,
         *,
         show_progress: bool | None = False,
+        prefixes: Sequence[str] | None = None,
     ) -> list[list[Translation]]:
         """For each sentence its ``nbest`` best translations, best first (fewer when the beam
         finds fewer distinct ones). ``nbest`` must not exceed the beam. An empty sentence gets
-        the single translation ``""`` with score and log-probability 0."""
+        the single translation ``""`` with score and log-probability 0. With ``decode.sampling``
+        the ``nbest`` are samples (best score first, not necessarily distinct), any number."""
         cfg = self._fits(decode)
         if nbest < 1:
             raise UserError(f"nbest must be at least 1; got {nbest}")
-        if nbest > cfg.beam:
+        if nbest > cfg.beam and not cfg.sampling:
             raise UserError(f"nbest ({nbest}) must not exceed the beam size ({cfg.beam})")
-        return self._decode(sentences, cfg, nbest, show_progress)
+        return self._decode(sentences, cfg, nbest, show_progress, prefixes)
 
     def _decode(
-        self, sentences: Sequence[str], cfg: DecodeConfig, nbest: int, show_progress: bool | None
+        self,
+        sentences: Sequence[str],
+        cfg: DecodeConfig,
+        nbest: int,
+        show_progress: bool | None,
+        prefixes: Sequence[str] | None = None,
     ) -> list[list[Translation]]:
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not one string")
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise UserError(f"{len(prefixes)} prefixes for {len(sentences)} sentences")
         texts = [s.strip() for s in sentences]
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
         todo = [i for i, t in enumerate(texts) if t]
@@ -228,6 +272,7 @@ class Translator:
         else:
             ids = [self.vocab.encode(texts[i]) for i in todo]
         self._check_lengths(ids, todo, cfg)
+        forced = None if prefixes is None else self._prefix_ids(prefixes, ids, todo, cfg)
         self.model.eval()
         device = self.device
         # +1: the EOS every source gets (collate), as in training.
@@ -248,7 +293,10 @@ class Translator:
             for batch in batches:
                 src = collate([(ids[j], []) for j in batch]).src.to(device)
                 step_cfg = replace(cfg, decode_batch=len(batch))  # one generate call per batch
-                hyps_of_batch = generate(self.decoding, src, step_cfg, nbest)
+                decoding = self.decoding
+                if forced is not None:  # a wrapper for this batch's prefixes
+                    decoding = PrefixConstrained(decoding, [forced[j] for j in batch])
+                hyps_of_batch = generate(decoding, src, step_cfg, nbest)
                 for j, hyps in zip(batch, hyps_of_batch, strict=True):
                     out[todo[j]] = [
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
@@ -259,6 +307,51 @@ class Translator:
         if lines is not None:
             lines.close()
         return out
+
+    def _prefix_ids(
+        self,
+        prefixes: Sequence[str],
+        ids: Sequence[list[int]],
+        todo: Sequence[int],
+        cfg: DecodeConfig,
+    ) -> list[list[int]]:
+        """The token ids of the prefixes of the sentences ``todo``; a UserError naming the first
+        one longer than its output may be (source tokens + EOS + ``max_len_offset``)."""
+        out = []
+        for j, i in enumerate(todo):
+            prefix = self.vocab.encode(prefixes[i].strip()) if prefixes[i].strip() else []
+            if len(prefix) > len(ids[j]) + 1 + cfg.max_len_offset:
+                raise UserError(
+                    f"prefix {i + 1} has {len(prefix)} subword tokens; the output of its sentence "
+                    f"may have at most {len(ids[j]) + 1 + cfg.max_len_offset}"
+                )
+            out.append(prefix)
+        return out
+
+    def score(
+        self, sources: Sequence[str], targets: Sequence[str], decode: DecodeConfig | None = None
+    ) -> list[PairScore]:
+        """Forced decoding: for each (source, target) pair, in order, the log-probability the
+        model gives the target (``inference.scoring.PairScore``: summed, per token and over
+        the length penalty of ``decode.alpha``, the beam's ``score`` of that output), batched
+        by ``decode.batch_tokens``. Empty lines are scored too (an empty target is EOS alone)."""
+        cfg = self._fits(decode)
+        if len(sources) != len(targets):
+            raise UserError(f"{len(sources)} sources but {len(targets)} targets")
+        src_ids = [self.vocab.encode(s.strip()) for s in sources]
+        tgt_ids = [self.vocab.encode(t.strip()) for t in targets]
+        everything = list(range(len(sources)))
+        self._check_lengths(src_ids, everything, replace(cfg, max_len_offset=0))
+        self._check_lengths(tgt_ids, everything, replace(cfg, max_len_offset=0))
+        self.model.eval()
+        out: list[PairScore | None] = [None] * len(sources)
+        lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
+        for batch in length_batches(lengths, cfg.batch_tokens):
+            src = collate([(src_ids[j], []) for j in batch]).src.to(self.device)
+            scores = score_targets(self.decoding, src, [tgt_ids[j] for j in batch], cfg.alpha)
+            for j, pair in zip(batch, scores, strict=True):
+                out[j] = pair
+        return [pair for pair in out if pair is not None]
 
     def align(
         self, sentences: Sequence[str], translations: Sequence[str], *, layer: int = -1

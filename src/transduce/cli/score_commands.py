@@ -1,0 +1,72 @@
+"""``transduce score``: forced decoding of given sentence pairs (corpus filtering, reranking).
+
+Reads line-aligned ``--src`` and ``--tgt`` and writes one JSON object per pair, in input order:
+``log_prob`` (the sum of the target's token log-probabilities, EOS included), ``tokens`` (the
+target's subword tokens + EOS), ``per_token`` (``log_prob / tokens``), ``normalized``
+(``log_prob / lp(tokens)`` with the length penalty's alpha, what beam search ranks by) and
+``score``: ``normalized`` with ``--normalize``, else ``log_prob``. Scored by
+``Translator.score`` (``transduce.inference.scoring``), batched by ``--batch-tokens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from transduce.cli.common import add_device, add_models, add_precision, write_output
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from transduce.cli.decoding_tools import load_translator
+    from transduce.data.parallel import read_aligned
+
+    translator = load_translator(args)
+    decode = translator.decode_config(alpha=args.alpha, batch_tokens=args.batch_tokens)
+    sources, targets = read_aligned(args.src, args.tgt, what="source and target")
+    out = []
+    for pair in translator.score(sources, targets, decode):
+        row = asdict(pair)
+        row["score"] = pair.normalized if args.normalize else pair.log_prob
+        out.append(json.dumps(row))
+    write_output(args.output, out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="log-probabilities a model gives sentence pairs (forced decoding)",
+        description="Score each pair of line-aligned --src and --tgt: one JSON line per pair, "
+        "in order, with log_prob (sum over the target's tokens and EOS), tokens, per_token, "
+        "normalized (log_prob / length penalty, as beam search ranks) and score (normalized "
+        "with --normalize, else log_prob).",
+    )
+    add_models(p)
+    p.add_argument("--src", required=True, help="source sentences, one per line (plain or .gz)")
+    p.add_argument("--tgt", required=True, help="target sentences, line-aligned with --src")
+    p.add_argument(
+        "--normalize",
+        action="store_true",
+        help="score = log_prob / length penalty (default: score = log_prob)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="the length penalty's alpha of normalized (default: the checkpoint's decode.alpha)",
+    )
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="padded tokens per batch (default: the model's decode.batch_tokens, 4000)",
+    )
+    p.add_argument("--output", default=None, help="file to write (default: stdout)")
+    add_device(p)
+    add_precision(p)
+    p.set_defaults(func=_cmd_score)
+
+
+__all__ = ["register"]
