@@ -56,26 +56,43 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
+    """A UserError naming an option that the model's kind would leave without effect."""
+    if parsing and args.lowercase:
+        raise UserError("--lowercase is for BLEU and chrF; a parsing model is scored by EVALB, "
+                        "whose labels and words are compared as written")  # fmt: skip
+    if not parsing and args.constrained is not None:
+        flag = "--constrained" if args.constrained else "--no-constrained"
+        raise UserError(f"{flag} is for a parsing model (tree-constrained search); this model "
+                        "translates")  # fmt: skip
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
+    from transduce.inference.translator import weight_dtype
 
     model, vocab, cfg = load_model(args.model, device=resolve_device(args.device))
+    _refuse_for_kind(args, cfg.task.name == "parsing")
+    model = model.to(weight_dtype(args.weights))
     show_progress = None if not args.quiet else False
-    if cfg.task.name == "parsing":  # EVALB of the trees; no outputs to write
+    if cfg.task.name == "parsing":  # EVALB of the trees; the trees are the outputs
+        from transduce.data.trees import to_brackets
         from transduce.parsing.parser import Parser, evaluate_parser
 
-        parser = Parser(model, vocab, cfg)  # --precision is for translation: weights as loaded
-        decode = parser.translator.decode_config(beam=args.beam, alpha=args.alpha)
-        scores = evaluate_parser(
+        parser = Parser(model, vocab, cfg)
+        decode = parser.translator.decode_config(
+            beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
+        )
+        scores, parses = evaluate_parser(
             parser, args.src, args.ref, decode, constrained=args.constrained,
             show_progress=show_progress,
         )  # fmt: skip
-        hyps: list[str] = []
+        hyps = [to_brackets(p.tree) for p in parses]
     else:
-        from transduce.inference.translator import Translator, evaluate_files, weight_dtype
+        from transduce.inference.translator import Translator, evaluate_files
 
-        translator = Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+        translator = Translator(model, vocab, cfg)
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
@@ -131,13 +148,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_decoding(p)
     p.add_argument("--src", required=True, help="source file, one sentence per line (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
-    p.add_argument("--lowercase", action="store_true", help="case-insensitive bleu and chrf")
+    p.add_argument(
+        "--lowercase", action="store_true",
+        help="case-insensitive bleu and chrf (a translation model; refused for a parser)",
+    )  # fmt: skip
     p.add_argument(
         "--constrained", action=argparse.BooleanOptionalAction, default=None,
         help="a parsing model: decode only continuations that can still become a well-formed "
-        "tree with the input's words (default: the model's task.constrained)",
+        "tree with the input's words (default: the model's task.constrained; refused for a "
+        "translation model)",
     )  # fmt: skip
-    p.add_argument("--output", default=None, help="also write the translations to this file")
+    p.add_argument(
+        "--output", default=None,
+        help="also write the translations (a parser's trees, one a line) to this file",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_evaluate)
 
 
