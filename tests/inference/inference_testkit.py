@@ -249,3 +249,11 @@ def save_toy_parser(path: Path, decode: dict, model: dict | None = None) -> Path
 
     vocab = VocabPair(train_sentencepiece(toy_sentences(300), 60), TokenVocab(TOY_BRACKETS))
     return _save_toy(path, vocab, {"decode": decode, "task": {"name": "parsing"}}, model)
+
+
+def save_toy_synthetic(path: Path, decode: dict, model: dict | None = None) -> Path:
+    """An untrained tiny ``addition`` checkpoint: one character a token, digits and '+'."""
+    from transduce.data.vocab import CharVocab
+
+    vocab = CharVocab(list("0123456789+"))
+    return _save_toy(path, vocab, {"decode": decode, "task": {"name": "addition"}}, model)

@@ -29,7 +29,7 @@ import os
 import re
 import sys
 
-from transduce.cli.common import add_device, add_precision
+from transduce.cli.common import add_device, add_precision, refuse_parser
 from transduce.errors import UserError
 
 
@@ -111,11 +111,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    models = [
-        ServedModel(Translator.load(path, device=args.device, weights=args.weights), source,
-                    target, name=path)
-        for source, target, path in specs
-    ]  # fmt: skip
+    models = []
+    for source, target, path in specs:
+        translator = Translator.load(path, device=args.device, weights=args.weights)
+        refuse_parser(translator.cfg.task.name, path, "serve")
+        models.append(ServedModel(translator, source, target, name=path))
     app = create_app(models, limits=limits, batching=batching, api_key=api_key)
     if api_key is None and args.host not in _LOOPBACK:
         print(f"transduce: warning: serving on {args.host} without --api-key-file: anyone who "

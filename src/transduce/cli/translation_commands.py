@@ -17,8 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from transduce.cli.common import add_decoding, one_output_line, read_input, write_output
+from transduce.cli.common import (
+    add_decoding,
+    one_output_line,
+    read_input,
+    refuse_parser,
+    unknown_warning,
+    write_output,
+)
 from transduce.errors import UserError
 
 
@@ -29,6 +37,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
     # a bad --model: before reading stdin
     translator = Translator.load(args.model, device=args.device, weights=args.weights)
+    refuse_parser(translator.cfg.task.name, args.model, "translate")
     sentences = read_input(args.input)
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
@@ -53,6 +62,9 @@ def _cmd_translate(args: argparse.Namespace) -> int:
             for h in hyps
         ]
     write_output(args.output, out)
+    warning = unknown_warning(translator.vocab, sentences)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 
