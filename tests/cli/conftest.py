@@ -23,11 +23,12 @@ def model_kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     baseline."""
     d = tmp_path_factory.mktemp("model_kinds")
     decode = {"beam": 2, "max_len_offset": 5}
+    two = {"n_layers": 2}  # so that a layer option has a layer other than the last to name
     return {
-        "synthetic": save_toy_synthetic(d / "synthetic.pt", decode),
-        "shared": save_toy_translation_model(d / "shared.pt", decode),
-        "separate": save_toy_pair_translator(d / "separate.pt", decode),
-        "parser": save_toy_parser(d / "parser.pt", decode),
+        "synthetic": save_toy_synthetic(d / "synthetic.pt", decode, two),
+        "shared": save_toy_translation_model(d / "shared.pt", decode, two),
+        "separate": save_toy_pair_translator(d / "separate.pt", decode, two),
+        "parser": save_toy_parser(d / "parser.pt", decode, two),
         "recurrent": save_toy_translation_model(d / "recurrent.pt", decode,
-                                                {"architecture": "rnn"}),
+                                                {**two, "architecture": "rnn"}),
     }  # fmt: skip

@@ -41,6 +41,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     sentences = read_input(args.input)
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
+    if args.alignment_layer is not None and not args.alignments:
+        raise UserError("--alignment-layer goes with --alignments")
     decode = translator.decode_config(
         beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
         max_len_offset=args.max_len_offset,
@@ -50,7 +52,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         translations = translator.translate(sentences, decode, show_progress=show_progress)
         out = [one_output_line(t) for t in translations]
         if args.alignments:
-            aligned = translator.align(sentences, out, layer=args.alignment_layer)
+            layer = -1 if args.alignment_layer is None else args.alignment_layer
+            aligned = translator.align(sentences, out, layer=layer)
             out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
     else:
         nbest = translator.translate_nbest(
@@ -144,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "word j), from encoder-decoder attention averaged over the heads of one layer",
     )  # fmt: skip
     p.add_argument(
-        "--alignment-layer", type=int, default=-1, metavar="L",
+        "--alignment-layer", type=int, default=None, metavar="L",
         help="the layer whose attention aligns (default: the last, -1)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_translate)
