@@ -4,6 +4,7 @@ translate or serve, English given to an addition model, --resume on a folder wit
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import sys
 from pathlib import Path
@@ -76,3 +77,84 @@ def test_vocab_of_a_parsing_config_says_what_to_do(tmp_path: Path, capsys) -> No
                           capsys)  # fmt: skip
     _one_error(code, out, err, "vocab needs a translation task", "transduce train")
     assert "prepare" not in err and not (tmp_path / "v").exists()
+
+
+# -- the README's table of commands and kinds of model ------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+COLUMNS = ("synthetic", "shared", "separate", "parser", "recurrent")  # the table's, in order
+# what a refusal the table names says
+REASONS = {"use `parse`": "transduce parse", "not a parsing model": "not a parsing model",
+           "Transformer": "Transformer", "one vocabulary only": "one vocabulary shared"}  # fmt: skip
+
+
+def _readme_table() -> dict[str, list[str]]:
+    """Command (as the table writes it, without backticks) -> its cells, one per kind."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Which command takes which model", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        table[cells[0].strip("`")] = cells[1:]
+    return table
+
+
+def _argv(command: str, model: Path, kind: str, folder: Path) -> list[str]:
+    words = folder / "words.txt"
+    words.write_text("the dog runs\na red ball\n", encoding="utf-8")
+    ref = folder / "ref.txt"
+    ref.write_text("(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))\n(TOP (NP (DT a) (JJ red) "
+                   "(NN ball)))\n" if kind == "parser" else "der hund rennt\nein roter ball\n",
+                   encoding="utf-8")  # fmt: skip
+    return {
+        "translate": ["translate", "--model", str(model), "--input", str(words), "--quiet"],
+        "translate --alignments": ["translate", "--model", str(model), "--input", str(words),
+                                   "--alignments", "--quiet"],
+        "evaluate": ["evaluate", "--model", str(model), "--src", str(words), "--ref", str(ref),
+                     "--quiet"],
+        "parse": ["parse", "--model", str(model), "--input", str(words), "--quiet"],
+        "attention": ["attention", "--model", str(model), "--src", "the dog", "--output",
+                      str(folder / "a.png")],
+        "serve": ["serve", "--model", str(model), "--port", "0"],
+        "export ctranslate2": ["export", "ctranslate2", "--model", str(model), "--output",
+                               str(folder / "ct2")],
+    }[command]  # fmt: skip
+
+
+def test_the_readme_table_of_commands_and_models_holds(model_kinds, tmp_path, capsys) -> None:
+    table = _readme_table()
+    assert set(table) == {"translate", "translate --alignments", "evaluate", "parse",
+                          "attention", "serve", "export ctranslate2"}  # fmt: skip
+    for command, cells in table.items():
+        if command == "serve" and importlib.util.find_spec("fastapi") is None:
+            continue
+        if command == "export ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
+            continue
+        assert len(cells) == len(COLUMNS), (command, cells)
+        for kind, cell in zip(COLUMNS, cells, strict=True):
+            folder = tmp_path / f"{command.replace(' ', '_')}_{kind}"
+            folder.mkdir()
+            with mock.patch("transduce.serve.server.serve", lambda *a, **k: None):
+                code, out, err = _run(_argv(command, model_kinds[kind], kind, folder), capsys)
+            if cell.startswith("refused"):
+                needles = [v for k, v in REASONS.items() if k in cell]
+                assert len(needles) == 1, cell
+                _one_error(code, out, err, *needles)
+            else:
+                assert cell.startswith("acts") and code == 0, (command, kind, err)
+
+
+@pytest.mark.parametrize("command", ["translate", "parse", "evaluate"])
+def test_a_binary_input_is_one_line_and_writes_nothing(model_kinds, tmp_path, capsys,
+                                                       command: str) -> None:  # fmt: skip
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(b"the dog\n\x00\x01\xff\xfe\x80 runs\n")
+    model = model_kinds["parser" if command != "translate" else "shared"]
+    out = tmp_path / "out.txt"
+    argv = {"translate": ["translate", "--input", str(binary)],
+            "parse": ["parse", "--input", str(binary)],
+            "evaluate": ["evaluate", "--src", str(binary), "--ref", str(binary)]}[command]
+    code, stdout, err = _run([*argv, "--model", str(model), "--output", str(out)], capsys)
+    _one_error(code, stdout, err, str(binary), "line 2")
+    assert not out.exists()
