@@ -26,7 +26,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
     if args.resume:  # a new or misspelt --out would otherwise start from scratch
         from transduce.checkpoint import step_checkpoints
+        from transduce.training.config_change import allowed_keys
 
+        allowed_keys(args.allow_change)  # a misspelt key first: it is wrong wherever the run is
         if not step_checkpoints(Path(args.out) / "checkpoints"):
             raise UserError(f"--resume: {args.out} holds no checkpoint to continue from (a new "
                             "or misspelt --out?); without --resume a run starts there")  # fmt: skip
