@@ -43,7 +43,9 @@ def test_a_parser_is_refused_where_text_comes_out(model_kinds, capsys, command: 
     _one_error(code, out, err, parser, "parsing model", "transduce parse")
 
 
-def test_an_addition_model_says_once_what_it_could_not_read(model_kinds, capsys) -> None:
+def test_an_addition_model_says_once_what_it_could_not_read(
+    model_kinds, capsys, tmp_path: Path
+) -> None:
     code, out, err = _run(["translate", "--model", str(model_kinds["synthetic"]), "--quiet"],
                           capsys, stdin="12+34\nthe dog\n\nab+1\n")  # fmt: skip
     assert code == 0 and len(out.splitlines()) == 4
@@ -52,6 +54,14 @@ def test_an_addition_model_says_once_what_it_could_not_read(model_kinds, capsys)
     code, _, err = _run(["translate", "--model", str(model_kinds["synthetic"]), "--quiet"],
                         capsys, stdin="12+34\n")  # fmt: skip
     assert code == 0 and err == ""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("1+1\nab+1\n", encoding="utf-8")
+    ref.write_text("2\n2\n", encoding="utf-8")
+    code, out, err = _run(["evaluate", "--model", str(model_kinds["synthetic"]), "--src",
+                           str(src), "--ref", str(ref), "--quiet"], capsys)  # fmt: skip
+    assert code == 0 and '"bleu"' in out
+    assert err == ("transduce: warning: 2 input characters not in the model's vocabulary "
+                   "(0123456789+), read as <unk>\n")
 
 
 def test_resume_without_a_run_is_refused(tmp_path: Path, capsys) -> None:

@@ -115,6 +115,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             translator, args.src, args.ref, decode, lowercase=args.lowercase,
             show_progress=show_progress,
         )  # fmt: skip
+        from transduce.data.parallel import read_lines
+
+        warning = unknown_warning(vocab, read_lines(args.src))
+        if warning:
+            print(warning, file=sys.stderr)
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])
     print(json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref),
