@@ -30,8 +30,12 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     tune_malloc()
-    overrides = {"max_minutes": str(args.minutes), "eval_every": str(args.eval_every),
-                 "target_seq_accuracy": "0.99", **parse_overrides(args.overrides)}  # fmt: skip
+    overrides = {
+        "max_minutes": str(args.minutes),
+        "eval_every": str(args.eval_every),
+        "target_seq_accuracy": "0.99",
+        **parse_overrides(args.overrides),
+    }
     cfg = update(demo_config(), overrides)
     with tempfile.TemporaryDirectory() as out:
         summary = train_synthetic(cfg, out, show_progress=False)
@@ -40,17 +44,22 @@ def main() -> None:
         (r for r in records if r.get("split") == "valid" and r["seq_accuracy"] >= 0.99), None
     )
     train_times = {r["step"]: r["elapsed"] for r in records if "elapsed" in r}
-    print(json.dumps({
-        "benchmark": "addition_time_to_99",
-        "reached": reached is not None,
-        "steps_to_99": reached["step"] if reached else None,
-        "seconds_to_99": train_times.get(reached["step"]) if reached else None,
-        "final_seq_accuracy": summary.get("seq_accuracy"),
-        "seconds_total": summary["seconds"],
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(),
-        "overrides": overrides,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "addition_time_to_99",
+                "reached": reached is not None,
+                "steps_to_99": reached["step"] if reached else None,
+                "seconds_to_99": train_times.get(reached["step"]) if reached else None,
+                "final_seq_accuracy": summary.get("seq_accuracy"),
+                "seconds_total": summary["seconds"],
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "machine": platform.processor() or platform.machine(),
+                "overrides": overrides,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

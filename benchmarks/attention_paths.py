@@ -45,7 +45,11 @@ def training_rows() -> None:
             grad = torch.randn(b, H, s, K, dtype=dtype)
             row = []
             for name, path in (("kernel", "fused"), ("formula", "formula")):
-                for kind, mask, causal in (("mask", padding_mask(b, s), False), ("causal", None, True)):
+                for kind, mask, causal in (
+                    ("mask", padding_mask(b, s), False),
+                    ("causal", None, True),
+                ):
+
                     def step() -> None:
                         attention(q, k, v, mask, is_causal=causal, path=path).backward(grad)
 
@@ -59,7 +63,11 @@ def decoding_rows() -> None:
     print("decoding (forward, inference mode), us per call")
     cases = {
         "beam 4 x 32 sentences, self-attention": lambda n: ((128, H, 1, K), (128, H, n, K), False),
-        "beam 4 x 32 sentences, cross (20 keys, padded)": lambda n: ((32, H, 4, K), (32, H, 20, K), True),
+        "beam 4 x 32 sentences, cross (20 keys, padded)": lambda n: (
+            (32, H, 4, K),
+            (32, H, 20, K),
+            True,
+        ),
         "greedy x 32, self-attention": lambda n: ((32, H, 1, K), (32, H, n, K), False),
         "batch 1, self-attention": lambda n: ((1, H, 1, K), (1, H, n, K), False),
     }

@@ -53,11 +53,25 @@ from typing import Any
 
 BATCH, SRC_LEN, STEPS, BEAM, ALPHA = 32, 20, 30, 4, 0.6
 SIZES = {
-    "small": {"n_layers": 3, "d_model": 256, "n_heads": 4, "d_k": 64, "d_v": 64, "d_ff": 1024,
-              "vocab": 8000},
-    "base": {"n_layers": 6, "d_model": 512, "n_heads": 8, "d_k": 64, "d_v": 64, "d_ff": 2048,
-             "vocab": 37000},
-}  # fmt: skip
+    "small": {
+        "n_layers": 3,
+        "d_model": 256,
+        "n_heads": 4,
+        "d_k": 64,
+        "d_v": 64,
+        "d_ff": 1024,
+        "vocab": 8000,
+    },
+    "base": {
+        "n_layers": 6,
+        "d_model": 512,
+        "n_heads": 8,
+        "d_k": 64,
+        "d_v": 64,
+        "d_ff": 2048,
+        "vocab": 37000,
+    },
+}
 ISAS = ("AVX512", "AVX2", "AVX", "GENERIC")
 
 
@@ -82,8 +96,12 @@ def ct2_worker(spec_path: str) -> None:
     translator = ctranslate2.Translator(
         job["model_dir"], device="cpu", intra_threads=job["threads"], inter_threads=1
     )
-    options = {"min_decoding_length": STEPS, "max_decoding_length": STEPS,
-               "length_penalty": ALPHA, "suppress_sequences": [["<pad>"], ["<s>"]]}  # fmt: skip
+    options = {
+        "min_decoding_length": STEPS,
+        "max_decoding_length": STEPS,
+        "length_penalty": ALPHA,
+        "suppress_sequences": [["<pad>"], ["<s>"]],
+    }
     batch, single = job["batch"], job["batch"][:1]
     out: dict[str, Any] = {}
     lengths: set[int] = set()
@@ -115,27 +133,41 @@ CT2_TIMES = ("greedy_s", "beam4_s", "b1_s")
 
 def _ct2_process(spec: str, env: dict[str, str], args: argparse.Namespace) -> dict | None:
     proc = subprocess.run(
-        [sys.executable, __file__, "--ct2-worker", spec], env={**os.environ, **env},
-        capture_output=True, text=True, timeout=args.timeout,
-    )  # fmt: skip
+        [sys.executable, __file__, "--ct2-worker", spec],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=args.timeout,
+    )
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"ct2 with {env} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"ct2 with {env} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}", file=sys.stderr
+    )
     return None
 
 
 def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse.Namespace) -> dict:
     """CTranslate2 on the fastest ISA that runs; each time the best of its two backends."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"model_dir": model_dir, "threads": args.threads, "batch": tokens,
-                   "check": check, "repeats": args.repeats,
-                   "latency_repeats": args.latency_repeats}, f)  # fmt: skip
+        json.dump(
+            {
+                "model_dir": model_dir,
+                "threads": args.threads,
+                "batch": tokens,
+                "check": check,
+                "repeats": args.repeats,
+                "latency_repeats": args.latency_repeats,
+            },
+            f,
+        )
     try:
         for isa in ISAS:
             base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
-            runs = {name: _ct2_process(f.name, {**base, **env}, args)
-                    for name, env in CT2_BACKENDS.items()}  # fmt: skip
+            runs = {
+                name: _ct2_process(f.name, {**base, **env}, args)
+                for name, env in CT2_BACKENDS.items()
+            }
             runs = {name: r for name, r in runs.items() if r is not None}
             if not runs:
                 continue
@@ -201,14 +233,28 @@ def build_hf(ours, size: dict):
     if size["d_k"] * h != d or size["d_v"] != size["d_k"]:
         raise ValueError("Marian needs d_k = d_v = d_model / n_heads")
     cfg = MarianConfig(
-        vocab_size=size["vocab"], d_model=d, encoder_layers=size["n_layers"],
-        decoder_layers=size["n_layers"], encoder_attention_heads=h, decoder_attention_heads=h,
-        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="relu",
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        vocab_size=size["vocab"],
+        d_model=d,
+        encoder_layers=size["n_layers"],
+        decoder_layers=size["n_layers"],
+        encoder_attention_heads=h,
+        decoder_attention_heads=h,
+        encoder_ffn_dim=size["d_ff"],
+        decoder_ffn_dim=size["d_ff"],
+        activation_function="relu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=1024,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
         forced_eos_token_id=None,
-    )  # fmt: skip
+    )
     hf = MarianMTModel(cfg).eval()
 
     def copy_linear(dst, src) -> None:
@@ -282,8 +328,10 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
             if beam == 1:
                 out = greedy_search(wrapped, x, max_len=STEPS - 1)
             else:
-                out = [h[0].tokens for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA,
-                                                       max_len=STEPS - 1)]  # fmt: skip
+                out = [
+                    h[0].tokens
+                    for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA, max_len=STEPS - 1)
+                ]
             lengths.update(len(t) + 1 for t in out)  # + the final EOS
 
         return go
@@ -292,11 +340,19 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
         def go():
             with torch.no_grad():
                 out = hf.generate(
-                    input_ids=x, attention_mask=x.ne(0), num_beams=beam, do_sample=False,
-                    min_new_tokens=STEPS, max_new_tokens=STEPS, length_penalty=ALPHA,
-                    early_stopping=False, decoder_start_token_id=BOS, pad_token_id=0,
-                    eos_token_id=EOS, forced_eos_token_id=None,
-                )  # fmt: skip
+                    input_ids=x,
+                    attention_mask=x.ne(0),
+                    num_beams=beam,
+                    do_sample=False,
+                    min_new_tokens=STEPS,
+                    max_new_tokens=STEPS,
+                    length_penalty=ALPHA,
+                    early_stopping=False,
+                    decoder_start_token_id=BOS,
+                    pad_token_id=0,
+                    eos_token_id=EOS,
+                    forced_eos_token_id=None,
+                )
             hf_lengths.add(out.size(1) - 1)  # minus the decoder start token
 
         return go
@@ -322,8 +378,9 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"[{size_name}] exporting and timing ct2 ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         export_model(ours, tokens, Path(tmp) / "ct2", max_positions=1024)
-        ct2 = run_ct2(str(Path(tmp) / "ct2"), [[tokens[i] for i in row] for row in body.tolist()],
-                      check, args)  # fmt: skip
+        ct2 = run_ct2(
+            str(Path(tmp) / "ct2"), [[tokens[i] for i in row] for row in body.tolist()], check, args
+        )
     ct2["check_max_abs_diff"] = float((torch.tensor(ct2.pop("check_log_probs")) - ref).abs().max())
     results["ct2"] = ct2
     for name, r in results.items():
@@ -341,18 +398,28 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(name: str, res: dict, threads: int) -> None:
     s = res["size"]
-    print(f"\n{name.upper()}: d_model {s['d_model']}, {s['n_layers']}+{s['n_layers']} layers, "
-          f"{s['n_heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; batch {BATCH} x "
-          f"{SRC_LEN} source tokens, {STEPS} steps, {threads} threads")  # fmt: skip
-    print(f"{'system':10} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
-          f"{'b1 greedy ms':>13}")  # fmt: skip
+    print(
+        f"\n{name.upper()}: d_model {s['d_model']}, {s['n_layers']}+{s['n_layers']} layers, "
+        f"{s['n_heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; batch {BATCH} x "
+        f"{SRC_LEN} source tokens, {STEPS} steps, {threads} threads"
+    )
+    print(
+        f"{'system':10} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
+        f"{'b1 greedy ms':>13}"
+    )
     for system, r in res["systems"].items():
-        print(f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
-              f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}")  # fmt: skip
+        print(
+            f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
+            f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}"
+        )
     ct2 = res["systems"]["ct2"]
-    print("ct2 seconds by backend (the faster one is used): " + "; ".join(
-        f"{b}: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in t.items())
-        for b, t in ct2["backend_times"].items()))  # fmt: skip
+    print(
+        "ct2 seconds by backend (the faster one is used): "
+        + "; ".join(
+            f"{b}: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in t.items())
+            for b, t in ct2["backend_times"].items()
+        )
+    )
 
 
 def ratios(name: str, res: dict) -> dict[str, float]:
@@ -402,21 +469,34 @@ def main() -> None:
         else:
             summary.update({f"{name}_beam4_vs_hf": None, f"{name}_beam4_vs_ct2": None})
     print()
-    for key in ("small_beam4_vs_hf", "small_beam4_vs_ct2", "base_beam4_vs_hf",
-                "base_beam4_vs_ct2", "small_b1_latency_vs_ct2"):  # fmt: skip
+    for key in (
+        "small_beam4_vs_hf",
+        "small_beam4_vs_ct2",
+        "base_beam4_vs_hf",
+        "base_beam4_vs_ct2",
+        "small_b1_latency_vs_ct2",
+    ):
         v = summary.get(key)
         print(f"{key:28} {'-' if v is None else f'{v:.2f}'}")
     ct2_any = next(iter(all_res.values()))["systems"]["ct2"]
-    summary.update({
-        "systems": {name: {s: {k: _round(v)
-                               for k, v in r.items() if k != "lengths"}
-                           for s, r in res["systems"].items()}
-                    for name, res in all_res.items()},
-        "ct2_isa": ct2_any["isa"], "ct2_torch_imported": ct2_any["torch_imported"],
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "ctranslate2": ct2_any["ctranslate2"], "machine": platform.processor() or platform.machine(),
-        "repeats": args.repeats,
-    })  # fmt: skip
+    summary.update(
+        {
+            "systems": {
+                name: {
+                    s: {k: _round(v) for k, v in r.items() if k != "lengths"}
+                    for s, r in res["systems"].items()
+                }
+                for name, res in all_res.items()
+            },
+            "ct2_isa": ct2_any["isa"],
+            "ct2_torch_imported": ct2_any["torch_imported"],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "ctranslate2": ct2_any["ctranslate2"],
+            "machine": platform.processor() or platform.machine(),
+            "repeats": args.repeats,
+        }
+    )
     print(json.dumps({k: _round(v) for k, v in summary.items()}))
 
 

@@ -85,8 +85,9 @@ def induce_grammar(train: Sequence[Tree]) -> tuple[nltk.PCFG, Counter[str]]:
     return nltk.induce_pcfg(nltk.Nonterminal("TOP"), productions), counts
 
 
-def pcfg_parse(parser: nltk.ViterbiParser, words: Sequence[str], counts: Counter[str],
-               known: set[str]) -> Tree | None:
+def pcfg_parse(
+    parser: nltk.ViterbiParser, words: Sequence[str], counts: Counter[str], known: set[str]
+) -> Tree | None:
     """The Viterbi parse of ``words`` with its real words put back; None without a parse."""
     tokens = []
     for w in words:
@@ -106,10 +107,18 @@ def pcfg_parse(parser: nltk.ViterbiParser, words: Sequence[str], counts: Counter
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True,
-                        help="treebank.zip, or the folder holding it, or a folder of .mrg files")
-    parser.add_argument("--max-length", type=int, default=12,
-                        help="parse the test sentences of at most this many words with the PCFG")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="treebank.zip, or the folder holding it, or a folder of .mrg files",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=12,
+        help="parse the test sentences of at most this many words with the PCFG",
+    )
     args = parser.parse_args()
     source = args.data / "treebank.zip" if (args.data / "treebank.zip").is_file() else args.data
     splits = split_treebank(read_treebank(source))
@@ -126,20 +135,26 @@ def main() -> None:
         fallbacks += result is None
         parsed.append(result if result is not None else right_branching(t.words()))
 
-    print(json.dumps({
-        "split": "test (wsj_0180-0199)",
-        "sentences": len(gold),
-        "right_branching": score_corpus(gold, [right_branching(t.words()) for t in gold]).as_dict(),
-        "subset": f"test sentences of at most {args.max_length} words",
-        "subset_sentences": len(subset),
-        "right_branching_subset": score_corpus(
-            subset, [right_branching(t.words()) for t in subset]
-        ).as_dict(),
-        "pcfg_subset": score_corpus(subset, parsed).as_dict(),
-        "pcfg_productions": len(grammar.productions()),
-        "pcfg_fallbacks": fallbacks,
-        "pcfg_seconds": round(time.perf_counter() - start, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "split": "test (wsj_0180-0199)",
+                "sentences": len(gold),
+                "right_branching": score_corpus(
+                    gold, [right_branching(t.words()) for t in gold]
+                ).as_dict(),
+                "subset": f"test sentences of at most {args.max_length} words",
+                "subset_sentences": len(subset),
+                "right_branching_subset": score_corpus(
+                    subset, [right_branching(t.words()) for t in subset]
+                ).as_dict(),
+                "pcfg_subset": score_corpus(subset, parsed).as_dict(),
+                "pcfg_productions": len(grammar.productions()),
+                "pcfg_fallbacks": fallbacks,
+                "pcfg_seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

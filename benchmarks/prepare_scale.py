@@ -118,14 +118,20 @@ def bench_prepare(corpus: Path, out: Path, workers: int, vocab: Path | None) -> 
     total_s = time.monotonic() - started
     lines = manifest["splits"]["train"]["lines"]
     encode_s = manifest["splits"]["train"]["seconds"]
-    return {"pairs": lines, "vocab_seconds": round(vocab_s, 1),
-            "prepare_seconds": round(total_s, 1), "encode_seconds": encode_s,
-            "pairs_per_s": round(lines / encode_s), "workers": workers,
-            "pairs_per_s_per_worker": round(lines / encode_s / workers)}  # fmt: skip
+    return {
+        "pairs": lines,
+        "vocab_seconds": round(vocab_s, 1),
+        "prepare_seconds": round(total_s, 1),
+        "encode_seconds": encode_s,
+        "pairs_per_s": round(lines / encode_s),
+        "workers": workers,
+        "pairs_per_s_per_worker": round(lines / encode_s / workers),
+    }
 
 
-def bench_load(prepared: Path, device: str, steps: int, max_tokens: int,
-               simulate_ms: float | None) -> dict[str, float]:  # fmt: skip
+def bench_load(
+    prepared: Path, device: str, steps: int, max_tokens: int, simulate_ms: float | None
+) -> dict[str, float]:
     """Start to first batch, then the data wait per step, read on the training thread and read
     ahead on a background thread as the trainer does (``data/read_ahead.py``), the two
     alternating in blocks of ``steps`` over the same batches. The step is the base model's on
@@ -134,8 +140,13 @@ def bench_load(prepared: Path, device: str, steps: int, max_tokens: int,
 
     from transduce.architectures import build_model
     from transduce.config import preset_config
-    from transduce.data.batching import Batch, group_reader, length_index, select_pairs
-    from transduce.data.batching import token_batch_arrays
+    from transduce.data.batching import (
+        Batch,
+        group_reader,
+        length_index,
+        select_pairs,
+        token_batch_arrays,
+    )
     from transduce.data.prepared import PreparedSplit
     from transduce.data.read_ahead import ReadAhead
     from transduce.data.vocab import PAD
@@ -158,8 +169,9 @@ def bench_load(prepared: Path, device: str, steps: int, max_tokens: int,
             time.sleep(simulate_ms / 1000)
             return
         batch = batch.to(device)
-        sums = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1,
-                                  ignore_index=PAD)  # fmt: skip
+        sums = label_smoothed_nll(
+            model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1, ignore_index=PAD
+        )
         (sums.loss / batch.n_tokens).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -187,12 +199,16 @@ def bench_load(prepared: Path, device: str, steps: int, max_tokens: int,
                 waits[way] += waited
                 total[way] += time.monotonic() - t0
     n = 2 * steps
-    return {"pairs": len(split), "batches": len(batches), "start_to_first_batch_s":
-            round(first_batch_s, 2), "device": device, "step": f"sleep {simulate_ms} ms"
-            if simulate_ms is not None else "base model",
-            **{f"data_ms_per_step_{w}": round(1000 * waits[w] / n, 2) for w in waits},
-            **{f"ms_per_step_with_wait_{w}": round(1000 * total[w] / n, 1) for w in total},
-            **{f"data_share_{w}": round(waits[w] / total[w], 4) for w in waits}}  # fmt: skip
+    return {
+        "pairs": len(split),
+        "batches": len(batches),
+        "start_to_first_batch_s": round(first_batch_s, 2),
+        "device": device,
+        "step": f"sleep {simulate_ms} ms" if simulate_ms is not None else "base model",
+        **{f"data_ms_per_step_{w}": round(1000 * waits[w] / n, 2) for w in waits},
+        **{f"ms_per_step_with_wait_{w}": round(1000 * total[w] / n, 1) for w in total},
+        **{f"data_share_{w}": round(waits[w] / total[w], 4) for w in waits},
+    }
 
 
 def main() -> None:
@@ -219,8 +235,13 @@ def main() -> None:
     elif args.what == "prepare":
         print(json.dumps(bench_prepare(args.corpus, args.out, args.workers, args.vocab)))
     else:
-        print(json.dumps(bench_load(args.prepared, args.device, args.steps, args.max_tokens,
-                                    args.simulate_ms)))  # fmt: skip
+        print(
+            json.dumps(
+                bench_load(
+                    args.prepared, args.device, args.steps, args.max_tokens, args.simulate_ms
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

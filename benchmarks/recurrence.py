@@ -49,9 +49,16 @@ TASKS: dict[str, dict[str, Any]] = {
         "target": 30.0,
         "arms": {
             "transformer": ["dropout=0.1"],
-            "rnn": ["architecture=rnn", "n_layers=2", "d_model=256", "dropout=0.1",
-                    "clip_norm=1.0", "lr_factor=1.92", "input_feeding=false",
-                    "rnn_attention=additive"],
+            "rnn": [
+                "architecture=rnn",
+                "n_layers=2",
+                "d_model=256",
+                "dropout=0.1",
+                "clip_norm=1.0",
+                "lr_factor=1.92",
+                "input_feeding=false",
+                "rnn_attention=additive",
+            ],
         },
     },
     "addition": {
@@ -60,11 +67,16 @@ TASKS: dict[str, dict[str, Any]] = {
         "target": 0.99,
         "arms": {
             "transformer": ["max_steps=1000000"],  # the budget or the target stops them
-            "rnn": ["architecture=rnn", "n_layers=1", "d_model=128", "clip_norm=1.0",
-                    "max_steps=1000000"],
+            "rnn": [
+                "architecture=rnn",
+                "n_layers=1",
+                "d_model=128",
+                "clip_norm=1.0",
+                "max_steps=1000000",
+            ],
         },
     },
-}  # fmt: skip
+}
 LABELS = {"transformer": "Transformer", "rnn": "LSTM + attention"}
 
 
@@ -94,8 +106,18 @@ def test_score(run: Path) -> float | None:
     cached = run / "test_bleu_beam4.json"
     if not cached.exists():
         src, ref = (str(DATA / name) for name in TEST)
-        out = transduce("evaluate", "--model", str(run / "model.pt"), "--src", src, "--ref", ref,
-                        "--beam", "4", "--quiet")  # fmt: skip
+        out = transduce(
+            "evaluate",
+            "--model",
+            str(run / "model.pt"),
+            "--src",
+            src,
+            "--ref",
+            ref,
+            "--beam",
+            "4",
+            "--quiet",
+        )
         cached.write_text(out.stdout.strip().splitlines()[-1] + "\n")
     return float(json.loads(cached.read_text())["bleu"])
 
@@ -176,8 +198,18 @@ def main() -> None:
     out = (args.out if args.out.is_absolute() else Path.cwd() / args.out) / args.task
     if args.task == "multi30k" and not args.plot_only:
         mirror = os.environ.get("TRANSDUCE_DATA")
-        transduce("data", "multi30k", "--dest", str(DATA), "--src", "en", "--tgt", "de", "--quiet",
-                  *(["--from", mirror] if mirror else []))  # fmt: skip
+        transduce(
+            "data",
+            "multi30k",
+            "--dest",
+            str(DATA),
+            "--src",
+            "en",
+            "--tgt",
+            "de",
+            "--quiet",
+            *(["--from", mirror] if mirror else []),
+        )
     arms = [args.only] if args.only else list(LABELS)
     extra = {"transformer": args.transformer_set, "rnn": args.rnn_set}
     if not args.plot_only:

@@ -66,9 +66,15 @@ def build(layers: int, feeding: bool, attention: AttentionKind, device: str) -> 
     """The benchmark's model in training mode (dropout on), seeded alike for both settings."""
     torch.manual_seed(0)
     model = RecurrentSeq2Seq(
-        vocab_size=VOCAB, embed_dim=EMBED, hidden_size=HIDDEN, n_layers=layers, dropout=0.1,
-        attention=attention, input_feeding=feeding, tie_embeddings=True,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        embed_dim=EMBED,
+        hidden_size=HIDDEN,
+        n_layers=layers,
+        dropout=0.1,
+        attention=attention,
+        input_feeding=feeding,
+        tie_embeddings=True,
+    )
     return model.to(device).train()
 
 
@@ -82,7 +88,7 @@ def compare(layers: int, args: argparse.Namespace) -> dict:
             step_seconds(models[f], batches[0], args.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     for r, batch in enumerate(batches):
-        for f in ((False, True) if r % 2 == 0 else (True, False)):  # alternate who goes first
+        for f in (False, True) if r % 2 == 0 else (True, False):  # alternate who goes first
             times[f].append(step_seconds(models[f], batch, args.device))
     ratios = [a / b for a, b in zip(times[True], times[False], strict=True)]
     return {
@@ -108,16 +114,26 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result: dict = {"threads": args.threads, "device": args.device, "attention": args.attention,
-                    "batch": BATCH, "lengths": [MIN_LEN, MAX_LEN], "rounds": args.rounds,
-                    "runs": []}  # fmt: skip
-    print(f"{'layers':>6} {'no feed ms':>11} {'feed ms':>9} {'ratio':>6} {'(min-max)':>12} {'best':>5}")
+    result: dict = {
+        "threads": args.threads,
+        "device": args.device,
+        "attention": args.attention,
+        "batch": BATCH,
+        "lengths": [MIN_LEN, MAX_LEN],
+        "rounds": args.rounds,
+        "runs": [],
+    }
+    print(
+        f"{'layers':>6} {'no feed ms':>11} {'feed ms':>9} {'ratio':>6} {'(min-max)':>12} {'best':>5}"
+    )
     for layers in args.layers:
         r = compare(layers, args)
         result["runs"].append(r)
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
-        print(f"{layers:>6} {r['ms_no_feed']:>11.1f} {r['ms_feed']:>9.1f} "
-              f"{r['ratio_feed_over_no_feed']:>6.2f} {spread:>12} {r['ratio_of_best']:>5.2f}")  # fmt: skip
+        print(
+            f"{layers:>6} {r['ms_no_feed']:>11.1f} {r['ms_feed']:>9.1f} "
+            f"{r['ratio_feed_over_no_feed']:>6.2f} {spread:>12} {r['ratio_of_best']:>5.2f}"
+        )
     print(json.dumps(result))
 
 

@@ -130,8 +130,11 @@ async def _one_round(http: Http, kind: str, rng: random.Random) -> str:
     """One round of ``kind`` of abuse: what the server did ('408', 'closed', ...)."""
     cfg = http.cfg
     if kind in ("bad_utf8", "deep_json"):
-        body = (b'{"text": ["caf\xe9 \xff\xfe"]}' if kind == "bad_utf8"
-                else b"[" * cfg.nesting + b"]" * cfg.nesting)  # fmt: skip
+        body = (
+            b'{"text": ["caf\xe9 \xff\xfe"]}'
+            if kind == "bad_utf8"
+            else b"[" * cfg.nesting + b"]" * cfg.nesting
+        )
         return str((await http.post(body))[0])
     reader, writer = await http.open()
     try:
@@ -231,8 +234,13 @@ def percentiles(values: list[float]) -> dict[str, Any]:
         k = max(0, min(len(ordered) - 1, int(q / 100 * len(ordered) + 0.5) - 1))
         return round(1000 * ordered[k], 1)
 
-    return {"n": len(ordered), "p50_ms": rank(50), "p95_ms": rank(95), "p99_ms": rank(99),
-            "max_ms": round(1000 * ordered[-1], 1)}  # fmt: skip
+    return {
+        "n": len(ordered),
+        "p50_ms": rank(50),
+        "p95_ms": rank(95),
+        "p99_ms": rank(99),
+        "max_ms": round(1000 * ordered[-1], 1),
+    }
 
 
 async def _good_phase(http: Http, seconds: float) -> dict[str, Any]:
@@ -331,8 +339,12 @@ async def _shutdown(
     await _until(drained, cfg.io_timeout)
     n = cfg.in_flight_sentences
     extra = {} if cfg.in_flight_beam is None else {"beam": cfg.in_flight_beam}
-    requests = [asyncio.ensure_future(http.post(json.dumps(
-        {"text": cfg.sentences[n * i : n * i + n], **extra}).encode())) for i in range(cfg.in_flight)]  # fmt: skip
+    requests = [
+        asyncio.ensure_future(
+            http.post(json.dumps({"text": cfg.sentences[n * i : n * i + n], **extra}).encode())
+        )
+        for i in range(cfg.in_flight)
+    ]
 
     async def all_received() -> bool:  # each one queued, decoding or answered
         answered = sum(r.done() for r in requests)
@@ -349,11 +361,15 @@ async def _shutdown(
     statuses = Counter(a[0] if isinstance(a, tuple) else type(a).__name__ for a in answers)
     loop = asyncio.get_running_loop()
     code = await loop.run_in_executor(None, lambda: proc.wait(cfg.io_timeout))
-    out["shutdown"] = {"in_flight": cfg.in_flight, "in_flight_at_signal": cfg.in_flight - before,
-                       "answered_200": statuses.pop(200, 0),
-                       "failed": dict(statuses), "exit_code": code,
-                       "seconds_to_answers": round(answered_s, 2),
-                       "seconds_to_exit": round(time.perf_counter() - t0, 2)}  # fmt: skip
+    out["shutdown"] = {
+        "in_flight": cfg.in_flight,
+        "in_flight_at_signal": cfg.in_flight - before,
+        "answered_200": statuses.pop(200, 0),
+        "failed": dict(statuses),
+        "exit_code": code,
+        "seconds_to_answers": round(answered_s, 2),
+        "seconds_to_exit": round(time.perf_counter() - t0, 2),
+    }
 
 
 async def run_abuse(
@@ -366,20 +382,26 @@ async def run_abuse(
     out["good_quiet"] = await _good_phase(http, cfg.quiet_seconds)
     stop = asyncio.Event()
     health: dict[str, Any] = {}
-    helpers = [asyncio.ensure_future(_health_prober(http, stop, health)),
-               asyncio.ensure_future(_memory_sampler(proc.pid, stop, out["memory"]))]  # fmt: skip
+    helpers = [
+        asyncio.ensure_future(_health_prober(http, stop, health)),
+        asyncio.ensure_future(_memory_sampler(proc.pid, stop, out["memory"])),
+    ]
     stops = {"fast": asyncio.Event(), "all": asyncio.Event()}  # fast kinds stop first
     kinds = [cfg.kinds[i % len(cfg.kinds)] for i in range(cfg.connections)]
-    abusers = [asyncio.ensure_future(_abuser(
-        http, kind, i, stops["fast"] if kind in FAST_KINDS else stops["all"]))
-        for i, kind in enumerate(kinds)]  # fmt: skip
+    abusers = [
+        asyncio.ensure_future(
+            _abuser(http, kind, i, stops["fast"] if kind in FAST_KINDS else stops["all"])
+        )
+        for i, kind in enumerate(kinds)
+    ]
     try:
         cpu0, client0, t0 = cpu_seconds(proc.pid), time.process_time(), time.perf_counter()
         out["good_under_abuse"] = await _good_phase(http, cfg.seconds)
         wall = time.perf_counter() - t0
         out["cpu_under_abuse"] = {  # cores busy, on average
             "server": round((cpu_seconds(proc.pid) - cpu0) / wall, 2),
-            "client": round((time.process_time() - client0) / wall, 2)}  # fmt: skip
+            "client": round((time.process_time() - client0) / wall, 2),
+        }
         stop.set()
         await asyncio.gather(*helpers)
         out["health_under_abuse"] = health
@@ -395,4 +417,3 @@ async def run_abuse(
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in hidden}
     out["abuse_outcomes"] = dict(sorted(cfg.outcomes.items()))
     return out
-

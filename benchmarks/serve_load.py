@@ -45,9 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-WORDS = ("the a an dog cat man woman child runs sits stands walks on in under near red blue green "
-         "big small old young park street house garden ball bike car and with while looks at "
-         "plays holds eats reads water tree").split()  # fmt: skip
+WORDS = (
+    "the a an dog cat man woman child runs sits stands walks on in under near red blue green "
+    "big small old young park street house garden ball bike car and with while looks at "
+    "plays holds eats reads water tree"
+).split()
 
 
 def generated_sentences(n: int, seed: int = 0) -> list[str]:
@@ -65,9 +67,11 @@ def demo_checkpoint(folder: Path, quick: bool) -> Path:
     from transduce.model.transformer import make_model
 
     vocab = train_sentencepiece(generated_sentences(2000, seed=1), 200, hard_vocab_limit=False)
-    model_cfg = ({"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32}
-                 if quick else
-                 {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64})  # fmt: skip
+    model_cfg = (
+        {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32}
+        if quick
+        else {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64}
+    )
     cfg = from_dict({"model": model_cfg, "decode": {"max_len_offset": 10}})
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
@@ -82,15 +86,40 @@ class Server:
     """``transduce serve`` in a subprocess on 127.0.0.1, a free port."""
 
     def __init__(
-        self, model: str, threads: int, max_batch: int, wait_ms: float, timeout: float,
-        extra: tuple[str, ...] = (), token: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        model: str,
+        threads: int,
+        max_batch: int,
+        wait_ms: float,
+        timeout: float,
+        extra: tuple[str, ...] = (),
+        token: str | None = None,
+    ) -> None:
         self.log = tempfile.TemporaryFile("w+")
         self.token = token
-        cmd = [sys.executable, "-m", "transduce", "serve", "--model", model, "--host", "127.0.0.1",
-               "--port", "0", "--threads", str(threads), "--log-level", "warning",
-               "--max-batch-sentences", str(max_batch), "--batch-wait-ms", str(wait_ms),
-               "--max-queue", "1000000", *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "transduce",
+            "serve",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+            "--max-batch-sentences",
+            str(max_batch),
+            "--batch-wait-ms",
+            str(wait_ms),
+            "--max-queue",
+            "1000000",
+            *extra,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
@@ -171,7 +200,7 @@ def load_run(server: Server, args: argparse.Namespace, pool: list[str]) -> dict[
     conn = server.connection(args.request_timeout)
     try:  # warm-up
         for i in range(3):
-            post(conn, {"text": pool[i: i + args.sentences], **payload_extra})
+            post(conn, {"text": pool[i : i + args.sentences], **payload_extra})
     finally:
         conn.close()
     before = server.get("/health")["stats"]
@@ -192,7 +221,9 @@ def load_run(server: Server, args: argparse.Namespace, pool: list[str]) -> dict[
                 k = rng.randrange(len(pool) - args.sentences)
                 t0 = time.perf_counter()
                 try:
-                    status, out = post(conn, {"text": pool[k: k + args.sentences], **payload_extra})
+                    status, out = post(
+                        conn, {"text": pool[k : k + args.sentences], **payload_extra}
+                    )
                 except (OSError, http.client.HTTPException) as e:
                     with lock:
                         failures.append(f"{type(e).__name__}: {e}")
@@ -262,8 +293,12 @@ def main() -> None:
     parser.add_argument("--abuse-seconds", type=float, default=60)
     parser.add_argument("--quiet-seconds", type=float, default=10)
     parser.add_argument("--in-flight", type=int, default=32, help="requests in flight at SIGTERM")
-    parser.add_argument("--abuse-pause", type=float, default=2.0,
-                        help="seconds between two rounds of the fast kinds of abuse, per connection")  # fmt: skip
+    parser.add_argument(
+        "--abuse-pause",
+        type=float,
+        default=2.0,
+        help="seconds between two rounds of the fast kinds of abuse, per connection",
+    )
     parser.add_argument("--max-queue", type=int, default=8192, help="the server's, under --abuse")
     args = parser.parse_args()
     if args.quick:
@@ -283,8 +318,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(demo_checkpoint(Path(tmp), args.quick))
         runs: dict[str, dict] = {}
-        for name, max_batch, wait in [("batched", args.max_batch_sentences, args.batch_wait_ms),
-                                      ("unbatched", 1, 0.0)]:  # fmt: skip
+        for name, max_batch, wait in [
+            ("batched", args.max_batch_sentences, args.batch_wait_ms),
+            ("unbatched", 1, 0.0),
+        ]:
             print(f"[{name}] starting the server ...", file=sys.stderr, flush=True)
             server = Server(model, args.threads, max_batch, wait, args.start_timeout)
             try:
@@ -292,30 +329,45 @@ def main() -> None:
             finally:
                 server.stop()
 
-    print(f"\n{args.clients} clients x {args.requests} requests x {args.sentences} sentence(s), "
-          f"server on {args.threads} threads, model {args.model or 'random demo'}")  # fmt: skip
-    print(f"{'server':10} {'req/s':>8} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-          f"{'req/batch':>10} {'failed':>7}")  # fmt: skip
+    print(
+        f"\n{args.clients} clients x {args.requests} requests x {args.sentences} sentence(s), "
+        f"server on {args.threads} threads, model {args.model or 'random demo'}"
+    )
+    print(
+        f"{'server':10} {'req/s':>8} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+        f"{'req/batch':>10} {'failed':>7}"
+    )
     for name, r in runs.items():
+
         def f(v: Any, spec: str = "8.1f") -> str:
             return format(v, spec) if v is not None else "       -"
 
-        print(f"{name:10} {f(r['requests_per_s'])} {f(r['sentences_per_s'])} {f(r['p50_ms'])} "
-              f"{f(r['p95_ms'])} {f(r['p99_ms'])} {f(r['requests_per_batch'], '10.2f')} "
-              f"{r['failed']:7d}")  # fmt: skip
+        print(
+            f"{name:10} {f(r['requests_per_s'])} {f(r['sentences_per_s'])} {f(r['p50_ms'])} "
+            f"{f(r['p95_ms'])} {f(r['p99_ms'])} {f(r['requests_per_batch'], '10.2f')} "
+            f"{r['failed']:7d}"
+        )
     b, u = runs["batched"], runs["unbatched"]
     summary = {
-        "benchmark": "serve_load", "model": args.model or "random-demo", "clients": args.clients,
-        "requests_per_client": args.requests, "sentences_per_request": args.sentences,
-        "beam": args.beam, "threads": args.threads,
-        "batching": {"max_batch_sentences": args.max_batch_sentences,
-                     "batch_wait_ms": args.batch_wait_ms},
-        "throughput_gain": b["requests_per_s"] / u["requests_per_s"] if u["requests_per_s"] else None,
+        "benchmark": "serve_load",
+        "model": args.model or "random-demo",
+        "clients": args.clients,
+        "requests_per_client": args.requests,
+        "sentences_per_request": args.sentences,
+        "beam": args.beam,
+        "threads": args.threads,
+        "batching": {
+            "max_batch_sentences": args.max_batch_sentences,
+            "batch_wait_ms": args.batch_wait_ms,
+        },
+        "throughput_gain": b["requests_per_s"] / u["requests_per_s"]
+        if u["requests_per_s"]
+        else None,
         "p50_ratio": b["p50_ms"] / u["p50_ms"] if b["p50_ms"] and u["p50_ms"] else None,
         "p95_ratio": b["p95_ms"] / u["p95_ms"] if b["p95_ms"] and u["p95_ms"] else None,
         "batched": {k: _round(v) for k, v in b.items()},
         "unbatched": {k: _round(v) for k, v in u.items()},
-    }  # fmt: skip
+    }
     print(json.dumps({k: _round(v) for k, v in summary.items()}))
 
 
@@ -325,8 +377,10 @@ def report(out: dict[str, Any]) -> str:
     def lat(r: dict[str, Any]) -> str:
         if not r.get("n"):
             return f"no answers, {r.get('failed')} failed"
-        return (f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
-                f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed")  # fmt: skip
+        return (
+            f"{r['n']} answered, p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, "
+            f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms, {r['failed']} failed"
+        )
 
     mem, down = out["memory"], out["shutdown"]
     lines = [
@@ -334,15 +388,21 @@ def report(out: dict[str, Any]) -> str:
         f"well-behaved, alone:        {lat(out['good_quiet'])}",
         f"well-behaved, under abuse:  {lat(out['good_under_abuse'])}",
         f"/health under abuse:        {lat(out['health_under_abuse'])}",
-        (f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
-         f"this client {out['cpu_under_abuse']['client']}"),
-        (f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
-         f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
-         f"{out['health_under_abuse'].get('max_pending_sentences')}"),
-        (f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
-         f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
-         f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
-         f"{down['exit_code']} after {down['seconds_to_exit']} s"),
+        (
+            f"cores busy under abuse: server {out['cpu_under_abuse']['server']}, "
+            f"this client {out['cpu_under_abuse']['client']}"
+        ),
+        (
+            f"server memory: {mem['rss_before_mb']} MiB before, {mem.get('rss_peak_mb')} MiB peak "
+            f"under abuse, VmHWM {mem.get('VmHWM')} MiB; most sentences queued "
+            f"{out['health_under_abuse'].get('max_pending_sentences')}"
+        ),
+        (
+            f"shutdown: {down['answered_200']}/{down['in_flight']} requests answered "
+            f"({down['in_flight_at_signal']} unanswered at SIGTERM), "
+            f"failed {down['failed']}, in {down['seconds_to_answers']} s; exit code "
+            f"{down['exit_code']} after {down['seconds_to_exit']} s"
+        ),
         "abuse outcomes: " + ", ".join(f"{k} x{v}" for k, v in out["abuse_outcomes"].items()),
     ]
     return "\n".join(lines)
@@ -360,8 +420,10 @@ def abuse_main(args: argparse.Namespace, pool: list[str]) -> None:
     needed = 2 * (args.connections + args.clients + args.in_flight) + 256  # both ends of each
     soft = raise_open_file_limit(needed)
     if soft < needed:
-        raise SystemExit(f"the open-file limit is {soft} (the hard limit) and --connections "
-                         f"{args.connections} needs {needed}: raise it or pass fewer")  # fmt: skip
+        raise SystemExit(
+            f"the open-file limit is {soft} (the hard limit) and --connections "
+            f"{args.connections} needs {needed}: raise it or pass fewer"
+        )
     token = secrets.token_urlsafe(24)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(demo_checkpoint(Path(tmp), args.quick))
@@ -369,21 +431,38 @@ def abuse_main(args: argparse.Namespace, pool: list[str]) -> None:
         key_file.write_text(token + "\n")
         extra = ("--max-queue", str(args.max_queue), "--api-key-file", str(key_file))
         print("[abuse] starting the server ...", file=sys.stderr, flush=True)
-        server = Server(model, args.threads, args.max_batch_sentences, args.batch_wait_ms,
-                        args.start_timeout, extra=extra, token=token)  # fmt: skip
+        server = Server(
+            model,
+            args.threads,
+            args.max_batch_sentences,
+            args.batch_wait_ms,
+            args.start_timeout,
+            extra=extra,
+            token=token,
+        )
         cfg = AbuseConfig(
-            sentences=pool, connections=args.connections, seconds=args.abuse_seconds,
-            quiet_seconds=args.quiet_seconds, good_clients=args.clients,
-            in_flight=args.in_flight, token=token, pause_s=args.abuse_pause,
-        )  # fmt: skip
+            sentences=pool,
+            connections=args.connections,
+            seconds=args.abuse_seconds,
+            quiet_seconds=args.quiet_seconds,
+            good_clients=args.clients,
+            in_flight=args.in_flight,
+            token=token,
+            pause_s=args.abuse_pause,
+        )
         bound = args.quiet_seconds + args.abuse_seconds + 4 * cfg.io_timeout
         try:
-            out = asyncio.run(asyncio.wait_for(
-                run_abuse(server.host, server.port, server.proc, cfg), bound))  # fmt: skip
+            out = asyncio.run(
+                asyncio.wait_for(run_abuse(server.host, server.port, server.proc, cfg), bound)
+            )
         finally:
             server.stop()
-    out.update(model=args.model or "random-demo", threads=args.threads, max_queue=args.max_queue,
-               abuse_pause_s=args.abuse_pause)  # fmt: skip
+    out.update(
+        model=args.model or "random-demo",
+        threads=args.threads,
+        max_queue=args.max_queue,
+        abuse_pause_s=args.abuse_pause,
+    )
     print(report(out))
     print(json.dumps({"benchmark": "serve_abuse", **out}))
 

@@ -48,11 +48,23 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # table1_layers.py lie
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from table1_layers import (  # after the path above
-    BATCH, D_MODEL, KERNEL, LAYERS, LENGTHS, NEIGHBOURHOOD, PAPER, QUICK_LENGTHS, RECURRENT,
-    backward_flops, counted_flops, forward_flops, make_inputs, make_layers, max_path,
+    BATCH,
+    D_MODEL,
+    KERNEL,
+    LAYERS,
+    LENGTHS,
+    NEIGHBOURHOOD,
+    PAPER,
+    QUICK_LENGTHS,
+    RECURRENT,
+    backward_flops,
+    counted_flops,
+    forward_flops,
+    make_inputs,
+    make_layers,
+    max_path,
     sequential_ops,
-)  # fmt: skip
-
+)
 
 # --- the arithmetic: pure functions --------------------------------------------------------------
 
@@ -125,8 +137,9 @@ def median_seconds(step: Callable[[], None], sync: Callable[[], None], repeats: 
     return statistics.median(timed() for _ in range(calls))
 
 
-def time_layer(layer: nn.Module, inputs: tuple[Tensor, ...], sync: Callable[[], None],
-               repeats: Repeats) -> tuple[float, float]:  # fmt: skip
+def time_layer(
+    layer: nn.Module, inputs: tuple[Tensor, ...], sync: Callable[[], None], repeats: Repeats
+) -> tuple[float, float]:
     """(forward, forward + backward) median seconds of ``layer`` on ``inputs``."""
     params = [*layer.parameters(), *inputs]
     grad = torch.randn_like(inputs[0])  # every layer's output has the shape of its first input
@@ -162,8 +175,10 @@ def measure(lengths: Sequence[int], device: torch.device, repeats: Repeats) -> d
 
 def print_tables(lengths: Sequence[int], times: dict[str, Any]) -> None:
     """Per length: the paper's three columns beside model FLOPs, times and FLOP/s."""
-    head = (f"{'layer':<20} {'complexity':<22} {'sequential':<13} {'max path':<18} "
-            f"{'GFLOP fwd':>10} {'fwd ms':>9} {'f+b ms':>9} {'f+b GFLOP/s':>12}")  # fmt: skip
+    head = (
+        f"{'layer':<20} {'complexity':<22} {'sequential':<13} {'max path':<18} "
+        f"{'GFLOP fwd':>10} {'fwd ms':>9} {'f+b ms':>9} {'f+b GFLOP/s':>12}"
+    )
     for i, n in enumerate(lengths):
         print(f"\nn = {n}, d = {D_MODEL}, k = {KERNEL}, r = {NEIGHBOURHOOD}, batch {BATCH}\n{head}")
         for name in LAYERS:
@@ -171,12 +186,16 @@ def print_tables(lengths: Sequence[int], times: dict[str, Any]) -> None:
             fwd, both = times["forward"][name][i], times["forward_backward"][name][i]
             flops = forward_flops(name, n)
             rate = (flops + backward_flops(name, n)) / both / 1e9
-            print(f"{name:<20} {cplx:<22} {f'{seq} = {sequential_ops(name, n)}':<13} "
-                  f"{f'{path} = {max_path(name, n):.3g}':<18} {flops / 1e9:>10.4f} "
-                  f"{fwd * 1e3:>9.3f} {both * 1e3:>9.3f} {rate:>12.1f}")  # fmt: skip
+            print(
+                f"{name:<20} {cplx:<22} {f'{seq} = {sequential_ops(name, n)}':<13} "
+                f"{f'{path} = {max_path(name, n):.3g}':<18} {flops / 1e9:>10.4f} "
+                f"{fwd * 1e3:>9.3f} {both * 1e3:>9.3f} {rate:>12.1f}"
+            )
 
 
-def crossovers(lengths: Sequence[int], times: dict[str, Any], fitted: Sequence[int]) -> dict[str, Any]:
+def crossovers(
+    lengths: Sequence[int], times: dict[str, Any], fitted: Sequence[int]
+) -> dict[str, Any]:
     """Where self-attention (layer and core) and the LSTM cross: measured (None: not within the
     lengths); where their power laws fitted over ``fitted`` meet beyond the longest length, when
     the measured curves do not cross; and where their model FLOPs are equal."""
@@ -197,8 +216,9 @@ def crossovers(lengths: Sequence[int], times: dict[str, Any], fitted: Sequence[i
     return out
 
 
-def describe_crossover(key: str, found: dict[str, Any], lengths: Sequence[int],
-                       times: dict[str, Any]) -> list[str]:  # fmt: skip
+def describe_crossover(
+    key: str, found: dict[str, Any], lengths: Sequence[int], times: dict[str, Any]
+) -> list[str]:
     """Lines: where the measured curves cross, in units of d, or who is faster throughout."""
     name, flops = key.removesuffix(" vs recurrent"), found["flops"]
     lines = [f"{key} (model FLOPs equal at n = {flops:.0f} = {flops / D_MODEL:.2f} d):"]
@@ -210,16 +230,25 @@ def describe_crossover(key: str, found: dict[str, Any], lengths: Sequence[int],
         else:
             what = f"cross at n = {n:,.0f} = {n / D_MODEL:.2f} d"
         if fitted is not None:
-            what += f"; fitted power laws meet beyond, at n = {fitted:,.0f} = {fitted / D_MODEL:.1f} d"
+            what += (
+                f"; fitted power laws meet beyond, at n = {fitted:,.0f} = {fitted / D_MODEL:.1f} d"
+            )
         lines.append(f"    {mode:<17} {what}")
     return lines
 
 
-def exponents(lengths: Sequence[int], times: dict[str, Any], fitted: Sequence[int]) -> dict[str, Any]:
+def exponents(
+    lengths: Sequence[int], times: dict[str, Any], fitted: Sequence[int]
+) -> dict[str, Any]:
     """{layer: {mode: growth exponent over the lengths ``fitted``}}."""
     idx = [list(lengths).index(n) for n in fitted]
-    return {name: {mode: round(fit_exponent(fitted, [per[name][i] for i in idx]), 3)
-                   for mode, per in times.items()} for name in LAYERS}  # fmt: skip
+    return {
+        name: {
+            mode: round(fit_exponent(fitted, [per[name][i] for i in idx]), 3)
+            for mode, per in times.items()
+        }
+        for name in LAYERS
+    }
 
 
 def device_name(device: torch.device) -> str:
@@ -258,10 +287,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=None)
-    p.add_argument("--output", type=Path, default=None,
-                   help="folder of table1.png (default: a new temporary one)")
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds of calls per case (1.0; quick 0.05)")  # fmt: skip
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="folder of table1.png (default: a new temporary one)",
+    )
+    p.add_argument(
+        "--budget", type=float, default=None, help="seconds of calls per case (1.0; quick 0.05)"
+    )
     p.add_argument("--fit-from", type=int, default=256, help="fit exponents over n >= this")
     return p.parse_args(argv)
 
@@ -275,8 +309,10 @@ def run(args: argparse.Namespace, lengths: Sequence[int]) -> tuple[bool, dict[st
     torch.set_num_threads(args.threads)
     try:
         n = lengths[0]
-        checked = all(counted_flops(name, n) == (forward_flops(name, n), backward_flops(name, n))
-                      for name in LAYERS)  # fmt: skip
+        checked = all(
+            counted_flops(name, n) == (forward_flops(name, n), backward_flops(name, n))
+            for name in LAYERS
+        )
         return checked, measure(lengths, torch.device(args.device), repeats)
     finally:
         torch.set_num_threads(threads)
@@ -288,14 +324,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     lengths = list(args.lengths or (QUICK_LENGTHS if args.quick else LENGTHS))
     checked, times = run(args, lengths)
     where = device_name(torch.device(args.device))
-    print(f"\nTable 1 measured on {where}, {args.threads} threads, torch {torch.__version__}, "
-          f"float32; FLOP formulas = FlopCounterMode's count: {checked}")  # fmt: skip
+    print(
+        f"\nTable 1 measured on {where}, {args.threads} threads, torch {torch.__version__}, "
+        f"float32; FLOP formulas = FlopCounterMode's count: {checked}"
+    )
     print_tables(lengths, times)
     fitted = fit_lengths(lengths, args.fit_from)
     growth = exponents(lengths, times, fitted)
     print(f"\ngrowth exponent of time in n (least squares over n = {fitted[0]}..{fitted[-1]}):")
     for name, e in growth.items():
-        print(f"  {name:<20} forward {e['forward']:.2f}   forward+backward {e['forward_backward']:.2f}")
+        print(
+            f"  {name:<20} forward {e['forward']:.2f}   forward+backward {e['forward_backward']:.2f}"
+        )
     cross = crossovers(lengths, times, fitted)
     print(f"\nself-attention against recurrence (the paper: faster when n < d = {D_MODEL}):")
     for key, found in cross.items():
@@ -306,13 +346,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     title = f"Table 1 measured: d = {D_MODEL}, batch {BATCH}, {where}{threads}"
     figure = draw(lengths, times, output, title)
     print(f"\nfigure: {figure}")
-    summary = {"device": where, "threads": args.threads, "d": D_MODEL, "lengths": lengths,
-               "flops_checked": checked, "exponents": growth, "fit_lengths": fitted,
-               "crossover_n": {k: {m: (None if v is None else round(v, 1)) for m, v in f.items()}
-                               for k, f in cross.items()},
-               "times_ms": {m: {name: [round(t * 1e3, 4) for t in per[name]] for name in LAYERS}
-                            for m, per in times.items()},
-               "figure": str(figure)}  # fmt: skip
+    summary = {
+        "device": where,
+        "threads": args.threads,
+        "d": D_MODEL,
+        "lengths": lengths,
+        "flops_checked": checked,
+        "exponents": growth,
+        "fit_lengths": fitted,
+        "crossover_n": {
+            k: {m: (None if v is None else round(v, 1)) for m, v in f.items()}
+            for k, f in cross.items()
+        },
+        "times_ms": {
+            m: {name: [round(t * 1e3, 4) for t in per[name]] for name in LAYERS}
+            for m, per in times.items()
+        },
+        "figure": str(figure),
+    }
     print(json.dumps(summary))
     return summary
 

@@ -42,8 +42,14 @@ D_MODEL, N_HEADS, KERNEL, NEIGHBOURHOOD, BATCH = 512, 8, 3, 64, 1
 LENGTHS = tuple(2**i for i in range(4, 13))  # 16 .. 4096
 QUICK_LENGTHS = (16, 64, 256)
 RECURRENT = "recurrent"
-LAYERS = ("self-attention", "self-attention core", RECURRENT, "convolutional", "restricted",
-          "restricted core")  # fmt: skip
+LAYERS = (
+    "self-attention",
+    "self-attention core",
+    RECURRENT,
+    "convolutional",
+    "restricted",
+    "restricted core",
+)
 # the paper's columns: complexity per layer, sequential operations, maximum path length
 PAPER = {
     "self-attention": ("O(n²·d) + n·d² proj.", "O(1)", "O(1)"),
@@ -157,11 +163,18 @@ class Core(nn.Module):
         return self.fn(q, k, v)
 
 
-def make_layers(device: torch.device, options: KernelOptions = KernelOptions()) -> dict[str, nn.Module]:
+def make_layers(
+    device: torch.device, options: KernelOptions = KernelOptions()
+) -> dict[str, nn.Module]:
     """Every layer of ``LAYERS`` at d = 512 on ``device``, float32, fixed seed."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=D_MODEL, n_heads=N_HEADS, d_k=D_MODEL // N_HEADS,
-                             d_v=D_MODEL // N_HEADS, options=options)  # fmt: skip
+    mha = MultiHeadAttention(
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        d_k=D_MODEL // N_HEADS,
+        d_v=D_MODEL // N_HEADS,
+        options=options,
+    )
     half, path = NEIGHBOURHOOD // 2, options.attention
     layers: dict[str, nn.Module] = {
         "self-attention": SelfAttention(mha),
@@ -187,8 +200,15 @@ def make_inputs(layer: str, n: int, device: torch.device, batch: int = BATCH) ->
 # --- the arithmetic: pure functions --------------------------------------------------------------
 
 
-def forward_flops(layer: str, n: int, *, d: int = D_MODEL, k: int = KERNEL, r: int = NEIGHBOURHOOD,
-                  batch: int = BATCH) -> int:  # fmt: skip
+def forward_flops(
+    layer: str,
+    n: int,
+    *,
+    d: int = D_MODEL,
+    k: int = KERNEL,
+    r: int = NEIGHBOURHOOD,
+    batch: int = BATCH,
+) -> int:
     """Forward model FLOPs of ``layer`` at length n (2 per multiply-add of the products)."""
     half = r // 2
     padded = -(-n // half) * half
@@ -222,8 +242,12 @@ def sequential_ops(layer: str, n: int) -> int:
 
 def max_path(layer: str, n: int, *, k: int = KERNEL, r: int = NEIGHBOURHOOD) -> float:
     """The paper's maximum path length with its constants dropped (convolutions: dilated)."""
-    return {"recurrent": float(n), "convolutional": math.log(n, k),
-            "restricted": n / r, "restricted core": n / r}.get(layer, 1.0)  # fmt: skip
+    return {
+        "recurrent": float(n),
+        "convolutional": math.log(n, k),
+        "restricted": n / r,
+        "restricted core": n / r,
+    }.get(layer, 1.0)
 
 
 def counted_flops(layer: str, n: int, batch: int = BATCH) -> tuple[int, int]:

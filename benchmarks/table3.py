@@ -37,8 +37,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROWS = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
-        "D1", "D2", "D3", "D4", "E")  # fmt: skip
+ROWS = (
+    "base",
+    "A1",
+    "A2",
+    "A3",
+    "A4",
+    "B1",
+    "B2",
+    "C1",
+    "C2",
+    "C3",
+    "C4",
+    "C5",
+    "C6",
+    "C7",
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+    "E",
+)
 SCALED = ("d_model", "d_ff", "d_k", "d_v")
 
 
@@ -64,11 +83,20 @@ def row_config(row: str, args: argparse.Namespace, recipe: dict[str, Any]):  # n
     train = dict(sections.get("train", {}))
     train.update(
         label_smoothing=preset_config(row).train.label_smoothing,
-        max_steps=args.steps if not args.minutes else 10**9, max_minutes=args.minutes,
-        max_epochs=0, eval_every=0, patience=0, average_last=0, keep_last=1,
-        save_every=10**9, tensorboard=False, valid_beam=args.beam,
-    )  # fmt: skip
-    cfg = from_dict({**sections, "train": train, "model": scaled_model(row, args.width, args.depth)})
+        max_steps=args.steps if not args.minutes else 10**9,
+        max_minutes=args.minutes,
+        max_epochs=0,
+        eval_every=0,
+        patience=0,
+        average_last=0,
+        keep_last=1,
+        save_every=10**9,
+        tensorboard=False,
+        valid_beam=args.beam,
+    )
+    cfg = from_dict(
+        {**sections, "train": train, "model": scaled_model(row, args.width, args.depth)}
+    )
     return update(cfg, parse_overrides(args.set))
 
 
@@ -91,19 +119,30 @@ def run_row(row: str, args: argparse.Namespace, recipe: dict, vocab_file: Path |
     if vocab_file is not None:
         shutil.copy(vocab_file, out / "vocab.model")  # a resumed run reuses the run's vocabulary
     started = time.monotonic()
-    summary = train_translation(cfg, out, resume=vocab_file is not None, show_progress=False,
-                                log=lambda _: None)  # fmt: skip
+    summary = train_translation(
+        cfg, out, resume=vocab_file is not None, show_progress=False, log=lambda _: None
+    )
     minutes = (time.monotonic() - started) / 60
     model, _, _ = checkpoint.load_model(out / "model.pt")
     m = cfg.model
     return {
-        "row": row, "changes": describe(row), "n_layers": m.n_layers, "d_model": m.d_model,
-        "d_ff": m.d_ff, "n_heads": m.n_heads, "d_k": m.d_k, "d_v": m.d_v, "dropout": m.dropout,
-        "label_smoothing": cfg.train.label_smoothing, "positional": m.positional,
-        "params_m": parameter_breakdown(model)["total"] / 1e6, "steps": summary["step"],
-        "dev_ppl": summary.get("valid_ppl", math.nan), "dev_bleu": summary.get("bleu", math.nan),
+        "row": row,
+        "changes": describe(row),
+        "n_layers": m.n_layers,
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "n_heads": m.n_heads,
+        "d_k": m.d_k,
+        "d_v": m.d_v,
+        "dropout": m.dropout,
+        "label_smoothing": cfg.train.label_smoothing,
+        "positional": m.positional,
+        "params_m": parameter_breakdown(model)["total"] / 1e6,
+        "steps": summary["step"],
+        "dev_ppl": summary.get("valid_ppl", math.nan),
+        "dev_bleu": summary.get("bleu", math.nan),
         "minutes": minutes,
-    }  # fmt: skip
+    }
 
 
 def markdown(results: list[dict], args: argparse.Namespace) -> str:
@@ -138,15 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty for dev BLEU")
     parser.add_argument("--recipe", type=Path, default=Path("configs/multi30k_en_de.yaml"))
     parser.add_argument("--out", type=Path, default=Path("runs/table3"))
-    parser.add_argument("--set", action="append", default=[],
-                        metavar="KEY=VALUE", help="override a recipe key (any section)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key (any section)",
+    )
     args = parser.parse_args(argv)
 
     import yaml
 
     from transduce.errors import UserError
-    from transduce.presets import PRESETS
     from transduce.kernels.process import enlarge_onednn_cache
+    from transduce.presets import PRESETS
     from transduce.runtime import tune_malloc
 
     tune_malloc()

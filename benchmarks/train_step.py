@@ -81,11 +81,25 @@ BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
 
 SIZES: dict[str, dict[str, int]] = {
-    "small": {"n_layers": 3, "d_model": 256, "n_heads": 4, "d_k": 64, "d_v": 64, "d_ff": 1024,
-              "vocab": 8000},
-    "base": {"n_layers": 6, "d_model": 512, "n_heads": 8, "d_k": 64, "d_v": 64, "d_ff": 2048,
-             "vocab": 37000},
-}  # fmt: skip
+    "small": {
+        "n_layers": 3,
+        "d_model": 256,
+        "n_heads": 4,
+        "d_k": 64,
+        "d_v": 64,
+        "d_ff": 1024,
+        "vocab": 8000,
+    },
+    "base": {
+        "n_layers": 6,
+        "d_model": 512,
+        "n_heads": 8,
+        "d_k": 64,
+        "d_v": 64,
+        "d_ff": 2048,
+        "vocab": 37000,
+    },
+}
 SYSTEMS = ("transduce", "torch", "hf")
 PRECISIONS = ("fp32", "bf16")
 # (warm-up steps per system and precision, timed steps per round, rounds)
@@ -98,10 +112,13 @@ PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # FLOPs
 
 
-def flops_per_step(size: dict[str, int], batch: int = BATCH, s: int = SRC_LEN, t: int = TGT_LEN) -> float:
+def flops_per_step(
+    size: dict[str, int], batch: int = BATCH, s: int = SRC_LEN, t: int = TGT_LEN
+) -> float:
     """Matmul FLOPs of one training step (forward 2 per multiply-add, backward 2x forward)."""
-    d, f, h, k, dv, n, v = (size[x] for x in ("d_model", "d_ff", "n_heads", "d_k", "d_v",
-                                              "n_layers", "vocab"))  # fmt: skip
+    d, f, h, k, dv, n, v = (
+        size[x] for x in ("d_model", "d_ff", "n_heads", "d_k", "d_v", "n_layers", "vocab")
+    )
     attn_proj = d * h * k * 2 + d * h * dv + h * dv * d  # W^Q, W^K, W^V, W^O entries
     ffn = 2 * d * f
     src_tok, tgt_tok = batch * s, batch * t
@@ -171,9 +188,14 @@ def build_transduce(size: dict[str, int]) -> tuple[nn.Module, Forward]:
     from transduce.model import make_model
 
     cfg = ModelConfig(
-        n_layers=size["n_layers"], d_model=size["d_model"], d_ff=size["d_ff"],
-        n_heads=size["n_heads"], d_k=size["d_k"], d_v=size["d_v"], dropout=DROPOUT,
-    )  # fmt: skip
+        n_layers=size["n_layers"],
+        d_model=size["d_model"],
+        d_ff=size["d_ff"],
+        n_heads=size["n_heads"],
+        d_k=size["d_k"],
+        d_v=size["d_v"],
+        dropout=DROPOUT,
+    )
     model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD)
     return model, model
 
@@ -192,10 +214,15 @@ class TorchSeq2Seq(nn.Module):
         self.register_buffer("pe", positional_table(1024, d), persistent=False)
         self.dropout = nn.Dropout(DROPOUT)
         self.core = nn.Transformer(
-            d_model=d, nhead=size["n_heads"], num_encoder_layers=size["n_layers"],
-            num_decoder_layers=size["n_layers"], dim_feedforward=size["d_ff"], dropout=DROPOUT,
-            activation="relu", batch_first=True,
-        )  # fmt: skip
+            d_model=d,
+            nhead=size["n_heads"],
+            num_encoder_layers=size["n_layers"],
+            num_decoder_layers=size["n_layers"],
+            dim_feedforward=size["d_ff"],
+            dropout=DROPOUT,
+            activation="relu",
+            batch_first=True,
+        )
         # nn.Transformer's dropout also drops attention weights and the feed-forward activations;
         # the paper (and the other two systems here) drop only the residuals and embeddings
         for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
@@ -209,8 +236,14 @@ class TorchSeq2Seq(nn.Module):
         y = self.dropout(self.embed(tgt) * self.scale + self.pe[: tgt.size(1)])
         pad = src == PAD  # (B, S), True on padding (nn.Transformer's convention)
         causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
-        h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=pad,
-                      memory_key_padding_mask=pad, tgt_is_causal=True)  # fmt: skip
+        h = self.core(
+            x,
+            y,
+            tgt_mask=causal,
+            src_key_padding_mask=pad,
+            memory_key_padding_mask=pad,
+            tgt_is_causal=True,
+        )
         return nn.functional.linear(h, self.embed.weight)  # tied pre-softmax projection
 
 
@@ -225,22 +258,39 @@ def build_hf(size: dict[str, int]) -> tuple[nn.Module, Forward]:
     if size["d_k"] * size["n_heads"] != size["d_model"] or size["d_v"] != size["d_k"]:
         raise ValueError("Marian needs d_k = d_v = d_model / n_heads")
     cfg = MarianConfig(
-        vocab_size=size["vocab"], decoder_vocab_size=size["vocab"], d_model=size["d_model"],
-        encoder_layers=size["n_layers"], decoder_layers=size["n_layers"],
-        encoder_attention_heads=size["n_heads"], decoder_attention_heads=size["n_heads"],
-        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="relu",
-        dropout=DROPOUT, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
-        pad_token_id=PAD, decoder_start_token_id=BOS, eos_token_id=EOS, forced_eos_token_id=None,
-        max_position_embeddings=1024, share_encoder_decoder_embeddings=True,
+        vocab_size=size["vocab"],
+        decoder_vocab_size=size["vocab"],
+        d_model=size["d_model"],
+        encoder_layers=size["n_layers"],
+        decoder_layers=size["n_layers"],
+        encoder_attention_heads=size["n_heads"],
+        decoder_attention_heads=size["n_heads"],
+        encoder_ffn_dim=size["d_ff"],
+        decoder_ffn_dim=size["d_ff"],
+        activation_function="relu",
+        dropout=DROPOUT,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        scale_embedding=True,
+        pad_token_id=PAD,
+        decoder_start_token_id=BOS,
+        eos_token_id=EOS,
+        forced_eos_token_id=None,
+        max_position_embeddings=1024,
+        share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     model = MarianMTModel(cfg)
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     assert model.lm_head.weight is model.model.shared.weight
 
     def forward(src: Tensor, tgt: Tensor) -> Tensor:
-        out = model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt,
-                    use_cache=False)  # fmt: skip
+        out = model(
+            input_ids=src,
+            attention_mask=(src != PAD).long(),
+            decoder_input_ids=tgt,
+            use_cache=False,
+        )
         return out.logits
 
     return model, forward
@@ -298,8 +348,12 @@ def run_worker(args: argparse.Namespace) -> dict:
     tuned = tune_malloc()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    result: dict = {"malloc_tuning": tuned, "threads": torch.get_num_threads(), "sizes": {},
-                    "device": describe_device(device)}  # fmt: skip
+    result: dict = {
+        "malloc_tuning": tuned,
+        "threads": torch.get_num_threads(),
+        "sizes": {},
+        "device": describe_device(device),
+    }
     # the precisions timed only: a CPU without bfloat16 emulates it, minutes a product
     peaks = {p: measure_peak(PEAK_DTYPES[p], device) for p in args.precisions}
     g = torch.Generator().manual_seed(1)
@@ -318,7 +372,7 @@ def run_worker(args: argparse.Namespace) -> dict:
                 runners[s].step(src, tgt_in, tgt_out, p)
         times: dict[str, list[float]] = {f"{s}/{p}": [] for s, p in keys}
         for r in range(rounds):
-            order = keys[r % len(keys):] + keys[: r % len(keys)]  # rotate who goes first
+            order = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotate who goes first
             for s, p in order:
                 sync(device)
                 t0 = time.perf_counter()
@@ -326,8 +380,12 @@ def run_worker(args: argparse.Namespace) -> dict:
                     runners[s].step(src, tgt_in, tgt_out, p)
                 sync(device)
                 times[f"{s}/{p}"].append((time.perf_counter() - t0) / steps)
-            print(f"  [{size_name} round {r + 1}/{rounds}] " + " ".join(
-                f"{k}={v[-1] * 1e3:.0f}ms" for k, v in times.items()), file=sys.stderr, flush=True)
+            print(
+                f"  [{size_name} round {r + 1}/{rounds}] "
+                + " ".join(f"{k}={v[-1] * 1e3:.0f}ms" for k, v in times.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         # the peak again, after the heavy work: the better of the two is the machine's peak now
         peaks = {p: max(peaks[p], measure_peak(PEAK_DTYPES[p], device)) for p in peaks}
         result["sizes"][size_name] = {
@@ -369,12 +427,25 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                     out[f"{size_name}_{p}_mfu"] = round(mfu, 4)
                 else:
                     out[f"{size_name}_{p}_vs_{s}"] = round(ratio, 3)
-                rows.append([size_name, p, s, f"{tps:,.0f}", f"{med * 1e3:,.0f}",
-                             f"{min(times[key]) * 1e3:,.0f}", f"{mfu:.1%}",
-                             "1.00" if s == "transduce" else f"{ratio:.2f}"])  # fmt: skip
+                rows.append(
+                    [
+                        size_name,
+                        p,
+                        s,
+                        f"{tps:,.0f}",
+                        f"{med * 1e3:,.0f}",
+                        f"{min(times[key]) * 1e3:,.0f}",
+                        f"{mfu:.1%}",
+                        "1.00" if s == "transduce" else f"{ratio:.2f}",
+                    ]
+                )
         if "transduce/fp32" in times and "transduce/bf16" in times:
-            out[f"{size_name}_bf16_over_fp32"] = round(statistics.median(
-                a / b for a, b in zip(times["transduce/fp32"], times["transduce/bf16"])), 3)
+            out[f"{size_name}_bf16_over_fp32"] = round(
+                statistics.median(
+                    a / b for a, b in zip(times["transduce/fp32"], times["transduce/bf16"])
+                ),
+                3,
+            )
     out["peak_fp32_gflops"] = round(res["peak_flops"]["fp32"] / 1e9, 1)
     if "bf16" in res["peak_flops"]:
         out["peak_bf16_gflops"] = round(res["peak_flops"]["bf16"] / 1e9, 1)
@@ -395,11 +466,14 @@ def main() -> None:
     parser.add_argument("--malloc", choices=["both", "on", "off"], default="both")
     parser.add_argument("--rounds", type=int, default=0, help="0 = the default per size")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu",
-                        help="cpu (default) or cuda[:N]; on a GPU, malloc tuning on only")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default) or cuda[:N]; on a GPU, malloc tuning on only"
+    )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
-    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument(
+        "--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS)
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sizes is None:
@@ -414,35 +488,65 @@ def main() -> None:
         settings = ["on"]  # host malloc settings do not reach a GPU's memory
     for setting in settings:
         env = dict(os.environ, TRANSDUCE_MALLOC_TUNING="1" if setting == "on" else "0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rounds", str(args.rounds),
-               "--threads", str(args.threads), "--device", args.device, "--sizes", *args.sizes,
-               "--systems", *args.systems,
-               "--precisions", *args.precisions]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--rounds",
+            str(args.rounds),
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--sizes",
+            *args.sizes,
+            "--systems",
+            *args.systems,
+            "--precisions",
+            *args.precisions,
+        ]
         print(f"malloc tuning {setting}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-        results[setting] = json.loads(line[len("RESULT "):])
+        results[setting] = json.loads(line[len("RESULT ") :])
 
     summary: dict = {"benchmark": "train_step"}
     for setting, res in results.items():
         rows, out = summarise(res)
-        print_table(f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
-                    f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
-                    f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 "
-                    f"{out.get('peak_bf16_gflops', '-')} GFLOP/s", rows)  # fmt: skip
+        print_table(
+            f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
+            f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
+            f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 "
+            f"{out.get('peak_bf16_gflops', '-')} GFLOP/s",
+            rows,
+        )
         if setting == list(results)[0]:
             summary.update(malloc_tuning=setting, **out)
         else:
             summary[f"malloc_{setting}"] = out
     for size_name in args.sizes:
-        print(f"{size_name}: {summary.get(f'{size_name}_flops_per_target_token', 0) / 1e6:.1f} "
-              "MFLOP per target token")
-    for key in ("small_fp32_vs_hf", "small_fp32_vs_torch", "small_bf16_vs_hf", "small_bf16_vs_torch",
-                "base_fp32_vs_hf", "base_fp32_vs_torch", "base_bf16_vs_hf", "base_bf16_vs_torch",
-                "small_fp32_mfu"):  # fmt: skip
+        print(
+            f"{size_name}: {summary.get(f'{size_name}_flops_per_target_token', 0) / 1e6:.1f} "
+            "MFLOP per target token"
+        )
+    for key in (
+        "small_fp32_vs_hf",
+        "small_fp32_vs_torch",
+        "small_bf16_vs_hf",
+        "small_bf16_vs_torch",
+        "base_fp32_vs_hf",
+        "base_fp32_vs_torch",
+        "base_bf16_vs_hf",
+        "base_bf16_vs_torch",
+        "small_fp32_mfu",
+    ):
         summary.setdefault(key, None)
-    summary.update(torch=torch.__version__, machine=describe_device(torch.device("cpu")),
-                   cpus=os.cpu_count(), device=results[settings[0]]["device"])  # fmt: skip
+    summary.update(
+        torch=torch.__version__,
+        machine=describe_device(torch.device("cpu")),
+        cpus=os.cpu_count(),
+        device=results[settings[0]]["device"],
+    )
     print(json.dumps(summary))
 
 

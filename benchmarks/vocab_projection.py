@@ -65,13 +65,19 @@ def main() -> None:
                 best = {"linear": float("inf"), "transposed": float("inf")}
                 for _ in range(args.rounds):  # interleaved: drift hits both alike
                     best["linear"] = min(best["linear"], per_call_us(lambda: F.linear(x, w), calls))
-                    best["transposed"] = min(best["transposed"], per_call_us(lambda: x @ w_t, calls))
+                    best["transposed"] = min(
+                        best["transposed"], per_call_us(lambda: x @ w_t, calls)
+                    )
                 ratio = best["linear"] / best["transposed"]
-                print(f"{name:6} {rows:5d} {best['linear']:10.0f} {best['transposed']:14.0f} {ratio:6.2f}")
+                print(
+                    f"{name:6} {rows:5d} {best['linear']:10.0f} {best['transposed']:14.0f} {ratio:6.2f}"
+                )
                 result[f"{name}_rows{rows}_linear_over_transposed"] = round(ratio, 2)
             blocked = once_ms(lambda: transposed(w), args.rounds)
             plain = once_ms(lambda: w.t().contiguous(), args.rounds)
-            print(f"{name}: making W_t {blocked:.1f} ms (transposed) vs {plain:.1f} ms (.t().contiguous())")
+            print(
+                f"{name}: making W_t {blocked:.1f} ms (transposed) vs {plain:.1f} ms (.t().contiguous())"
+            )
             result[f"{name}_transpose_ms"] = round(blocked, 1)
             result[f"{name}_t_contiguous_ms"] = round(plain, 1)
     print(json.dumps(result))

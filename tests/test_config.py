@@ -28,10 +28,11 @@ from transduce.config import (
 from transduce.errors import UserError
 
 SECTIONS: dict[str, tuple[type, ...]] = {
-    "model": (ModelConfig,), "train": (TrainConfig,),
+    "model": (ModelConfig,),
+    "train": (TrainConfig,),
     "task": (SyntheticTaskConfig, TranslationTaskConfig, ParsingTaskConfig),
     "decode": (DecodeConfig,),
-}  # fmt: skip
+}
 
 
 def _hint(key: str) -> object:
@@ -41,9 +42,11 @@ def _hint(key: str) -> object:
 
 def test_sections_of_config_are_the_four_sections() -> None:
     assert {f.name: f.type for f in dataclasses.fields(Config)} == {
-        "model": "ModelConfig", "train": "TrainConfig", "task": "TaskConfig",
+        "model": "ModelConfig",
+        "train": "TrainConfig",
+        "task": "TaskConfig",
         "decode": "DecodeConfig",
-    }  # fmt: skip
+    }
     assert set(TASKS) == {"copy", "reverse", "addition", "translation", "parsing"}
 
 
@@ -100,9 +103,17 @@ def test_unknown_section_in_dotted_key() -> None:
 
 @pytest.mark.parametrize(
     "key,value",
-    [("d_model", "abc"), ("model.n_layers", "2.5"), ("warmup", 3.5), ("dropout", "x"),
-     ("tie_embeddings", "maybe"), ("d_ff", True), ("device", 3), ("beam", None)],
-)  # fmt: skip
+    [
+        ("d_model", "abc"),
+        ("model.n_layers", "2.5"),
+        ("warmup", 3.5),
+        ("dropout", "x"),
+        ("tie_embeddings", "maybe"),
+        ("d_ff", True),
+        ("device", 3),
+        ("beam", None),
+    ],
+)
 def test_wrong_type_is_a_user_error_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(UserError) as e:
         update(Config(), {key: value})
@@ -111,10 +122,18 @@ def test_wrong_type_is_a_user_error_naming_the_key(key: str, value: object) -> N
 
 @pytest.mark.parametrize(
     "key,text,expected",
-    [("d_model", "256", 256), ("max_steps", "100_000", 100_000), ("dropout", "0.2", 0.2),
-     ("warmup", 4000.0, 4000), ("lr_factor", 2, 2.0), ("tie_embeddings", "false", False),
-     ("tie_embeddings", "Yes", True), ("tie_embeddings", "0", False), ("device", "cuda:1", "cuda:1")],
-)  # fmt: skip
+    [
+        ("d_model", "256", 256),
+        ("max_steps", "100_000", 100_000),
+        ("dropout", "0.2", 0.2),
+        ("warmup", 4000.0, 4000),
+        ("lr_factor", 2, 2.0),
+        ("tie_embeddings", "false", False),
+        ("tie_embeddings", "Yes", True),
+        ("tie_embeddings", "0", False),
+        ("device", "cuda:1", "cuda:1"),
+    ],
+)
 def test_values_are_coerced(key: str, text: object, expected: object) -> None:
     value = coerce(KEY_SECTION[key], key, text)
     assert value == expected and type(value) is type(expected)
@@ -134,14 +153,35 @@ def test_literal_values_are_validated(key: str, bad: str) -> None:
 
 @pytest.mark.parametrize(
     "key,value",
-    [("d_model", 0), ("n_layers", -1), ("n_heads", 0), ("d_k", 0), ("warmup", 0), ("beam", 0),
-     ("max_positions", 0), ("dropout", -0.1), ("dropout", 1.0), ("label_smoothing", 1.5),
-     ("attention_dropout", -0.5), ("clip_norm", -1.0), ("max_epochs", -1), ("alpha", -0.1),
-     ("max_len_offset", -1), ("patience", -2), ("bpe_dropout", 1.0), ("bpe_dropout", -0.1),
-     ("weight_decay", -0.01), ("alpha", 10.5), ("max_len_offset", 10_001),
-     ("dropout", float("nan")), ("max_minutes", float("inf")), ("lr_factor", "nan"),
-     ("alpha", "-inf"), ("max_bad_updates", 0)],
-)  # fmt: skip
+    [
+        ("d_model", 0),
+        ("n_layers", -1),
+        ("n_heads", 0),
+        ("d_k", 0),
+        ("warmup", 0),
+        ("beam", 0),
+        ("max_positions", 0),
+        ("dropout", -0.1),
+        ("dropout", 1.0),
+        ("label_smoothing", 1.5),
+        ("attention_dropout", -0.5),
+        ("clip_norm", -1.0),
+        ("max_epochs", -1),
+        ("alpha", -0.1),
+        ("max_len_offset", -1),
+        ("patience", -2),
+        ("bpe_dropout", 1.0),
+        ("bpe_dropout", -0.1),
+        ("weight_decay", -0.01),
+        ("alpha", 10.5),
+        ("max_len_offset", 10_001),
+        ("dropout", float("nan")),
+        ("max_minutes", float("inf")),
+        ("lr_factor", "nan"),
+        ("alpha", "-inf"),
+        ("max_bad_updates", 0),
+    ],
+)
 def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
     with pytest.raises(UserError, match=key):
         update(Config(), {key: value})
@@ -162,14 +202,19 @@ def test_validate_cross_field_checks() -> None:
 
 @pytest.mark.parametrize(
     "build,key",
-    [(lambda: ModelConfig(n_heads=0), "n_heads"), (lambda: ModelConfig(d_model="512"), "d_model"),
-     (lambda: ModelConfig(norm="mid"), "norm"), (lambda: TrainConfig(dropout=0.1), None),
-     (lambda: TrainConfig(average_last=9, keep_last=2), "average_last"),
-     (lambda: SyntheticTaskConfig(min_length=3, max_length=2), "max_length"),
-     (lambda: TranslationTaskConfig(bpe_dropout=1.0), "bpe_dropout"),
-     (lambda: DecodeConfig(beam=0), "beam"), (lambda: DecodeConfig(alpha=True), "alpha"),
-     (lambda: Config(task=ModelConfig()), "task")],
-)  # fmt: skip
+    [
+        (lambda: ModelConfig(n_heads=0), "n_heads"),
+        (lambda: ModelConfig(d_model="512"), "d_model"),
+        (lambda: ModelConfig(norm="mid"), "norm"),
+        (lambda: TrainConfig(dropout=0.1), None),
+        (lambda: TrainConfig(average_last=9, keep_last=2), "average_last"),
+        (lambda: SyntheticTaskConfig(min_length=3, max_length=2), "max_length"),
+        (lambda: TranslationTaskConfig(bpe_dropout=1.0), "bpe_dropout"),
+        (lambda: DecodeConfig(beam=0), "beam"),
+        (lambda: DecodeConfig(alpha=True), "alpha"),
+        (lambda: Config(task=ModelConfig()), "task"),
+    ],
+)
 def test_configs_built_in_python_are_checked_on_construction(build, key: str | None) -> None:
     with pytest.raises((UserError, TypeError)) as e:
         build()
@@ -196,12 +241,29 @@ def test_each_task_sees_only_its_own_keys() -> None:
 
 def test_configs_stored_before_the_task_split_still_load() -> None:
     # What a checkpoint written before the split holds: every task key, defaults included
-    old = {"model": {"d_model": 64}, "task": {
-        "name": "translation", "train_size": 50000, "valid_size": 1000, "min_digits": 1,
-        "max_digits": 3, "reverse_input": False, "min_length": 1, "max_length": 10,
-        "n_symbols": 10, "data_seed": 1234, "train_src": "t.en", "train_tgt": "t.de",
-        "valid_src": "", "valid_tgt": "", "vocab_size": 8000, "vocab_sample": 0,
-        "bpe_dropout": 0.0, "max_valid_sentences": 0}}  # fmt: skip
+    old = {
+        "model": {"d_model": 64},
+        "task": {
+            "name": "translation",
+            "train_size": 50000,
+            "valid_size": 1000,
+            "min_digits": 1,
+            "max_digits": 3,
+            "reverse_input": False,
+            "min_length": 1,
+            "max_length": 10,
+            "n_symbols": 10,
+            "data_seed": 1234,
+            "train_src": "t.en",
+            "train_tgt": "t.de",
+            "valid_src": "",
+            "valid_tgt": "",
+            "vocab_size": 8000,
+            "vocab_sample": 0,
+            "bpe_dropout": 0.0,
+            "max_valid_sentences": 0,
+        },
+    }
     cfg = from_dict(old, stored=True)
     assert cfg.task == TranslationTaskConfig(train_src="t.en", train_tgt="t.de")
     with pytest.raises(UserError, match="train_size"):
@@ -278,9 +340,11 @@ def test_load_config_reads_toml_as_the_same_config(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("suffix", "syntax", "broken", "misspelt"),
-    [(".yaml", "YAML", "model: [1, 2\n", "model:\n  d_modle: 3\n"),
-     (".toml", "TOML", "[model\nn_layers = 3\n", "[model]\nd_modle = 3\n")],
-)  # fmt: skip
+    [
+        (".yaml", "YAML", "model: [1, 2\n", "model:\n  d_modle: 3\n"),
+        (".toml", "TOML", "[model\nn_layers = 3\n", "[model]\nd_modle = 3\n"),
+    ],
+)
 def test_load_config_errors(tmp_path, suffix: str, syntax: str, broken: str, misspelt: str) -> None:
     missing = tmp_path / f"missing{suffix}"
     with pytest.raises(UserError, match=f"missing{suffix}"):

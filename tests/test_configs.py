@@ -19,9 +19,11 @@ def test_config_loads(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "name,preset,steps,average,dropout",
-    [("wmt14_en_de_base.yaml", "base", 100_000, 5, 0.1),
-     ("wmt14_en_de_big.yaml", "big", 300_000, 20, 0.3)],
-)  # fmt: skip
+    [
+        ("wmt14_en_de_base.yaml", "base", 100_000, 5, 0.1),
+        ("wmt14_en_de_big.yaml", "big", 300_000, 20, 0.3),
+    ],
+)
 def test_wmt_recipes_follow_the_paper(
     name: str, preset: str, steps: int, average: int, dropout: float
 ) -> None:
@@ -52,8 +54,10 @@ def test_cpu_sized_big_recipe_makes_the_paper_s_base_to_big_changes() -> None:
             base_m, key
         )
     assert (big.model.n_layers, big.model.d_k, big.model.d_v) == (
-        tiny.model.n_layers, tiny.model.d_k, tiny.model.d_v,
-    )  # fmt: skip
+        tiny.model.n_layers,
+        tiny.model.d_k,
+        tiny.model.d_v,
+    )
     assert big.model.dropout == big_m.dropout == 0.3
     assert big.train.average_last == big.train.keep_last == 20
     assert big.train.max_minutes == 3 * tiny.train.max_minutes  # 300k steps to 100k
@@ -95,4 +99,6 @@ def test_the_readmes_recurrent_parser_command_makes_that_config() -> None:
     assert getattr(cfg.task, "bpe_dropout") == 0.1 and cfg.train.pad_multiple == 8  # as measured
     assert cfg.task.name == "parsing"
     evaluate = [c for c in commands if "ptb_lstm" in c and c.startswith("transduce evaluate")]
-    assert len(evaluate) == 1 and build_parser().parse_args(shlex.split(evaluate[0])[1:]).constrained
+    assert (
+        len(evaluate) == 1 and build_parser().parse_args(shlex.split(evaluate[0])[1:]).constrained
+    )

@@ -18,8 +18,17 @@ def test_config_file_equals_embedded_demo_config() -> None:
 
 def test_demo_command_prints_examples_and_json_summary(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demo"
-    overrides = ["max_steps=30", "train_size=2000", "valid_size=50", "eval_every=15",
-                 "save_every=15", "d_model=32", "d_ff=64", "d_k=8", "d_v=8"]  # fmt: skip
+    overrides = [
+        "max_steps=30",
+        "train_size=2000",
+        "valid_size=50",
+        "eval_every=15",
+        "save_every=15",
+        "d_model=32",
+        "d_ff=64",
+        "d_k=8",
+        "d_v=8",
+    ]
     args = ["demo", "--out", str(out), "--quiet"]
     for o in overrides:
         args += ["--set", o]

@@ -24,8 +24,20 @@ def test_the_two_runs_differ_only_in_the_input_order() -> None:
 
 def test_reversal_command_writes_figure_and_summary(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rev"
-    code = main(["--no-malloc-tuning", "experiment", "reversal", "--task", "copy",
-                 "--minutes", "0.08", "--out", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "experiment",
+            "reversal",
+            "--task",
+            "copy",
+            "--minutes",
+            "0.08",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert json.loads((out / "summary.json").read_text()) == summary

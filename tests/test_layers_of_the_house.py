@@ -81,7 +81,9 @@ def test_imports_only_from_itself_and_below(path: Path) -> None:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from transduce.training.run import train\n    import transduce.cli\n")
+    bad.write_text(
+        "def f():\n    from transduce.training.run import train\n    import transduce.cli\n"
+    )
     assert _imports(bad) == [(2, "transduce.training.run"), (3, "transduce.cli")]
 
 

@@ -33,7 +33,9 @@ def test_meta_device_count_equals_real_count() -> None:
 def test_every_preset_is_a_valid_config(name: str) -> None:
     cfg = preset_config(name)
     for key, value in PRESETS[name].items():
-        section = next(s for s in ("model", "train", "task", "decode") if hasattr(getattr(cfg, s), key))
+        section = next(
+            s for s in ("model", "train", "task", "decode") if hasattr(getattr(cfg, s), key)
+        )
         assert getattr(getattr(cfg, section), key) == value
 
 

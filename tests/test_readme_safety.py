@@ -27,8 +27,13 @@ def _blocks(section: str) -> list[tuple[str, list[str]]]:
 
 
 def test_every_command_in_the_safety_section_parses() -> None:
-    commands = [line for language, lines in _blocks(_safety()) if language == "bash"
-                for line in lines if line.startswith("transduce ")]  # fmt: skip
+    commands = [
+        line
+        for language, lines in _blocks(_safety())
+        if language == "bash"
+        for line in lines
+        if line.startswith("transduce ")
+    ]
     assert commands, "the Safety section shows no command"
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])

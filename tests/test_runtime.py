@@ -15,7 +15,9 @@ def _run(env_value: str | None) -> str:
     env.pop("TRANSDUCE_MALLOC_TUNING", None)
     if env_value is not None:
         env["TRANSDUCE_MALLOC_TUNING"] = env_value
-    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
@@ -38,10 +40,15 @@ def _onednn(env_extra: dict[str, str]) -> str:
         "import os; from transduce.kernels.process import enlarge_onednn_cache; "
         "print(enlarge_onednn_cache(), os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
     )
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRANSDUCE_MALLOC_TUNING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TRANSDUCE_MALLOC_TUNING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    }
     env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 

@@ -91,17 +91,45 @@ def test_the_payload_is_real(files, tmp_path: Path) -> None:
 
 
 ENTRY_POINTS = {
-    "translate": lambda f, d: ["translate", "--model", str(f["evil"]), "--input",
-                               str(d / "in.txt"), "--output", str(d / "out.txt")],
-    "evaluate": lambda f, d: ["evaluate", "--model", str(f["evil"]), "--src", str(d / "in.txt"),
-                              "--ref", str(d / "ref.txt"), "--output", str(d / "out.txt")],
+    "translate": lambda f, d: [
+        "translate",
+        "--model",
+        str(f["evil"]),
+        "--input",
+        str(d / "in.txt"),
+        "--output",
+        str(d / "out.txt"),
+    ],
+    "evaluate": lambda f, d: [
+        "evaluate",
+        "--model",
+        str(f["evil"]),
+        "--src",
+        str(d / "in.txt"),
+        "--ref",
+        str(d / "ref.txt"),
+        "--output",
+        str(d / "out.txt"),
+    ],
     "serve": lambda f, d: ["serve", "--model", str(f["evil"]), "--port", "0"],
-    "average": lambda f, d: ["average", "--checkpoints", str(f["good"]), str(f["evil"]),
-                             "--output", str(d / "out.pt")],
-    "export": lambda f, d: ["export", "ctranslate2", "--model", str(f["evil"]), "--output",
-                            str(d / "out_ct2")],
+    "average": lambda f, d: [
+        "average",
+        "--checkpoints",
+        str(f["good"]),
+        str(f["evil"]),
+        "--output",
+        str(d / "out.pt"),
+    ],
+    "export": lambda f, d: [
+        "export",
+        "ctranslate2",
+        "--model",
+        str(f["evil"]),
+        "--output",
+        str(d / "out_ct2"),
+    ],
     "convert": lambda f, d: ["convert", str(f["evil"]), str(d / "out.pt")],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("command", sorted(ENTRY_POINTS))
@@ -135,18 +163,35 @@ def test_every_command_refuses_a_file_with_a_payload(
 
 def test_resume_refuses_a_checkpoint_with_a_payload(files, tmp_path: Path, capsys) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
-        "train": {"max_tokens": 128, "max_steps": 4, "save_every": 2, "tensorboard": False},
-        "task": {"name": "copy", "train_size": 40, "valid_size": 8, "max_length": 4,
-                 "n_symbols": 4},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "n_layers": 1,
+                    "d_model": 16,
+                    "d_ff": 32,
+                    "n_heads": 2,
+                    "d_k": 8,
+                    "d_v": 8,
+                },
+                "train": {"max_tokens": 128, "max_steps": 4, "save_every": 2, "tensorboard": False},
+                "task": {
+                    "name": "copy",
+                    "train_size": 40,
+                    "valid_size": 8,
+                    "max_length": 4,
+                    "n_symbols": 4,
+                },
+            }
+        )
+    )
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     step = run / "checkpoints" / "step_00000002.pt"
     step.write_bytes(files["evil"].read_bytes())
-    code, _, err = _run(["train", "--config", str(config), "--out", str(run), "--resume",
-                         "--quiet"], capsys)  # fmt: skip
+    code, _, err = _run(
+        ["train", "--config", str(config), "--out", str(run), "--resume", "--quiet"], capsys
+    )
     _one_line_error(code, err, str(step), "transduce convert")
     assert not files["marker"].exists()
     # nothing written, config.json included (the Trainer writes it once the checkpoint is read)
@@ -154,8 +199,12 @@ def test_resume_refuses_a_checkpoint_with_a_payload(files, tmp_path: Path, capsy
 
 
 def test_the_python_api_refuses_a_file_with_a_payload(files) -> None:
-    for load in (Translator.load, checkpoint.load_model, checkpoint.load,
-                 lambda p: checkpoint.average([files["good"], p])):  # fmt: skip
+    for load in (
+        Translator.load,
+        checkpoint.load_model,
+        checkpoint.load,
+        lambda p: checkpoint.average([files["good"], p]),
+    ):
         with pytest.raises(UserError, match="transduce convert") as e:
             load(files["evil"])
         assert "\n" not in str(e.value)
@@ -178,8 +227,12 @@ def test_refused_as_a_real_process(files, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC.parent), OMP_NUM_THREADS="1")
     done = subprocess.run(
         [sys.executable, "-m", "transduce", "translate", "--model", str(files["evil"])],
-        input="the dog runs\n", capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        input="the dog runs\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -208,9 +261,13 @@ def test_no_code_path_unpickles_the_general_way() -> None:
 
 
 def test_save_writes_plain_data_with_the_format(tmp_path: Path) -> None:
-    state = {"config": {}, "vocab": {}, "model": {"w": torch.ones(2)},
-             "stats": {"n": np.int64(3), "x": np.float32(0.5), "a": np.arange(3)},
-             "pair": (1, 2.0)}  # fmt: skip
+    state = {
+        "config": {},
+        "vocab": {},
+        "model": {"w": torch.ones(2)},
+        "stats": {"n": np.int64(3), "x": np.float32(0.5), "a": np.arange(3)},
+        "pair": (1, 2.0),
+    }
     checkpoint.save(state, tmp_path / "x.pt")
     data = torch.load(tmp_path / "x.pt", weights_only=True)
     assert data["format"] == checkpoint.FORMAT == 2
@@ -228,7 +285,9 @@ def test_newer_and_missing_format_are_named(files, tmp_path: Path) -> None:
         checkpoint.load(tmp_path / "new.pt")
     del data["format"]
     torch.save(data, tmp_path / "old.pt")
-    with pytest.raises(UserError, match=r"no format key.*transduce convert .*old\.pt NEW\.pt --trust"):
+    with pytest.raises(
+        UserError, match=r"no format key.*transduce convert .*old\.pt NEW\.pt --trust"
+    ):
         checkpoint.load(tmp_path / "old.pt")
     (tmp_path / "cut.pt").write_bytes(files["good"].read_bytes()[:3000])
     with pytest.raises(UserError, match="cut.pt: not a transduce checkpoint"):
@@ -243,8 +302,11 @@ def _old_rng(state: dict[str, Any]) -> dict[str, Any]:
     ``random.getstate()`` and ``numpy.random.get_state()``."""
     version, internal, gauss = state["python"]
     name, keys, pos, has_gauss, cached = state["numpy"]
-    return {**state, "python": (version, tuple(internal), gauss),
-            "numpy": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)}  # fmt: skip
+    return {
+        **state,
+        "python": (version, tuple(internal), gauss),
+        "numpy": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+    }
 
 
 def test_old_model_file_converts_and_translates_identically(files, tmp_path: Path, capsys) -> None:
@@ -270,14 +332,26 @@ def test_old_model_file_converts_and_translates_identically(files, tmp_path: Pat
     assert new["elapsed"] == 12.5 and new["format"] == 2
     assert _beam_2(tmp_path / "new.pt", sentences) == want
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
-    code, out, _ = _run(["translate", "--model", str(tmp_path / "new.pt"), "--input",
-                         str(tmp_path / "in.txt"), "--beam", "2", "--quiet"], capsys)  # fmt: skip
+    code, out, _ = _run(
+        [
+            "translate",
+            "--model",
+            str(tmp_path / "new.pt"),
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--beam",
+            "2",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0 and out.splitlines() == want
 
     # an old file with nothing but tensors and plain data converts without --trust
     torch.save(data, tmp_path / "plain_old.pt")
-    code, out, err = _run(["convert", str(tmp_path / "plain_old.pt"), str(tmp_path / "p.pt")],
-                          capsys)  # fmt: skip
+    code, out, err = _run(
+        ["convert", str(tmp_path / "plain_old.pt"), str(tmp_path / "p.pt")], capsys
+    )
     assert code == 0, err
     assert json.loads(out)["unpickled"] is False
     assert _beam_2(tmp_path / "p.pt", sentences) == want
@@ -289,11 +363,27 @@ def _beam_2(model: Path, sentences: list[str]) -> list[str]:
 
 
 TINY: dict[str, Any] = {
-    "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16, "dropout": 0.1,
-    "max_tokens": 256, "warmup": 50, "save_every": 4, "log_every": 1, "eval_every": 0,
-    "keep_last": 5, "tensorboard": False, "name": "copy", "train_size": 300, "valid_size": 30,
-    "max_length": 6, "n_symbols": 6, "beam": 1,
-}  # fmt: skip
+    "n_layers": 1,
+    "d_model": 32,
+    "d_ff": 64,
+    "n_heads": 2,
+    "d_k": 16,
+    "d_v": 16,
+    "dropout": 0.1,
+    "max_tokens": 256,
+    "warmup": 50,
+    "save_every": 4,
+    "log_every": 1,
+    "eval_every": 0,
+    "keep_last": 5,
+    "tensorboard": False,
+    "name": "copy",
+    "train_size": 300,
+    "valid_size": 30,
+    "max_length": 6,
+    "n_symbols": 6,
+    "beam": 1,
+}
 
 
 TINY_SEED = update(Config(), TINY).train.seed
@@ -304,9 +394,17 @@ def _trainer(run_dir: Path, resume: bool = False, callbacks: Any = (), **values:
     task = make_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(task.vocab))
-    return Trainer(cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=run_dir,
-                   valid_pairs=encode_pairs(task.vocab, task.valid), resume=resume,
-                   show_progress=False, callbacks=callbacks)  # fmt: skip
+    return Trainer(
+        cfg,
+        model,
+        task.vocab,
+        encode_pairs(task.vocab, task.train),
+        run_dir=run_dir,
+        valid_pairs=encode_pairs(task.vocab, task.valid),
+        resume=resume,
+        show_progress=False,
+        callbacks=callbacks,
+    )
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -372,8 +470,9 @@ def test_safetensors_beside_model_pt_loads_the_same_model(tmp_path: Path) -> Non
     assert "encoder.embed.weight" in names
     assert not names & {"decoder.embed.weight", "generator.weight"}
     assert json.loads(meta["transduce.tied"]) == {
-        "decoder.embed.weight": "encoder.embed.weight", "generator.weight": "encoder.embed.weight",
-    }  # fmt: skip
+        "decoder.embed.weight": "encoder.embed.weight",
+        "generator.weight": "encoder.embed.weight",
+    }
     assert json.loads(meta["transduce.config"]) == cfg_a.to_dict()
     assert b.generator.weight is b.encoder.embed.weight
     src = torch.tensor([[4, 5, 6, 2]])

@@ -23,11 +23,17 @@ def build_model(
     """The model of ``cfg.architecture``; ``tgt_vocab_size`` None: one shared vocabulary."""
     if cfg.architecture == "rnn":
         return RecurrentSeq2Seq(
-            vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, embed_dim=cfg.d_model,
-            hidden_size=cfg.d_model, n_layers=cfg.n_layers, dropout=cfg.dropout,
-            attention=cfg.rnn_attention, input_feeding=cfg.input_feeding,
-            tie_embeddings=cfg.tie_embeddings, pad_id=pad_id,
-        )  # fmt: skip
+            vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            embed_dim=cfg.d_model,
+            hidden_size=cfg.d_model,
+            n_layers=cfg.n_layers,
+            dropout=cfg.dropout,
+            attention=cfg.rnn_attention,
+            input_feeding=cfg.input_feeding,
+            tie_embeddings=cfg.tie_embeddings,
+            pad_id=pad_id,
+        )
     return make_model(
         cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, pad_id=pad_id
     )

@@ -86,8 +86,10 @@ def to_plain(obj: Any, where: str = "") -> Any:
     if isinstance(obj, list | tuple):
         items = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
-    raise TypeError(f"{where or 'the file'}: {type(obj).__module__}.{type(obj).__qualname__} "
-                    "is not a tensor or plain data")  # fmt: skip
+    raise TypeError(
+        f"{where or 'the file'}: {type(obj).__module__}.{type(obj).__qualname__} "
+        "is not a tensor or plain data"
+    )
 
 
 # --- writing --------------------------------------------------------------------------------------
@@ -246,7 +248,9 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[st
     if not isinstance(data, dict) or "model" not in data or "config" not in data:
         raise UserError(f"{p}: not a transduce checkpoint (no model/config inside)")
     if data.get("format") not in (None, FORMAT):
-        raise UserError(f"{p}: checkpoint format {data['format']!r} is not one this transduce knows")
+        raise UserError(
+            f"{p}: checkpoint format {data['format']!r} is not one this transduce knows"
+        )
     try:
         plain = to_plain({k: v for k, v in data.items() if k != "format"})
     except TypeError as e:
@@ -261,8 +265,13 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[st
     except OSError as e:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
     kind = "training checkpoint" if "optimizer" in plain else "model"
-    return {"input": str(p), "output": str(out), "format": FORMAT, "kind": kind,
-            "unpickled": unpickled}  # fmt: skip
+    return {
+        "input": str(p),
+        "output": str(out),
+        "format": FORMAT,
+        "kind": kind,
+        "unpickled": unpickled,
+    }
 
 
 # --- step files -----------------------------------------------------------------------------------
@@ -394,7 +403,9 @@ def _safetensors() -> Any:
     try:
         import safetensors.torch
     except ImportError:
-        raise UserError("safetensors files need the safetensors package: pip install safetensors") from None
+        raise UserError(
+            "safetensors files need the safetensors package: pip install safetensors"
+        ) from None
     return safetensors.torch
 
 
@@ -440,13 +451,17 @@ def load_safetensors(path: str | Path) -> dict[str, Any]:
         tensors = st.load_file(str(p))
     except Exception as e:  # noqa: BLE001 - a damaged file
         detail = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UserError(f"{p}: not a readable safetensors file ({type(e).__name__}: {detail})") from None
+        raise UserError(
+            f"{p}: not a readable safetensors file ({type(e).__name__}: {detail})"
+        ) from None
     try:
         config = json.loads(metadata["transduce.config"])
         vocab = json.loads(metadata["transduce.vocab"])
         tied = json.loads(metadata.get("transduce.tied", "{}"))
     except (KeyError, ValueError):
-        raise UserError(f"{p}: not a transduce safetensors file (no config and vocabulary in its metadata)") from None
+        raise UserError(
+            f"{p}: not a transduce safetensors file (no config and vocabulary in its metadata)"
+        ) from None
     for alias, name in tied.items():
         if name not in tensors:
             raise UserError(f"{p}: {alias} is tied to {name}, which the file lacks")

@@ -148,13 +148,29 @@ class TrainConfig(_Section):
 
     def _check(self) -> None:
         _positive(
-            self, "warmup", "max_tokens", "update_freq", "pad_multiple", "max_len", "max_steps",
-            "keep_last", "log_every", "save_every", "valid_beam", "max_bad_updates",
-        )  # fmt: skip
+            self,
+            "warmup",
+            "max_tokens",
+            "update_freq",
+            "pad_multiple",
+            "max_len",
+            "max_steps",
+            "keep_last",
+            "log_every",
+            "save_every",
+            "valid_beam",
+            "max_bad_updates",
+        )
         _not_negative(
-            self, "max_epochs", "max_minutes", "eval_every", "patience", "average_last",
-            "clip_norm", "weight_decay",
-        )  # fmt: skip
+            self,
+            "max_epochs",
+            "max_minutes",
+            "eval_every",
+            "patience",
+            "average_last",
+            "clip_norm",
+            "weight_decay",
+        )
         _fraction(self, "label_smoothing")
         if not 0.0 <= self.cooldown <= 1.0:
             raise UserError(f"cooldown must be in [0, 1]; got {self.cooldown}")
@@ -278,17 +294,17 @@ class ParsingTaskConfig(_Section):
         if self.keep_tags and self.slot_pieces:
             raise UserError("keep_tags and slot_pieces both name the word slots: choose one")
         if self.bpe_dropout and self.slot_pieces:
-            raise UserError("slot_pieces spells each slot as the word's first piece, which "
-                            "bpe_dropout would change: choose one")  # fmt: skip
+            raise UserError(
+                "slot_pieces spells each slot as the word's first piece, which "
+                "bpe_dropout would change: choose one"
+            )
 
 
 TaskConfig = SyntheticTaskConfig | TranslationTaskConfig | ParsingTaskConfig
 # task.name -> the dataclass of that task
 _TASK_CLASSES = (SyntheticTaskConfig, TranslationTaskConfig, ParsingTaskConfig)
 TASKS: dict[str, type[TaskConfig]] = {
-    name: cls
-    for cls in _TASK_CLASSES
-    for name in get_args(_hints(cls)["name"])
+    name: cls for cls in _TASK_CLASSES for name in get_args(_hints(cls)["name"])
 }
 
 
@@ -329,10 +345,14 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        for name, cls in (("model", ModelConfig), ("train", TrainConfig),
-                          ("task", _TASK_CLASSES), ("decode", DecodeConfig)):
+        for name, cls in (
+            ("model", ModelConfig),
+            ("train", TrainConfig),
+            ("task", _TASK_CLASSES),
+            ("decode", DecodeConfig),
+        ):
             if not isinstance(getattr(self, name), cls):
-                raise UserError(f"Config.{name} must be a {_type_names(cls)}")  # fmt: skip
+                raise UserError(f"Config.{name} must be a {_type_names(cls)}")
         if self.model.position_unit == "word" and not isinstance(self.task, ParsingTaskConfig):
             raise UserError(
                 "position_unit: word needs words in and word slots out: task.name: parsing"
@@ -354,9 +374,11 @@ _SECTION_TYPES: dict[str, tuple[type, ...]] = {
 }
 # Key name -> section; names are unique across sections (a test checks it).
 KEY_SECTION: dict[str, str] = {
-    f.name: section for section, classes in _SECTION_TYPES.items()
-    for cls in classes for f in fields(cls)
-}  # fmt: skip
+    f.name: section
+    for section, classes in _SECTION_TYPES.items()
+    for cls in classes
+    for f in fields(cls)
+}
 
 
 def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
@@ -499,8 +521,7 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
         for section, values in data.items():
             if section not in _SECTION_TYPES:
                 raise UserError(
-                    f"unknown section {section!r}; sections are "
-                    f"preset, {', '.join(_SECTION_TYPES)}"
+                    f"unknown section {section!r}; sections are preset, {', '.join(_SECTION_TYPES)}"
                 )
             if not isinstance(values, dict):
                 raise UserError(f"section {section!r} must be a mapping")

@@ -42,9 +42,15 @@ class PeriodicLines:
     ``update`` calls, and once more at ``close`` if any was written."""
 
     def __init__(
-        self, what: str, total: int, *, unit: str = "items", every_s: float = 30.0,
-        stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+        self,
+        what: str,
+        total: int,
+        *,
+        unit: str = "items",
+        every_s: float = 30.0,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.what, self.total, self.unit, self.every_s = what, total, unit, every_s
         self.stream = stream
         self.clock = clock
@@ -56,8 +62,10 @@ class PeriodicLines:
         elapsed = now - self.started
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else None
-        return (f"{self.what} done={self.done}/{self.total} {self.unit}/s={rate:.1f} "
-                f"elapsed={duration(elapsed)} eta={duration(eta)}")  # fmt: skip
+        return (
+            f"{self.what} done={self.done}/{self.total} {self.unit}/s={rate:.1f} "
+            f"elapsed={duration(elapsed)} eta={duration(eta)}"
+        )
 
     def _write(self, now: float) -> None:
         print(self.line(now), file=self.stream or sys.stderr, flush=True)

@@ -19,20 +19,36 @@ from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
     "model": {
-        "n_layers": 2, "d_model": 128, "d_ff": 512, "n_heads": 4, "d_k": 32, "d_v": 32,
+        "n_layers": 2,
+        "d_model": 128,
+        "d_ff": 512,
+        "n_heads": 4,
+        "d_k": 32,
+        "d_v": 32,
         "dropout": 0.0,
     },
     "train": {
-        "label_smoothing": 0.0, "warmup": 400, "lr_factor": 0.25, "max_tokens": 1024,
-        "max_steps": 6000, "max_minutes": 5.0, "save_every": 500, "keep_last": 2,
-        "eval_every": 250, "target_seq_accuracy": 0.995, "log_every": 25,
+        "label_smoothing": 0.0,
+        "warmup": 400,
+        "lr_factor": 0.25,
+        "max_tokens": 1024,
+        "max_steps": 6000,
+        "max_minutes": 5.0,
+        "save_every": 500,
+        "keep_last": 2,
+        "eval_every": 250,
+        "target_seq_accuracy": 0.995,
+        "log_every": 25,
     },
     "task": {
-        "name": "addition", "train_size": 200000, "valid_size": 1000, "min_digits": 1,
+        "name": "addition",
+        "train_size": 200000,
+        "valid_size": 1000,
+        "min_digits": 1,
         "max_digits": 3,
     },
     "decode": {"beam": 1},
-}  # fmt: skip
+}
 
 
 def demo_config() -> Config:
@@ -40,7 +56,10 @@ def demo_config() -> Config:
 
 
 def run_demo(
-    out_dir: str | Path, overrides: dict[str, str] | None = None, *, show_progress: bool | None = None
+    out_dir: str | Path,
+    overrides: dict[str, str] | None = None,
+    *,
+    show_progress: bool | None = None,
 ) -> dict[str, Any]:
     """Train the addition demo into ``out_dir``, print test examples, return the summary.
 
@@ -58,9 +77,11 @@ def run_demo(
     assert isinstance(cfg.task, SyntheticTaskConfig)
     test = make_task(cfg.task).test
     hyps = predict_ids(
-        searchable(model), [vocab.encode(s) for s, _ in test],
-        batch_size=cfg.decode.decode_batch, max_len_offset=cfg.decode.max_len_offset,
-    )  # fmt: skip
+        searchable(model),
+        [vocab.encode(s) for s, _ in test],
+        batch_size=cfg.decode.decode_batch,
+        max_len_offset=cfg.decode.max_len_offset,
+    )
     refs = [vocab.encode(t) for _, t in test]
     for (src, ref), hyp in list(zip(test, hyps))[:8]:
         answer = vocab.decode(hyp)

@@ -27,19 +27,27 @@ def reversal_config(task: SyntheticTask, minutes: float, reverse_input: bool) ->
     curves' resolution) and not stopped early: both runs get the same budget."""
     cfg = from_dict(DEMO_CONFIG, source="demo config")
     changes: dict[str, Any] = {
-        "name": task, "reverse_input": reverse_input, "max_minutes": minutes,
-        "target_seq_accuracy": 0.0, "eval_every": 100, "save_every": 100_000,
-        "max_steps": 100_000, "tensorboard": False,
-    }  # fmt: skip
+        "name": task,
+        "reverse_input": reverse_input,
+        "max_minutes": minutes,
+        "target_seq_accuracy": 0.0,
+        "eval_every": 100,
+        "save_every": 100_000,
+        "max_steps": 100_000,
+        "tensorboard": False,
+    }
     if task != "addition":  # sequences of 1-10 symbols of 10
         changes.update(train_size=50_000, max_length=10)
     return update(cfg, changes)
 
 
 def reversal(
-    out: str | Path, *, task: SyntheticTask = "addition", minutes: float = 2.5,
+    out: str | Path,
+    *,
+    task: SyntheticTask = "addition",
+    minutes: float = 2.5,
     show_progress: bool | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Train ``task`` as is (``out/baseline``) and with reversed input (``out/reversed``) for
     ``minutes`` each; draw ``out/reversal.png`` and write ``out/summary.json``, which it returns:
     per run the final sequence and token accuracy, steps and seconds to 99% sequence accuracy

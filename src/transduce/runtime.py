@@ -24,13 +24,16 @@ _M_MMAP_MAX = -4
 
 _tuned = False
 
+
 def tune_malloc(top_pad: int = 1 << 30) -> bool:
     """Keep freed memory in glibc's heap (no mmap for big blocks, no trimming). Returns whether
     the settings were applied (False off glibc/Linux or when disabled by the environment)."""
     global _tuned
     if _tuned:
         return True
-    if os.environ.get("TRANSDUCE_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if os.environ.get("TRANSDUCE_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith(
+        "linux"
+    ):
         return False
     name = ctypes.util.find_library("c")
     if name is None:

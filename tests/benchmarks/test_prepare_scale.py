@@ -38,13 +38,15 @@ def test_generate_prepare_reuse_and_load(tmp_path: Path, monkeypatch: pytest.Mon
     first = bench.bench_prepare(corpus, tmp_path / "prep", workers=1, vocab=None)
     assert (tmp_path / "prep_vocab").is_dir() and first["vocab_seconds"] > 0
     assert first["pairs"] == 3000  # the pairs read
-    again = bench.bench_prepare(corpus, tmp_path / "again", workers=2,
-                                vocab=tmp_path / "prep_vocab")  # fmt: skip
+    again = bench.bench_prepare(
+        corpus, tmp_path / "again", workers=2, vocab=tmp_path / "prep_vocab"
+    )
     assert again["pairs"] == first["pairs"] and not (tmp_path / "again_vocab").exists()
     assert again["pairs_per_s_per_worker"] == pytest.approx(again["pairs_per_s"] / 2, abs=1)
     base = transduce.config.preset_config("base")  # bench_load's model, at a test's size
-    tiny = transduce.config.update(base, {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2,
-                                          "d_k": 16, "d_v": 16})  # fmt: skip
+    tiny = transduce.config.update(
+        base, {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
+    )
     monkeypatch.setattr(transduce.config, "preset_config", lambda name: tiny)
     load = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000, simulate_ms=None)
     assert 2800 < load["pairs"] < 3000  # cleaning removed the empty and repeated lines
@@ -54,4 +56,3 @@ def test_generate_prepare_reuse_and_load(tmp_path: Path, monkeypatch: pytest.Mon
         assert 0 < load[f"data_share_{way}"] < 1 and load[f"ms_per_step_with_wait_{way}"] > 0
     slept = bench.bench_load(tmp_path / "prep", "cpu", steps=2, max_tokens=2000, simulate_ms=20.0)
     assert slept["step"] == "sleep 20.0 ms" and slept["ms_per_step_with_wait_read_ahead"] >= 20
-

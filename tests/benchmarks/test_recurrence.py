@@ -31,8 +31,15 @@ def _run(folder: Path, bleu: list[float], seconds_per_step: float) -> Path:
     lines = []
     for i, score in enumerate(bleu, start=1):
         for step in (100 * i - 50, 100 * i):
-            lines.append({"step": step, "epoch": 0, "loss": 3.0, "tokens_per_s": 1000.0 + step,
-                          "elapsed": step * seconds_per_step})  # fmt: skip
+            lines.append(
+                {
+                    "step": step,
+                    "epoch": 0,
+                    "loss": 3.0,
+                    "tokens_per_s": 1000.0 + step,
+                    "elapsed": step * seconds_per_step,
+                }
+            )
         lines.append({"step": 100 * i, "split": "valid", "bleu": score, "valid_seconds": 2.0})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return folder

@@ -54,8 +54,9 @@ def _band(n: int, half: int) -> torch.Tensor:
 def test_banded_attention_is_masked_full_attention(n: int, half: int, path: AttentionPath) -> None:
     layers = _layers()
     g = torch.Generator().manual_seed(n * 100 + half)
-    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64).requires_grad_()
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)
+    )
     out = layers.banded_attention(q, k, v, half, path)
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
     banded = torch.autograd.grad(out, (q, k, v), grad)
@@ -92,9 +93,13 @@ def test_flop_formulas_scale_as_the_paper_says() -> None:
     assert t1.forward_flops(t1.RECURRENT, 2048) == 2 * t1.forward_flops(t1.RECURRENT, 1024)
     assert t1.forward_flops("convolutional", 100) == 2 * 3 * 100 * d * d  # k n d^2
     # banded: linear in n once n fills whole blocks of r/2
-    assert t1.forward_flops("restricted core", 4096) == 2 * t1.forward_flops("restricted core", 2048)
+    assert t1.forward_flops("restricted core", 4096) == 2 * t1.forward_flops(
+        "restricted core", 2048
+    )
     assert [t1.sequential_ops(name, 64) for name in t1.LAYERS] == [1, 1, 64, 1, 1, 1]
-    assert t1.max_path("restricted", 4096) == 64 and t1.max_path("convolutional", 27) == pytest.approx(3)
+    assert t1.max_path("restricted", 4096) == 64 and t1.max_path(
+        "convolutional", 27
+    ) == pytest.approx(3)
 
 
 def test_fit_recovers_a_known_exponent_and_the_crossover_a_known_n() -> None:
@@ -120,13 +125,17 @@ def test_quick_run_prints_the_table_json_and_draws(
 ) -> None:
     t1 = _table1()
     threads = torch.get_num_threads()
-    summary = t1.main(["--quick", "--threads", "1", "--lengths", "16,32,64", "--output", str(tmp_path)])
+    summary = t1.main(
+        ["--quick", "--threads", "1", "--lengths", "16,32,64", "--output", str(tmp_path)]
+    )
     assert torch.get_num_threads() == threads  # put back
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1]) == json.loads(json.dumps(summary))
     assert summary["flops_checked"] is True
     assert set(summary["exponents"]) == set(t1.LAYERS)
-    assert all(len(v) == 3 and all(t > 0 for t in v) for v in summary["times_ms"]["forward"].values())
+    assert all(
+        len(v) == 3 and all(t > 0 for t in v) for v in summary["times_ms"]["forward"].values()
+    )
     assert "O(n·d²)" in out and "O(n) = 64" in out and "O(n/r)" in out
     png = tmp_path / "table1.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 200_000

@@ -25,7 +25,11 @@ def test_rows_scale_like_the_paper() -> None:
     t3 = _table3()
     base = t3.scaled_model("base", 4, 2)
     assert (base["d_model"], base["d_ff"], base["n_heads"], base["d_k"], base["n_layers"]) == (
-        128, 512, 8, 16, 3
+        128,
+        512,
+        8,
+        16,
+        3,
     )
     for row, heads, dk in [("A1", 1, 128), ("A2", 4, 32), ("A3", 16, 8), ("A4", 32, 4)]:
         m = t3.scaled_model(row, 4, 2)
@@ -61,10 +65,15 @@ def test_two_rows_end_to_end(tmp_path: Path, capsys) -> None:
             files[f"{split}_{'src' if lang == 'en' else 'tgt'}"] = tmp_path / f"{split}.{lang}"
             files[f"{split}_{'src' if lang == 'en' else 'tgt'}"].write_text("".join(lines))
     sets = [f"--set={k}={v}" for k, v in files.items()]
-    sets += ["--set=vocab_size=300", "--set=max_tokens=600", "--set=max_len_offset=5",
-             "--set=precision=fp32"]  # fmt: skip
-    code = _table3().main(["--rows", "base,D3", "--steps", "4", "--beam", "1",
-                           "--out", str(tmp_path / "out"), *sets])  # fmt: skip
+    sets += [
+        "--set=vocab_size=300",
+        "--set=max_tokens=600",
+        "--set=max_len_offset=5",
+        "--set=precision=fp32",
+    ]
+    code = _table3().main(
+        ["--rows", "base,D3", "--steps", "4", "--beam", "1", "--out", str(tmp_path / "out"), *sets]
+    )
     assert code == 0
     table = (tmp_path / "out" / "table3.md").read_text()
     assert table in capsys.readouterr().out

@@ -29,6 +29,7 @@ def model_kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "shared": save_toy_translation_model(d / "shared.pt", decode, two),
         "separate": save_toy_pair_translator(d / "separate.pt", decode, two),
         "parser": save_toy_parser(d / "parser.pt", decode, two),
-        "recurrent": save_toy_translation_model(d / "recurrent.pt", decode,
-                                                {**two, "architecture": "rnn"}),
-    }  # fmt: skip
+        "recurrent": save_toy_translation_model(
+            d / "recurrent.pt", decode, {**two, "architecture": "rnn"}
+        ),
+    }

@@ -15,11 +15,19 @@ from transduce.cli.main import main
 
 TINY_YAML = {
     "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
-    "train": {"max_tokens": 128, "warmup": 10, "max_steps": 6, "save_every": 3, "log_every": 2,
-              "eval_every": 3, "keep_last": 2, "average_last": 2},
+    "train": {
+        "max_tokens": 128,
+        "warmup": 10,
+        "max_steps": 6,
+        "save_every": 3,
+        "log_every": 2,
+        "eval_every": 3,
+        "keep_last": 2,
+        "average_last": 2,
+    },
     "task": {"name": "copy", "train_size": 60, "valid_size": 10, "max_length": 4, "n_symbols": 4},
     "decode": {"beam": 1},
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -64,10 +72,17 @@ def test_misspelled_config_key(tiny_config: Path, tmp_path: Path, capsys) -> Non
 
 def test_non_integer_set_value(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "max_steps=ten"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "max_steps=ten",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "max_steps", "ten")
     code, _, err = _run(["params", "--set", "d_model=1.5"], capsys)
     _assert_user_error(code, err, "d_model", "1.5")
@@ -102,19 +117,33 @@ def test_invalid_yaml(tmp_path: Path, capsys) -> None:
 
 def test_empty_task(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "train_size=0"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "train_size=0",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "train_size")
 
 
 def test_too_small_task_space(tiny_config: Path, tmp_path: Path, capsys) -> None:
     code, _, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-         "--set", "n_symbols=1"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "n_symbols=1",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     _assert_user_error(code, err, "copy")
 
 
@@ -139,7 +168,16 @@ def test_params_base(capsys) -> None:
 def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     code, out, err = _run(
-        ["train", "--config", str(tiny_config), "--out", str(run), "--quiet", "--set", "max_steps=5"],
+        [
+            "train",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(run),
+            "--quiet",
+            "--set",
+            "max_steps=5",
+        ],
         capsys,
     )
     assert code == 0, err
@@ -152,7 +190,9 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
 
     # and average the run's checkpoints into a model file
     avg = tmp_path / "avg.pt"
-    code, out, err = _run(["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys)
+    code, out, err = _run(
+        ["average", "--run", str(run), "--last", "2", "--output", str(avg)], capsys
+    )
     assert code == 0, err
     assert len(json.loads(out)["averaged"]) == 2
     from transduce.checkpoint import load_model
@@ -163,15 +203,25 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **env)
     return subprocess.run(
-        [sys.executable, "-m", "transduce", *args], capture_output=True, text=True, env=full_env,
+        [sys.executable, "-m", "transduce", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
         timeout=300,
-    )  # fmt: skip
+    )
 
 
 def test_subprocess_user_error(tiny_config: Path, tmp_path: Path) -> None:
     # (tests/training/test_trainer.py runs ``python -m transduce train`` to the end, killed and not)
-    bad = _subprocess("train", "--config", str(tiny_config), "--out", str(tmp_path / "r"),
-                      "--set", "max_steps=many")  # fmt: skip
+    bad = _subprocess(
+        "train",
+        "--config",
+        str(tiny_config),
+        "--out",
+        str(tmp_path / "r"),
+        "--set",
+        "max_steps=many",
+    )
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("transduce: error: ")
     assert "max_steps" in bad.stderr and "'many'" in bad.stderr and "Traceback" not in bad.stderr

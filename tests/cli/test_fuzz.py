@@ -41,33 +41,121 @@ from transduce.cli.main import build_parser, main  # noqa: E402
 EXAMPLES = int(os.environ.get("TRANSDUCE_FUZZ_EXAMPLES", "40"))
 
 COMMANDS = [
-    ("demo",), ("train",), ("params",), ("average",), ("convert",), ("data", "multi30k"),
-    ("translate",), ("evaluate",), ("serve",), ("export", "ctranslate2"),
-    ("data", "ptb-sample"), ("data", "wmt14"), ("parse",), ("attention",), ("plot", "curves"),
-    ("experiment", "reversal"), ("prepare",), ("vocab",),
-]  # fmt: skip
+    ("demo",),
+    ("train",),
+    ("params",),
+    ("average",),
+    ("convert",),
+    ("data", "multi30k"),
+    ("translate",),
+    ("evaluate",),
+    ("serve",),
+    ("export", "ctranslate2"),
+    ("data", "ptb-sample"),
+    ("data", "wmt14"),
+    ("parse",),
+    ("attention",),
+    ("plot", "curves"),
+    ("experiment", "reversal"),
+    ("prepare",),
+    ("vocab",),
+]
 
 # Values an argument may take: the fixture files (relative to the example's folder), names of
 # things that do not exist, and the edge cases of numbers, devices and keys.
-FIXTURES = ["fx/model.pt", "fx/old.pt", "fx/run", "fx/in.txt", "fx/ref.txt", "fx/c.yaml",
-            "fx/bad.yaml", "fx/empty.txt", "fx/dir", "fx/run/checkpoints/step_00000001.pt",
-            "fx/parser.pt", "fx/separate.pt", "fx/words.txt", "fx/trees.txt",
-            "fx/run/metrics.jsonl",
-            "out.pt", "out", "out.safetensors", "missing.pt", "missing/x.txt"]  # fmt: skip
-EDGES = ["", "-", "--", "0", "-1", "1", "2", "3", "7", "0.5", "-0.5", "nan", "inf", "-inf",
-         "1e3", "10001", "99999999999", "cpu", "cuda", "cuda:3", "mps", "meta", "xla", "cpu:0",
-         "fp32", "bf16", "fp16", "int8", "none", "en", "de", "fr", "cs", "base", "big", "A1",
-         "E", "copy", "x=1", "=", "d_model=0", "d_model=17", "n_heads=0", "max_steps=1",
-         "train.max_steps=-2", "beam=0", "dropout=2", "name=translation", "nokey=1",
-         "max_minutes=nan", "warmup=1e3", "vocab_size=3", "tie_embeddings=maybe",
-         "device=cuda", "precision=fp16", "\u00e9\u00e8", "\udcff", "--set", "--model",
-         "--help", "n" * 300, "fx/" + "n" * 300 + ".pt"]  # fmt: skip
+FIXTURES = [
+    "fx/model.pt",
+    "fx/old.pt",
+    "fx/run",
+    "fx/in.txt",
+    "fx/ref.txt",
+    "fx/c.yaml",
+    "fx/bad.yaml",
+    "fx/empty.txt",
+    "fx/dir",
+    "fx/run/checkpoints/step_00000001.pt",
+    "fx/parser.pt",
+    "fx/separate.pt",
+    "fx/words.txt",
+    "fx/trees.txt",
+    "fx/run/metrics.jsonl",
+    "out.pt",
+    "out",
+    "out.safetensors",
+    "missing.pt",
+    "missing/x.txt",
+]
+EDGES = [
+    "",
+    "-",
+    "--",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "7",
+    "0.5",
+    "-0.5",
+    "nan",
+    "inf",
+    "-inf",
+    "1e3",
+    "10001",
+    "99999999999",
+    "cpu",
+    "cuda",
+    "cuda:3",
+    "mps",
+    "meta",
+    "xla",
+    "cpu:0",
+    "fp32",
+    "bf16",
+    "fp16",
+    "int8",
+    "none",
+    "en",
+    "de",
+    "fr",
+    "cs",
+    "base",
+    "big",
+    "A1",
+    "E",
+    "copy",
+    "x=1",
+    "=",
+    "d_model=0",
+    "d_model=17",
+    "n_heads=0",
+    "max_steps=1",
+    "train.max_steps=-2",
+    "beam=0",
+    "dropout=2",
+    "name=translation",
+    "nokey=1",
+    "max_minutes=nan",
+    "warmup=1e3",
+    "vocab_size=3",
+    "tie_embeddings=maybe",
+    "device=cuda",
+    "precision=fp16",
+    "\u00e9\u00e8",
+    "\udcff",
+    "--set",
+    "--model",
+    "--help",
+    "n" * 300,
+    "fx/" + "n" * 300 + ".pt",
+]
 SAFE_TEXT = st.text(
     alphabet=st.characters(blacklist_characters="/.~\\\x00", blacklist_categories=("Cs",)),
     max_size=8,
 )
-VALUES = st.one_of(st.sampled_from(FIXTURES), st.sampled_from(EDGES), SAFE_TEXT,
-                   st.integers(-3, 12).map(str))  # fmt: skip
+VALUES = st.one_of(
+    st.sampled_from(FIXTURES), st.sampled_from(EDGES), SAFE_TEXT, st.integers(-3, 12).map(str)
+)
 
 
 def _subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -81,21 +169,36 @@ def _subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
 # likely values of path arguments: mostly the right kind of file, sometimes another
 # a parser and a shared_vocab: false translator too, so that parse, attention and alignments
 # reach their real paths with two vocabularies
-_MODELS = (["fx/model.pt"] * 4 + ["fx/run"] * 2 + ["fx/parser.pt"] * 2 + ["fx/separate.pt"] * 2
-           + ["fx/old.pt", "fx/run/checkpoints/step_00000001.pt"])  # fmt: skip
+_MODELS = (
+    ["fx/model.pt"] * 4
+    + ["fx/run"] * 2
+    + ["fx/parser.pt"] * 2
+    + ["fx/separate.pt"] * 2
+    + ["fx/old.pt", "fx/run/checkpoints/step_00000001.pt"]
+)
 _TEXTS = ["fx/in.txt"] * 4 + ["fx/words.txt"] * 2 + ["fx/ref.txt", "fx/empty.txt"]
 _OUTPUTS = ["out.txt", "out", "out.pt", "out.safetensors", "fx/dir", "fx/dir/x"]
 PATHS = {
-    "model": _MODELS, "old": _MODELS, "checkpoints": _MODELS, "run": ["fx/run"] * 4 + ["fx/dir"],
-    "input": _TEXTS, "src": _TEXTS,
+    "model": _MODELS,
+    "old": _MODELS,
+    "checkpoints": _MODELS,
+    "run": ["fx/run"] * 4 + ["fx/dir"],
+    "input": _TEXTS,
+    "src": _TEXTS,
     "ref": ["fx/ref.txt"] * 4 + ["fx/trees.txt"] * 2 + ["fx/in.txt", "fx/empty.txt"],
     "runs": ["fx/run"] * 4 + ["fx/run/metrics.jsonl", "fx/dir"],
-    "config": ["fx/c.yaml"] * 4 + ["fx/bad.yaml", "fx/empty.txt"], "output": _OUTPUTS,
-    "new": _OUTPUTS, "out": _OUTPUTS, "dest": _OUTPUTS, "from_dir": ["fx/dir", "fx/run"],
-}  # fmt: skip
+    "config": ["fx/c.yaml"] * 4 + ["fx/bad.yaml", "fx/empty.txt"],
+    "output": _OUTPUTS,
+    "new": _OUTPUTS,
+    "out": _OUTPUTS,
+    "dest": _OUTPUTS,
+    "from_dir": ["fx/dir", "fx/run"],
+}
 INTEGERS = st.one_of(st.integers(-3, 12).map(str), st.sampled_from(["0", "-1", "10001"]))
-FLOATS = st.one_of(st.integers(-3, 12).map(str),
-                   st.sampled_from(["0.5", "-0.5", "nan", "inf", "-inf", "1e3", "1e-9"]))
+FLOATS = st.one_of(
+    st.integers(-3, 12).map(str),
+    st.sampled_from(["0.5", "-0.5", "nan", "inf", "-inf", "1e3", "1e-9"]),
+)
 
 
 def _values(action: argparse.Action, draw_junk: bool) -> st.SearchStrategy[str]:
@@ -140,11 +243,14 @@ def argvs(draw: Any, words: tuple[str, ...]) -> list[str]:
 
 
 # a run's metrics.jsonl as the trainer writes it: training lines, then a validation line
-METRICS = "".join(json.dumps(r) + "\n" for r in [
-    {"step": 1, "epoch": 0.1, "loss": 4.0, "nll": 3.9, "ppl": 49.4, "lr": 1e-4, "elapsed": 1.0},
-    {"step": 2, "epoch": 0.2, "loss": 3.5, "nll": 3.4, "ppl": 30.0, "lr": 2e-4, "elapsed": 2.0},
-    {"split": "valid", "step": 2, "loss": 3.6, "bleu": 1.5},
-]).encode()  # fmt: skip
+METRICS = "".join(
+    json.dumps(r) + "\n"
+    for r in [
+        {"step": 1, "epoch": 0.1, "loss": 4.0, "nll": 3.9, "ppl": 49.4, "lr": 1e-4, "elapsed": 1.0},
+        {"step": 2, "epoch": 0.2, "loss": 3.5, "nll": 3.4, "ppl": 30.0, "lr": 2e-4, "elapsed": 2.0},
+        {"split": "valid", "step": 2, "loss": 3.6, "bleu": 1.5},
+    ]
+).encode()
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +266,14 @@ def fixture_files(tmp_path_factory) -> dict[str, bytes | None]:
     config = {
         "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
         "train": {"max_steps": 2, "tensorboard": False},
-        "task": {"name": "copy", "train_size": 40, "valid_size": 8, "max_length": 4,
-                 "n_symbols": 4},
-    }  # fmt: skip
+        "task": {
+            "name": "copy",
+            "train_size": 40,
+            "valid_size": 8,
+            "max_length": 4,
+            "n_symbols": 4,
+        },
+    }
     model_bytes = model.read_bytes()
     return {
         "fx/model.pt": model_bytes,
@@ -176,7 +287,7 @@ def fixture_files(tmp_path_factory) -> dict[str, bytes | None]:
         "fx/in.txt": b"the dog runs\n\na red ball\n",
         "fx/words.txt": b"the dog runs\na red ball\n",
         "fx/trees.txt": b"(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))\n"
-                        b"(TOP (NP (DT a) (JJ red) (NN ball)))\n",
+        b"(TOP (NP (DT a) (JJ red) (NN ball)))\n",
         "fx/ref.txt": b"der hund rennt\n\nein roter ball\n",
         "fx/empty.txt": b"",
         "fx/c.yaml": yaml.safe_dump(config).encode(),
@@ -185,8 +296,9 @@ def fixture_files(tmp_path_factory) -> dict[str, bytes | None]:
     }
 
 
-def _fake_train(cfg: Any, out: Any, *, resume: bool = False, show_progress: Any = None,
-                **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+def _fake_train(
+    cfg: Any, out: Any, *, resume: bool = False, show_progress: Any = None, **kwargs: Any
+) -> dict[str, Any]:
     return {"stopped_by": "fuzz", "step": 0}
 
 
@@ -265,8 +377,13 @@ def test_no_arguments_make_a_traceback(words: tuple[str, ...], fixture_files, tm
     if words == ("export", "ctranslate2"):
         pytest.importorskip("ctranslate2")
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(argv=argvs(words))
     def check(argv: list[str]) -> None:
         _run_example(tmp_path, fixture_files, argv)

@@ -38,40 +38,64 @@ BASE = {
 # after a "|", the arguments it goes with, added to both runs)
 PROBES: dict[str, dict[str, list[str]]] = {
     "translate": {
-        "beam": ["--beam", "1"], "alpha": ["--alpha", "1.5"], "batch_tokens": ["--batch-tokens", "7"],
-        "weights": ["--precision", "bf16"], "quiet": ["--quiet"], "input": ["--input", "{src2}"],
-        "output": ["--output", "out.txt"], "nbest": ["--nbest", "2"],
-        "max_len_offset": ["--max-len-offset", "1"], "alignments": ["--alignments"],
+        "beam": ["--beam", "1"],
+        "alpha": ["--alpha", "1.5"],
+        "batch_tokens": ["--batch-tokens", "7"],
+        "weights": ["--precision", "bf16"],
+        "quiet": ["--quiet"],
+        "input": ["--input", "{src2}"],
+        "output": ["--output", "out.txt"],
+        "nbest": ["--nbest", "2"],
+        "max_len_offset": ["--max-len-offset", "1"],
+        "alignments": ["--alignments"],
         "alignment_layer": ["--alignment-layer", "0", "|", "--alignments"],
     },
     "evaluate": {
-        "beam": ["--beam", "1"], "alpha": ["--alpha", "1.5"], "batch_tokens": ["--batch-tokens", "7"],
-        "weights": ["--precision", "bf16"], "quiet": ["--quiet"], "lowercase": ["--lowercase"],
-        "constrained": ["--constrained"], "output": ["--output", "out.txt"],
+        "beam": ["--beam", "1"],
+        "alpha": ["--alpha", "1.5"],
+        "batch_tokens": ["--batch-tokens", "7"],
+        "weights": ["--precision", "bf16"],
+        "quiet": ["--quiet"],
+        "lowercase": ["--lowercase"],
+        "constrained": ["--constrained"],
+        "output": ["--output", "out.txt"],
     },
     "parse": {
-        "beam": ["--beam", "1"], "alpha": ["--alpha", "1.5"], "quiet": ["--quiet"],
-        "input": ["--input", "{src2}"], "output": ["--output", "out.txt"],
-        "max_len_offset": ["--max-len-offset", "1"], "constrained": ["--constrained"],
+        "beam": ["--beam", "1"],
+        "alpha": ["--alpha", "1.5"],
+        "quiet": ["--quiet"],
+        "input": ["--input", "{src2}"],
+        "output": ["--output", "out.txt"],
+        "max_len_offset": ["--max-len-offset", "1"],
+        "constrained": ["--constrained"],
     },
     "attention": {
-        "tgt": ["--tgt", "{line}"], "kind": ["--kind", "encoder"], "layer": ["--layer", "0"],
-        "head": ["--head", "1"], "style": ["--style", "lines"],
+        "tgt": ["--tgt", "{line}"],
+        "kind": ["--kind", "encoder"],
+        "layer": ["--layer", "0"],
+        "head": ["--head", "1"],
+        "style": ["--style", "lines"],
     },
-}  # fmt: skip
+}
 # options the walk leaves out, with the reason
 NOT_PROBED = {
-    "model": "the model itself (required)", "src": "the command's input (required)",
-    "ref": "the command's input (required)", "output": "the command's output (required)",
+    "model": "the model itself (required)",
+    "src": "the command's input (required)",
+    "ref": "the command's input (required)",
+    "output": "the command's output (required)",
     "device": "one device on this machine, the default cpu",
     "no_malloc_tuning": "tunes the process's allocator: nothing a run shows",
-}  # fmt: skip
+}
 KINDS = ("synthetic", "shared", "separate", "parser", "recurrent")
 INPUTS = {"synthetic": ["12+34", "5+678"], "parser": ["the dog runs", "a red ball"]}
 OTHER_INPUTS = {"synthetic": ["9+9", "11+2"], "parser": ["the man sits", "a big cat"]}
-REFERENCES = {"synthetic": ["46", "683"],
-              "parser": ["(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))",
-                         "(TOP (NP (DT a) (JJ red) (NN ball)))"]}  # fmt: skip
+REFERENCES = {
+    "synthetic": ["46", "683"],
+    "parser": [
+        "(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))",
+        "(TOP (NP (DT a) (JJ red) (NN ball)))",
+    ],
+}
 
 
 def _lines(table: dict[str, list[str]], kind: str, default: list[str]) -> list[str]:
@@ -81,8 +105,11 @@ def _lines(table: dict[str, list[str]], kind: str, default: list[str]) -> list[s
 def _options(command: str) -> list[argparse.Action]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return [a for a in sub.choices[command]._actions
-            if a.option_strings and not isinstance(a, argparse._HelpAction)]  # fmt: skip
+    return [
+        a
+        for a in sub.choices[command]._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction)
+    ]
 
 
 class Seen:
@@ -106,8 +133,10 @@ def _spies(seen: Seen) -> Iterator[None]:
         seen.calls.append(("align", layer))
         return align(self, sentences, translations, layer=layer)
 
-    with mock.patch.object(Translator, "_decode", spy_decode), \
-            mock.patch.object(Translator, "align", spy_align):  # fmt: skip
+    with (
+        mock.patch.object(Translator, "_decode", spy_decode),
+        mock.patch.object(Translator, "align", spy_align),
+    ):
         yield
 
 
@@ -115,8 +144,11 @@ def _run(folder: Path, kind: str, argv: list[str]) -> tuple[Any, ...]:
     """Everything a run of ``argv`` in a fresh ``folder`` shows."""
     folder.mkdir(parents=True)
     src = _lines(INPUTS, kind, ["the dog runs", "a red ball"])
-    files = {"src": src, "src2": _lines(OTHER_INPUTS, kind, ["the man sits", "a big cat"]),
-             "ref": _lines(REFERENCES, kind, ["der hund rennt", "ein roter ball"])}  # fmt: skip
+    files = {
+        "src": src,
+        "src2": _lines(OTHER_INPUTS, kind, ["the man sits", "a big cat"]),
+        "ref": _lines(REFERENCES, kind, ["der hund rennt", "ein roter ball"]),
+    }
     for name, lines in files.items():
         (folder / f"{name}.txt").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     values = {"src": "src.txt", "src2": "src2.txt", "ref": "ref.txt", "line": src[0]}
@@ -165,8 +197,8 @@ def test_each_option_acts_or_is_refused(model_kinds, tmp_path, kind: str, comman
         if action.dest not in PROBES[command]:
             continue
         probe = PROBES[command][action.dest]
-        goes_with = probe[probe.index("|") + 1:] if "|" in probe else []
-        probe = probe[:probe.index("|")] if "|" in probe else probe
+        goes_with = probe[probe.index("|") + 1 :] if "|" in probe else []
+        probe = probe[: probe.index("|")] if "|" in probe else probe
         # alone, then (where it goes with another option) with it, unless that one is refused
         tries = [([], first)]
         if goes_with:

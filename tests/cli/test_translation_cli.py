@@ -72,8 +72,21 @@ def corpus(tmp_path_factory) -> Path:
     root = data_root()
     work = tmp_path_factory.mktemp("m30k")
     with redirect_stdout(StringIO()) as out:
-        code = main(["data", "multi30k", "--dest", str(work / "multi30k"), "--from", str(root),
-                     "--src", "en", "--tgt", "de", "--quiet"])  # fmt: skip
+        code = main(
+            [
+                "data",
+                "multi30k",
+                "--dest",
+                str(work / "multi30k"),
+                "--from",
+                str(root),
+                "--src",
+                "en",
+                "--tgt",
+                "de",
+                "--quiet",
+            ]
+        )
     assert code == 0
     fetched = json.loads(out.getvalue())
     assert fetched["splits"]["train"]["lines"] == 29000
@@ -99,8 +112,16 @@ def trained(corpus) -> dict:
         from contextlib import redirect_stderr
 
         with redirect_stderr(err):
-            code = main(["train", "--config", str(corpus / "tiny.yaml"), "--out",
-                         str(corpus / "run"), "--quiet"])  # fmt: skip
+            code = main(
+                [
+                    "train",
+                    "--config",
+                    str(corpus / "tiny.yaml"),
+                    "--out",
+                    str(corpus / "run"),
+                    "--quiet",
+                ]
+            )
     assert code == 0, err.getvalue()
     return {"run": corpus / "run", "summary": json.loads(out.getvalue()), "log": err.getvalue()}
 
@@ -121,8 +142,17 @@ def untrained_model(trained) -> Path:
 
 
 def evaluate(capsys, model: Path, corpus: Path, *extra: str) -> dict:
-    args = ["evaluate", "--model", str(model), "--src", str(corpus / "eval.en"),
-            "--ref", str(corpus / "eval.de"), "--quiet", *extra]  # fmt: skip
+    args = [
+        "evaluate",
+        "--model",
+        str(model),
+        "--src",
+        str(corpus / "eval.en"),
+        "--ref",
+        str(corpus / "eval.de"),
+        "--quiet",
+        *extra,
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     return json.loads(out)
@@ -157,8 +187,17 @@ def test_trained_model_translates_far_better_than_untrained(
 def test_evaluate_json_is_sacrebleu_on_the_output(trained, corpus, capsys, tmp_path) -> None:
     hyps_file = tmp_path / "hyps.de"
     scores = evaluate(capsys, trained["run"], corpus, "--beam", "1", "--output", str(hyps_file))
-    assert {"bleu", "bleu_signature", "chrf", "chrf_signature", "bleu_lowercase",
-            "bleu_lowercase_signature", "lines", "beam", "alpha"} <= set(scores)  # fmt: skip
+    assert {
+        "bleu",
+        "bleu_signature",
+        "chrf",
+        "chrf_signature",
+        "bleu_lowercase",
+        "bleu_lowercase_signature",
+        "lines",
+        "beam",
+        "alpha",
+    } <= set(scores)
     hyps = hyps_file.read_text(encoding="utf-8").split("\n")[:-1]
     refs = (corpus / "eval.de").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyps) == len(refs) == scores["lines"] == N_EVAL and scores["beam"] == 1
@@ -178,8 +217,20 @@ def test_evaluate_in_bf16_scores_like_fp32(trained, corpus, capsys) -> None:
     assert bf16["lines"] == N_EVAL and bf16["bleu"] > 30  # far above the untrained model
     assert abs(bf16["bleu"] - fp32["bleu"]) < 5, (fp32["bleu"], bf16["bleu"])
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage error, exit status 2
-        run_cli(["evaluate", "--model", str(trained["run"]), "--src", str(corpus / "eval.en"),
-                 "--ref", str(corpus / "eval.de"), "--precision", "fp16"], capsys)  # fmt: skip
+        run_cli(
+            [
+                "evaluate",
+                "--model",
+                str(trained["run"]),
+                "--src",
+                str(corpus / "eval.en"),
+                "--ref",
+                str(corpus / "eval.de"),
+                "--precision",
+                "fp16",
+            ],
+            capsys,
+        )
     assert exit_info.value.code == 2 and "--precision" in capsys.readouterr().err
 
 
@@ -187,9 +238,21 @@ def test_translate_keeps_empty_lines_and_order(trained, corpus, capsys, tmp_path
     sources = (corpus / "eval.en").read_text(encoding="utf-8").split("\n")[:20]
     lines = sources[:5] + [""] + sources[5:] + ["", ""]
     write_lines(tmp_path / "in.en", lines)
-    code, _, err = run_cli(["translate", "--model", str(trained["run"] / "model.pt"), "--input",
-                            str(tmp_path / "in.en"), "--output", str(tmp_path / "out.de"),
-                            "--batch-tokens", "40", "--quiet"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "translate",
+            "--model",
+            str(trained["run"] / "model.pt"),
+            "--input",
+            str(tmp_path / "in.en"),
+            "--output",
+            str(tmp_path / "out.de"),
+            "--batch-tokens",
+            "40",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0, err
     out = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
     assert out[-1] == "" and len(out[:-1]) == len(lines)
@@ -205,8 +268,18 @@ def test_translate_alignments_are_pharaoh_pairs_over_words(
     sources = (corpus / "eval.en").read_text(encoding="utf-8").split("\n")[:12]
     write_lines(tmp_path / "in.en", [*sources[:6], "", *sources[6:]])
     model = str(trained["run"] / "model.pt")
-    code, out, err = run_cli(["translate", "--model", model, "--input", str(tmp_path / "in.en"),
-                              "--alignments", "--quiet"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        [
+            "translate",
+            "--model",
+            model,
+            "--input",
+            str(tmp_path / "in.en"),
+            "--alignments",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0, err
     lines = out.split("\n")[:-1]
     assert len(lines) == 13 and lines[6] == "\t"  # an empty line: no words, no pairs
@@ -219,17 +292,41 @@ def test_translate_alignments_are_pharaoh_pairs_over_words(
         targets = sorted(j for _, j in pairs)
         assert targets == list(range(len(text.split())))  # each target word once
         assert all(0 <= i < len(source.split()) for i, _ in pairs)
-    code, _, err = run_cli(["translate", "--model", model, "--input", str(tmp_path / "in.en"),
-                            "--alignments", "--alignment-layer", "7", "--quiet"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "translate",
+            "--model",
+            model,
+            "--input",
+            str(tmp_path / "in.en"),
+            "--alignments",
+            "--alignment-layer",
+            "7",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 2 and "layer 7" in err
 
 
 def test_translate_nbest_format(trained, corpus, capsys, tmp_path) -> None:
     lines = ["A dog runs.", "", "Two men play soccer."]
     write_lines(tmp_path / "in.en", lines)
-    code, out, err = run_cli(["translate", "--model", str(trained["run"]), "--input",
-                              str(tmp_path / "in.en"), "--nbest", "3", "--beam", "3",
-                              "--quiet"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        [
+            "translate",
+            "--model",
+            str(trained["run"]),
+            "--input",
+            str(tmp_path / "in.en"),
+            "--nbest",
+            "3",
+            "--beam",
+            "3",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [line.split("\t") for line in out.splitlines()]
     assert all(len(r) == 3 for r in rows)
@@ -244,8 +341,17 @@ def test_translate_nbest_format(trained, corpus, capsys, tmp_path) -> None:
         scores = [s for s, _ in by_index[i]]
         assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
         assert len({t for _, t in by_index[i]}) == len(by_index[i])
-    args = ["translate", "--model", str(trained["run"]), "--input", str(tmp_path / "in.en"),
-            "--nbest", "5", "--beam", "3"]  # fmt: skip
+    args = [
+        "translate",
+        "--model",
+        str(trained["run"]),
+        "--input",
+        str(tmp_path / "in.en"),
+        "--nbest",
+        "5",
+        "--beam",
+        "3",
+    ]
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "nbest (5) must not exceed the beam size (3)" in err
 
@@ -253,8 +359,17 @@ def test_translate_nbest_format(trained, corpus, capsys, tmp_path) -> None:
 def test_translate_as_a_real_process_reads_stdin(trained, corpus, tmp_path) -> None:
     sources = (corpus / "eval.en").read_text(encoding="utf-8").split("\n")[:10]
     text = "\n".join(sources[:3] + [""] + sources[3:]) + "\n"
-    cmd = [sys.executable, "-m", "transduce", "translate", "--model",
-           str(trained["run"] / "model.pt"), "--beam", "2", "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transduce",
+        "translate",
+        "--model",
+        str(trained["run"] / "model.pt"),
+        "--beam",
+        "2",
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     done = subprocess.run(cmd, input=text.encode(), capture_output=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
@@ -294,8 +409,9 @@ def toy_model(tmp_path_factory) -> Path:
     words = "a dog cat runs sits red blue park ball man woman".split()
     sentences = [" ".join(words[(i * j) % len(words)] for j in range(1, 6)) for i in range(60)]
     vocab = train_sentencepiece(sentences, 40)
-    cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8,
-                               "d_v": 8}})  # fmt: skip
+    cfg = from_dict(
+        {"model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}}
+    )
     model = make_model(cfg.model, src_vocab_size=len(vocab))
     path = tmp_path_factory.mktemp("toy") / "toy.pt"
     checkpoint.save(
@@ -311,8 +427,10 @@ def toy_config(tmp_path: Path, src: list[str], tgt: list[str] | bytes) -> Path:
     else:
         write_lines(tmp_path / "a.de", tgt)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"task: {{name: translation, train_src: {tmp_path}/a.en, "
-                   f"train_tgt: {tmp_path}/a.de, vocab_size: 40}}\n")  # fmt: skip
+    cfg.write_text(
+        f"task: {{name: translation, train_src: {tmp_path}/a.en, "
+        f"train_tgt: {tmp_path}/a.de, vocab_size: 40}}\n"
+    )
     return cfg
 
 
@@ -334,8 +452,9 @@ def test_train_with_invalid_utf8_exits_2_naming_file_and_line(tmp_path, capsys) 
 def test_train_with_unset_variable_in_a_path_exits_2(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("NO_SUCH_TRANSDUCE_VAR", raising=False)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("task: {name: translation, train_src: '${NO_SUCH_TRANSDUCE_VAR}/a.en', "
-                   "train_tgt: b.de}\n")  # fmt: skip
+    cfg.write_text(
+        "task: {name: translation, train_src: '${NO_SUCH_TRANSDUCE_VAR}/a.en', train_tgt: b.de}\n"
+    )
     code, _, err = run_cli(["train", "--config", str(cfg), "--out", str(tmp_path / "r")], capsys)
     assert code == 2 and "NO_SUCH_TRANSDUCE_VAR is not set" in err and "train_src" in err
 
@@ -343,8 +462,15 @@ def test_train_with_unset_variable_in_a_path_exits_2(tmp_path, capsys, monkeypat
 def test_evaluate_with_mismatched_files_exits_2(toy_model, tmp_path, capsys) -> None:
     write_lines(tmp_path / "s.en", ["a dog", "a cat"])
     write_lines(tmp_path / "r.de", ["ein Hund"])
-    args = ["evaluate", "--model", str(toy_model), "--src", str(tmp_path / "s.en"),
-            "--ref", str(tmp_path / "r.de")]  # fmt: skip
+    args = [
+        "evaluate",
+        "--model",
+        str(toy_model),
+        "--src",
+        str(tmp_path / "s.en"),
+        "--ref",
+        str(tmp_path / "r.de"),
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 2 and out == ""
     assert f"{tmp_path}/s.en has 2 lines" in err and f"{tmp_path}/r.de has 1 lines" in err
@@ -353,12 +479,14 @@ def test_evaluate_with_mismatched_files_exits_2(toy_model, tmp_path, capsys) -> 
 def test_translate_errors_exit_2(toy_model, tmp_path, capsys) -> None:
     code, _, err = run_cli(["translate", "--model", str(tmp_path / "missing.pt")], capsys)
     assert code == 2 and "missing.pt" in err
-    code, _, err = run_cli(["translate", "--model", str(toy_model), "--input",
-                            str(tmp_path / "none.en")], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["translate", "--model", str(toy_model), "--input", str(tmp_path / "none.en")], capsys
+    )
     assert code == 2 and "none.en: no such file" in err
     (tmp_path / "bad.en").write_bytes(b"a dog\n\xff\n")
-    code, _, err = run_cli(["translate", "--model", str(toy_model), "--input",
-                            str(tmp_path / "bad.en")], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["translate", "--model", str(toy_model), "--input", str(tmp_path / "bad.en")], capsys
+    )
     assert code == 2 and "bad.en: line 2: invalid UTF-8" in err
     if not torch.cuda.is_available():
         code, _, err = run_cli(["translate", "--model", str(toy_model), "--device", "cuda"], capsys)
@@ -366,9 +494,24 @@ def test_translate_errors_exit_2(toy_model, tmp_path, capsys) -> None:
 
 
 def test_data_multi30k_errors_exit_2(tmp_path, capsys) -> None:
-    code, _, err = run_cli(["data", "multi30k", "--dest", str(tmp_path / "d"), "--src", "en",
-                            "--tgt", "es", "--from", str(tmp_path)], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "data",
+            "multi30k",
+            "--dest",
+            str(tmp_path / "d"),
+            "--src",
+            "en",
+            "--tgt",
+            "es",
+            "--from",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert code == 2 and "no language 'es'" in err
-    code, _, err = run_cli(["data", "multi30k", "--dest", str(tmp_path / "d"), "--from",
-                            str(tmp_path / "nowhere")], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["data", "multi30k", "--dest", str(tmp_path / "d"), "--from", str(tmp_path / "nowhere")],
+        capsys,
+    )
     assert code == 2 and "nowhere: no such folder" in err

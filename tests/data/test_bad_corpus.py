@@ -38,8 +38,11 @@ def truncated_gz() -> bytes:
 Case = tuple[str, "bytes | None | Callable[[Path], None]", tuple[str, ...]]
 BAD: dict[str, Case] = {
     "nul byte": ("a.en", text(LINES[:3]) + b"two\x00words\n" + text(LINES[4:]), ("line 4", "NUL")),
-    "invalid utf-8": ("a.en", text(LINES[:6]) + b"caf\xe9\n" + text(LINES[7:]),
-                      ("line 7", "invalid UTF-8")),
+    "invalid utf-8": (
+        "a.en",
+        text(LINES[:6]) + b"caf\xe9\n" + text(LINES[7:]),
+        ("line 7", "invalid UTF-8"),
+    ),
     "truncated gzip": ("a.en.gz", truncated_gz(), ("corrupt gzip", "after line")),
     "not gzip at all": ("a.en.gz", text(LINES), ("corrupt gzip", "after line 0")),
     "empty file": ("a.en", b"", ("empty file",)),
@@ -48,21 +51,45 @@ BAD: dict[str, Case] = {
     "a folder": ("a.en", None, ("folder",)),
     "no read permission": ("a.en", "unreadable", ("cannot open", "ermission")),  # type: ignore[dict-item]
     "missing": ("a.en", "missing", ("no such file",)),  # type: ignore[dict-item]
-    "fewer lines": ("a.en", text(LINES[:-3]), ("differ in length", f"{len(LINES) - 3} lines",
-                                               f"{len(LINES)} lines")),
+    "fewer lines": (
+        "a.en",
+        text(LINES[:-3]),
+        ("differ in length", f"{len(LINES) - 3} lines", f"{len(LINES)} lines"),
+    ),
     "more lines": ("a.en", text(LINES + ["extra"]), ("differ in length",)),
-}  # fmt: skip
+}
 
 
 def _config(tmp_path: Path, src: Path, tgt: Path, **train: object) -> Path:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
-        "train": {"max_tokens": 256, "max_steps": 2, "eval_every": 0, "log_every": 1,
-                  "tensorboard": False, **train},
-        "task": {"name": "translation", "train_src": str(src), "train_tgt": str(tgt),
-                 "vocab_size": 60},
-    }))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "n_layers": 1,
+                    "d_model": 16,
+                    "d_ff": 32,
+                    "n_heads": 2,
+                    "d_k": 8,
+                    "d_v": 8,
+                },
+                "train": {
+                    "max_tokens": 256,
+                    "max_steps": 2,
+                    "eval_every": 0,
+                    "log_every": 1,
+                    "tensorboard": False,
+                    **train,
+                },
+                "task": {
+                    "name": "translation",
+                    "train_src": str(src),
+                    "train_tgt": str(tgt),
+                    "vocab_size": 60,
+                },
+            }
+        )
+    )
     return cfg
 
 
@@ -84,8 +111,16 @@ def test_bad_training_text_stops_with_one_line(case: str, tmp_path: Path, capsys
     tgt = tmp_path / "a.de"
     tgt.write_bytes(text([line.upper() for line in LINES]))
     run = tmp_path / "run"
-    code = main(["--no-malloc-tuning", "train", "--config", str(_config(tmp_path, src, tgt)),
-                 "--out", str(run)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "train",
+            "--config",
+            str(_config(tmp_path, src, tgt)),
+            "--out",
+            str(run),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2, err
     assert out == "" and "Traceback" not in err
@@ -111,8 +146,16 @@ def test_crlf_and_bom_are_normalised_and_counted(tmp_path: Path, capsys) -> None
     assert crlf.normalised.crlf_lines == 2 * len(LINES) and crlf.normalised.boms == 2
     assert lf.normalised.describe() == ""
 
-    code = main(["--no-malloc-tuning", "train", "--config",
-                 str(_config(tmp_path, crlf_src, crlf_tgt)), "--out", str(tmp_path / "run")])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "train",
+            "--config",
+            str(_config(tmp_path, crlf_src, crlf_tgt)),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     report = next(line for line in err.splitlines() if line.startswith("transduce: train: "))
@@ -126,8 +169,17 @@ def test_a_one_megabyte_line_is_read_and_left_out_by_the_length_filter(
     src, tgt = tmp_path / "a.en", tmp_path / "a.de"
     src.write_bytes(text(LINES[:50] + [huge] + LINES[50:]))
     tgt.write_bytes(text([line.upper() for line in LINES[:50] + [huge] + LINES[50:]]))
-    code = main(["--no-malloc-tuning", "train", "--config", str(_config(tmp_path, src, tgt)),
-                 "--out", str(tmp_path / "run"), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "train",
+            "--config",
+            str(_config(tmp_path, src, tgt)),
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])

@@ -31,7 +31,11 @@ def test_plain_and_gz_give_the_same_result(tmp_path):
 def test_empty_pairs_are_skipped_and_alignment_kept(tmp_path):
     pt = read_parallel(write(tmp_path / "s.txt", SRC), write(tmp_path / "t.txt", TGT))
     assert isinstance(pt, ParallelText)
-    assert list(pt) == [("A dog runs.", "Ein Hund rennt."), ("Two men", "Zwei Männer"), ("End", "Ende")]
+    assert list(pt) == [
+        ("A dog runs.", "Ein Hund rennt."),
+        ("Two men", "Zwei Männer"),
+        ("End", "Ende"),
+    ]
     assert pt.skipped == 2
     assert pt.skipped_lines == [3, 4]
     assert len(pt) == 3

@@ -75,8 +75,14 @@ CLEAN = {"clean_max_len": 50, "clean_ratio": 2.5, "clean_identical": True, "clea
 
 def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
     write_corpus(tmp_path)
-    m = prepare(config(tmp_path, **CLEAN), tmp_path / "p", workers=1, shard_pairs=100,
-                show_progress=False, log=lambda _: None)  # fmt: skip
+    m = prepare(
+        config(tmp_path, **CLEAN),
+        tmp_path / "p",
+        workers=1,
+        shard_pairs=100,
+        show_progress=False,
+        log=lambda _: None,
+    )
     removed = m["splits"]["train"]["removed"]
     lines = [(tmp_path / f"train.{side}").read_text().splitlines() for side in ("src", "tgt")]
     pairs = [(s, t) for s, t in zip(*lines, strict=True) if s and t]
@@ -84,8 +90,7 @@ def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
     assert removed["empty"] == 3 and removed["identical"] == 1
     assert removed["duplicate"] == len(pairs) - len(set(pairs)) >= 5 + 3
     vocab = SentencePieceVocab.load(tmp_path / "p" / "vocab.model")
-    lens = [(len(vocab.encode(s)), len(vocab.encode(t))) for s, t in dict.fromkeys(pairs)
-            if s != t]  # fmt: skip
+    lens = [(len(vocab.encode(s)), len(vocab.encode(t))) for s, t in dict.fromkeys(pairs) if s != t]
     too_long = [n for n in lens if max(n) > 50]
     assert removed["too_long"] == len(too_long) >= 2
     assert removed["ratio"] == sum(max(n) > 2.5 * min(n) for n in lens if max(n) <= 50) >= 3
@@ -93,15 +98,26 @@ def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
     assert len(train) == m["splits"]["train"]["pairs"] == 617 - sum(removed.values())
     assert len(m["splits"]["train"]["shards"]) == -(-len(train) // 100)
     assert m["dtype"] == "uint16" and m["vocab"]["sizes"] == [60]
-    assert m["inputs"]["train_src"]["lines"] == 617 and len(m["inputs"]["train_src"]["sha256"]) == 64
-    assert m["cleaning"] == {"empty": True, "max_len": 50, "ratio": 2.5, "identical": True,
-                             "dedup": True}  # fmt: skip
+    assert (
+        m["inputs"]["train_src"]["lines"] == 617 and len(m["inputs"]["train_src"]["sha256"]) == 64
+    )
+    assert m["cleaning"] == {
+        "empty": True,
+        "max_len": 50,
+        "ratio": 2.5,
+        "identical": True,
+        "dedup": True,
+    }
     # The ids are SentencePiece's for the kept pairs, in input order.
     first = (tmp_path / "train.src").read_text().splitlines()[0]
     assert train[0][0] == vocab.encode(first)
     assert train[-1] == train[len(train) - 1]
     for s, t in train:
-        assert 0 < len(s) <= 50 and 0 < len(t) <= 50 and max(len(s), len(t)) <= 2.5 * min(len(s), len(t))
+        assert (
+            0 < len(s) <= 50
+            and 0 < len(t) <= 50
+            and max(len(s), len(t)) <= 2.5 * min(len(s), len(t))
+        )
     expected = np.array([[len(s) + 1, len(t) + 1] for s, t in train])
     assert (train.model_lengths() == expected).all()
     # The validation split keeps all but the empty pair, with its text for BLEU.
@@ -113,10 +129,17 @@ def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
 def test_workers_write_the_same_files(tmp_path: Path) -> None:
     write_corpus(tmp_path)
     cfg = config(tmp_path, **CLEAN)
-    one = prepare(cfg, tmp_path / "one", workers=1, shard_pairs=250, show_progress=False,
-                  log=lambda _: None)  # fmt: skip
-    two = prepare(config(tmp_path, **CLEAN, vocab_model=str(tmp_path / "one")), tmp_path / "two",
-                  workers=2, shard_pairs=250, show_progress=False, log=lambda _: None)  # fmt: skip
+    one = prepare(
+        cfg, tmp_path / "one", workers=1, shard_pairs=250, show_progress=False, log=lambda _: None
+    )
+    two = prepare(
+        config(tmp_path, **CLEAN, vocab_model=str(tmp_path / "one")),
+        tmp_path / "two",
+        workers=2,
+        shard_pairs=250,
+        show_progress=False,
+        log=lambda _: None,
+    )
     assert one["splits"]["train"]["shards"] == two["splits"]["train"]["shards"]
     assert two["vocab"]["source"] == str(tmp_path / "one")
 
@@ -142,8 +165,9 @@ def test_batches_from_an_array_equal_those_from_a_list() -> None:
     rng = random.Random(3)
     lengths = [(rng.randint(2, 40), rng.randint(2, 40)) for _ in range(500)]
     as_array = np.array(lengths, dtype=np.int32)
-    assert token_batches(as_array, 200, seed=1, epoch=3) == token_batches(lengths, 200, seed=1,
-                                                                          epoch=3)  # fmt: skip
+    assert token_batches(as_array, 200, seed=1, epoch=3) == token_batches(
+        lengths, 200, seed=1, epoch=3
+    )
 
 
 def test_opening_checks_the_folder(tmp_path: Path) -> None:
@@ -174,15 +198,30 @@ def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
     write_corpus(tmp_path)
     (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
     base = ["--config", str(tmp_path / "run.yaml")]
-    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", "--quiet",
-                 "--set", "clean_dedup=true"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare",
+                *base,
+                "--out",
+                str(tmp_path / "p"),
+                "--workers",
+                "1",
+                "--quiet",
+                "--set",
+                "clean_dedup=true",
+            ]
+        )
+        == 0
+    )
     # the folder's data, not the files (moved away), with what it was prepared with (dedup)
     prepared = ["--set", f"prepared={tmp_path / 'p'}", "--set", "clean_dedup=true"]
     (tmp_path / "train.src").rename(tmp_path / "train.src.away")
     assert main(["train", *base, "--out", str(tmp_path / "full"), "--quiet", *prepared]) == 0
     (tmp_path / "train.src.away").rename(tmp_path / "train.src")
     assert (tmp_path / "full" / "vocab.model").read_bytes() == (
-        tmp_path / "p" / "vocab.model").read_bytes()  # fmt: skip
+        tmp_path / "p" / "vocab.model"
+    ).read_bytes()
     cut = tmp_path / "cut"
     shutil.copytree(tmp_path / "full", cut)
     for name in ("step_00000006.pt",):
@@ -195,10 +234,17 @@ def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
     assert main(["train", *base, "--out", str(cut), "--quiet", "--resume", *other]) == 2
 
 
-@pytest.mark.parametrize("key,value", [
-    ("vocab_size", "1000"), ("clean_max_len", "5"), ("clean_dedup", "true"),
-    ("clean_ratio", "2"), ("vocab_sample", "50"), ("train_src", "/nowhere"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("vocab_size", "1000"),
+        ("clean_max_len", "5"),
+        ("clean_dedup", "true"),
+        ("clean_ratio", "2"),
+        ("vocab_sample", "50"),
+        ("train_src", "/nowhere"),
+    ],
+)
 def test_a_prepared_folder_refuses_data_keys_it_was_not_prepared_with(
     tmp_path: Path, capsys, key: str, value: str
 ) -> None:
@@ -210,8 +256,19 @@ def test_a_prepared_folder_refuses_data_keys_it_was_not_prepared_with(
     assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
     capsys.readouterr()
     out = tmp_path / "run"
-    code = main(["train", *base, "--out", str(out), "--quiet", "--set",
-                 f"prepared={tmp_path / 'p'}", "--set", f"{key}={value}"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *base,
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            f"prepared={tmp_path / 'p'}",
+            "--set",
+            f"{key}={value}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"the config says {key} " in err and f"leave {key} out" in err
@@ -223,14 +280,31 @@ def test_vocab_command_and_reuse(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
     base = ["--config", str(tmp_path / "run.yaml")]
     assert main(["vocab", *base, "--out", str(tmp_path / "v"), "--set", "shared_vocab=false"]) == 0
-    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["vocab.src.model",
-                                                                  "vocab.tgt.model"]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == [
+        "vocab.src.model",
+        "vocab.tgt.model",
+    ]
     reuse = ["--set", "shared_vocab=false", "--set", f"vocab_model={tmp_path / 'v'}"]
-    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--quiet", "--workers", "1",
-                 *reuse]) == 0  # fmt: skip
+    assert (
+        main(["prepare", *base, "--out", str(tmp_path / "p"), "--quiet", "--workers", "1", *reuse])
+        == 0
+    )
     for side in ("src", "tgt"):
         assert (tmp_path / "p" / f"vocab.{side}.model").read_bytes() == (
-            tmp_path / "v" / f"vocab.{side}.model").read_bytes()  # fmt: skip
-    assert main(["prepare", *base, "--out", str(tmp_path / "x"), "--set",
-                 f"vocab_model={tmp_path / 'v' / 'vocab.src.model'}", "--set",
-                 "shared_vocab=false"]) == 2  # fmt: skip
+            tmp_path / "v" / f"vocab.{side}.model"
+        ).read_bytes()
+    assert (
+        main(
+            [
+                "prepare",
+                *base,
+                "--out",
+                str(tmp_path / "x"),
+                "--set",
+                f"vocab_model={tmp_path / 'v' / 'vocab.src.model'}",
+                "--set",
+                "shared_vocab=false",
+            ]
+        )
+        == 2
+    )

@@ -74,7 +74,12 @@ def test_prepare_the_real_sample(prepared):
     counts, out = prepared
     assert counts == SPLIT_SIZES == {"train": 3396, "dev": 273, "test": 245}
     assert sorted(p.name for p in out.iterdir()) == [
-        "dev.trees", "dev.words", "test.trees", "test.words", "train.trees", "train.words",
+        "dev.trees",
+        "dev.words",
+        "test.trees",
+        "test.words",
+        "train.trees",
+        "train.words",
         "treebank.zip",
     ]
     for split, n in SPLIT_SIZES.items():

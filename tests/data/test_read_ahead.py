@@ -60,10 +60,12 @@ def test_an_error_while_reading_ahead_surfaces_at_its_key() -> None:
 def test_read_ahead_gives_the_synchronous_batches() -> None:
     rng = np.random.default_rng(0)
     pairs = [
-        (rng.integers(4, 50, size=rng.integers(1, 9)).tolist(),
-         rng.integers(4, 50, size=rng.integers(1, 9)).tolist())
+        (
+            rng.integers(4, 50, size=rng.integers(1, 9)).tolist(),
+            rng.integers(4, 50, size=rng.integers(1, 9)).tolist(),
+        )
         for _ in range(40)
-    ]  # fmt: skip
+    ]
     batches = [np.arange(i, min(i + 3, 40)) for i in range(0, 40, 3)]
     read = group_reader(pairs, batches, update_freq=2, pin=False)
     starts = list(range(0, len(batches), 2))

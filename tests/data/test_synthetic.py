@@ -68,9 +68,14 @@ def test_reverse_input_reverses_source_only() -> None:
 def test_held_out_never_in_train(name: str, reverse_input: bool) -> None:
     # A small task space, so collisions would happen without the exclusion.
     cfg = _task_cfg(
-        name=name, train_size=400, valid_size=100, max_digits=2, max_length=6, n_symbols=4,
+        name=name,
+        train_size=400,
+        valid_size=100,
+        max_digits=2,
+        max_length=6,
+        n_symbols=4,
         reverse_input=reverse_input,
-    )  # fmt: skip
+    )
     task = make_task(cfg)
     valid_sources = {s for s, _ in task.valid}
     assert len(valid_sources) == len(task.valid) == 100  # distinct held-out examples
@@ -80,7 +85,9 @@ def test_held_out_never_in_train(name: str, reverse_input: bool) -> None:
 
 @pytest.mark.parametrize("name", ["copy", "reverse"])
 def test_copy_and_reverse_targets(name: str) -> None:
-    cfg = _task_cfg(name=name, train_size=300, valid_size=40, min_length=2, max_length=7, n_symbols=5)
+    cfg = _task_cfg(
+        name=name, train_size=300, valid_size=40, min_length=2, max_length=7, n_symbols=5
+    )
     task = make_task(cfg)
     assert task.vocab.symbols == list("abcde")
     lengths = set()

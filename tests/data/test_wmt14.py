@@ -34,36 +34,57 @@ def _sgm(lines: list[str]) -> str:
 def mirror(folder: Path) -> dict[str, str]:
     """The en-de archives, a few lines each; their MD5s."""
     folder.mkdir()
-    _tgz(folder / "training-parallel-europarl-v7.tgz", {
-        "training/europarl-v7.de-en.en": "Resumption of the session\nHello\n",
-        "training/europarl-v7.de-en.de": "Wiederaufnahme der Sitzung\nHallo\n",
-        "training/europarl-v7.fr-en.en": "not this pair\n",
-    })  # fmt: skip
-    _tgz(folder / "training-parallel-commoncrawl.tgz", {
-        "commoncrawl.de-en.en": "a crawled line", "commoncrawl.de-en.de": "eine Zeile",
-    })  # fmt: skip
-    _tgz(folder / "training-parallel-nc-v9.tgz", {
-        "training/news-commentary-v9.de-en.en": "news\n",
-        "training/news-commentary-v9.de-en.de": "Nachrichten\n",
-    })  # fmt: skip
-    _tgz(folder / "test.tgz", {
-        "test/newstest2013-src.en.sgm": _sgm(["A  dev  sentence", "two"]),
-        "test/newstest2013-src.de.sgm": _sgm(["Ein Satz", "zwei"]),
-    })  # fmt: skip
-    _tgz(folder / "test-full.tgz", {
-        "test-full/newstest2014-deen-src.en.sgm": _sgm(["test one"]),
-        "test-full/newstest2014-deen-ref.de.sgm": _sgm(["Test eins"]),
-    })  # fmt: skip
+    _tgz(
+        folder / "training-parallel-europarl-v7.tgz",
+        {
+            "training/europarl-v7.de-en.en": "Resumption of the session\nHello\n",
+            "training/europarl-v7.de-en.de": "Wiederaufnahme der Sitzung\nHallo\n",
+            "training/europarl-v7.fr-en.en": "not this pair\n",
+        },
+    )
+    _tgz(
+        folder / "training-parallel-commoncrawl.tgz",
+        {
+            "commoncrawl.de-en.en": "a crawled line",
+            "commoncrawl.de-en.de": "eine Zeile",
+        },
+    )
+    _tgz(
+        folder / "training-parallel-nc-v9.tgz",
+        {
+            "training/news-commentary-v9.de-en.en": "news\n",
+            "training/news-commentary-v9.de-en.de": "Nachrichten\n",
+        },
+    )
+    _tgz(
+        folder / "test.tgz",
+        {
+            "test/newstest2013-src.en.sgm": _sgm(["A  dev  sentence", "two"]),
+            "test/newstest2013-src.de.sgm": _sgm(["Ein Satz", "zwei"]),
+        },
+    )
+    _tgz(
+        folder / "test-full.tgz",
+        {
+            "test-full/newstest2014-deen-src.en.sgm": _sgm(["test one"]),
+            "test-full/newstest2014-deen-ref.de.sgm": _sgm(["Test eins"]),
+        },
+    )
     return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
 
 
 def test_fetch_from_a_mirror_writes_the_corpus(tmp_path: Path) -> None:
     md5 = mirror(tmp_path / "mirror")
-    record = fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5,
-                         progress=False)  # fmt: skip
+    record = fetch_wmt14(
+        tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5, progress=False
+    )
     out = tmp_path / "wmt"
     assert (out / "train.en").read_text().splitlines() == [
-        "Resumption of the session", "Hello", "a crawled line", "news"]  # fmt: skip
+        "Resumption of the session",
+        "Hello",
+        "a crawled line",
+        "news",
+    ]
     assert (out / "train.de").read_text().splitlines()[2:] == ["eine Zeile", "Nachrichten"]
     assert (out / "newstest2013.en").read_text() == "A dev sentence\ntwo\n"
     assert (out / "newstest2014.de").read_text() == "Test eins\n"
@@ -86,8 +107,9 @@ def test_resume_and_checksums(tmp_path: Path) -> None:
     # A mirror whose file is not the published one fails its MD5, naming it.
     wrong = {**md5, "test.tgz": "0" * 32}
     with pytest.raises(UserError, match="test.tgz: MD5 differs from the published 0000"):
-        fetch_wmt14(tmp_path / "other", from_dir=tmp_path / "mirror", checksums=wrong,
-                    progress=False)  # fmt: skip
+        fetch_wmt14(
+            tmp_path / "other", from_dir=tmp_path / "mirror", checksums=wrong, progress=False
+        )
 
 
 def test_cli_and_missing_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,8 +118,22 @@ def test_cli_and_missing_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     args = ["data", "wmt14", "--dest", str(tmp_path / "wmt"), "--from", str(tmp_path / "mirror")]
     assert main([*args, "--quiet"]) == 0
     assert (tmp_path / "wmt" / "newstest2014.en").read_text() == "test one\n"
-    assert main(["data", "wmt14", "--pair", "en-fr", "--dest", str(tmp_path / "fr"), "--from",
-                 str(tmp_path / "mirror"), "--quiet"]) == 2  # no UN archive in the mirror  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "wmt14",
+                "--pair",
+                "en-fr",
+                "--dest",
+                str(tmp_path / "fr"),
+                "--from",
+                str(tmp_path / "mirror"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )  # no UN archive in the mirror
 
 
 def test_public_urls_are_statmt() -> None:

@@ -22,9 +22,13 @@ def data_root() -> Path:
     return Path(root)
 
 
-MAT_GOLD = "(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .)))"
+MAT_GOLD = (
+    "(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .)))"
+)
 # VP closed too early: PP attached to S
-MAT_TEST = "(TOP (S (NP (XX The) (XX cat)) (VP (XX sat)) (PP (XX on) (NP (XX the) (XX mat))) (XX .)))"
+MAT_TEST = (
+    "(TOP (S (NP (XX The) (XX cat)) (VP (XX sat)) (PP (XX on) (NP (XX the) (XX mat))) (XX .)))"
+)
 
 
 def test_hand_counted_sentence():
@@ -35,7 +39,11 @@ def test_hand_counted_sentence():
     s = score_sentence(tree(MAT_GOLD), tree(MAT_TEST))
     assert (s.gold, s.test, s.matched, s.length, s.exact) == (5, 5, 4, 7, False)
     assert brackets(tree(MAT_GOLD), {6}) == {
-        ("S", 0, 6): 1, ("NP", 0, 2): 1, ("VP", 2, 6): 1, ("PP", 3, 6): 1, ("NP", 4, 6): 1
+        ("S", 0, 6): 1,
+        ("NP", 0, 2): 1,
+        ("VP", 2, 6): 1,
+        ("PP", 3, 6): 1,
+        ("NP", 4, 6): 1,
     }
     scores = score_corpus([tree(MAT_GOLD)], [tree(MAT_TEST)])
     assert scores.precision == pytest.approx(80.0)  # 4/5
@@ -56,9 +64,7 @@ def test_punctuation_is_deleted_by_the_gold_tags():
 
 
 def test_all_punctuation_tags_and_a_constituent_of_punctuation_only():
-    gold = tree(
-        "(TOP (S (`` ``) (NP (NN a)) (PRN (, ,) (: --)) (VP (VB b)) ('' '') (. .)))"
-    )
+    gold = tree("(TOP (S (`` ``) (NP (NN a)) (PRN (, ,) (: --)) (VP (VB b)) ('' '') (. .)))")
     # every word but a and b is deleted; PRN then spans nothing and is not counted:
     # S(0,2) NP(0,1) VP(1,2) = 3 brackets
     assert brackets(gold, {0, 2, 3, 5, 6}) == {("S", 0, 2): 1, ("NP", 0, 1): 1, ("VP", 1, 2): 1}

@@ -53,15 +53,36 @@ def trained(tmp_path_factory) -> Path:
     src, tgt = corpus(400, seed=0)
     (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
     (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    cfg = from_dict({
-        "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16,
-                  "dropout": 0.0},
-        "train": {"max_steps": 300, "warmup": 60, "max_tokens": 600, "eval_every": 0,
-                  "save_every": 100_000, "keep_last": 1, "log_every": 1000, "tensorboard": False},
-        "task": {"name": "translation", "train_src": str(root / "train.src"),
-                 "train_tgt": str(root / "train.tgt"), "vocab_size": 60},
-        "decode": {"max_len_offset": 20},
-    })  # fmt: skip
+    cfg = from_dict(
+        {
+            "model": {
+                "n_layers": 1,
+                "d_model": 64,
+                "d_ff": 128,
+                "n_heads": 4,
+                "d_k": 16,
+                "d_v": 16,
+                "dropout": 0.0,
+            },
+            "train": {
+                "max_steps": 300,
+                "warmup": 60,
+                "max_tokens": 600,
+                "eval_every": 0,
+                "save_every": 100_000,
+                "keep_last": 1,
+                "log_every": 1000,
+                "tensorboard": False,
+            },
+            "task": {
+                "name": "translation",
+                "train_src": str(root / "train.src"),
+                "train_tgt": str(root / "train.tgt"),
+                "vocab_size": 60,
+            },
+            "decode": {"max_len_offset": 20},
+        }
+    )
     torch.manual_seed(0)
     train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
     return root / "run" / "model.pt"
@@ -70,15 +91,32 @@ def trained(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "ct2"
-    assert main(["--no-malloc-tuning", "export", "ctranslate2", "--model", str(trained),
-                 "--output", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "export",
+                "ctranslate2",
+                "--model",
+                str(trained),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_folder_contents(exported, trained, capsys) -> None:
     names = {p.name for p in exported.iterdir()}
-    assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model",
-            "transduce.json"} <= names  # fmt: skip
+    assert {
+        "model.bin",
+        "config.json",
+        "shared_vocabulary.json",
+        "sentencepiece.model",
+        "transduce.json",
+    } <= names
     vocab = json.loads((exported / "shared_vocabulary.json").read_text())
     assert vocab[:4] == list(SPECIALS) and len(vocab) == 60
     config = json.loads((exported / "config.json").read_text())
@@ -117,14 +155,33 @@ def test_int8_export(trained, tmp_path) -> None:
 
 
 def test_existing_output_needs_force(exported, trained, capsys) -> None:
-    argv = ["--no-malloc-tuning", "export", "ctranslate2", "--model", str(trained), "--output",
-            str(exported)]  # fmt: skip
+    argv = [
+        "--no-malloc-tuning",
+        "export",
+        "ctranslate2",
+        "--model",
+        str(trained),
+        "--output",
+        str(exported),
+    ]
     assert main(argv) == 2
     assert "already exists" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["output"] == str(exported)
-    assert main(["--no-malloc-tuning", "export", "ctranslate2", "--model",
-                 str(exported / "nope.pt"), "--output", str(exported / "x")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "export",
+                "ctranslate2",
+                "--model",
+                str(exported / "nope.pt"),
+                "--output",
+                str(exported / "x"),
+            ]
+        )
+        == 2
+    )
     # --force replaces a previous export, never a folder of anything else (".", a run folder)
     other = exported.parent / "not_an_export"
     other.mkdir(exist_ok=True)
@@ -138,8 +195,20 @@ TOKENS = [*SPECIALS, *(f"w{i}" for i in range(46))]  # 50
 
 
 def random_model(**model_overrides):
-    cfg = from_dict({"model": {"n_layers": 2, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16,
-                               "d_v": 16, "dropout": 0.0, **model_overrides}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "model": {
+                "n_layers": 2,
+                "d_model": 32,
+                "d_ff": 64,
+                "n_heads": 2,
+                "d_k": 16,
+                "d_v": 16,
+                "dropout": 0.0,
+                **model_overrides,
+            }
+        }
+    )
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(TOKENS)).eval()
     with torch.no_grad():  # non-trivial layer norms, so that a mixed-up norm shows
@@ -151,8 +220,13 @@ def random_model(**model_overrides):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"norm": "pre"}, {"positional": "learned"}, {"d_k": 8, "d_v": 8},
-     {"tie_embeddings": False}],  # fmt: skip
+    [
+        {},
+        {"norm": "pre"},
+        {"positional": "learned"},
+        {"d_k": 8, "d_v": 8},
+        {"tie_embeddings": False},
+    ],
     ids=["post-norm", "pre-norm", "learned-positions", "head-dim", "untied"],
 )
 def test_log_probs_equal_ours(overrides, tmp_path) -> None:

@@ -201,8 +201,28 @@ def save_toy_translation_model(path, decode: dict, model: dict | None = None):  
     return path
 
 
-TOY_GERMAN = ["der", "die", "ein", "eine", "hund", "katze", "mann", "frau", "rennt", "sitzt", "auf",
-              "im", "rot", "blau", "gross", "klein", "park", "strasse", "ball", "und"]  # fmt: skip
+TOY_GERMAN = [
+    "der",
+    "die",
+    "ein",
+    "eine",
+    "hund",
+    "katze",
+    "mann",
+    "frau",
+    "rennt",
+    "sitzt",
+    "auf",
+    "im",
+    "rot",
+    "blau",
+    "gross",
+    "klein",
+    "park",
+    "strasse",
+    "ball",
+    "und",
+]
 TOY_BRACKETS = ["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX"]
 
 
@@ -233,10 +253,10 @@ def save_toy_pair_translator(path: Path, decode: dict, model: dict | None = None
     from transduce.data.vocab import VocabPair
 
     rng = random.Random(1)
-    german = [" ".join(rng.choice(TOY_GERMAN) for _ in range(rng.randint(1, 9)))
-              for _ in range(300)]  # fmt: skip
-    vocab = VocabPair(train_sentencepiece(toy_sentences(300), 60),
-                      train_sentencepiece(german, 45))  # fmt: skip
+    german = [
+        " ".join(rng.choice(TOY_GERMAN) for _ in range(rng.randint(1, 9))) for _ in range(300)
+    ]
+    vocab = VocabPair(train_sentencepiece(toy_sentences(300), 60), train_sentencepiece(german, 45))
     task = {"name": "translation", "shared_vocab": False}
     return _save_toy(path, vocab, {"decode": decode, "task": task}, model)
 

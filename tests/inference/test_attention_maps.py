@@ -56,12 +56,14 @@ def test_each_target_word_takes_the_source_word_with_the_most_attention() -> Non
     vocab = WordVocab(["▁a", "▁b", "c", "▁x", "▁y", "z"])
     src, tgt = [4, 5, 6], [7, 8, 9]  # source words: a, bc; target words: x, yz
     # rows: target pieces then EOS; columns: source pieces then EOS (neither EOS counts)
-    cross = torch.tensor([
-        [0.1, 0.4, 0.4, 0.1],  # x: a 0.1, bc 0.8
-        [0.5, 0.3, 0.0, 0.2],  # y
-        [0.4, 0.0, 0.5, 0.1],  # z -> yz: a 0.9, bc 0.8
-        [0.0, 0.0, 0.0, 1.0],
-    ])  # fmt: skip
+    cross = torch.tensor(
+        [
+            [0.1, 0.4, 0.4, 0.1],  # x: a 0.1, bc 0.8
+            [0.5, 0.3, 0.0, 0.2],  # y
+            [0.4, 0.0, 0.5, 0.1],  # z -> yz: a 0.9, bc 0.8
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
     pairs = word_alignment(_maps(cross, src, tgt), vocab)
     assert pairs == [(1, 0), (0, 1)]
     assert pharaoh(pairs) == "0-1 1-0"
@@ -73,12 +75,14 @@ def test_two_vocabularies_read_each_side_with_its_own() -> None:
     source = WordVocab(["▁a", "▁b", "c"])  # ids 4 5 6: words a, bc
     target = WordVocab(["▁x", "y", "▁z"])  # ids 4 5 6: words xy, z
     vocab = VocabPair(source, target)
-    cross = torch.tensor([
-        [0.6, 0.2, 0.1, 0.1],  # x
-        [0.5, 0.2, 0.2, 0.1],  # y -> xy: a 1.1, bc 0.7
-        [0.1, 0.5, 0.3, 0.1],  # z: a 0.1, bc 0.8 (read as the target's words ab, c: 0.6, 0.3)
-        [0.0, 0.0, 0.0, 1.0],
-    ])  # fmt: skip
+    cross = torch.tensor(
+        [
+            [0.6, 0.2, 0.1, 0.1],  # x
+            [0.5, 0.2, 0.2, 0.1],  # y -> xy: a 1.1, bc 0.7
+            [0.1, 0.5, 0.3, 0.1],  # z: a 0.1, bc 0.8 (read as the target's words ab, c: 0.6, 0.3)
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
     assert word_alignment(_maps(cross, [4, 5, 6], [4, 5, 6]), vocab) == [(0, 0), (1, 1)]
 
 
@@ -87,16 +91,20 @@ def two_vocab_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """An untrained parser and an untrained shared_vocab: false translator, as checkpoints."""
     d = tmp_path_factory.mktemp("two_vocab")
     decode = {"beam": 2, "max_len_offset": 5}
-    return {"parser": save_toy_parser(d / "parser.pt", decode),
-            "pair": save_toy_pair_translator(d / "pair.pt", decode)}  # fmt: skip
+    return {
+        "parser": save_toy_parser(d / "parser.pt", decode),
+        "pair": save_toy_pair_translator(d / "pair.pt", decode),
+    }
 
 
 def _text(pieces: list[str]) -> str:
     return "".join(pieces).replace("▁", " ").strip()
 
 
-@pytest.mark.parametrize("kind,target", [("parser", "(S (NP XX )NP (VP XX XX )VP )S"),
-                                         ("pair", "der hund rennt im park")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,target",
+    [("parser", "(S (NP XX )NP (VP XX XX )VP )S"), ("pair", "der hund rennt im park")],
+)
 def test_maps_of_two_vocabulary_models_label_each_side_with_its_vocabulary(
     two_vocab_models: dict[str, Path], kind: str, target: str
 ) -> None:
@@ -134,8 +142,18 @@ def test_translate_alignments_of_a_separate_vocabulary_translator(
 ) -> None:
     sources = ["the dog runs", "", "a red ball in the park"]
     (tmp_path / "in.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    code = main(["--no-malloc-tuning", "translate", "--model", str(two_vocab_models["pair"]),
-                 "--input", str(tmp_path / "in.txt"), "--alignments", "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "translate",
+            "--model",
+            str(two_vocab_models["pair"]),
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--alignments",
+            "--quiet",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     lines = out.split("\n")[:-1]
@@ -153,14 +171,25 @@ def test_attention_command_labels_two_vocabulary_models(
 ) -> None:
     out = tmp_path / "attn.html"
     target = "(S XX XX )S" if kind == "parser" else "der hund rennt"
-    code = main(["--no-malloc-tuning", "attention", "--model", str(two_vocab_models[kind]),
-                 "--src", "the dog runs", "--tgt", target, "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(two_vocab_models[kind]),
+            "--src",
+            "the dog runs",
+            "--tgt",
+            target,
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     page = out.read_text(encoding="utf-8")
     _, vocab, _ = checkpoint.load_model(two_vocab_models[kind])
     assert isinstance(vocab, VocabPair)
-    source_pieces = [vocab.source.id_to_piece(i)
-                     for i in vocab.source.encode("the dog runs")]  # fmt: skip
+    source_pieces = [vocab.source.id_to_piece(i) for i in vocab.source.encode("the dog runs")]
     target_pieces = [vocab.target.id_to_piece(i) for i in vocab.target.encode(target)]
     assert f"<b>Keys:</b> {' '.join(source_pieces)} &lt;/s&gt;</p>" in page
     assert f"<b>Queries:</b> {' '.join(target_pieces)} &lt;/s&gt;</p>" in page
@@ -169,8 +198,18 @@ def test_attention_command_labels_two_vocabulary_models(
 @pytest.fixture(scope="module")
 def char_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained model of a character task saved as a checkpoint."""
-    cfg = update(Config(), {"n_layers": 2, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8,
-                            "d_v": 8, "name": "copy"})  # fmt: skip
+    cfg = update(
+        Config(),
+        {
+            "n_layers": 2,
+            "d_model": 16,
+            "d_ff": 32,
+            "n_heads": 2,
+            "d_k": 8,
+            "d_v": 8,
+            "name": "copy",
+        },
+    )
     vocab = CharVocab(list("abcdefgh"))
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab))
@@ -197,8 +236,22 @@ def test_attention_command_draws_a_file(
     char_model: Path, tmp_path: Path, capsys, suffix: str, style: str
 ) -> None:
     out = tmp_path / f"attn{suffix}"
-    code = main(["--no-malloc-tuning", "attention", "--model", str(char_model), "--src", "abca",
-                 "--kind", "encoder", "--style", style, "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(char_model),
+            "--src",
+            "abca",
+            "--kind",
+            "encoder",
+            "--style",
+            style,
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["output"] == str(out)
     data = out.read_bytes()
@@ -217,6 +270,18 @@ def test_attention_command_draws_a_file(
         assert f"<b>Keys:</b> {' '.join(tokens)}</p>" in page
         assert "<th>head 0</th><th>head 1</th>" in page and page.count("<tr>") == 6
         assert "data:image/png;base64," in page
-    code = main(["--no-malloc-tuning", "attention", "--model", str(char_model), "--src", "ab",
-                 "--layer", "5", "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(char_model),
+            "--src",
+            "ab",
+            "--layer",
+            "5",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 2 and "layer" in capsys.readouterr().err

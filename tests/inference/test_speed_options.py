@@ -28,14 +28,34 @@ def trained(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - (model,
     """A model trained to copy strings of 1-5 symbols (at least 95% exact on held-out ones;
     the recipe of tests/training/test_trainer.py, ~6 s on an idle core), and its held-out
     sources as a right-padded batch."""
-    cfg = update(Config(), {
-        "n_layers": 1, "d_model": 64, "d_ff": 64, "n_heads": 4, "d_k": 16, "d_v": 16,
-        "dropout": 0.0, "label_smoothing": 0.0, "warmup": 100, "clip_norm": 1.0,
-        "max_tokens": 512, "max_steps": 1000, "eval_every": 25, "save_every": 1000,
-        "log_every": 100, "target_seq_accuracy": 0.95, "tensorboard": False,
-        "name": "copy", "train_size": 2000, "valid_size": 100, "max_length": 5,
-        "n_symbols": 8, "beam": 1,
-    })  # fmt: skip
+    cfg = update(
+        Config(),
+        {
+            "n_layers": 1,
+            "d_model": 64,
+            "d_ff": 64,
+            "n_heads": 4,
+            "d_k": 16,
+            "d_v": 16,
+            "dropout": 0.0,
+            "label_smoothing": 0.0,
+            "warmup": 100,
+            "clip_norm": 1.0,
+            "max_tokens": 512,
+            "max_steps": 1000,
+            "eval_every": 25,
+            "save_every": 1000,
+            "log_every": 100,
+            "target_seq_accuracy": 0.95,
+            "tensorboard": False,
+            "name": "copy",
+            "train_size": 2000,
+            "valid_size": 100,
+            "max_length": 5,
+            "n_symbols": 8,
+            "beam": 1,
+        },
+    )
     run = tmp_path_factory.mktemp("reverse")
     summary = train_synthetic(cfg, run, show_progress=False)
     assert summary["seq_accuracy"] >= 0.95, summary
@@ -57,9 +77,10 @@ def test_formula_attention_equals_fused_kernel(trained) -> None:
     model, src = trained
     fast = greedy_search(model, src, max_len_offset=5)
     slow_model = make_model(
-        model.config, src_vocab_size=model.generator.out_features,
+        model.config,
+        src_vocab_size=model.generator.out_features,
         options=KernelOptions(attention="formula"),
-    ).eval()  # fmt: skip
+    ).eval()
     slow_model.load_state_dict(model.state_dict())
     assert greedy_search(slow_model, src, max_len_offset=5) == fast
     formula = DecodingModel(model, attention="formula")

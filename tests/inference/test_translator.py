@@ -26,7 +26,9 @@ from transduce.inference.translator import (
 def model_file(tmp_path_factory):
     """A checkpoint file holding an untrained tiny model and its vocabulary, alone in a folder
     (no vocab.model next to it: the checkpoint must be enough)."""
-    return save_toy_translation_model(tmp_path_factory.mktemp("model") / "model.pt", {"max_len_offset": 4})
+    return save_toy_translation_model(
+        tmp_path_factory.mktemp("model") / "model.pt", {"max_len_offset": 4}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +76,7 @@ def test_empty_lines_order_and_one_output_per_line(translator) -> None:
 @pytest.mark.parametrize("beam", [1, 3])
 def test_batching_does_not_change_translations(translator, beam) -> None:
     sentences = toy_sentences(25, seed=2)
+
     def translate(sentences: list[str], batch_tokens: int) -> list[str]:
         return translator.translate(
             sentences, translator.decode_config(beam=beam, batch_tokens=batch_tokens)
@@ -143,11 +146,21 @@ def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
     from transduce.model.transformer import make_model
 
     vocab = train_sentencepiece(toy_sentences(300), 60)
-    cfg = from_dict({
-        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
-                  "positional": "learned", "max_positions": 16},
-        "decode": {"max_len_offset": 3},
-    })  # fmt: skip
+    cfg = from_dict(
+        {
+            "model": {
+                "n_layers": 1,
+                "d_model": 32,
+                "d_ff": 64,
+                "n_heads": 2,
+                "d_k": 16,
+                "d_v": 16,
+                "positional": "learned",
+                "max_positions": 16,
+            },
+            "decode": {"max_len_offset": 3},
+        }
+    )
     torch.manual_seed(0)
     model = make_model(cfg.model, src_vocab_size=len(vocab)).eval()
     with torch.no_grad():  # EOS's logit 0 (tied output row): searches run to the longest output

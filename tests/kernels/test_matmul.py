@@ -77,9 +77,13 @@ def test_onednn_is_not_used_under_autocast_or_for_other_dtypes(monkeypatch) -> N
 
 @pytest.mark.parametrize(
     ("vendor", "dtype", "expected"),
-    [("AuthenticAMD", torch.float32, True), ("GenuineIntel", torch.float32, False),
-     ("", torch.float32, False), ("AuthenticAMD", torch.bfloat16, False)],
-)  # fmt: skip
+    [
+        ("AuthenticAMD", torch.float32, True),
+        ("GenuineIntel", torch.float32, False),
+        ("", torch.float32, False),
+        ("AuthenticAMD", torch.bfloat16, False),
+    ],
+)
 def test_auto_takes_onednn_for_float32_on_cpus_not_made_by_intel(
     monkeypatch: pytest.MonkeyPatch, vendor: str, dtype: torch.dtype, expected: bool
 ) -> None:

@@ -23,7 +23,6 @@ DEVICE_BRANCH = re.compile(r"\bdevice\.type\b")
 NO_DEVICE_BRANCHES = ("model", "inference/engine")
 
 
-
 def _outside_kernels() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if KERNELS not in p.parents)
 
@@ -54,9 +53,14 @@ def test_model_and_engine_do_not_branch_on_the_device() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["y = F.linear(x, w)  # MKL's sgemm", "torch.backends.mkldnn.is_available()", "an AMD Zen 5",
-     "CPUs made by Intel", "oneDNN's blocked layout"],
-)  # fmt: skip
+    [
+        "y = F.linear(x, w)  # MKL's sgemm",
+        "torch.backends.mkldnn.is_available()",
+        "an AMD Zen 5",
+        "CPUs made by Intel",
+        "oneDNN's blocked layout",
+    ],
+)
 def test_the_check_finds_a_vendor_word_with_its_line(tmp_path: Path, line: str) -> None:
     path = tmp_path / "module.py"
     path.write_text(f"a = 1\n{line}\n", encoding="utf-8")

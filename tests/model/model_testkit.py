@@ -14,8 +14,9 @@ V = 13
 
 
 def tiny_config(**kw) -> ModelConfig:
-    base = dict(n_layers=2, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0,
-                max_positions=64)  # fmt: skip
+    base = dict(
+        n_layers=2, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0, max_positions=64
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -64,6 +65,5 @@ def decode_reordered(decoder, src: Tensor, tgt: Tensor, index: Tensor) -> tuple[
         cache.reorder(index)
         cache.select_sources(index)
         memory_r, valid_r, tgt_r = memory[index], valid[index], tgt[index]
-        rest = [decoder.decode(tgt_r[:, t : t + 1], memory_r, valid_r, cache)
-                for t in range(2, 5)]  # fmt: skip
+        rest = [decoder.decode(tgt_r[:, t : t + 1], memory_r, valid_r, cache) for t in range(2, 5)]
     return torch.cat(rest, dim=1), cache

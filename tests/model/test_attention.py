@@ -233,7 +233,9 @@ def test_multihead_self_attention_causal_equals_torch_mha() -> None:
     torch.testing.assert_close(ours(x, x, causal_mask(t, t)), expected, atol=1e-5, rtol=1e-5)
 
 
-def _per_head_loop(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, valid: torch.Tensor):
+def _per_head_loop(
+    mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, valid: torch.Tensor
+):
     """Each head separately: Attention(x W_i^Q, mem W_i^K, mem W_i^V), concatenated, then W^O."""
     dk, dv = mha.d_k, mha.d_v
     heads = []
@@ -256,7 +258,9 @@ def _per_head_loop(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, 
 
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("d_k,d_v", [(5, 7), (16, 3), (12, 12)])
-def test_multihead_with_free_head_sizes_equals_per_head_loop(fast: bool, d_k: int, d_v: int) -> None:
+def test_multihead_with_free_head_sizes_equals_per_head_loop(
+    fast: bool, d_k: int, d_v: int
+) -> None:
     torch.manual_seed(2)
     d_model, h = 24, 3
     mha = MultiHeadAttention(d_model=d_model, n_heads=h, d_k=d_k, d_v=d_v)
@@ -313,7 +317,9 @@ def test_is_causal_equals_the_causal_mask(fast: bool) -> None:
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(B, H, T, 8, generator=g) for _ in range(3))
     expected = _reference_attention(q, k, v, causal_mask(T, T))[0]
-    torch.testing.assert_close(attention(q, k, v, is_causal=True, fast=fast), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        attention(q, k, v, is_causal=True, fast=fast), expected, atol=1e-5, rtol=1e-5
+    )
     valid = torch.tensor([[True] * T, [True, True, False, False]])
     both = combine(key_padding_mask(valid), causal_mask(T, T))
     got = attention(q, k, v, key_padding_mask(valid), is_causal=True, fast=fast)
@@ -353,7 +359,6 @@ def test_fused_projections_equal_separate_linears() -> None:
     (q.sum() + k.sum() + v.sum()).backward()
     for lin in (mha.w_q, mha.w_k, mha.w_v):
         assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -127,9 +127,7 @@ def test_decoder_layer_by_hand(pre_norm: bool) -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "which", ["dropout", "attention_dropout", "activation_dropout"]
-)
+@pytest.mark.parametrize("which", ["dropout", "attention_dropout", "activation_dropout"])
 @pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
 def test_layer_dropout_train_vs_eval(which: str, cls: type) -> None:
     torch.manual_seed(3)
@@ -195,7 +193,9 @@ def test_dropout_odd_sizes_bf16_and_edge_rates() -> None:
     assert dropout(x, 0.0, training=True) is x
 
 
-@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16)]
+)
 def test_dropout_add_is_residual_plus_dropout(dtypes: tuple[torch.dtype, torch.dtype]) -> None:
     residual = torch.randn(4, 6, 8, dtype=dtypes[0], requires_grad=True)
     x = torch.randn(4, 6, 8, dtype=dtypes[1], requires_grad=True)

@@ -40,20 +40,32 @@ def _copy_lin(ref: nn.Linear, ours: nn.Linear) -> None:
 def _reference(model: Transformer) -> nn.Transformer:
     cfg = model.config
     pre = cfg.norm == "pre"
-    common = dict(d_model=cfg.d_model, nhead=cfg.n_heads, dim_feedforward=cfg.d_ff, dropout=0.0,
-                  activation="relu", batch_first=True, norm_first=pre)  # fmt: skip
+    common = dict(
+        d_model=cfg.d_model,
+        nhead=cfg.n_heads,
+        dim_feedforward=cfg.d_ff,
+        dropout=0.0,
+        activation="relu",
+        batch_first=True,
+        norm_first=pre,
+    )
     enc_layer = nn.TransformerEncoderLayer(**common)
     dec_layer = nn.TransformerDecoderLayer(**common)
     # nn.Transformer's own encoder/decoder always end in a LayerNorm; the paper's (post-norm) don't.
     enc_norm = nn.LayerNorm(cfg.d_model) if pre else None
     dec_norm = nn.LayerNorm(cfg.d_model) if pre else None
     ref = nn.Transformer(
-        d_model=cfg.d_model, nhead=cfg.n_heads, dim_feedforward=cfg.d_ff, dropout=0.0,
-        batch_first=True, norm_first=pre,
-        custom_encoder=nn.TransformerEncoder(enc_layer, cfg.n_layers, norm=enc_norm,
-                                             enable_nested_tensor=False),
+        d_model=cfg.d_model,
+        nhead=cfg.n_heads,
+        dim_feedforward=cfg.d_ff,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=pre,
+        custom_encoder=nn.TransformerEncoder(
+            enc_layer, cfg.n_layers, norm=enc_norm, enable_nested_tensor=False
+        ),
         custom_decoder=nn.TransformerDecoder(dec_layer, cfg.n_layers, norm=dec_norm),
-    )  # fmt: skip
+    )
     with torch.no_grad():
         for r, o in zip(ref.encoder.layers, model.encoder.layers, strict=True):
             _copy_mha(r.self_attn, o.self_attn)
@@ -92,9 +104,12 @@ def test_equals_torch_transformer(norm: str, fast: bool) -> None:
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)  # True = blocked
         ref_memory = ref.encoder(src_in, src_key_padding_mask=~src_valid)
         ref_hidden = ref(
-            src_in, tgt_in, tgt_mask=causal,
-            src_key_padding_mask=~src_valid, memory_key_padding_mask=~src_valid,
-        )  # fmt: skip
+            src_in,
+            tgt_in,
+            tgt_mask=causal,
+            src_key_padding_mask=~src_valid,
+            memory_key_padding_mask=~src_valid,
+        )
         ref_logits = ref_hidden @ model.generator.weight.T
 
         memory, valid = model.encode(src)
@@ -175,9 +190,7 @@ def test_batch_equals_single_sentences(norm: str) -> None:
         batched = model(src, tgt)
         for i in range(3):
             alone = model(src[i : i + 1, : src_len[i]], tgt[i : i + 1, : tgt_len[i]])
-            torch.testing.assert_close(
-                batched[i, : tgt_len[i]], alone[0], atol=1e-5, rtol=1e-5
-            )
+            torch.testing.assert_close(batched[i, : tgt_len[i]], alone[0], atol=1e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,9 +297,13 @@ def test_grouped_rows_must_divide() -> None:
 
 @pytest.mark.parametrize(
     "tgt_vocab,tie,positional",
-    [(None, True, "sinusoidal"), (None, False, "learned"), (11, True, "learned"),
-     (11, False, "sinusoidal")],
-)  # fmt: skip
+    [
+        (None, True, "sinusoidal"),
+        (None, False, "learned"),
+        (11, True, "learned"),
+        (11, False, "sinusoidal"),
+    ],
+)
 def test_every_parameter_gets_a_finite_gradient(
     tgt_vocab: int | None, tie: bool, positional: str
 ) -> None:
@@ -353,8 +370,9 @@ def test_parameter_breakdown_counts_shared_tensors_once() -> None:
     assert parts["encoder"] == n * enc_layer
     assert parts["decoder"] == n * dec_layer
     assert parts["total"] == sum(p.numel() for p in model.parameters())
-    pre = parameter_breakdown(tiny_model(norm="pre", positional="learned", tgt_vocab=11,
-                                     tie_embeddings=False))  # fmt: skip
+    pre = parameter_breakdown(
+        tiny_model(norm="pre", positional="learned", tgt_vocab=11, tie_embeddings=False)
+    )
     assert pre["embeddings"] == V * d + 2 * 11 * d
     assert pre["positions"] == 2 * 64 * d
     assert pre["encoder"] == n * enc_layer + 2 * d

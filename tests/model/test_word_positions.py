@@ -16,7 +16,9 @@ from transduce.model.positions import slot_positions, word_positions
 
 def test_word_positions_by_hand() -> None:
     # "▁The ▁cat s ▁sat ." + EOS: starts at the words and at EOS
-    starts = torch.tensor([[True, True, False, True, False, True], [False, True, True, False, False, False]])
+    starts = torch.tensor(
+        [[True, True, False, True, False, True], [False, True, True, False, False, False]]
+    )
     assert word_positions(starts).tolist() == [[0, 1, 1, 2, 2, 3], [0, 0, 1, 1, 1, 1]]
 
 
@@ -76,7 +78,9 @@ def test_positions_follow_the_words_not_the_tokens() -> None:
 
 def test_set_word_units_checks_the_model_and_shapes() -> None:
     with pytest.raises(ValueError, match="position_unit: word"):
-        tiny_model().set_word_units(torch.ones(13, dtype=torch.bool), torch.ones(13, dtype=torch.bool))
+        tiny_model().set_word_units(
+            torch.ones(13, dtype=torch.bool), torch.ones(13, dtype=torch.bool)
+        )
     with pytest.raises(ValueError, match="shapes"):
         tiny_model(position_unit="word").set_word_units(
             torch.ones(12, dtype=torch.bool), torch.ones(13, dtype=torch.bool)

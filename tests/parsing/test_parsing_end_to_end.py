@@ -17,14 +17,32 @@ from transduce.data.trees import parse_trees
 from transduce.parsing.parser import word_units
 
 TINY = {
-    "model": {"n_layers": 2, "d_model": 96, "d_ff": 192, "n_heads": 4, "d_k": 24, "d_v": 24,
-              "dropout": 0.1},
-    "train": {"max_tokens": 2500, "warmup": 100, "lr_factor": 1.0, "label_smoothing": 0.0,
-              "max_steps": 400, "eval_every": 400, "save_every": 400, "keep_last": 1,
-              "log_every": 100, "valid_beam": 1, "tensorboard": False, "precision": "fp32"},
+    "model": {
+        "n_layers": 2,
+        "d_model": 96,
+        "d_ff": 192,
+        "n_heads": 4,
+        "d_k": 24,
+        "d_v": 24,
+        "dropout": 0.1,
+    },
+    "train": {
+        "max_tokens": 2500,
+        "warmup": 100,
+        "lr_factor": 1.0,
+        "label_smoothing": 0.0,
+        "max_steps": 400,
+        "eval_every": 400,
+        "save_every": 400,
+        "keep_last": 1,
+        "log_every": 100,
+        "valid_beam": 1,
+        "tensorboard": False,
+        "precision": "fp32",
+    },
     "task": {"name": "parsing", "src_vocab_size": 600},
     "decode": {"beam": 2, "alpha": 0.3, "max_len_offset": 60},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +53,20 @@ def ptb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not root:
         pytest.skip("TRANSDUCE_DATA is not set (folder holding ptb-sample/)")
     full = tmp_path_factory.mktemp("ptb_full")
-    assert main(["--no-malloc-tuning", "data", "ptb-sample", "--dest", str(full), "--from",
-                 str(Path(root) / "ptb-sample")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "data",
+                "ptb-sample",
+                "--dest",
+                str(full),
+                "--from",
+                str(Path(root) / "ptb-sample"),
+            ]
+        )
+        == 0
+    )
     small = tmp_path_factory.mktemp("ptb")
     for split, n in (("train", 1000), ("dev", 40), ("test", 40)):
         words = (full / f"{split}.words").read_text().splitlines()
@@ -47,21 +77,46 @@ def ptb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small
 
 
-def _train(ptb: Path, out: Path, steps: int, capsys, model: dict | None = None,
-           **task: object) -> dict:  # fmt: skip
-    cfg = {**TINY, "task": {**TINY["task"], "parse_data": str(ptb), **task},
-           "train": {**TINY["train"], "max_steps": steps},
-           "model": {**TINY["model"], **(model or {})}}  # fmt: skip
+def _train(
+    ptb: Path, out: Path, steps: int, capsys, model: dict | None = None, **task: object
+) -> dict:
+    cfg = {
+        **TINY,
+        "task": {**TINY["task"], "parse_data": str(ptb), **task},
+        "train": {**TINY["train"], "max_steps": steps},
+        "model": {**TINY["model"], **(model or {})},
+    }
     (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(cfg))
-    code = main(["--no-malloc-tuning", "train", "--config", str(out.parent / f"{out.name}.yaml"),
-                 "--out", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "train",
+            "--config",
+            str(out.parent / f"{out.name}.yaml"),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def _evaluate(model: Path, ptb: Path, capsys, *extra: str) -> dict:
-    code = main(["--no-malloc-tuning", "evaluate", "--model", str(model), "--src",
-                 str(ptb / "test.words"), "--ref", str(ptb / "test.trees"), "--quiet", *extra])
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "evaluate",
+            "--model",
+            str(model),
+            "--src",
+            str(ptb / "test.words"),
+            "--ref",
+            str(ptb / "test.trees"),
+            "--quiet",
+            *extra,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out)
 
@@ -72,8 +127,16 @@ def test_a_trained_parser_beats_an_untrained_one(ptb: Path, tmp_path: Path, caps
     untrained = _train(ptb, tmp_path / "zero", 1, capsys)
     trained = _evaluate(tmp_path / "run" / "model.pt", ptb, capsys)
     zero = _evaluate(tmp_path / "zero" / "model.pt", ptb, capsys)
-    assert {"precision", "recall", "f1", "exact_match", "le40_f1", "well_formed", "repairs",
-            "sentences"} <= set(trained)  # fmt: skip
+    assert {
+        "precision",
+        "recall",
+        "f1",
+        "exact_match",
+        "le40_f1",
+        "well_formed",
+        "repairs",
+        "sentences",
+    } <= set(trained)
     assert trained["sentences"] == 40
     assert trained["f1"] > zero["f1"] + 10, (trained, zero, untrained)
     _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)
@@ -85,8 +148,19 @@ def _check_constrained_and_parse(model: Path, ptb: Path, tmp_path: Path, capsys)
     constrained = _evaluate(model, ptb, capsys, "--constrained")
     assert constrained["well_formed"] == 1.0 and constrained["repairs"] == 0
     out = tmp_path / "trees.txt"
-    code = main(["--no-malloc-tuning", "parse", "--model", str(model), "--input",
-                 str(ptb / "test.words"), "--output", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "parse",
+            "--model",
+            str(model),
+            "--input",
+            str(ptb / "test.words"),
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     words = (ptb / "test.words").read_text().splitlines()
     trees = parse_trees(out.read_text())

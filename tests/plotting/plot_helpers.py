@@ -35,12 +35,27 @@ def run_records(
     lines: list[dict] = []
     for s in range(log_every, steps + 1, log_every):
         nll = 2.0 * math.exp(-s / 60) + 0.3
-        lines.append({"step": s, "epoch": (s - 1) // steps_per_epoch, "loss": nll + 0.1, "nll": nll,
-                      "ppl": math.exp(nll), "lr": 1e-3 * min(s / 40, (40 / s) ** 0.5),
-                      "tokens_per_s": 1000.0 + s, "elapsed": s * seconds_per_step})  # fmt: skip
+        lines.append(
+            {
+                "step": s,
+                "epoch": (s - 1) // steps_per_epoch,
+                "loss": nll + 0.1,
+                "nll": nll,
+                "ppl": math.exp(nll),
+                "lr": 1e-3 * min(s / 40, (40 / s) ** 0.5),
+                "tokens_per_s": 1000.0 + s,
+                "elapsed": s * seconds_per_step,
+            }
+        )
         if s % eval_every == 0:
-            valid = {"step": s, "split": "valid", "valid_loss": nll + 0.2, "valid_nll": nll + 0.1,
-                     "valid_ppl": math.exp(nll + 0.1), "neg_valid_nll": -(nll + 0.1)}  # fmt: skip
+            valid = {
+                "step": s,
+                "split": "valid",
+                "valid_loss": nll + 0.2,
+                "valid_nll": nll + 0.1,
+                "valid_ppl": math.exp(nll + 0.1),
+                "neg_valid_nll": -(nll + 0.1),
+            }
             if task == "translation":
                 valid.update(
                     bleu=30.0 * (1 - math.exp(-s / 80)), chrf=50.0 * (1 - math.exp(-s / 80))

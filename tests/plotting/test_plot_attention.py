@@ -40,14 +40,17 @@ def test_select_heads():
     assert one.shape == (1, 4, 5) and heads == (0,)
 
 
-@pytest.mark.parametrize(("weights", "heads", "message"), [
-    (np.zeros((3, 4, 4)), None, r"shape \(3, 4, 4\) .* but 4 query and 5 key tokens"),
-    (np.zeros((2, 3, 4, 5)), None, "expected an array"),
-    (-toy_weights(), None, "non-negative"),
-    (np.full((1, 4, 5), np.nan), None, "finite"),
-    (toy_weights(), [3], "expected distinct indices from 0 to 2"),
-    (toy_weights(), [1, 1], "distinct"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("weights", "heads", "message"),
+    [
+        (np.zeros((3, 4, 4)), None, r"shape \(3, 4, 4\) .* but 4 query and 5 key tokens"),
+        (np.zeros((2, 3, 4, 5)), None, "expected an array"),
+        (-toy_weights(), None, "non-negative"),
+        (np.full((1, 4, 5), np.nan), None, "finite"),
+        (toy_weights(), [3], "expected distinct indices from 0 to 2"),
+        (toy_weights(), [1, 1], "distinct"),
+    ],
+)
 def test_select_heads_errors(weights, heads, message):
     with pytest.raises(UserError, match=message):
         select_heads(weights, QUERIES, KEYS, heads)

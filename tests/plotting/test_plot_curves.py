@@ -61,11 +61,14 @@ def test_corrupt_line_in_the_middle_names_file_and_line(tmp_path):
         read_metrics(path.parent)
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("[1, 2]", "expected a JSON object, found list"),
-    ('{"epoch": 0, "loss": 1.0}', "expected a non-negative integer 'step', found None"),
-    ('{"step": "7"}', "expected a non-negative integer 'step', found '7'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("[1, 2]", "expected a JSON object, found list"),
+        ('{"epoch": 0, "loss": 1.0}', "expected a non-negative integer 'step', found None"),
+        ('{"step": "7"}', "expected a non-negative integer 'step', found '7'"),
+    ],
+)
 def test_bad_records_are_user_errors(tmp_path, line, expected):
     (tmp_path / "metrics.jsonl").write_text(line + "\n" + '{"step": 1}\n')
     with pytest.raises(UserError, match=f"metrics.jsonl:1: {expected}"):
@@ -210,16 +213,51 @@ def test_plot_curves_command(tmp_path: Path, capsys) -> None:
 
     run = tmp_path / "run"
     run.mkdir()
-    lines = [{"step": s, "epoch": 0, "loss": 5.0 / s, "nll": 4.0 / s, "ppl": 2.0, "lr": 1e-3,
-              "tokens_per_s": 1000.0, "elapsed": float(s)} for s in range(1, 30)]  # fmt: skip
-    lines += [{"step": 10, "split": "valid", "valid_loss": 1.0, "bleu": 10.0},
-              {"step": 20, "split": "valid", "valid_loss": 0.8, "bleu": 14.0}]  # fmt: skip
+    lines = [
+        {
+            "step": s,
+            "epoch": 0,
+            "loss": 5.0 / s,
+            "nll": 4.0 / s,
+            "ppl": 2.0,
+            "lr": 1e-3,
+            "tokens_per_s": 1000.0,
+            "elapsed": float(s),
+        }
+        for s in range(1, 30)
+    ]
+    lines += [
+        {"step": 10, "split": "valid", "valid_loss": 1.0, "bleu": 10.0},
+        {"step": 20, "split": "valid", "valid_loss": 0.8, "bleu": 14.0},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     out = tmp_path / "curves.png"
-    code = main(["--no-malloc-tuning", "plot", "curves", str(run), "--metrics", "loss,bleu",
-                 "--x", "time", "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "plot",
+            "curves",
+            str(run),
+            "--metrics",
+            "loss,bleu",
+            "--x",
+            "time",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert out.stat().st_size > 5_000
-    code = main(["--no-malloc-tuning", "plot", "curves", str(run), "--metrics", "nope",
-                 "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "plot",
+            "curves",
+            str(run),
+            "--metrics",
+            "nope",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 2 and "nope" in capsys.readouterr().err

@@ -31,10 +31,16 @@ def tiny_model(
     initialisation so that outputs are peaky and depend on source and prefix."""
     torch.manual_seed(seed)
     model = RecurrentSeq2Seq(
-        vocab_size=V, embed_dim=embed_dim, hidden_size=hidden_size, n_layers=n_layers,
-        dropout=dropout, attention=attention, input_feeding=input_feeding,
-        tie_embeddings=tie_embeddings, tgt_vocab_size=tgt_vocab_size,
-    )  # fmt: skip
+        vocab_size=V,
+        embed_dim=embed_dim,
+        hidden_size=hidden_size,
+        n_layers=n_layers,
+        dropout=dropout,
+        attention=attention,
+        input_feeding=input_feeding,
+        tie_embeddings=tie_embeddings,
+        tgt_vocab_size=tgt_vocab_size,
+    )
     gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for p in model.parameters():

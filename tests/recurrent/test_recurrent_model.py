@@ -165,14 +165,24 @@ def test_reorder_and_select_sources_equal_decoding_the_selected_batch(feeding: b
 
 @pytest.mark.parametrize(
     "attention,feeding,tie,tgt_vocab,embed",
-    [("general", True, True, None, 8), ("additive", False, True, 11, 12),
-     ("general", False, False, None, 8), ("additive", True, False, 11, 8)],
-)  # fmt: skip
+    [
+        ("general", True, True, None, 8),
+        ("additive", False, True, 11, 12),
+        ("general", False, False, None, 8),
+        ("additive", True, False, 11, 8),
+    ],
+)
 def test_every_parameter_gets_a_finite_gradient(
     attention: AttentionKind, feeding: bool, tie: bool, tgt_vocab: int | None, embed: int
 ) -> None:
-    model = tiny_model(attention=attention, input_feeding=feeding, tie_embeddings=tie,
-                       tgt_vocab_size=tgt_vocab, embed_dim=embed, dropout=0.1)  # fmt: skip
+    model = tiny_model(
+        attention=attention,
+        input_feeding=feeding,
+        tie_embeddings=tie,
+        tgt_vocab_size=tgt_vocab,
+        embed_dim=embed,
+        dropout=0.1,
+    )
     model.train()
     src, tgt = tiny_batch()
     logits = model(src, tgt)
@@ -216,8 +226,13 @@ def test_parameter_count_counts_tied_tensors_once() -> None:
     lstm = lambda i: 4 * h * (i + h) + 8 * h  # noqa: E731 - W_ih, W_hh and two biases
     expected = (
         v * e  # the one embedding matrix (encoder, decoder, output)
-        + 2 * lstm(e) + 2 * h * h  # encoder: two directions and the projection
-        + lstm(e) + h * h + 2 * h * h + h * h + h  # decoder: LSTM, W, W_c, W_init and b
+        + 2 * lstm(e)
+        + 2 * h * h  # encoder: two directions and the projection
+        + lstm(e)
+        + h * h
+        + 2 * h * h
+        + h * h
+        + h  # decoder: LSTM, W, W_c, W_init and b
         + h * e  # the bridge from H to E
     )
     assert parameter_count(model) == expected

@@ -90,9 +90,15 @@ def test_tiny_model_learns_to_copy(feeding: bool) -> None:
     torch.manual_seed(0)
     n_symbols, max_len = 6, 6
     model = RecurrentSeq2Seq(
-        vocab_size=4 + n_symbols, embed_dim=64, hidden_size=64, n_layers=1, dropout=0.0,
-        attention="general", input_feeding=feeding, tie_embeddings=True,
-    )  # fmt: skip
+        vocab_size=4 + n_symbols,
+        embed_dim=64,
+        hidden_size=64,
+        n_layers=1,
+        dropout=0.0,
+        attention="general",
+        input_feeding=feeding,
+        tie_embeddings=True,
+    )
     opt = torch.optim.Adam(model.parameters(), lr=4e-3)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 - step / steps)
     gen = torch.Generator().manual_seed(1)

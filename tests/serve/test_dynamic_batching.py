@@ -37,9 +37,11 @@ def test_batcher_groups_by_decode_config() -> None:
 
     async def scenario() -> list:
         futures = [
-            batcher.submit(["a"], GREEDY), batcher.submit(["b", "c"], BEAM_2),
-            batcher.submit(["d"], DecodeConfig(beam=1)), batcher.submit(["e", "f"], GREEDY),
-        ]  # fmt: skip
+            batcher.submit(["a"], GREEDY),
+            batcher.submit(["b", "c"], BEAM_2),
+            batcher.submit(["d"], DecodeConfig(beam=1)),
+            batcher.submit(["e", "f"], GREEDY),
+        ]
         batcher.start()  # all four are queued: they form batches in order
         return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
 
@@ -60,8 +62,9 @@ class NBestRecorder(Recorder):
 
     def translate_nbest(self, sentences, nbest, decode=None):
         self.calls.append((tuple(sentences), decode, nbest))
-        return [[_Hyp(s.upper() if i % 2 == 0 else s.lower()) for i in range(nbest)]
-                for s in sentences]  # fmt: skip
+        return [
+            [_Hyp(s.upper() if i % 2 == 0 else s.lower()) for i in range(nbest)] for s in sentences
+        ]
 
 
 class _Hyp:
@@ -75,9 +78,11 @@ def test_nbest_requests_are_grouped_apart() -> None:
 
     async def scenario() -> list:
         futures = [
-            batcher.submit(["a"], GREEDY), batcher.submit(["b"], GREEDY, nbest=2),
-            batcher.submit(["c"], GREEDY), batcher.submit(["d", "e"], GREEDY, nbest=2),
-        ]  # fmt: skip
+            batcher.submit(["a"], GREEDY),
+            batcher.submit(["b"], GREEDY, nbest=2),
+            batcher.submit(["c"], GREEDY),
+            batcher.submit(["d", "e"], GREEDY, nbest=2),
+        ]
         batcher.start()
         return await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
 

@@ -46,13 +46,19 @@ def translators(tmp_path_factory) -> dict[str, Translator]:
     decode = {"max_len_offset": 4, "beam": 3, "alpha": 0.6}
     en_de = save_toy_translation_model(folder / "en-de.pt", decode)
     de_en = save_toy_translation_model(folder / "de-en.pt", decode, {"d_ff": 48})
-    return {"en-de": Translator.load(en_de), "de-en": Translator.load(de_en),
-            "en-de.path": en_de, "de-en.path": de_en}  # type: ignore[dict-item]  # fmt: skip
+    return {
+        "en-de": Translator.load(en_de),
+        "de-en": Translator.load(de_en),
+        "en-de.path": en_de,
+        "de-en.path": de_en,
+    }  # type: ignore[dict-item]
 
 
 def _app(translators, api_key: ApiKey | None = None):
-    models = [ServedModel(translators["en-de"], "en", "de", name="en-de.pt"),
-              ServedModel(translators["de-en"], "de", "en", name="de-en.pt")]  # fmt: skip
+    models = [
+        ServedModel(translators["en-de"], "en", "de", name="en-de.pt"),
+        ServedModel(translators["de-en"], "de", "en", name="de-en.pt"),
+    ]
     return create_app(models, limits=LIMITS, api_key=api_key)
 
 
@@ -146,8 +152,10 @@ def test_api_key_missing_or_wrong(keyed_server, translators) -> None:
     url = lt_url(keyed_server)
     sentence = toy_sentences(1, seed=3)[0]
     good = libretranslatepy.LibreTranslateAPI(url, api_key=TOKEN)
-    assert good.translate(sentence, "en", "de", timeout=TIMEOUT) == translators[
-        "en-de"].translate([sentence])[0]  # fmt: skip
+    assert (
+        good.translate(sentence, "en", "de", timeout=TIMEOUT)
+        == translators["en-de"].translate([sentence])[0]
+    )
     assert [lang["code"] for lang in good.languages(timeout=TIMEOUT)] == ["en", "de"]
     for api_key, status in ((None, 400), ("wrong", 403)):
         client = libretranslatepy.LibreTranslateAPI(url, api_key=api_key)
@@ -161,8 +169,9 @@ def test_api_key_missing_or_wrong(keyed_server, translators) -> None:
     assert len(plain.languages(timeout=TIMEOUT)) == 2
     status, _ = call(keyed_server.url + "/translate", {"text": ["a"]})
     assert status == 401
-    status, out = call(url + "translate", {"q": "a", "source": "en", "target": "de",
-                                           "api_key": TOKEN})  # fmt: skip
+    status, out = call(
+        url + "translate", {"q": "a", "source": "en", "target": "de", "api_key": TOKEN}
+    )
     assert status == 200 and isinstance(out["translatedText"], str)
 
 
@@ -178,24 +187,32 @@ def test_a_list_of_texts_in_json(server, translators) -> None:
 
 def test_lines_are_translated_one_by_one(server, translators) -> None:
     a, b = toy_sentences(2, seed=5)
-    status, out = call(lt_url(server) + "translate",
-                       {"q": f"{a}\r\n\n{b}", "source": "en", "target": "de"}, form=True)
+    status, out = call(
+        lt_url(server) + "translate",
+        {"q": f"{a}\r\n\n{b}", "source": "en", "target": "de"},
+        form=True,
+    )
     ta, tb = translators["en-de"].translate([a, b])
     assert status == 200 and out == {"translatedText": f"{ta}\n\n{tb}"}
 
 
 def test_alternatives_are_the_n_best(server, translators) -> None:
     sentence = toy_sentences(1, seed=6)[0]
-    status, out = call(lt_url(server) + "translate",
-                       {"q": sentence, "source": "en", "target": "de", "alternatives": 2})
+    status, out = call(
+        lt_url(server) + "translate",
+        {"q": sentence, "source": "en", "target": "de", "alternatives": 2},
+    )
     assert status == 200, out
     nbest = [h.text for h in translators["en-de"].translate_nbest([sentence], 3)[0]]
     assert out["translatedText"] == nbest[0]
-    assert out["alternatives"] == [t for i, t in enumerate(nbest[1:], 1)
-                                   if t != nbest[0] and t not in nbest[1:i]]  # fmt: skip
-    status, out = call(lt_url(server) + "translate",
-                       {"q": sentence, "source": "en", "target": "de", "alternatives": "3"},
-                       form=True)  # fmt: skip
+    assert out["alternatives"] == [
+        t for i, t in enumerate(nbest[1:], 1) if t != nbest[0] and t not in nbest[1:i]
+    ]
+    status, out = call(
+        lt_url(server) + "translate",
+        {"q": sentence, "source": "en", "target": "de", "alternatives": "3"},
+        form=True,
+    )
     assert status == 400 and "alternatives parameter must be <= 2" in out["error"]
 
 
@@ -223,8 +240,9 @@ def test_bodies_that_are_not_objects_or_forms(server) -> None:
     req = urllib.request.Request(url, data=b"[1]", headers={"Content-Type": "application/json"})
     status, out = _send(req)
     assert status == 400 and out["error"].startswith("Invalid JSON format")
-    req = urllib.request.Request(url, data=b"--x--", headers={
-        "Content-Type": "multipart/form-data; boundary=x"})  # fmt: skip
+    req = urllib.request.Request(
+        url, data=b"--x--", headers={"Content-Type": "multipart/form-data; boundary=x"}
+    )
     status, out = _send(req)
     assert status == 400 and "multipart/form-data is not supported" in out["error"]
     status, out = call(url, b"q=a&target=de")  # urllib's default content type: a form
@@ -242,28 +260,35 @@ def _send(req: urllib.request.Request):
 
 def test_auto_source_when_the_target_has_one(server, translators) -> None:
     sentence = toy_sentences(1, seed=7)[0]
-    status, out = call(lt_url(server) + "translate", {"q": [sentence], "source": "auto",
-                                                      "target": "en"})  # fmt: skip
+    status, out = call(
+        lt_url(server) + "translate", {"q": [sentence], "source": "auto", "target": "en"}
+    )
     assert status == 200
-    assert out == {"translatedText": translators["de-en"].translate([sentence]),
-                   "detectedLanguage": [{"confidence": 100.0, "language": "de"}]}  # fmt: skip
+    assert out == {
+        "translatedText": translators["de-en"].translate([sentence]),
+        "detectedLanguage": [{"confidence": 100.0, "language": "de"}],
+    }
 
 
 def test_native_api_keeps_its_shape_and_picks_by_source_target(server, translators) -> None:
     sentences = toy_sentences(3, seed=8)
     status, out = call(server.url + "/translate", {"text": sentences})
     assert (status, out) == (200, {"translations": translators["en-de"].translate(sentences)})
-    status, out = call(server.url + "/translate", {"text": sentences, "source": "de",
-                                                   "target": "en"})  # fmt: skip
+    status, out = call(
+        server.url + "/translate", {"text": sentences, "source": "de", "target": "en"}
+    )
     assert (status, out) == (200, {"translations": translators["de-en"].translate(sentences)})
-    status, out = call(server.url + "/translate", {"text": sentences, "source": "fr",
-                                                   "target": "en"})  # fmt: skip
+    status, out = call(
+        server.url + "/translate", {"text": sentences, "source": "fr", "target": "en"}
+    )
     assert status == 422 and "no model translates fr into en" in out["error"]
     status, out = call(server.url + "/translate", {"text": sentences, "source": "de"})
     assert status == 422 and "together" in out["error"]
     status, health = call(server.url + "/health")
     assert [(m["name"], m["source"], m["target"]) for m in health["models"]] == [
-        ("en-de.pt", "en", "de"), ("de-en.pt", "de", "en")]  # fmt: skip
+        ("en-de.pt", "en", "de"),
+        ("de-en.pt", "de", "en"),
+    ]
 
 
 def test_one_model_without_languages(translators) -> None:
@@ -314,12 +339,23 @@ def test_readme_commands_and_client_example(translators, tmp_path) -> None:
     args = build_parser().parse_args(argv)
     assert [m.split("=")[0] for m in args.model] == ["en:de", "de:en"]
     paths = {"en:de": str(translators["en-de.path"]), "de:en": str(translators["de-en.path"])}
-    argv = [f"{a.split('=')[0]}={paths[a.split('=')[0]]}" if "=" in a and a[:5] in paths else a
-            for a in argv]  # fmt: skip
+    argv = [
+        f"{a.split('=')[0]}={paths[a.split('=')[0]]}" if "=" in a and a[:5] in paths else a
+        for a in argv
+    ]
     argv[argv.index("--port") + 1] = "0"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "transduce", "--no-malloc-tuning", *argv, "--threads", "1",
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transduce",
+        "--no-malloc-tuning",
+        *argv,
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -335,12 +371,20 @@ def test_readme_commands_and_client_example(translators, tmp_path) -> None:
             assert time.monotonic() < deadline, "the server never became healthy"
             time.sleep(0.1)
         script = python.replace("http://127.0.0.1:8000", base)
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             check=False, timeout=TIMEOUT, env=env)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=TIMEOUT,
+            env=env,
+        )
         assert run.returncode == 0, run.stderr
         sentence = "A dog runs on the beach."
-        expected = [translators["en-de"].translate([sentence])[0],
-                    repr(translators["de-en"].translate([sentence, sentence]))]  # fmt: skip
+        expected = [
+            translators["en-de"].translate([sentence])[0],
+            repr(translators["de-en"].translate([sentence, sentence])),
+        ]
         assert run.stdout.splitlines()[1:] == expected
     finally:
         proc.terminate()

@@ -44,7 +44,10 @@ TIMEOUT = 60.0  # seconds, for every HTTP call
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
-    return save_toy_translation_model(tmp_path_factory.mktemp("model") / "model.pt", {"max_len_offset": 4, "beam": 3, "alpha": 0.6})
+    return save_toy_translation_model(
+        tmp_path_factory.mktemp("model") / "model.pt",
+        {"max_len_offset": 4, "beam": 3, "alpha": 0.6},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +119,7 @@ def test_translations_equal_translator(server, translator) -> None:
 def test_concurrent_requests_are_batched(server, translator) -> None:
     n_clients = 8
     sentences = toy_sentences(3 * n_clients, seed=2)
-    payloads = [
-        {"text": sentences[3 * i: 3 * i + 3], "beam": 1 + i % 2} for i in range(n_clients)
-    ]
+    payloads = [{"text": sentences[3 * i : 3 * i + 3], "beam": 1 + i % 2} for i in range(n_clients)]
     expected = [
         translator.translate(p["text"], translator.decode_config(beam=p["beam"])) for p in payloads
     ]
@@ -232,6 +233,7 @@ def test_decoding_error_is_500_and_server_goes_on(translator) -> None:
         # a failing request batched with good ones fails alone
         results: dict[str, tuple] = {}
         payloads = {"bad": {"text": ["the boom"]}, "good": {"text": ["the dog", "a cat"]}}
+
         def send(key: str) -> None:
             results[key] = request(srv.url + "/translate", payloads[key])
 
@@ -266,6 +268,7 @@ def test_full_queue_is_503(translator) -> None:
         flaky.release.clear()
         flaky.entered.clear()
         first: dict[str, tuple] = {}
+
         def send() -> None:
             first["r"] = request(srv.url + "/translate", {"text": ["a", "b"]})
 
@@ -301,9 +304,24 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
 
 def test_cli_serve(model_file, translator) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "transduce", "serve", "--model", str(model_file), "--host",
-           "127.0.0.1", "--port", "0", "--threads", "1", "--log-level", "warning",
-           "--batch-wait-ms", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transduce",
+        "serve",
+        "--model",
+        str(model_file),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+        "--batch-wait-ms",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = _read_line(proc, TIMEOUT)
@@ -374,8 +392,12 @@ serve(create_app(Slow()), "127.0.0.1", 0, log_level="warning",
 
 
 def test_serve_decodes_on_the_main_thread_and_answers_in_flight_requests_on_sigterm() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, "1.0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_SCRIPT, "1.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{_read_line(proc, TIMEOUT).split()[-1]}"
         deadline = time.monotonic() + TIMEOUT

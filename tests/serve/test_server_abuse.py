@@ -33,9 +33,14 @@ def _load(name: str):
 
 
 EXPECTED = {  # kind -> what the server does to it
-    "idle": "closed", "slow_headers": "closed", "slow_body": "408", "bad_utf8": "400",
-    "deep_json": "400", "huge_declared": "413, closed", "cancel": "dropped",
-}  # fmt: skip
+    "idle": "closed",
+    "slow_headers": "closed",
+    "slow_body": "408",
+    "bad_utf8": "400",
+    "deep_json": "400",
+    "huge_declared": "413, closed",
+    "cancel": "dropped",
+}
 
 
 def test_the_server_survives_200_abusive_connections(tmp_path) -> None:
@@ -45,15 +50,34 @@ def test_the_server_survives_200_abusive_connections(tmp_path) -> None:
         pytest.skip(f"the open-file limit's hard limit is under {needed}")
     model = save_toy_translation_model(tmp_path / "model.pt", {"max_len_offset": 4})
     (tmp_path / "key").write_text("abuse-test-token\n")
-    extra = ("--max-queue", "512", "--header-timeout", "1", "--body-timeout", "2",
-             "--api-key-file", str(tmp_path / "key"))  # fmt: skip
+    extra = (
+        "--max-queue",
+        "512",
+        "--header-timeout",
+        "1",
+        "--body-timeout",
+        "2",
+        "--api-key-file",
+        str(tmp_path / "key"),
+    )
     server = serve_load.Server(str(model), 1, 64, 5.0, 120, extra=extra, token="abuse-test-token")
     cfg = serve_abuse.AbuseConfig(
-        sentences=toy_sentences(200, seed=3), connections=CONNECTIONS, seconds=6,
-        quiet_seconds=2, good_clients=2, in_flight=8, in_flight_sentences=16, in_flight_beam=8,
-        pause_s=1.0, cancel_pause_s=2.0, trickle_s=0.2, spread_s=1.0,
-        io_timeout=20, token="abuse-test-token", nesting=20_000,
-    )  # fmt: skip
+        sentences=toy_sentences(200, seed=3),
+        connections=CONNECTIONS,
+        seconds=6,
+        quiet_seconds=2,
+        good_clients=2,
+        in_flight=8,
+        in_flight_sentences=16,
+        in_flight_beam=8,
+        pause_s=1.0,
+        cancel_pause_s=2.0,
+        trickle_s=0.2,
+        spread_s=1.0,
+        io_timeout=20,
+        token="abuse-test-token",
+        nesting=20_000,
+    )
     try:
         coro = serve_abuse.run_abuse(server.host, server.port, server.proc, cfg)
         out = asyncio.run(asyncio.wait_for(coro, 120))
@@ -64,8 +88,11 @@ def test_the_server_survives_200_abusive_connections(tmp_path) -> None:
     outcomes = out["abuse_outcomes"]
     for kind, outcome in EXPECTED.items():
         assert outcomes.get(f"{kind}: {outcome}", 0) > 0, report
-    unexpected = {k: v for k, v in outcomes.items() if k not in {f"{kind}: {outcome}"
-                  for kind, outcome in EXPECTED.items()}}  # fmt: skip
+    unexpected = {
+        k: v
+        for k, v in outcomes.items()
+        if k not in {f"{kind}: {outcome}" for kind, outcome in EXPECTED.items()}
+    }
     assert not unexpected, report
     assert out["health_under_abuse"]["failed"] == 0 and out["health_under_abuse"]["n"] > 5, report
     assert out["good_under_abuse"]["failed"] == 0 and out["good_under_abuse"]["n"] > 0, report

@@ -19,10 +19,10 @@ pytest.importorskip("uvicorn")
 
 from inference_testkit import save_toy_translation_model  # noqa: E402
 
-from transduce.serve.dynamic_batching import BatchingConfig  # noqa: E402
-from transduce.serve.server import ApiKey, ServerLimits, ServerThread, create_app  # noqa: E402
-from transduce.serve.guard import raise_open_file_limit  # noqa: E402
 from transduce.inference.translator import Translator  # noqa: E402
+from transduce.serve.dynamic_batching import BatchingConfig  # noqa: E402
+from transduce.serve.guard import raise_open_file_limit  # noqa: E402
+from transduce.serve.server import ApiKey, ServerLimits, ServerThread, create_app  # noqa: E402
 
 TIMEOUT = 30.0
 
@@ -102,11 +102,17 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
     return True
 
 
-def call(srv: ServerThread, method: str, path: str, payload: bytes | None = None,
-         token: str | None = None) -> tuple[int, dict[str, str], dict]:  # fmt: skip
+def call(
+    srv: ServerThread,
+    method: str,
+    path: str,
+    payload: bytes | None = None,
+    token: str | None = None,
+) -> tuple[int, dict[str, str], dict]:
     with connect(srv) as sock:
-        sock.sendall(head(method, path, None if payload is None else len(payload), token)
-                     + (payload or b""))  # fmt: skip
+        sock.sendall(
+            head(method, path, None if payload is None else len(payload), token) + (payload or b"")
+        )
         status, headers, body = read_response(sock)
     return status, headers, json.loads(body)
 
@@ -359,8 +365,12 @@ def test_api_key_files(tmp_path: Path) -> None:
 
     (tmp_path / "key").write_text(f"  {TOKEN}\n\n")
     assert ApiKey.from_file(tmp_path / "key").accepts(f"Bearer {TOKEN}".encode())
-    for text, message in (("", "is empty"), (" \n", "is empty"), ("two words", "without spaces"),
-                          ("caf\u00e9", "printable ASCII")):  # fmt: skip
+    for text, message in (
+        ("", "is empty"),
+        (" \n", "is empty"),
+        ("two words", "without spaces"),
+        ("caf\u00e9", "printable ASCII"),
+    ):
         (tmp_path / "bad").write_text(text)
         with pytest.raises(UserError, match=message):
             ApiKey.from_file(tmp_path / "bad")
@@ -392,8 +402,20 @@ def test_cli_serve_warns_beyond_loopback_without_a_key(tmp_path: Path, capsys, m
     monkeypatch.setattr(server_module, "serve", lambda app, host, port, **kw: apps.append(app))
     model = save_toy_translation_model(tmp_path / "model.pt", {"max_len_offset": 4})
     (tmp_path / "key").write_text(TOKEN)
-    serve = ["--no-malloc-tuning", "serve", "--model", str(model), "--port", "0",
-             "--header-timeout", "3", "--body-timeout", "4", "--max-connections", "5"]  # fmt: skip
+    serve = [
+        "--no-malloc-tuning",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        "0",
+        "--header-timeout",
+        "3",
+        "--body-timeout",
+        "4",
+        "--max-connections",
+        "5",
+    ]
     assert main([*serve, "--host", "192.0.2.1"]) == 0  # serve() is replaced: nothing listens
     assert "without --api-key-file" in capsys.readouterr().err
     assert main([*serve, "--host", "192.0.2.1", "--api-key-file", str(tmp_path / "key")]) == 0

@@ -39,9 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     callbacks = [die_at(args.die_at_step)] if args.die_at_step else []
     summary = train(
-        load_config(args.config), args.out, resume=args.resume, show_progress=False,
+        load_config(args.config),
+        args.out,
+        resume=args.resume,
+        show_progress=False,
         callbacks=callbacks,
-    )  # fmt: skip
+    )
     distributed.shutdown()
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary))

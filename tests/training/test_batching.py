@@ -90,11 +90,15 @@ def test_collate() -> None:
     assert isinstance(b, Batch)
     assert b.src.tolist() == [[5, 6, 7, EOS], [10, EOS, PAD, PAD], [4, 4, EOS, PAD]]
     assert b.tgt_in.tolist() == [
-        [BOS, 8, 9, PAD, PAD], [BOS, 11, 12, 13, 14], [BOS, PAD, PAD, PAD, PAD],
-    ]  # fmt: skip
+        [BOS, 8, 9, PAD, PAD],
+        [BOS, 11, 12, 13, 14],
+        [BOS, PAD, PAD, PAD, PAD],
+    ]
     assert b.tgt_out.tolist() == [
-        [8, 9, EOS, PAD, PAD], [11, 12, 13, 14, EOS], [EOS, PAD, PAD, PAD, PAD],
-    ]  # fmt: skip
+        [8, 9, EOS, PAD, PAD],
+        [11, 12, 13, 14, EOS],
+        [EOS, PAD, PAD, PAD, PAD],
+    ]
     assert b.n_tokens == 3 + 5 + 1
     assert b.n_tokens == int((b.tgt_out != PAD).sum())
     for t in (b.src, b.tgt_in, b.tgt_out):

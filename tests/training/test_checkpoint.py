@@ -25,7 +25,12 @@ def _ckpt(seed: int, **extra) -> dict:
     torch.manual_seed(seed)
     vocab = CharVocab(list("abcde"))
     model = make_model(_cfg().model, src_vocab_size=len(vocab))
-    return {"config": _cfg().to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict(), **extra}
+    return {
+        "config": _cfg().to_dict(),
+        "vocab": vocab.to_dict(),
+        "model": model.state_dict(),
+        **extra,
+    }
 
 
 def test_save_atomic_writes_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -99,8 +104,12 @@ def test_step_checkpoints_numeric_order(tmp_path: Path) -> None:
     (tmp_path / "model.pt").write_bytes(b"")
     names = [p.name for p in checkpoint.step_checkpoints(tmp_path)]
     assert names == [
-        "step_00000001.pt", "step_5.pt", "step_00000009.pt", "step_00000010.pt", "step_00000100.pt",
-    ]  # fmt: skip
+        "step_00000001.pt",
+        "step_5.pt",
+        "step_00000009.pt",
+        "step_00000010.pt",
+        "step_00000100.pt",
+    ]
     assert checkpoint.step_path(tmp_path, 10).name == "step_00000010.pt"
 
 
@@ -110,8 +119,10 @@ def test_prune_keeps_last(tmp_path: Path) -> None:
     (tmp_path / "best.pt").write_bytes(b"")
     checkpoint.prune(tmp_path, 3)
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
-        "step_00000010.pt", "step_00000011.pt", "step_00000012.pt",
-    ]  # fmt: skip
+        "step_00000010.pt",
+        "step_00000011.pt",
+        "step_00000012.pt",
+    ]
     assert (tmp_path / "best.pt").exists()
     checkpoint.prune(tmp_path, 5)  # fewer than K: nothing goes
     assert len(checkpoint.step_checkpoints(tmp_path)) == 3
@@ -124,11 +135,17 @@ def test_prune_drops_checkpoints_off_the_schedule_unless_newest(tmp_path: Path) 
         checkpoint.step_path(tmp_path, step).write_bytes(b"")
     checkpoint.prune(tmp_path, 3, save_every=4)
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
-        "step_00000008.pt", "step_00000012.pt", "step_00000013.pt"]  # fmt: skip
+        "step_00000008.pt",
+        "step_00000012.pt",
+        "step_00000013.pt",
+    ]
     checkpoint.step_path(tmp_path, 16).write_bytes(b"")
     checkpoint.prune(tmp_path, 3, save_every=4)
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == [
-        "step_00000008.pt", "step_00000012.pt", "step_00000016.pt"]  # fmt: skip
+        "step_00000008.pt",
+        "step_00000012.pt",
+        "step_00000016.pt",
+    ]
 
 
 def test_average_is_mean_of_state_dicts(tmp_path: Path) -> None:
@@ -167,7 +184,9 @@ def test_average_result_loads_as_model(tmp_path: Path) -> None:
     checkpoint.save(out, tmp_path / "avg.pt")
     model, _, cfg = checkpoint.load_model(tmp_path / "avg.pt")
     assert cfg == _cfg()
-    expected = (_ckpt(0)["model"]["decoder.embed.weight"] + _ckpt(1)["model"]["decoder.embed.weight"]) / 2
+    expected = (
+        _ckpt(0)["model"]["decoder.embed.weight"] + _ckpt(1)["model"]["decoder.embed.weight"]
+    ) / 2
     torch.testing.assert_close(model.state_dict()["decoder.embed.weight"], expected)
 
 
@@ -230,7 +249,7 @@ def test_save_atomic_is_a_rename(tmp_path: Path, monkeypatch) -> None:
     path.write_bytes(b"old")
     monkeypatch.setattr(os, "replace", spy)
     checkpoint.save_atomic({"a": 1}, path)
-    (parent, name, dst), = seen
+    ((parent, name, dst),) = seen
     assert parent == tmp_path and name != "x.pt" and dst == path
     assert torch.load(path) == {"a": 1}
 

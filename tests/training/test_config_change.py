@@ -34,16 +34,25 @@ def test_resume_with_changed_keys(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli(capsys, *train_args(first, run))[0] == 0
 
     # a longer budget, other intervals, another guard: free to change, and said so
-    longer = write_config(tmp_path / "longer.yaml", max_steps=6, save_every=3, log_every=2,
-                          max_bad_updates=5)  # fmt: skip
+    longer = write_config(
+        tmp_path / "longer.yaml", max_steps=6, save_every=3, log_every=2, max_bad_updates=5
+    )
     code, err = cli(capsys, *train_args(longer, run, "--resume"))
     assert code == 0, err
-    assert ("with a changed config: train.max_bad_updates: 20 -> 5; train.max_steps: 4 -> 6; "
-            "train.save_every: 2 -> 3; train.log_every: 1 -> 2") in err  # fmt: skip
+    assert (
+        "with a changed config: train.max_bad_updates: 20 -> 5; train.max_steps: 4 -> 6; "
+        "train.save_every: 2 -> 3; train.log_every: 1 -> 2"
+    ) in err
 
     # a new learning rate and label smoothing: refused, both named, the run untouched
-    other = write_config(tmp_path / "other.yaml", max_steps=8, save_every=3, log_every=2,
-                         lr_factor=2.0, label_smoothing=0.0)  # fmt: skip
+    other = write_config(
+        tmp_path / "other.yaml",
+        max_steps=8,
+        save_every=3,
+        log_every=2,
+        lr_factor=2.0,
+        label_smoothing=0.0,
+    )
     code, err = cli(capsys, *train_args(other, run, "--resume"))
     assert code == 2
     line = _one_error_line(err)
@@ -57,8 +66,18 @@ def test_resume_with_changed_keys(tmp_path: Path, capsys: pytest.CaptureFixture[
     code, err = cli(capsys, *train_args(other, run, "--resume", "--allow-change", "lr_factor"))
     assert code == 2 and "train.label_smoothing: 0.1 -> 0.0" in _one_error_line(err)
     assert "lr_factor" not in _one_error_line(err)
-    code, err = cli(capsys, *train_args(other, run, "--resume", "--allow-change", "lr_factor",
-                                        "--allow-change", "train.label_smoothing"))  # fmt: skip
+    code, err = cli(
+        capsys,
+        *train_args(
+            other,
+            run,
+            "--resume",
+            "--allow-change",
+            "lr_factor",
+            "--allow-change",
+            "train.label_smoothing",
+        ),
+    )
     assert code == 0, err
     assert "train.lr_factor: 1.0 -> 2.0" in err
     assert json.loads((run / "config.json").read_text())["train"]["lr_factor"] == 2.0
@@ -92,8 +111,13 @@ def test_differences_and_the_free_keys() -> None:
     # every free key exists; none of them shapes the model or the data
     assert allowed_keys(sorted(FREE)) == FREE
     assert not {k for k in FREE if k.startswith("model.")}
-    assert {"train.seed", "train.max_tokens", "train.precision", "train.lr_factor",
-            "train.max_len"}.isdisjoint(FREE)  # fmt: skip
+    assert {
+        "train.seed",
+        "train.max_tokens",
+        "train.precision",
+        "train.lr_factor",
+        "train.max_len",
+    }.isdisjoint(FREE)
 
 
 def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
@@ -121,13 +145,18 @@ def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
     stored = cooled.to_dict()
     with pytest.raises(UserError, match="train.max_minutes"):
         check_resume(stored, update(cooled, longer), [], ck)
-    assert "max_minutes" in check_resume(stored, update(cooled, longer), ["max_minutes",
-                                         "max_steps"], ck)  # fmt: skip
+    assert "max_minutes" in check_resume(
+        stored, update(cooled, longer), ["max_minutes", "max_steps"], ck
+    )
     # device: free unless precision auto resolves to another precision there
     moved = update(old, {"device": "cuda"})
     assert refused(moved, Setting(1, "bf16"), Setting(1, "bf16")) == ""
     message = refused(moved, Setting(1, "bf16"), Setting(1, "fp32"))
     assert "train.precision (as resolved on the device): 'bf16' -> 'fp32'" in message
-    assert check_resume(old.to_dict(), moved, ["precision"], ck, Setting(1, "bf16"),
-                        Setting(1, "fp32")).count("->") == 2  # allowed by name: printed
+    assert (
+        check_resume(
+            old.to_dict(), moved, ["precision"], ck, Setting(1, "bf16"), Setting(1, "fp32")
+        ).count("->")
+        == 2
+    )  # allowed by name: printed
     assert refused(moved, Setting(1, None), Setting(1, "fp32")) == ""  # older checkpoints

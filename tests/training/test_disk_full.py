@@ -18,9 +18,11 @@ from transduce import checkpoint
 
 @pytest.mark.parametrize("where", ["torch.save", "os.replace"])
 def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
-    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     real_save, real_replace = torch.save, os.replace
 
     def full_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
@@ -47,9 +49,11 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]
     good, failed = (run / "checkpoints" / f"step_0000000{n}.pt" for n in (2, 4))
-    assert line == (f"transduce: stopped: cannot write {failed}: No space left on device (errno "
-                    f"{errno.ENOSPC}); the last good checkpoint, {good}, is intact. Free some "
-                    "space, then resume with --resume")  # fmt: skip
+    assert line == (
+        f"transduce: stopped: cannot write {failed}: No space left on device (errno "
+        f"{errno.ENOSPC}); the last good checkpoint, {good}, is intact. Free some "
+        "space, then resume with --resume"
+    )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [good.name]  # no .tmp
     assert checkpoint.load(good)["progress"]["step"] == 2
     assert not (run / "model.pt").exists()

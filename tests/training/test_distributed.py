@@ -28,6 +28,7 @@ task: {name: copy, train_size: 1500, valid_size: 20, max_length: 6, n_symbols: 6
 decode: {beam: 1}
 """
 
+
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TRANSDUCE_MALLOC_TUNING": "0"}
 
@@ -64,17 +65,41 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
         "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
     )
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--standalone", str(script), str(tmp_path / "ddp.yaml"), str(tmp_path / "ddp")],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            str(script),
+            str(tmp_path / "ddp.yaml"),
+            str(tmp_path / "ddp"),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "on 2 process(es)" in ddp.stderr and "x 2 = 400 tokens per update" in ddp.stderr
     single = subprocess.run(
-        [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml"),
-         "--out", str(tmp_path / "single"), "--quiet"],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "transduce",
+            "train",
+            "--config",
+            str(tmp_path / "single.yaml"),
+            "--out",
+            str(tmp_path / "single"),
+            "--quiet",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
 
     ddp_losses, single_losses = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
@@ -91,8 +116,9 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
         torch.testing.assert_close(rank0[key], final[key], rtol=1e-4, atol=1e-5)
     # Only rank 0 wrote the run folder's files, once.
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == [
-        "step_00000004.pt", "step_00000008.pt",
-    ]  # fmt: skip
+        "step_00000004.pt",
+        "step_00000008.pt",
+    ]
 
     # The 2-rank run's step-4 checkpoint resumed by one process (update_freq 2: the same tokens
     # per update) goes on with the batches the two ranks would have taken: the same losses.
@@ -101,10 +127,23 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     (moved / "checkpoints" / "step_00000008.pt").unlink()
     (moved / "model.pt").unlink()
     resumed = subprocess.run(
-        [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml"),
-         "--out", str(moved), "--resume", "--quiet"],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "transduce",
+            "train",
+            "--config",
+            str(tmp_path / "single.yaml"),
+            "--out",
+            str(moved),
+            "--resume",
+            "--quiet",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming a run of 2 process(es) on 1: epoch 0 continues at batch 8" in resumed.stderr
     assert _losses(moved) == pytest.approx(single_losses, rel=1e-5)
@@ -146,11 +185,24 @@ def test_killed_two_rank_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
         env = _env()
         (tmp_path / out).mkdir(exist_ok=True)
         return subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--standalone", str(script), str(tmp_path / "run.yaml"), str(tmp_path / out),
-             str(tmp_path / out), *extra],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--standalone",
+                str(script),
+                str(tmp_path / "run.yaml"),
+                str(tmp_path / out),
+                str(tmp_path / out),
+                *extra,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     straight = torchrun("straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -205,10 +257,22 @@ def test_translation_vocabulary_learned_by_rank_0_only(tmp_path: Path) -> None:
     )
     out = tmp_path / "run"
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--standalone", str(script), str(tmp_path / "run.yaml"), str(out)],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            str(script),
+            str(tmp_path / "run.yaml"),
+            str(out),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert ddp.stderr.count("transduce: vocabulary: 50 shared BPE pieces") == 1, ddp.stderr
     assert ddp.stderr.count("transduce: train: 120 sentence pairs") == 1, ddp.stderr

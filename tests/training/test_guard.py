@@ -23,8 +23,9 @@ from transduce.training.metrics_log import MetricsLog
 from transduce.training.progress import Progress
 
 
-def _poison_losses(monkeypatch: pytest.MonkeyPatch, calls: set[int] | None = None,
-                   since: int | None = None) -> None:  # fmt: skip
+def _poison_losses(
+    monkeypatch: pytest.MonkeyPatch, calls: set[int] | None = None, since: int | None = None
+) -> None:
     """Make the loss of the batches numbered ``calls`` (1-based), or of every batch from
     ``since`` on, NaN: what a bad batch or an overflow does."""
     real = trainer_module.label_smoothed_nll
@@ -51,9 +52,14 @@ def test_a_nan_loss_skips_the_update_and_changes_nothing(
     seen: list[tuple[int, dict[str, Any], dict[str, Any], float]] = []
 
     def snapshot(p: Progress) -> None:  # after every update, applied or skipped
-        seen.append((p.step, copy.deepcopy(trainer.model.state_dict()),
-                     copy.deepcopy(trainer.optimizer.state_dict()),
-                     trainer.optimizer.param_groups[0]["lr"]))  # fmt: skip
+        seen.append(
+            (
+                p.step,
+                copy.deepcopy(trainer.model.state_dict()),
+                copy.deepcopy(trainer.optimizer.state_dict()),
+                trainer.optimizer.param_groups[0]["lr"],
+            )
+        )
 
     trainer.callbacks = (snapshot,)
     assert trainer.train()["step"] == 5
@@ -67,9 +73,18 @@ def test_a_nan_loss_skips_the_update_and_changes_nothing(
 
     logged = records(tmp_path)  # and none holds a bare NaN
     skipped = [r for r in logged if r.get("split") == "skipped"]
-    assert skipped == [{"step": 3, "split": "skipped", "epoch": 0, "skipped": "non-finite loss (nan)",
-                        "loss": "nan", "grad_norm": "nan", "bad_in_row": 1,
-                        "skipped_updates": 1}]  # fmt: skip
+    assert skipped == [
+        {
+            "step": 3,
+            "split": "skipped",
+            "epoch": 0,
+            "skipped": "non-finite loss (nan)",
+            "loss": "nan",
+            "grad_norm": "nan",
+            "bad_in_row": 1,
+            "skipped_updates": 1,
+        }
+    ]
     steps = [r for r in logged if "split" not in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in steps)
@@ -83,8 +98,9 @@ def test_max_bad_updates_in_a_row_stop_the_run_with_exit_code_3(
 ) -> None:
     _poison_losses(monkeypatch, since=5)  # updates 5, 6, 7 ... all bad
     # max_minutes: a guard that never stops the run fails this test in a minute instead of hanging
-    config = write_config(tmp_path / "c.yaml", max_bad_updates=3, save_every=2, max_steps=20,
-                          max_minutes=1)
+    config = write_config(
+        tmp_path / "c.yaml", max_bad_updates=3, save_every=2, max_steps=20, max_minutes=1
+    )
     run = tmp_path / "run"
     code, err = cli(capsys, *train_args(config, run))
     assert code == 3, err
@@ -95,7 +111,9 @@ def test_max_bad_updates_in_a_row_stop_the_run_with_exit_code_3(
     assert stopped.startswith("transduce: stopped: training diverged: 3 updates in a row")
     assert str(run / "checkpoints" / "step_00000004.pt") in stopped  # the last good one
     assert [p.name for p in checkpoint.step_checkpoints(run / "checkpoints")] == [
-        "step_00000002.pt", "step_00000004.pt"]  # fmt: skip
+        "step_00000002.pt",
+        "step_00000004.pt",
+    ]
     assert not (run / "model.pt").exists()
     state = checkpoint.load(run / "checkpoints" / "step_00000004.pt")["model"]
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
@@ -113,7 +131,8 @@ def test_nan_weights_are_never_written(tmp_path: Path) -> None:
     with pytest.raises(Diverged, match="2 updates in a row"):  # every update after it is bad
         trainer.train()
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path / "checkpoints")] == [
-        "step_00000002.pt"]  # fmt: skip
+        "step_00000002.pt"
+    ]
     with pytest.raises(Diverged, match="was not written"):  # nor through save() itself
         trainer.save()
     assert not (tmp_path / "checkpoints" / "step_00000003.pt").exists()
@@ -137,7 +156,23 @@ def test_gradient_norm_is_the_total_norm_before_clipping(clip: float) -> None:
 
 def test_metrics_jsonl_never_holds_a_bare_nan(tmp_path: Path) -> None:
     log = MetricsLog(tmp_path, tensorboard=False)
-    log.write({"step": 1, "split": "valid", "valid_loss": math.nan, "bleu": math.inf,
-               "valid_ppl": 2.5, "position_accuracy": [1.0, 0.5]})  # fmt: skip
-    assert records(tmp_path) == [{"step": 1, "split": "valid", "valid_loss": "nan", "bleu": "inf",
-                                  "valid_ppl": 2.5, "position_accuracy": [1.0, 0.5]}]  # fmt: skip
+    log.write(
+        {
+            "step": 1,
+            "split": "valid",
+            "valid_loss": math.nan,
+            "bleu": math.inf,
+            "valid_ppl": 2.5,
+            "position_accuracy": [1.0, 0.5],
+        }
+    )
+    assert records(tmp_path) == [
+        {
+            "step": 1,
+            "split": "valid",
+            "valid_loss": "nan",
+            "bleu": "inf",
+            "valid_ppl": 2.5,
+            "position_accuracy": [1.0, 0.5],
+        }
+    ]

@@ -24,9 +24,12 @@ def test_matches_torch_cross_entropy(eps: float) -> None:
     logits, target = _batch()
     sums = label_smoothed_nll(logits, target, epsilon=eps, ignore_index=PAD)
     ref = F.cross_entropy(
-        logits.flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=eps,
+        logits.flatten(0, 1),
+        target.flatten(),
+        ignore_index=PAD,
+        label_smoothing=eps,
         reduction="sum",
-    )  # fmt: skip
+    )
     torch.testing.assert_close(sums.loss, ref, rtol=1e-6, atol=1e-5)
 
 
@@ -55,9 +58,12 @@ def test_negative_ignore_index() -> None:
     target = target.masked_fill(target == PAD, -100)
     sums = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=-100)
     ref = F.cross_entropy(
-        logits.flatten(0, 1), target.flatten(), ignore_index=-100, label_smoothing=0.1,
+        logits.flatten(0, 1),
+        target.flatten(),
+        ignore_index=-100,
+        label_smoothing=0.1,
         reduction="sum",
-    )  # fmt: skip
+    )
     torch.testing.assert_close(sums.loss, ref, rtol=1e-6, atol=1e-5)
 
 
@@ -67,9 +73,12 @@ def test_bf16_logits() -> None:
     sums = label_smoothed_nll(low, target, epsilon=0.1, ignore_index=PAD)
     assert sums.loss.dtype == torch.float32
     ref = F.cross_entropy(
-        low.float().flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=0.1,
+        low.float().flatten(0, 1),
+        target.flatten(),
+        ignore_index=PAD,
+        label_smoothing=0.1,
         reduction="sum",
-    )  # fmt: skip
+    )
     torch.testing.assert_close(sums.loss, ref, rtol=1e-6, atol=1e-5)
     assert torch.isfinite(sums.nll)
 
@@ -89,7 +98,9 @@ def test_hand_computed_single_token() -> None:
     # q = (0.1, 0.1, 0.8): the same number written as a cross-entropy against q.
     q = [eps / 3, eps / 3, 1 - eps + eps / 3]
     p = [1 / 8, 2 / 8, 5 / 8]
-    assert sums.loss.item() == pytest.approx(-sum(qi * math.log(pi) for qi, pi in zip(q, p)), rel=1e-6)
+    assert sums.loss.item() == pytest.approx(
+        -sum(qi * math.log(pi) for qi, pi in zip(q, p)), rel=1e-6
+    )
 
 
 def test_gradient_flows_only_through_real_tokens() -> None:
@@ -100,7 +111,9 @@ def test_gradient_flows_only_through_real_tokens() -> None:
     assert torch.all(logits.grad[target != PAD].abs().sum(-1) > 0)
 
 
-def _reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(
+    logits: torch.Tensor, target: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook formula on a float32 log-softmax, for gradients to compare with."""
     lprobs = F.log_softmax(logits.float(), dim=-1)
     keep = (target != PAD).float()
@@ -111,7 +124,9 @@ def _reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[
 
 @pytest.mark.parametrize("chunk", [1 << 20, 7 * 4, 7])  # one chunk; 4 rows; 1 row at a time
 @pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, -2.0)])
-def test_gradient_matches_reference(monkeypatch: pytest.MonkeyPatch, chunk: int, weights: tuple[float, float]) -> None:
+def test_gradient_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, chunk: int, weights: tuple[float, float]
+) -> None:
     # The backward pass is written by hand (softmax - q, chunk by chunk): compare it with autograd
     # through the textbook formula, for the loss, for the NLL and for a mix of both.
     monkeypatch.setattr("transduce.training.loss._CHUNK_ELEMENTS", chunk)

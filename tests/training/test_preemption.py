@@ -29,8 +29,9 @@ from transduce.training.preemption import SignalWatch, resume_command
 def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = write_config(tmp_path / "c.yaml", max_steps=10, save_every=4, eval_every=5,
-                          average_last=3)  # fmt: skip
+    config = write_config(
+        tmp_path / "c.yaml", max_steps=10, save_every=4, eval_every=5, average_last=3
+    )
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert cli(capsys, *train_args(config, straight))[0] == 0
     before = signal.getsignal(signal.SIGTERM)
@@ -43,11 +44,18 @@ def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
     assert "Traceback" not in err
     step7 = stopped / "checkpoints" / "step_00000007.pt"  # the next step boundary
     lines = err.strip().splitlines()
-    assert lines[-2] == f"transduce: stopped: stopped by SIGTERM after step 7; resumable checkpoint {step7}"
-    resume = f"transduce --no-malloc-tuning train --config {config} --out {stopped} --quiet --resume"
+    assert (
+        lines[-2]
+        == f"transduce: stopped: stopped by SIGTERM after step 7; resumable checkpoint {step7}"
+    )
+    resume = (
+        f"transduce --no-malloc-tuning train --config {config} --out {stopped} --quiet --resume"
+    )
     assert lines[-1] == f"transduce: resume with: {resume}"
     assert [p.name for p in checkpoint.step_checkpoints(stopped / "checkpoints")] == [
-        "step_00000004.pt", "step_00000007.pt"]  # fmt: skip
+        "step_00000004.pt",
+        "step_00000007.pt",
+    ]
     assert not (stopped / "model.pt").exists()
     assert checkpoint.load(step7)["progress"]["step"] == 7
 
@@ -62,7 +70,8 @@ def test_sigterm_checkpoints_exits_143_and_resumes_to_the_same_losses(
     names = [p.name for p in checkpoint.step_checkpoints(stopped / "checkpoints")]
     assert names == [p.name for p in checkpoint.step_checkpoints(straight / "checkpoints")]
     assert checkpoint.load(stopped / "model.pt")["averaged"] == [
-        str(stopped / "checkpoints" / name) for name in names]  # fmt: skip
+        str(stopped / "checkpoints" / name) for name in names
+    ]
     want_model = checkpoint.load(straight / "model.pt")["model"]
     got_model = checkpoint.load(stopped / "model.pt")["model"]
     assert all(torch.equal(want_model[k], v) for k, v in got_model.items())
@@ -116,7 +125,8 @@ def test_no_handlers_outside_the_main_thread() -> None:
 
 def test_resume_command_adds_resume_once() -> None:
     assert resume_command(["train", "--config", "a b.yaml", "--out", "r"]) == (
-        "transduce train --config 'a b.yaml' --out r --resume")  # fmt: skip
+        "transduce train --config 'a b.yaml' --out r --resume"
+    )
     assert resume_command(["train", "--resume", "--out", "r"]) == "transduce train --resume --out r"
 
 
@@ -131,5 +141,7 @@ def test_a_run_that_stops_at_that_step_anyway_finishes(
     code, err = cli(capsys, *train_args(config, run))
     assert code == 0, err
     assert (run / "model.pt").exists()
-    assert [p.name for p in checkpoint.step_checkpoints(run / "checkpoints")] == ["step_00000002.pt"]
+    assert [p.name for p in checkpoint.step_checkpoints(run / "checkpoints")] == [
+        "step_00000002.pt"
+    ]
     assert checkpoint.load(run / "checkpoints" / "step_00000002.pt")["progress"]["bad_evals"] == 1

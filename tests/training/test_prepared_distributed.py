@@ -37,13 +37,27 @@ def _losses(run: Path) -> list[float]:
 
 
 def _train(cfg: Path, out: Path, ranks: int, *extra: str) -> subprocess.CompletedProcess:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                 "--standalone", "-m", "transduce"] if ranks > 1 else
-                [sys.executable, "-m", "transduce"])  # fmt: skip
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(ranks),
+            "--standalone",
+            "-m",
+            "transduce",
+        ]
+        if ranks > 1
+        else [sys.executable, "-m", "transduce"]
+    )
     return subprocess.run(
         [*launcher, "train", "--config", str(cfg), "--out", str(out), "--quiet", *extra],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
@@ -52,18 +66,30 @@ def test_two_ranks_from_a_prepared_folder_resume_exactly(tmp_path: Path) -> None
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) for _ in range(400)]
     (tmp_path / "train.src").write_text("\n".join(lines) + "\n")
     (tmp_path / "train.tgt").write_text("\n".join(x.upper() for x in lines) + "\n")
-    files = CONFIG.replace("prepared: PREPARED", f"train_src: {tmp_path / 'train.src'}, "
-                           f"train_tgt: {tmp_path / 'train.tgt'}").replace("FREQ", "1")  # fmt: skip
+    files = CONFIG.replace(
+        "prepared: PREPARED",
+        f"train_src: {tmp_path / 'train.src'}, train_tgt: {tmp_path / 'train.tgt'}",
+    ).replace("FREQ", "1")
     (tmp_path / "files.yaml").write_text(files)
-    prepare(load_config(tmp_path / "files.yaml"), tmp_path / "p", workers=1, shard_pairs=150,
-            show_progress=False, log=lambda _: None)  # fmt: skip
+    prepare(
+        load_config(tmp_path / "files.yaml"),
+        tmp_path / "p",
+        workers=1,
+        shard_pairs=150,
+        show_progress=False,
+        log=lambda _: None,
+    )
     for name, freq in (("ddp", 1), ("single", 2)):
         (tmp_path / f"{name}.yaml").write_text(
-            CONFIG.replace("PREPARED", str(tmp_path / "p")).replace("FREQ", str(freq)))
+            CONFIG.replace("PREPARED", str(tmp_path / "p")).replace("FREQ", str(freq))
+        )
 
     full = _train(tmp_path / "ddp.yaml", tmp_path / "full", 2)
     assert full.returncode == 0, full.stderr[-3000:]
-    assert "on 2 process(es)" in full.stderr and "prepared pairs (uint16 ids, 3 shard(s))" in full.stderr
+    assert (
+        "on 2 process(es)" in full.stderr
+        and "prepared pairs (uint16 ids, 3 shard(s))" in full.stderr
+    )
     losses = _losses(tmp_path / "full")
     assert len(losses) == 6 and losses[0] != pytest.approx(losses[-1], rel=1e-3)
 
@@ -80,5 +106,6 @@ def test_two_ranks_from_a_prepared_folder_resume_exactly(tmp_path: Path) -> None
             # dropout masks, which one process cannot replay: tests/training/test_distributed.py
             # checks the losses of such a move without dropout)
             assert "resuming a run of 2 process(es) on 1: epoch 0 continues at batch 6" in (
-                resumed.stderr)  # fmt: skip
+                resumed.stderr
+            )
             assert len(_losses(cut)) == 6 and _losses(cut)[:3] == losses[:3]

@@ -55,10 +55,23 @@ def test_two_ranks_skip_together_and_stop_together(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSDUCE_MALLOC_TUNING": "0"}
     # Ranks that disagree wait for each other for ever: a timeout ends torchrun and each rank.
     torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-         str(script), str(config), str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            str(script),
+            str(config),
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = torchrun.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -83,7 +96,8 @@ def test_two_ranks_skip_together_and_stop_together(tmp_path: Path) -> None:
     for key, value in ranks[0]["model"].items():
         assert torch.equal(value, ranks[1]["model"][key]), key
     assert [p.name for p in checkpoint.step_checkpoints(out / "checkpoints")] == [
-        "step_00000006.pt"]  # fmt: skip
+        "step_00000006.pt"
+    ]
     saved = checkpoint.load(out / "checkpoints" / "step_00000006.pt")
     for key, value in saved["model"].items():
         assert torch.equal(value, ranks[0]["model"][key]), key

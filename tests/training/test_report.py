@@ -42,19 +42,47 @@ class FakeStream(io.StringIO):
 
 
 def test_step_line_has_the_fields_in_order() -> None:
-    line = step_line(step=120, epoch=2, loss=3.45612, ppl=31.7, lr=1.2345e-4, grad_norm=0.81234,
-                     tokens_per_s=4520.4, elapsed=83.2, eta=725.0)  # fmt: skip
-    assert line == ("step=120 epoch=2 loss=3.4561 ppl=31.70 lr=1.234e-04 gnorm=0.812 tok/s=4520 "
-                    "elapsed=0:01:23 eta=0:12:05")  # fmt: skip
-    assert step_line(step=1, epoch=0, loss=1, ppl=2, lr=0, grad_norm=1, tokens_per_s=0, elapsed=0,
-                     eta=None).endswith("elapsed=0:00:00 eta=?")  # fmt: skip
-    assert step_line(step=1, epoch=0, loss=1, ppl=2, lr=0, grad_norm=1, tokens_per_s=0, elapsed=0,
-                     eta=None, skipped=3).endswith("eta=? skipped=3")  # fmt: skip
+    line = step_line(
+        step=120,
+        epoch=2,
+        loss=3.45612,
+        ppl=31.7,
+        lr=1.2345e-4,
+        grad_norm=0.81234,
+        tokens_per_s=4520.4,
+        elapsed=83.2,
+        eta=725.0,
+    )
+    assert line == (
+        "step=120 epoch=2 loss=3.4561 ppl=31.70 lr=1.234e-04 gnorm=0.812 tok/s=4520 "
+        "elapsed=0:01:23 eta=0:12:05"
+    )
+    assert step_line(
+        step=1, epoch=0, loss=1, ppl=2, lr=0, grad_norm=1, tokens_per_s=0, elapsed=0, eta=None
+    ).endswith("elapsed=0:00:00 eta=?")
+    assert step_line(
+        step=1,
+        epoch=0,
+        loss=1,
+        ppl=2,
+        lr=0,
+        grad_norm=1,
+        tokens_per_s=0,
+        elapsed=0,
+        eta=None,
+        skipped=3,
+    ).endswith("eta=? skipped=3")
 
 
 def test_valid_line_names_loss_ppl_then_the_tasks_metrics() -> None:
-    metrics = {"valid_loss": 2.88123, "valid_nll": 2.5, "valid_ppl": 12.0, "neg_valid_nll": -2.5,
-               "bleu": 21.37, "chrf": 45.125}  # fmt: skip
+    metrics = {
+        "valid_loss": 2.88123,
+        "valid_nll": 2.5,
+        "valid_ppl": 12.0,
+        "neg_valid_nll": -2.5,
+        "bleu": 21.37,
+        "chrf": 45.125,
+    }
     assert valid_line(500, metrics) == "valid step=500 loss=2.8812 ppl=12 bleu=21.37 chrf=45.125"
     assert valid_line(3, {"seq_accuracy": 1.0}) == "valid step=3 seq_accuracy=1"
 
@@ -81,11 +109,27 @@ def test_is_terminal() -> None:
 
 
 TINY: dict[str, Any] = {
-    "n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8, "dropout": 0.0,
-    "max_tokens": 128, "warmup": 10, "max_steps": 6, "save_every": 100, "log_every": 2,
-    "eval_every": 3, "tensorboard": False, "name": "copy", "train_size": 60, "valid_size": 10,
-    "max_length": 4, "n_symbols": 4, "beam": 1,
-}  # fmt: skip
+    "n_layers": 1,
+    "d_model": 16,
+    "d_ff": 32,
+    "n_heads": 2,
+    "d_k": 8,
+    "d_v": 8,
+    "dropout": 0.0,
+    "max_tokens": 128,
+    "warmup": 10,
+    "max_steps": 6,
+    "save_every": 100,
+    "log_every": 2,
+    "eval_every": 3,
+    "tensorboard": False,
+    "name": "copy",
+    "train_size": 60,
+    "valid_size": 10,
+    "max_length": 4,
+    "n_symbols": 4,
+    "beam": 1,
+}
 
 
 def _train(tmp_path: Path, stream: FakeStream, show_progress: bool | None) -> list[str]:
@@ -98,9 +142,17 @@ def _train(tmp_path: Path, stream: FakeStream, show_progress: bool | None) -> li
     old = sys.stderr
     sys.stderr = stream
     try:
-        Trainer(cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=tmp_path,
-                valid_pairs=valid, validator=accuracy_validator(cfg, valid),
-                score_key="seq_accuracy", show_progress=show_progress).train()  # fmt: skip
+        Trainer(
+            cfg,
+            model,
+            task.vocab,
+            encode_pairs(task.vocab, task.train),
+            run_dir=tmp_path,
+            valid_pairs=valid,
+            validator=accuracy_validator(cfg, valid),
+            score_key="seq_accuracy",
+            show_progress=show_progress,
+        ).train()
     finally:
         sys.stderr = old
     return stream.getvalue().splitlines()
@@ -115,7 +167,9 @@ def test_without_a_terminal_a_line_per_log_every_steps_and_per_validation(tmp_pa
     assert all(STEP.match(line).group(3) != "?" for line in lines if STEP.match(line))
     assert not any("\r" in line or "it/s" in line for line in lines)  # no bar
     assert lines[0].startswith("transduce: training on")  # the start-up line as before
-    order = [line.split()[0].split("=")[0] for line in lines if STEP.match(line) or VALID.match(line)]
+    order = [
+        line.split()[0].split("=")[0] for line in lines if STEP.match(line) or VALID.match(line)
+    ]
     assert order == ["step", "valid", "step", "step", "valid"]  # as they happen
 
 
@@ -130,20 +184,52 @@ def test_quiet_silences_the_lines_and_a_terminal_gets_the_bar(tmp_path: Path) ->
 
 def test_cli_train_reports_headless_and_quiet(tmp_path: Path, capsys) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {k: TINY[k] for k in ("n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v")},
-        "train": {k: TINY[k] for k in ("max_tokens", "warmup", "max_steps", "save_every",
-                                       "log_every", "eval_every", "tensorboard")},
-        "task": {k: TINY[k] for k in ("name", "train_size", "valid_size", "max_length",
-                                      "n_symbols")},
-    }))  # fmt: skip
-    assert main(["--no-malloc-tuning", "train", "--config", str(config), "--out",
-                 str(tmp_path / "a")]) == 0  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    k: TINY[k] for k in ("n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v")
+                },
+                "train": {
+                    k: TINY[k]
+                    for k in (
+                        "max_tokens",
+                        "warmup",
+                        "max_steps",
+                        "save_every",
+                        "log_every",
+                        "eval_every",
+                        "tensorboard",
+                    )
+                },
+                "task": {
+                    k: TINY[k]
+                    for k in ("name", "train_size", "valid_size", "max_length", "n_symbols")
+                },
+            }
+        )
+    )
+    assert (
+        main(["--no-malloc-tuning", "train", "--config", str(config), "--out", str(tmp_path / "a")])
+        == 0
+    )
     err = capsys.readouterr().err.splitlines()
     assert [int(STEP.match(x).group(1)) for x in err if STEP.match(x)] == [2, 4, 6]
     assert [x.split()[1] for x in err if VALID.match(x)] == ["step=3", "step=6"]
-    assert main(["--no-malloc-tuning", "train", "--config", str(config), "--out",
-                 str(tmp_path / "b"), "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "train",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "b"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.splitlines()
     assert not any(STEP.match(x) or VALID.match(x) for x in err)
 
@@ -153,8 +239,14 @@ def test_periodic_lines_only_for_long_work() -> None:
 
     def run(seconds_per_update: float, updates: int) -> list[str]:
         stream = FakeStream(terminal=False)
-        lines = PeriodicLines("translate", 5 * updates, unit="sentences", every_s=30,
-                              stream=stream, clock=lambda: now[0])  # fmt: skip
+        lines = PeriodicLines(
+            "translate",
+            5 * updates,
+            unit="sentences",
+            every_s=30,
+            stream=stream,
+            clock=lambda: now[0],
+        )
         for _ in range(updates):
             now[0] += seconds_per_update
             lines.update(5)
@@ -173,8 +265,9 @@ def test_periodic_lines_only_for_long_work() -> None:
     ]
 
 
-def test_translation_without_a_terminal_reports_every_interval(tmp_path: Path, monkeypatch,
-                                                               capsys) -> None:  # fmt: skip
+def test_translation_without_a_terminal_reports_every_interval(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     """translate and evaluate: the same lines for work that takes minutes (here every 0 s)."""
     import functools
 
@@ -184,13 +277,16 @@ def test_translation_without_a_terminal_reports_every_interval(tmp_path: Path, m
 
     model = save_toy_translation_model(tmp_path / "m.pt", {"beam": 1, "max_len_offset": 3})
     translator = translator_module.Translator.load(model)
-    monkeypatch.setattr(translator_module, "PeriodicLines",
-                        functools.partial(PeriodicLines, every_s=0.0))  # fmt: skip
+    monkeypatch.setattr(
+        translator_module, "PeriodicLines", functools.partial(PeriodicLines, every_s=0.0)
+    )
     small_batches = translator.decode_config(batch_tokens=8)
     translator.translate(toy_sentences(6), small_batches, show_progress=None)
     lines = capsys.readouterr().err.splitlines()
-    assert lines and all(re.fullmatch(r"translate done=\d+/6 sentences/s=\S+ elapsed=\S+ eta=\S+",
-                                      line) for line in lines), lines  # fmt: skip
+    assert lines and all(
+        re.fullmatch(r"translate done=\d+/6 sentences/s=\S+ elapsed=\S+ eta=\S+", line)
+        for line in lines
+    ), lines
     assert lines[-1].startswith("translate done=6/6")
     translator.translate(toy_sentences(6), small_batches, show_progress=False)  # --quiet
     assert capsys.readouterr().err == ""

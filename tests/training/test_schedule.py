@@ -40,7 +40,9 @@ def test_up_then_down() -> None:
 def test_factor_scales() -> None:
     for step in (1, 40, 4000, 9000):
         base = rate(step, d_model=512, warmup=4000)
-        assert rate(step, d_model=512, warmup=4000, factor=2.5) == pytest.approx(2.5 * base, rel=1e-12)
+        assert rate(step, d_model=512, warmup=4000, factor=2.5) == pytest.approx(
+            2.5 * base, rel=1e-12
+        )
 
 
 def test_cooldown_off_is_one() -> None:

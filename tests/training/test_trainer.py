@@ -35,14 +35,28 @@ from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
-    "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
-              "dropout": 0.1},
-    "train": {"max_tokens": 256, "warmup": 50, "max_steps": 40, "save_every": 10,
-              "log_every": 1, "eval_every": 0, "keep_last": 5, "tensorboard": False},
-    "task": {"name": "copy", "train_size": 500, "valid_size": 50, "max_length": 6,
-             "n_symbols": 6},
+    "model": {
+        "n_layers": 1,
+        "d_model": 32,
+        "d_ff": 64,
+        "n_heads": 2,
+        "d_k": 16,
+        "d_v": 16,
+        "dropout": 0.1,
+    },
+    "train": {
+        "max_tokens": 256,
+        "warmup": 50,
+        "max_steps": 40,
+        "save_every": 10,
+        "log_every": 1,
+        "eval_every": 0,
+        "keep_last": 5,
+        "tensorboard": False,
+    },
+    "task": {"name": "copy", "train_size": 500, "valid_size": 50, "max_length": 6, "n_symbols": 6},
     "decode": {"beam": 1},
-}  # fmt: skip
+}
 
 
 def _cfg(**values: Any) -> Config:
@@ -56,9 +70,14 @@ def _trainer(run_dir: Path, cfg: Config, **kwargs: Any) -> Trainer:
     model = make_model(cfg.model, src_vocab_size=len(task.vocab))
     kwargs.setdefault("valid_pairs", encode_pairs(task.vocab, task.valid))
     return Trainer(
-        cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=run_dir,
-        show_progress=False, **kwargs,
-    )  # fmt: skip
+        cfg,
+        model,
+        task.vocab,
+        encode_pairs(task.vocab, task.train),
+        run_dir=run_dir,
+        show_progress=False,
+        **kwargs,
+    )
 
 
 def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> bool:
@@ -76,8 +95,11 @@ def _run(config: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str
     script = Path(__file__).with_name("killed_run.py")
     return subprocess.run(
         [sys.executable, str(script), str(config), str(out), *args],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
@@ -88,14 +110,27 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
 
     # The uninterrupted reference runs in this process (single-threaded, like the subprocesses).
-    assert main(["--no-malloc-tuning", "train", "--config", str(cfg_file), "--out", str(straight),
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--no-malloc-tuning",
+                "train",
+                "--config",
+                str(cfg_file),
+                "--out",
+                str(straight),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
 
     died = _run(cfg_file, killed, "--die-at-step", "25")
     assert died.returncode == -signal.SIGKILL, died.stderr
     assert [p.name for p in checkpoint.step_checkpoints(killed / "checkpoints")] == [
-        "step_00000010.pt", "step_00000020.pt",
-    ]  # fmt: skip
+        "step_00000010.pt",
+        "step_00000020.pt",
+    ]
     assert max(r["step"] for r in records(killed)) == 25  # steps 21..25 will be redone
     assert not (killed / "model.pt").exists()
 
@@ -167,7 +202,9 @@ def _epoch_pairs(calls: list[int] | None = None):  # noqa: ANN202 - a Resegment
 
 def test_resegment_gives_each_epoch_its_own_pairs(tmp_path: Path) -> None:
     calls: list[int] = []
-    trainer = _trainer(tmp_path, _cfg(max_steps=10_000, max_epochs=3), resegment=_epoch_pairs(calls))
+    trainer = _trainer(
+        tmp_path, _cfg(max_steps=10_000, max_epochs=3), resegment=_epoch_pairs(calls)
+    )
     pairs = _epoch_pairs()
     batches = [len(token_batches(model_lengths(pairs(e)), 256, seed=1, epoch=e)) for e in range(3)]
     summary = trainer.train()
@@ -182,8 +219,9 @@ def test_resegment_with_several_processes_is_refused(
 ) -> None:
     # SentencePiece's BPE-dropout draws differently in each process: ranks would disagree
     two = trainer_module.distributed.World(rank=0, size=2)
-    monkeypatch.setattr(trainer_module.distributed, "init_from_env",
-                        lambda device: (two, torch.device("cpu")))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_module.distributed, "init_from_env", lambda device: (two, torch.device("cpu"))
+    )
     with pytest.raises(UserError, match="bpe_dropout with 2 processes"):
         _trainer(tmp_path, _cfg(), resegment=_epoch_pairs())
 
@@ -275,7 +313,9 @@ def test_pad_multiple_pads_the_batches_read_and_leaves_the_update(tmp_path: Path
 
 def test_update_freq_groups_batches(tmp_path: Path) -> None:
     one = _trainer(tmp_path / "one", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0))
-    two = _trainer(tmp_path / "two", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0, update_freq=2))
+    two = _trainer(
+        tmp_path / "two", _cfg(max_epochs=1, max_steps=10_000, dropout=0.0, update_freq=2)
+    )
     n_batches = len(token_batches(one.feed.lengths, 256, seed=1, epoch=0))
     assert one.train()["step"] == n_batches
     assert two.train()["step"] == (n_batches + 1) // 2
@@ -331,8 +371,9 @@ def test_cooldown_over_steps(tmp_path: Path) -> None:
 
 
 def test_cooldown_over_minutes(tmp_path: Path) -> None:
-    summary = _trainer(tmp_path, _cfg(max_steps=100_000, max_minutes=0.03, warmup=1,
-                                      cooldown=0.5)).train()  # fmt: skip
+    summary = _trainer(
+        tmp_path, _cfg(max_steps=100_000, max_minutes=0.03, warmup=1, cooldown=0.5)
+    ).train()
     assert summary["stopped_by"] == "max_minutes"
     logged = [r for r in records(tmp_path) if "lr" in r]
     plain = [rate(r["step"], d_model=32, warmup=1) for r in logged]
@@ -371,8 +412,9 @@ def test_average_last(tmp_path: Path) -> None:
 def test_keep_last_prunes(tmp_path: Path) -> None:
     _trainer(tmp_path, _cfg(max_steps=9, save_every=2, keep_last=2)).train()
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path / "checkpoints")] == [
-        "step_00000008.pt", "step_00000009.pt",
-    ]  # fmt: skip
+        "step_00000008.pt",
+        "step_00000009.pt",
+    ]
 
 
 class Scripted:
@@ -406,18 +448,22 @@ def test_best_pt_follows_validation(tmp_path: Path) -> None:
 def test_early_stopping(tmp_path: Path) -> None:
     scripted = Scripted([0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
     summary = _trainer(
-        tmp_path, _cfg(max_steps=100, eval_every=2, patience=2), validator=scripted,
+        tmp_path,
+        _cfg(max_steps=100, eval_every=2, patience=2),
+        validator=scripted,
         score_key="score",
-    ).train()  # fmt: skip
+    ).train()
     assert summary["stopped_by"] == "early_stopping" and summary["step"] == 6
 
 
 def test_target_seq_accuracy(tmp_path: Path) -> None:
     scripted = Scripted([0.2, 0.9, 0.95, 1.0], key="seq_accuracy")
     summary = _trainer(
-        tmp_path, _cfg(max_steps=100, eval_every=3, target_seq_accuracy=0.95), validator=scripted,
+        tmp_path,
+        _cfg(max_steps=100, eval_every=3, target_seq_accuracy=0.95),
+        validator=scripted,
         score_key="seq_accuracy",
-    ).train()  # fmt: skip
+    ).train()
     assert summary["stopped_by"] == "target_seq_accuracy"
     assert summary["step"] == 9 and summary["seq_accuracy"] == 0.95
     assert len(scripted.seen) == 3  # no extra validation at the end
@@ -456,9 +502,14 @@ def test_bf16_training_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "caps,auto", [({}, "fp32"), ({"avx512_f": True}, "fp32"), ({"avx512_bf16": True}, "bf16"),
-                  ({"amx_bf16": True, "amx_tile": True}, "bf16")],
-)  # fmt: skip
+    "caps,auto",
+    [
+        ({}, "fp32"),
+        ({"avx512_f": True}, "fp32"),
+        ({"avx512_bf16": True}, "bf16"),
+        ({"amx_bf16": True, "amx_tile": True}, "bf16"),
+    ],
+)
 def test_auto_precision_is_bf16_only_on_cpus_with_bfloat16_instructions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool], auto: str
 ) -> None:
@@ -535,14 +586,34 @@ def test_fp16_skip_for_a_nan_loss_backs_the_scale_off_too(
 
 def test_learns_copy_task_exactly(tmp_path: Path) -> None:
     # Reaches 100% at 300-375 steps for seeds 1-3 (~6 s on an idle core).
-    cfg = update(Config(), {
-        "n_layers": 1, "d_model": 64, "d_ff": 64, "n_heads": 4, "d_k": 16, "d_v": 16,
-        "dropout": 0.0, "label_smoothing": 0.0, "warmup": 100, "clip_norm": 1.0,
-        "max_tokens": 512, "max_steps": 1000, "eval_every": 25, "save_every": 1000,
-        "log_every": 50, "target_seq_accuracy": 1.0, "tensorboard": False,
-        "name": "copy", "train_size": 2000, "valid_size": 100, "max_length": 5, "n_symbols": 8,
-        "beam": 1,
-    })  # fmt: skip
+    cfg = update(
+        Config(),
+        {
+            "n_layers": 1,
+            "d_model": 64,
+            "d_ff": 64,
+            "n_heads": 4,
+            "d_k": 16,
+            "d_v": 16,
+            "dropout": 0.0,
+            "label_smoothing": 0.0,
+            "warmup": 100,
+            "clip_norm": 1.0,
+            "max_tokens": 512,
+            "max_steps": 1000,
+            "eval_every": 25,
+            "save_every": 1000,
+            "log_every": 50,
+            "target_seq_accuracy": 1.0,
+            "tensorboard": False,
+            "name": "copy",
+            "train_size": 2000,
+            "valid_size": 100,
+            "max_length": 5,
+            "n_symbols": 8,
+            "beam": 1,
+        },
+    )
     summary = train_synthetic(cfg, tmp_path, show_progress=False)
     assert summary["seq_accuracy"] == 1.0, summary
     assert summary["stopped_by"] == "target_seq_accuracy"

@@ -39,8 +39,12 @@ def write_corpus(folder: Path, n: int = 200, seed: int = 0, *, gz: bool = False)
     src[4] = ""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, lines in {"train.src": src, "train.tgt": tgt,
-                        "valid.src": src[:20], "valid.tgt": tgt[:20]}.items():  # fmt: skip
+    for name, lines in {
+        "train.src": src,
+        "train.tgt": tgt,
+        "valid.src": src[:20],
+        "valid.tgt": tgt[:20],
+    }.items():
         data = "".join(line + "\n" for line in lines).encode("utf-8")
         path = folder / (name + (".gz" if gz else ""))
         path.write_bytes(gzip.compress(data) if gz else data)
@@ -50,19 +54,40 @@ def write_corpus(folder: Path, n: int = 200, seed: int = 0, *, gz: bool = False)
 
 def tiny_config(paths: dict[str, str], **train_overrides):  # noqa: ANN201
     train_cfg = {
-        "max_steps": 12, "warmup": 10, "max_tokens": 400, "eval_every": 6, "save_every": 6,
-        "keep_last": 2, "average_last": 2, "log_every": 3, "valid_beam": 1,
-    }  # fmt: skip
+        "max_steps": 12,
+        "warmup": 10,
+        "max_tokens": 400,
+        "eval_every": 6,
+        "save_every": 6,
+        "keep_last": 2,
+        "average_last": 2,
+        "log_every": 3,
+        "valid_beam": 1,
+    }
     train_cfg.update(train_overrides)
-    return from_dict({
-        "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16,
-                  "dropout": 0.0},
-        "train": train_cfg,
-        "task": {"name": "translation", "train_src": paths["train_src"],
-                 "train_tgt": paths["train_tgt"], "valid_src": paths["valid_src"],
-                 "valid_tgt": paths["valid_tgt"], "vocab_size": 60},
-        "decode": {"max_len_offset": 5},
-    })  # fmt: skip
+    return from_dict(
+        {
+            "model": {
+                "n_layers": 1,
+                "d_model": 32,
+                "d_ff": 64,
+                "n_heads": 2,
+                "d_k": 16,
+                "d_v": 16,
+                "dropout": 0.0,
+            },
+            "train": train_cfg,
+            "task": {
+                "name": "translation",
+                "train_src": paths["train_src"],
+                "train_tgt": paths["train_tgt"],
+                "valid_src": paths["valid_src"],
+                "valid_tgt": paths["valid_tgt"],
+                "vocab_size": 60,
+            },
+            "decode": {"max_len_offset": 5},
+        }
+    )
 
 
 def test_run_folder_vocab_metrics_and_report(tmp_path) -> None:
@@ -150,8 +175,9 @@ def test_bpe_dropout_segments_the_training_text_anew_each_epoch(tmp_path, monkey
     monkeypatch.setattr(SentencePieceVocab, "sample_batch", spy)
     paths = write_corpus(tmp_path / "data")
     plain_cfg = tiny_config(paths)
-    cfg = from_dict({**plain_cfg.to_dict(),
-                     "task": {**plain_cfg.to_dict()["task"], "bpe_dropout": 0.3}})  # fmt: skip
+    cfg = from_dict(
+        {**plain_cfg.to_dict(), "task": {**plain_cfg.to_dict()["task"], "bpe_dropout": 0.3}}
+    )
     out = tmp_path / "run"
     summary = train_translation(cfg, out, show_progress=False, log=lambda _: None)
     assert summary["step"] == 12 and summary["epoch"] >= 1  # 12 steps span several epochs
@@ -190,9 +216,11 @@ def test_relative_paths_are_relative_to_the_current_directory(tmp_path, monkeypa
     keys = ("train_src", "train_tgt", "valid_src", "valid_tgt")
     rel = {k: f"data/{k.replace('_', '.')}" for k in keys}
     summary = train_translation(
-        tiny_config(rel, max_steps=3, eval_every=0, average_last=0), "run",
-        show_progress=False, log=lambda _: None,
-    )  # fmt: skip
+        tiny_config(rel, max_steps=3, eval_every=0, average_last=0),
+        "run",
+        show_progress=False,
+        log=lambda _: None,
+    )
     assert summary["train_pairs"] == 199 and (tmp_path / "run" / "model.pt").is_file()
 
 
@@ -227,8 +255,12 @@ def test_missing_settings(tmp_path) -> None:
         from_dict({"task": {"vocab_size": 0}})
     with pytest.raises(UserError, match="valid_beam"):
         from_dict({"train": {"valid_beam": 0}})
-    too_big = from_dict({**tiny_config(paths).to_dict(), "task": {
-        **tiny_config(paths).to_dict()["task"], "vocab_size": 5000}})  # fmt: skip
+    too_big = from_dict(
+        {
+            **tiny_config(paths).to_dict(),
+            "task": {**tiny_config(paths).to_dict()["task"], "vocab_size": 5000},
+        }
+    )
     with pytest.raises(UserError, match="vocab_size 5000 is too large"):
         train_translation(too_big, tmp_path / "run", log=lambda _: None)
     with pytest.raises(UserError, match="longer than max_len=2"):
@@ -239,19 +271,23 @@ def test_without_validation_files(tmp_path) -> None:
     paths = dict(write_corpus(tmp_path / "data"), valid_src="", valid_tgt="")
     logged: list[str] = []
     summary = train_translation(
-        tiny_config(paths, max_steps=3, average_last=0), tmp_path / "run", show_progress=False,
+        tiny_config(paths, max_steps=3, average_last=0),
+        tmp_path / "run",
+        show_progress=False,
         log=logged.append,
-    )  # fmt: skip
+    )
     assert summary["step"] == 3 and (tmp_path / "run" / "model.pt").is_file()
     assert any("no validation files" in line for line in logged)
 
 
 def test_train_dispatches_by_task(tmp_path, monkeypatch) -> None:
     calls = []
-    monkeypatch.setitem(run.TASKS, SyntheticTaskConfig,
-                        lambda cfg, out, **kw: calls.append("synthetic"))  # fmt: skip
-    monkeypatch.setitem(run.TASKS, TranslationTaskConfig,
-                        lambda cfg, out, **kw: calls.append("translate"))  # fmt: skip
+    monkeypatch.setitem(
+        run.TASKS, SyntheticTaskConfig, lambda cfg, out, **kw: calls.append("synthetic")
+    )
+    monkeypatch.setitem(
+        run.TASKS, TranslationTaskConfig, lambda cfg, out, **kw: calls.append("translate")
+    )
     train(from_dict({"task": {"name": "copy"}}), tmp_path)
     train(from_dict({"task": {"name": "translation"}}), tmp_path)
     assert calls == ["synthetic", "translate"]
@@ -279,9 +315,11 @@ def test_without_tensorboard_a_notice_and_training_goes_on(tmp_path, monkeypatch
     paths = write_corpus(tmp_path / "data")
     for name in ("run1", "run2"):
         summary = train_translation(
-            tiny_config(paths, max_steps=3, average_last=0), tmp_path / name, show_progress=False,
+            tiny_config(paths, max_steps=3, average_last=0),
+            tmp_path / name,
+            show_progress=False,
             log=lambda _: None,
-        )  # fmt: skip
+        )
         assert summary["step"] == 3
         assert not (tmp_path / name / "tensorboard").exists()
     assert capsys.readouterr().err.count("tensorboard is not installed") == 1
@@ -290,9 +328,11 @@ def test_without_tensorboard_a_notice_and_training_goes_on(tmp_path, monkeypatch
 def test_tensorboard_can_be_switched_off(tmp_path) -> None:
     paths = write_corpus(tmp_path / "data")
     train_translation(
-        tiny_config(paths, max_steps=2, average_last=0, tensorboard=False), tmp_path / "run",
-        show_progress=False, log=lambda _: None,
-    )  # fmt: skip
+        tiny_config(paths, max_steps=2, average_last=0, tensorboard=False),
+        tmp_path / "run",
+        show_progress=False,
+        log=lambda _: None,
+    )
     assert not (tmp_path / "run" / "tensorboard").exists()
 
 

@@ -27,13 +27,28 @@ from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 TINY: dict[str, Any] = {
-    "model": {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8,
-              "dropout": 0.1},
-    "train": {"max_tokens": 128, "warmup": 10, "max_steps": 8, "save_every": 4, "log_every": 1,
-              "eval_every": 0, "keep_last": 5, "tensorboard": False},
+    "model": {
+        "n_layers": 1,
+        "d_model": 16,
+        "d_ff": 32,
+        "n_heads": 2,
+        "d_k": 8,
+        "d_v": 8,
+        "dropout": 0.1,
+    },
+    "train": {
+        "max_tokens": 128,
+        "warmup": 10,
+        "max_steps": 8,
+        "save_every": 4,
+        "log_every": 1,
+        "eval_every": 0,
+        "keep_last": 5,
+        "tensorboard": False,
+    },
     "task": {"name": "copy", "train_size": 200, "valid_size": 8, "max_length": 5, "n_symbols": 5},
     "decode": {"beam": 1},
-}  # fmt: skip
+}
 
 
 def write_config(path: Path, **train: Any) -> Path:
@@ -51,8 +66,14 @@ def tiny_trainer(run_dir: Path, **train: Any) -> Trainer:
     task = make_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
     model = make_model(cfg.model, src_vocab_size=len(task.vocab))
-    return Trainer(cfg, model, task.vocab, encode_pairs(task.vocab, task.train), run_dir=run_dir,
-                   show_progress=False)  # fmt: skip
+    return Trainer(
+        cfg,
+        model,
+        task.vocab,
+        encode_pairs(task.vocab, task.train),
+        run_dir=run_dir,
+        show_progress=False,
+    )
 
 
 def _no_bare_constants(name: str) -> Any:

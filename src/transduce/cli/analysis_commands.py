@@ -13,9 +13,16 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
     model, vocab, _ = load_model(args.model)
     path = draw_attention(
-        model, vocab, args.src, Path(args.output), target=args.tgt, kind=args.kind,
-        layer=args.layer, head=args.head, style=args.style,
-    )  # fmt: skip
+        model,
+        vocab,
+        args.src,
+        Path(args.output),
+        target=args.tgt,
+        kind=args.kind,
+        layer=args.layer,
+        head=args.head,
+        style=args.style,
+    )
     print(json.dumps({"output": str(path)}))
     return 0
 
@@ -35,9 +42,7 @@ def _cmd_reversal(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0:
         raise UserError(f"--minutes must be positive; got {args.minutes}")
-    summary = reversal(
-        args.out, task=args.task, minutes=args.minutes, show_progress=not args.quiet
-    )
+    summary = reversal(args.out, task=args.task, minutes=args.minutes, show_progress=not args.quiet)
     print(json.dumps(summary))
     return 0
 

@@ -17,9 +17,13 @@ from transduce.errors import UserError
 
 def add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
-    )  # fmt: skip
+    )
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -30,11 +34,14 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     """``--precision``: the dtype of the weights a model decodes with (``args.weights``; not
     training's autocast ``train.precision``)."""
     p.add_argument(
-        "--precision", dest="weights", choices=("fp32", "bf16"), default="fp32",
+        "--precision",
+        dest="weights",
+        choices=("fp32", "bf16"),
+        default="fp32",
         help="weights for decoding: fp32 (as trained, the default) or bf16 (faster for batches "
         "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
         "translation may change)",
-    )  # fmt: skip
+    )
 
 
 def add_decoding(p: argparse.ArgumentParser) -> None:
@@ -43,19 +50,26 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
         "--model", required=True, help="checkpoint file (model.pt, best.pt) or run folder"
     )
     p.add_argument(
-        "--beam", type=int, default=None,
+        "--beam",
+        type=int,
+        default=None,
         help="beam size; 1 = greedy (default: the checkpoint's decode.beam, 4 unless its config "
         "set another)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alpha", type=float, default=None,
+        "--alpha",
+        type=float,
+        default=None,
         help="length penalty alpha (default: the checkpoint's decode.alpha: 0.6 unless its config "
         "set another, e.g. 1.6 in configs/multi30k_en_de.yaml)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--batch-tokens", type=int, default=None, metavar="N",
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
         help="padded source tokens per batch (default: the model's decode.batch_tokens, 4000)",
-    )  # fmt: skip
+    )
     add_device(p)
     add_precision(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -113,8 +127,10 @@ def refuse_parser(task_name: str, model: str, command: str) -> None:
     """A UserError when ``model`` (its ``task.name``) is a parser: ``command`` gives text, and a
     parser's output is a tree, which ``transduce parse`` builds (raw bracket tokens are not)."""
     if task_name == "parsing":
-        raise UserError(f"{model} is a parsing model: `transduce {command}` gives text; use "
-                        "`transduce parse` for its trees")  # fmt: skip
+        raise UserError(
+            f"{model} is a parsing model: `transduce {command}` gives text; use "
+            "`transduce parse` for its trees"
+        )
 
 
 def unknown_warning(vocab: Any, sentences: Sequence[str]) -> str | None:
@@ -129,8 +145,10 @@ def unknown_warning(vocab: Any, sentences: Sequence[str]) -> str | None:
         return None
     what = "characters" if isinstance(source, CharVocab) else "pieces"
     alphabet = f" ({''.join(source.symbols)})" if isinstance(source, CharVocab) else ""
-    return (f"transduce: warning: {n} input {what} not in the model's vocabulary{alphabet}, "
-            "read as <unk>")
+    return (
+        f"transduce: warning: {n} input {what} not in the model's vocabulary{alphabet}, "
+        "read as <unk>"
+    )
 
 
 def one_output_line(text: str) -> str:
@@ -141,6 +159,13 @@ def one_output_line(text: str) -> str:
 
 
 __all__ = [
-    "add_decoding", "add_device", "add_precision", "add_set", "one_output_line", "read_input",
-    "refuse_parser", "unknown_warning", "write_output",
+    "add_decoding",
+    "add_device",
+    "add_precision",
+    "add_set",
+    "one_output_line",
+    "read_input",
+    "refuse_parser",
+    "unknown_warning",
+    "write_output",
 ]

@@ -23,14 +23,31 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from transduce.data.prepare import prepare
 
     manifest = prepare(
-        _config(args), args.out, workers=args.workers, shard_pairs=args.shard_pairs,
-        show_progress=False if args.quiet else None, log=_log,
-    )  # fmt: skip
+        _config(args),
+        args.out,
+        workers=args.workers,
+        shard_pairs=args.shard_pairs,
+        show_progress=False if args.quiet else None,
+        log=_log,
+    )
     splits = manifest["splits"]
-    print(json.dumps({"out": args.out, "dtype": manifest["dtype"],
-                      **{k: {"pairs": v["pairs"], "removed": v["removed"],
-                             "shards": len(v["shards"]), "seconds": v["seconds"]}
-                         for k, v in splits.items()}}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "dtype": manifest["dtype"],
+                **{
+                    k: {
+                        "pairs": v["pairs"],
+                        "removed": v["removed"],
+                        "shards": len(v["shards"]),
+                        "seconds": v["seconds"],
+                    }
+                    for k, v in splits.items()
+                },
+            }
+        )
+    )
     return 0
 
 
@@ -46,14 +63,26 @@ def _cmd_data_multi30k(args: argparse.Namespace) -> int:
     from transduce.data.multi30k import SPLIT_SIZES, fetch_multi30k
 
     data = fetch_multi30k(
-        args.dest, src=args.src, tgt=args.tgt, from_dir=args.from_dir, progress=not args.quiet,
+        args.dest,
+        src=args.src,
+        tgt=args.tgt,
+        from_dir=args.from_dir,
+        progress=not args.quiet,
         force=args.force,
-    )  # fmt: skip
-    print(json.dumps({
-        "dest": str(data.root), "src": data.src, "tgt": data.tgt,
-        "splits": {split: {"lines": SPLIT_SIZES[split], **{lang: str(p) for lang, p in f.items()}}
-                   for split, f in data.files.items()},
-    }))  # fmt: skip
+    )
+    print(
+        json.dumps(
+            {
+                "dest": str(data.root),
+                "src": data.src,
+                "tgt": data.tgt,
+                "splits": {
+                    split: {"lines": SPLIT_SIZES[split], **{lang: str(p) for lang, p in f.items()}}
+                    for split, f in data.files.items()
+                },
+            }
+        )
+    )
     return 0
 
 
@@ -68,8 +97,7 @@ def _cmd_data_ptb(args: argparse.Namespace) -> int:
 def _cmd_data_wmt14(args: argparse.Namespace) -> int:
     from transduce.data.wmt14 import fetch_wmt14
 
-    record = fetch_wmt14(args.dest, pair=args.pair, from_dir=args.from_dir,
-                         progress=not args.quiet)  # fmt: skip
+    record = fetch_wmt14(args.dest, pair=args.pair, from_dir=args.from_dir, progress=not args.quiet)
     print(json.dumps({"dest": args.dest, "pair": record["pair"], "lines": record["files"]}))
     return 0
 
@@ -86,9 +114,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--dest", required=True, help="folder to put the files in (e.g. data/multi30k)")
     m.add_argument(
-        "--from", dest="from_dir", default=None, metavar="DIR",
+        "--from",
+        dest="from_dir",
+        default=None,
+        metavar="DIR",
         help="local mirror holding the .gz files (or a multi30k/ folder of them)",
-    )  # fmt: skip
+    )
     m.add_argument("--src", default="en", help="source language: en, de, fr or cs (default: en)")
     m.add_argument("--tgt", default="de", help="target language: en, de, fr or cs (default: de)")
     m.add_argument("--force", action="store_true", help="fetch again files already there")
@@ -103,8 +134,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "0180-0199 test.",
     )
     d.add_argument("--dest", required=True, help="folder to write (e.g. data/ptb-sample)")
-    d.add_argument("--from", dest="from_dir", default=None, metavar="FOLDER",
-                   help="a folder holding treebank.zip, instead of downloading it")  # fmt: skip
+    d.add_argument(
+        "--from",
+        dest="from_dir",
+        default=None,
+        metavar="FOLDER",
+        help="a folder holding treebank.zip, instead of downloading it",
+    )
     d.set_defaults(func=_cmd_data_ptb)
 
     d = data_sub.add_parser(
@@ -116,8 +152,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument("--pair", default="en-de", choices=("en-de", "en-fr"))
     d.add_argument("--dest", required=True, help="folder for the files (e.g. data/wmt14_en_de)")
-    d.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
-                   help="local mirror holding the archives under their public names")  # fmt: skip
+    d.add_argument(
+        "--from",
+        dest="from_dir",
+        default=None,
+        metavar="DIR",
+        help="local mirror holding the archives under their public names",
+    )
     d.add_argument("--quiet", action="store_true", help="no progress bar")
     d.set_defaults(func=_cmd_data_wmt14)
 
@@ -133,10 +174,16 @@ def register_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="YAML or TOML config of a translation task")
     p.add_argument("--out", required=True, help="new (or empty) folder for the prepared data")
-    p.add_argument("--workers", type=int, default=0,
-                   help="encoding processes (default 0: one per CPU core)")  # fmt: skip
-    p.add_argument("--shard-pairs", type=int, default=1_000_000, metavar="N",
-                   help="sentence pairs per shard (default 1,000,000)")  # fmt: skip
+    p.add_argument(
+        "--workers", type=int, default=0, help="encoding processes (default 0: one per CPU core)"
+    )
+    p.add_argument(
+        "--shard-pairs",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="sentence pairs per shard (default 1,000,000)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     add_set(p)
     p.set_defaults(func=_cmd_prepare)

@@ -27,8 +27,12 @@ from transduce.errors import Preempted, RunStopped, UserError
 
 # Each adds its subcommands to the subparsers, in the order `transduce --help` lists them.
 REGISTER = [
-    training_commands.register, data_commands.register, translation_commands.register,
-    parsing_commands.register, serve_commands.register, analysis_commands.register,
+    training_commands.register,
+    data_commands.register,
+    translation_commands.register,
+    parsing_commands.register,
+    serve_commands.register,
+    analysis_commands.register,
     data_commands.register_prepare,
 ]
 

@@ -20,9 +20,11 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     )
     todo = [i for i, words in enumerate(sentences) if words]  # a blank line stays blank
     parses = parser.parse(
-        [sentences[i] for i in todo], decode, constrained=args.constrained,
+        [sentences[i] for i in todo],
+        decode,
+        constrained=args.constrained,
         show_progress=None if not args.quiet else False,
-    )  # fmt: skip
+    )
     out = [""] * len(sentences)
     for i, parsed in zip(todo, parses, strict=True):
         out[i] = to_brackets(parsed.tree)
@@ -46,11 +48,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="default: the model's (21)")
     p.add_argument("--alpha", type=float, default=None, help="default: the model's (0.3)")
-    p.add_argument("--max-len-offset", type=int, default=None, metavar="N",
-                   help="outputs of at most input + N tokens (default: the model's, 300)")
-    p.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
-                   help="only continuations that can still become a well-formed tree with the "
-                   "input's words (default: the model's task.constrained)")  # fmt: skip
+    p.add_argument(
+        "--max-len-offset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="outputs of at most input + N tokens (default: the model's, 300)",
+    )
+    p.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only continuations that can still become a well-formed tree with the "
+        "input's words (default: the model's task.constrained)",
+    )
     add_device(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     p.set_defaults(func=_cmd_parse)

@@ -38,9 +38,7 @@ def _require(modules: tuple[str, ...], extra: str, what: str) -> None:
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise UserError(
-            f"{what} needs {', '.join(missing)}: pip install 'transduce[{extra}]'"
-        )
+        raise UserError(f"{what} needs {', '.join(missing)}: pip install 'transduce[{extra}]'")
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
@@ -52,8 +50,10 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 # SOURCE:TARGET=PATH (language codes as ``transduce.serve.models.LANGUAGE_CODE``)
-_MODEL_SPEC = re.compile(r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*):"
-                         r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*)=(.+)")  # fmt: skip
+_MODEL_SPEC = re.compile(
+    r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*):"
+    r"([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*)=(.+)"
+)
 
 
 def _model_specs(values: list[str]) -> list[tuple[str | None, str | None, str]]:
@@ -66,8 +66,10 @@ def _model_specs(values: list[str]) -> list[tuple[str | None, str | None, str]]:
     if len(specs) > 1:
         bare = [path for source, _, path in specs if source is None]
         if bare:
-            raise UserError(f"with several --model, give each its languages as "
-                            f"--model SOURCE:TARGET=PATH (en:de=en-de.pt); {bare[0]} has none")
+            raise UserError(
+                f"with several --model, give each its languages as "
+                f"--model SOURCE:TARGET=PATH (en:de=en-de.pt); {bare[0]} has none"
+            )
     pairs = [(s.lower(), t.lower()) for s, t, _ in specs if s is not None and t is not None]
     for pair in pairs:
         if pairs.count(pair) > 1:
@@ -79,20 +81,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _require(("fastapi", "uvicorn"), "serve", "transduce serve")
     import torch
 
+    from transduce.inference.translator import Translator
     from transduce.serve.dynamic_batching import BatchingConfig
     from transduce.serve.server import ApiKey, ServedModel, ServerLimits, create_app, serve
-    from transduce.inference.translator import Translator
 
     specs = _model_specs(args.model)
     _positive("--max-batch-sentences", args.max_batch_sentences)
     _positive("--batch-wait-ms", args.batch_wait_ms, allow_zero=True)
-    numbers = ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_queue",
-               "max_connections", "max_body_buffer", "header_timeout", "body_timeout")  # fmt: skip
+    numbers = (
+        "max_sentences",
+        "max_chars",
+        "max_body_bytes",
+        "max_beam",
+        "max_queue",
+        "max_connections",
+        "max_body_buffer",
+        "header_timeout",
+        "body_timeout",
+    )
     for name in numbers:
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.max_body_buffer < args.max_body_bytes:
-        raise UserError(f"--max-body-buffer ({args.max_body_buffer}) must be at least "
-                        f"--max-body-bytes ({args.max_body_bytes})")  # fmt: skip
+        raise UserError(
+            f"--max-body-buffer ({args.max_body_buffer}) must be at least "
+            f"--max-body-bytes ({args.max_body_bytes})"
+        )
     api_key = None if args.api_key_file is None else ApiKey.from_file(args.api_key_file)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535; got {args.port}")
@@ -100,14 +113,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         _positive("--threads", args.threads)
         most = 4 * (os.cpu_count() or 1)  # more only slows down (and thousands exhaust memory)
         if args.threads > most:
-            raise UserError(f"--threads must be at most {most} (4 per CPU core); got {args.threads}")
+            raise UserError(
+                f"--threads must be at most {most} (4 per CPU core); got {args.threads}"
+            )
         torch.set_num_threads(args.threads)
     limits = ServerLimits(
-        max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,
-        max_chars=args.max_chars, max_beam=args.max_beam, max_queue_sentences=args.max_queue,
-        max_connections=args.max_connections, max_body_buffer=args.max_body_buffer,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-    )  # fmt: skip
+        max_body_bytes=args.max_body_bytes,
+        max_sentences=args.max_sentences,
+        max_chars=args.max_chars,
+        max_beam=args.max_beam,
+        max_queue_sentences=args.max_queue,
+        max_connections=args.max_connections,
+        max_body_buffer=args.max_body_buffer,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+    )
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
@@ -118,8 +138,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         models.append(ServedModel(translator, source, target, name=path))
     app = create_app(models, limits=limits, batching=batching, api_key=api_key)
     if api_key is None and args.host not in _LOOPBACK:
-        print(f"transduce: warning: serving on {args.host} without --api-key-file: anyone who "
-              "can reach it can use it", file=sys.stderr)  # fmt: skip
+        print(
+            f"transduce: warning: serving on {args.host} without --api-key-file: anyone who "
+            "can reach it can use it",
+            file=sys.stderr,
+        )
 
     def listening(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -155,51 +178,110 @@ def register(sub: argparse._SubParsersAction) -> None:
         "together.",
     )
     p.add_argument(
-        "--model", required=True, action="append", metavar="[SRC:TGT=]PATH",
+        "--model",
+        required=True,
+        action="append",
+        metavar="[SRC:TGT=]PATH",
         help="checkpoint file or run folder, with its languages (en:de=PATH) for the "
         "LibreTranslate API; repeat it to serve several language pairs (each then with its "
         "languages; the native API's default is the first)",
-    )  # fmt: skip
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
     add_device(p)
     add_precision(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
-        "--max-batch-sentences", type=int, default=64, metavar="N",
+        "--max-batch-sentences",
+        type=int,
+        default=64,
+        metavar="N",
         help="sentences per batch of requests (default: 64; 1 = one request at a time)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--batch-wait-ms", type=float, default=5.0, metavar="M",
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        metavar="M",
         help="how long a batch waits for more requests after its first (default: 5; 0 = only "
         "take what is already waiting)",
-    )  # fmt: skip
-    p.add_argument("--max-sentences", type=int, default=256, metavar="N",
-                   help="sentences per request (default: 256)")  # fmt: skip
-    p.add_argument("--max-chars", type=int, default=2000, metavar="N",
-                   help="characters per sentence (default: 2000)")  # fmt: skip
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N",
-                   help="request body size (default: 1000000)")  # fmt: skip
-    p.add_argument("--max-beam", type=int, default=16, metavar="N",
-                   help="largest beam a request may ask for (default: 16)")  # fmt: skip
-    p.add_argument("--max-queue", type=int, default=8192, metavar="N",
-                   help="sentences waiting before requests get 503 (default: 8192)")  # fmt: skip
-    p.add_argument("--max-connections", type=int, default=2048, metavar="N",
-                   help="open connections before requests get 503 (default: 2048)")  # fmt: skip
-    p.add_argument("--max-body-buffer", type=int, default=64_000_000, metavar="N",
-                   help="bytes of request bodies held at once, all connections together, before "
-                   "requests get 503 (default: 64000000)")  # fmt: skip
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds a connection has to send a request's headers, else it is "
-                   "closed (default: 10)")  # fmt: skip
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds a request has to send its body, else 408 (default: 30)")
-    p.add_argument("--api-key-file", default=None, metavar="PATH",
-                   help="a file holding one token: every path but /health then needs "
-                   "'Authorization: Bearer TOKEN', and the LibreTranslate API (but its "
-                   "/languages) the token as api_key (use it beyond localhost)")
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
+    )
+    p.add_argument(
+        "--max-sentences",
+        type=int,
+        default=256,
+        metavar="N",
+        help="sentences per request (default: 256)",
+    )
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="characters per sentence (default: 2000)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="request body size (default: 1000000)",
+    )
+    p.add_argument(
+        "--max-beam",
+        type=int,
+        default=16,
+        metavar="N",
+        help="largest beam a request may ask for (default: 16)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="sentences waiting before requests get 503 (default: 8192)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="open connections before requests get 503 (default: 2048)",
+    )
+    p.add_argument(
+        "--max-body-buffer",
+        type=int,
+        default=64_000_000,
+        metavar="N",
+        help="bytes of request bodies held at once, all connections together, before "
+        "requests get 503 (default: 64000000)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a connection has to send a request's headers, else it is "
+        "closed (default: 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a request has to send its body, else 408 (default: 30)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding one token: every path but /health then needs "
+        "'Authorization: Bearer TOKEN', and the LibreTranslate API (but its "
+        "/languages) the token as api_key (use it beyond localhost)",
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("export", help="export a model for other inference engines")
@@ -214,10 +296,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model", required=True, help="checkpoint file or run folder")
     c.add_argument("--output", required=True, help="folder to write (new unless --force)")
     c.add_argument(
-        "--quantization", default="none",
-        choices=["none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16", "float32"],
+        "--quantization",
+        default="none",
+        choices=[
+            "none",
+            "int8",
+            "int8_float32",
+            "int8_float16",
+            "int8_bfloat16",
+            "int16",
+            "float16",
+            "bfloat16",
+            "float32",
+        ],
         help="weight type in the exported model (default: none = as trained, float32)",
-    )  # fmt: skip
+    )
     c.add_argument("--force", action="store_true", help="replace --output if it exists")
     c.set_defaults(func=_cmd_export_ctranslate2)

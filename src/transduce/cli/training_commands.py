@@ -30,15 +30,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         allowed_keys(args.allow_change)  # a misspelt key first: it is wrong wherever the run is
         if not step_checkpoints(Path(args.out) / "checkpoints"):
-            raise UserError(f"--resume: {args.out} holds no checkpoint to continue from (a new "
-                            "or misspelt --out?); without --resume a run starts there")  # fmt: skip
+            raise UserError(
+                f"--resume: {args.out} holds no checkpoint to continue from (a new "
+                "or misspelt --out?); without --resume a run starts there"
+            )
     from transduce.training import distributed
     from transduce.training.run import (
         train,  # imports torch: after the config is known good
     )
 
-    summary = train(cfg, args.out, resume=args.resume, show_progress=not args.quiet,
-                    allow_change=args.allow_change)  # fmt: skip
+    summary = train(
+        cfg,
+        args.out,
+        resume=args.resume,
+        show_progress=not args.quiet,
+        allow_change=args.allow_change,
+    )
     # not after an error: a rank that failed would wait for the others here, and they may never
     # come (torchrun ends the job when this process exits instead)
     distributed.shutdown()
@@ -55,8 +62,16 @@ def _cmd_params(args: argparse.Namespace) -> int:
         raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
     cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
     parts = parameter_counts(cfg.model, args.vocab_size)
-    print(json.dumps({"preset": args.preset, "vocab_size": args.vocab_size,
-                      "parameters": parts["total"], "breakdown": parts}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "vocab_size": args.vocab_size,
+                "parameters": parts["total"],
+                "breakdown": parts,
+            }
+        )
+    )
     return 0
 
 
@@ -93,12 +108,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train from a YAML or TOML config")
     p.add_argument("--config", required=True, help="YAML or TOML (.toml) file (see configs/)")
     p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint (refused where --out has none)")
     p.add_argument(
-        "--allow-change", action="append", default=[], metavar="KEY",
+        "--resume",
+        action="store_true",
+        help="continue from the run's last checkpoint (refused where --out has none)",
+    )
+    p.add_argument(
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="KEY",
         help="with --resume: let config key KEY differ from the run's (repeatable; the budget, "
         "stopping rules, *_every keys, device, validation and decoding may change without it)",
-    )  # fmt: skip
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_set(p)
     p.set_defaults(func=_cmd_train)
@@ -129,7 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("old", help="checkpoint file (or run folder: its model.pt) to read")
     p.add_argument("new", help="file to write (.pt, or .safetensors for the model alone)")
     p.add_argument(
-        "--trust", action="store_true",
+        "--trust",
+        action="store_true",
         help="unpickle OLD even though that runs code it names (only for files you trust)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_convert)

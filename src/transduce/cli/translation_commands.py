@@ -44,9 +44,11 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if args.alignment_layer is not None and not args.alignments:
         raise UserError("--alignment-layer goes with --alignments")
     decode = translator.decode_config(
-        beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+        beam=args.beam,
+        alpha=args.alpha,
+        batch_tokens=args.batch_tokens,
         max_len_offset=args.max_len_offset,
-    )  # fmt: skip
+    )
     show_progress = None if not args.quiet else False
     if args.nbest == 1:
         translations = translator.translate(sentences, decode, show_progress=show_progress)
@@ -74,12 +76,15 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
     """A UserError naming an option that the model's kind would leave without effect."""
     if parsing and args.lowercase:
-        raise UserError("--lowercase is for BLEU and chrF; a parsing model is scored by EVALB, "
-                        "whose labels and words are compared as written")  # fmt: skip
+        raise UserError(
+            "--lowercase is for BLEU and chrF; a parsing model is scored by EVALB, "
+            "whose labels and words are compared as written"
+        )
     if not parsing and args.constrained is not None:
         flag = "--constrained" if args.constrained else "--no-constrained"
-        raise UserError(f"{flag} is for a parsing model (tree-constrained search); this model "
-                        "translates")  # fmt: skip
+        raise UserError(
+            f"{flag} is for a parsing model (tree-constrained search); this model translates"
+        )
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -100,9 +105,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
         scores, parses = evaluate_parser(
-            parser, args.src, args.ref, decode, constrained=args.constrained,
+            parser,
+            args.src,
+            args.ref,
+            decode,
+            constrained=args.constrained,
             show_progress=show_progress,
-        )  # fmt: skip
+        )
         hyps = [to_brackets(p.tree) for p in parses]
     else:
         from transduce.inference.translator import Translator, evaluate_files
@@ -112,9 +121,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
         scores, hyps = evaluate_files(
-            translator, args.src, args.ref, decode, lowercase=args.lowercase,
+            translator,
+            args.src,
+            args.ref,
+            decode,
+            lowercase=args.lowercase,
             show_progress=show_progress,
-        )  # fmt: skip
+        )
         from transduce.data.parallel import read_lines
 
         warning = unknown_warning(vocab, read_lines(args.src))
@@ -122,8 +135,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             print(warning, file=sys.stderr)
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])
-    print(json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref),
-                      **scores}))  # fmt: skip
+    print(
+        json.dumps({"model": str(args.model), "src": str(args.src), "ref": str(args.ref), **scores})
+    )
     return 0
 
 
@@ -143,18 +157,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--nbest", type=int, default=1, metavar="K", help="hypotheses per line (<= beam)"
     )
     p.add_argument(
-        "--max-len-offset", type=int, default=None, metavar="N",
+        "--max-len-offset",
+        type=int,
+        default=None,
+        metavar="N",
         help="outputs have at most source tokens + N tokens (default: the model's, 50)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alignments", action="store_true",
+        "--alignments",
+        action="store_true",
         help="append a TAB and the word alignment in Pharaoh format (i-j: source word i, target "
         "word j), from encoder-decoder attention averaged over the heads of one layer",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--alignment-layer", type=int, default=None, metavar="L",
+        "--alignment-layer",
+        type=int,
+        default=None,
+        metavar="L",
         help="the layer whose attention aligns (default: the last, -1)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser(
@@ -169,19 +190,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", required=True, help="source file, one sentence per line (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
     p.add_argument(
-        "--lowercase", action="store_true",
+        "--lowercase",
+        action="store_true",
         help="case-insensitive bleu and chrf (a translation model; refused for a parser)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--constrained", action=argparse.BooleanOptionalAction, default=None,
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="a parsing model: decode only continuations that can still become a well-formed "
         "tree with the input's words (default: the model's task.constrained; refused for a "
         "translation model)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--output", default=None,
+        "--output",
+        default=None,
         help="also write the translations (a parser's trees, one a line) to this file",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_evaluate)
 
 

@@ -31,8 +31,12 @@ class Batch(NamedTuple):
 
     def pin_memory(self) -> Batch:
         """In page-locked memory, so that ``to(cuda)`` copies while the host goes on."""
-        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
-                     self.n_tokens)  # fmt: skip
+        return Batch(
+            self.src.pin_memory(),
+            self.tgt_in.pin_memory(),
+            self.tgt_out.pin_memory(),
+            self.n_tokens,
+        )
 
 
 def token_batch_arrays(
@@ -89,8 +93,9 @@ def token_batches(
     pad_multiple: int = 1,
 ) -> list[list[int]]:
     """``token_batch_arrays`` as lists of ints."""
-    arrays = token_batch_arrays(lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
-                                pad_multiple=pad_multiple)  # fmt: skip
+    arrays = token_batch_arrays(
+        lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle, pad_multiple=pad_multiple
+    )
     return [b.tolist() for b in arrays]
 
 
@@ -120,9 +125,13 @@ def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
 
 
 def group_reader(
-    pairs: Sequence[Pair], batches: Sequence[np.ndarray], update_freq: int, *, pin: bool,
+    pairs: Sequence[Pair],
+    batches: Sequence[np.ndarray],
+    update_freq: int,
+    *,
+    pin: bool,
     pad_multiple: int = 1,
-) -> Callable[[int], list[Batch]]:  # fmt: skip
+) -> Callable[[int], list[Batch]]:
     """``read(first)``: the ``update_freq`` batches from ``batches[first]`` on (each an array of
     indices into ``pairs``), padded by ``collate`` (to ``pad_multiple``); in pinned memory if
     ``pin`` (for a CUDA device, so that the copy overlaps). For ``ReadAhead``
@@ -148,9 +157,10 @@ def length_index(pairs: Sequence[Pair]) -> np.ndarray:
     if callable(own):
         return np.asarray(own(), dtype=np.int32).reshape(-1, 2)
     table = np.fromiter(
-        (n for s, t in pairs for n in (len(s) + 1, len(t) + 1)), dtype=np.int32,
+        (n for s, t in pairs for n in (len(s) + 1, len(t) + 1)),
+        dtype=np.int32,
         count=2 * len(pairs),
-    )  # fmt: skip
+    )
     return table.reshape(-1, 2)
 
 

@@ -20,9 +20,13 @@ def download(url: str, out: Path, *, timeout: float, progress: bool, offline_hin
             total = r.headers.get("Content-Length")
             with tqdm(
                 total=int(total) if total and total.isdigit() else None,
-                unit="B", unit_scale=True, unit_divisor=1024, desc=url.rsplit("/", 1)[-1],
-                disable=not progress, leave=False,
-            ) as bar:  # fmt: skip
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=url.rsplit("/", 1)[-1],
+                disable=not progress,
+                leave=False,
+            ) as bar:
                 while chunk := r.read(1 << 16):
                     f.write(chunk)
                     bar.update(len(chunk))

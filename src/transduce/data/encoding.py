@@ -36,8 +36,12 @@ class Cleaning:
     dedup: bool = False  # drop repeats (done by the reading process)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"max_len": self.max_len, "ratio": self.ratio, "identical": self.identical,
-                "dedup": self.dedup}  # fmt: skip
+        return {
+            "max_len": self.max_len,
+            "ratio": self.ratio,
+            "identical": self.identical,
+            "dedup": self.dedup,
+        }
 
 
 @dataclass
@@ -90,8 +94,10 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     keep = (src_lens > 0) & (tgt_lens > 0)  # text that encodes to nothing counts as empty
     removed["empty"] = int((~keep).sum())
     longer, shorter = np.maximum(src_lens, tgt_lens), np.minimum(src_lens, tgt_lens)
-    for name, limit, bad in (("too_long", c.max_len, longer > c.max_len),
-                             ("ratio", c.ratio, longer > c.ratio * shorter)):  # fmt: skip
+    for name, limit, bad in (
+        ("too_long", c.max_len, longer > c.max_len),
+        ("ratio", c.ratio, longer > c.ratio * shorter),
+    ):
         if limit:
             removed[name] = int((keep & bad).sum())
             keep &= ~bad
@@ -149,8 +155,10 @@ class ShardWriter:
 
     def _open_shard(self) -> None:
         name = self._name()
-        self._files = (_open(self.folder / f"{name}.src.bin"),
-                       _open(self.folder / f"{name}.tgt.bin"))  # fmt: skip
+        self._files = (
+            _open(self.folder / f"{name}.src.bin"),
+            _open(self.folder / f"{name}.tgt.bin"),
+        )
         self._lens = []
 
     def _close_shard(self) -> None:
@@ -162,8 +170,14 @@ class ShardWriter:
         np.cumsum(lens, axis=0, out=offsets[1:])
         name = self._name()
         np.save(self.folder / f"{name}.idx.npy", offsets)
-        self.shards.append({"name": name, "pairs": len(lens),
-                            "src_tokens": int(offsets[-1, 0]), "tgt_tokens": int(offsets[-1, 1])})  # fmt: skip
+        self.shards.append(
+            {
+                "name": name,
+                "pairs": len(lens),
+                "src_tokens": int(offsets[-1, 0]),
+                "tgt_tokens": int(offsets[-1, 1]),
+            }
+        )
         self._files, self._lens = None, []
 
     def close(self) -> list[dict[str, Any]]:

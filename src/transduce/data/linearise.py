@@ -25,8 +25,15 @@ from dataclasses import dataclass, field
 from transduce.data.trees import ROOT_LABEL, Leaf, Node, Tree
 from transduce.errors import UserError
 
-__all__ = ["WORD_SLOT", "delinearise", "fill_slots", "is_close", "is_open", "linearise",
-           "slots_to_placeholders"]
+__all__ = [
+    "WORD_SLOT",
+    "delinearise",
+    "fill_slots",
+    "is_close",
+    "is_open",
+    "linearise",
+    "slots_to_placeholders",
+]
 
 WORD_SLOT = "XX"
 

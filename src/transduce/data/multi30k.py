@@ -180,15 +180,21 @@ def fetch_multi30k(
                 else:
                     name = base_url + target.name
                     download(
-                        name, tmp, timeout=timeout, progress=progress,
+                        name,
+                        tmp,
+                        timeout=timeout,
+                        progress=progress,
                         offline_hint="without network, copy the files from a local mirror "
                         "with from_dir",
                     )
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)
                 if progress and not is_terminal():  # the bar's news, where no bar shows
-                    print(f"transduce: {target}: {expected} lines, checked", file=sys.stderr,
-                          flush=True)  # fmt: skip
+                    print(
+                        f"transduce: {target}: {expected} lines, checked",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 tmp.unlink(missing_ok=True)
     return Multi30k(dest, src, tgt, files)

@@ -25,7 +25,12 @@ from typing import BinaryIO
 from transduce.errors import UserError
 
 __all__ = [
-    "LineStats", "ParallelText", "iter_lines", "read_aligned", "read_lines", "read_parallel",
+    "LineStats",
+    "ParallelText",
+    "iter_lines",
+    "read_aligned",
+    "read_lines",
+    "read_parallel",
     "resolve_data_path",
 ]
 
@@ -133,9 +138,7 @@ def iter_lines(
                 yield text.strip()
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             detail = "truncated" if isinstance(e, EOFError) else str(e)
-            raise UserError(
-                f"{name}: corrupt gzip file after line {lineno} ({detail})"
-            ) from None
+            raise UserError(f"{name}: corrupt gzip file after line {lineno} ({detail})") from None
         except OSError as e:
             raise UserError(f"{name}: read error after line {lineno} ({e})") from None
 
@@ -156,7 +159,9 @@ def read_aligned(
     return a, b
 
 
-def _same_length(first: str | Path, a: list[str], second: str | Path, b: list[str], what: str) -> None:
+def _same_length(
+    first: str | Path, a: list[str], second: str | Path, b: list[str], what: str
+) -> None:
     if len(a) != len(b):
         raise UserError(
             f"{what} differ in length: {first} has {len(a)} lines, {second} has {len(b)} lines"
@@ -189,7 +194,6 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
         else:
             skipped_lines.append(i)
     return ParallelText(source, target, len(skipped_lines), skipped_lines, stats)
-
 
 
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")

@@ -46,7 +46,11 @@ from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.errors import UserError
 
 __all__ = [
-    "DEFAULT_VOCAB_SAMPLE", "prepare", "reused_vocabulary", "scan_input", "vocabulary",
+    "DEFAULT_VOCAB_SAMPLE",
+    "prepare",
+    "reused_vocabulary",
+    "scan_input",
+    "vocabulary",
     "write_vocabulary",
 ]
 
@@ -58,8 +62,12 @@ CHUNK_PAIRS = 2000  # pairs per task sent to a worker
 def _translation(cfg: Config, command: str = "prepare") -> TranslationTaskConfig:
     """The translation task of ``cfg``; a UserError naming ``command`` for another task."""
     if not isinstance(cfg.task, TranslationTaskConfig):
-        learns = ("; a parsing run learns its vocabularies from task.parse_data when it trains "
-                  "(transduce train)" if cfg.task.name == "parsing" else "")  # fmt: skip
+        learns = (
+            "; a parsing run learns its vocabularies from task.parse_data when it trains "
+            "(transduce train)"
+            if cfg.task.name == "parsing"
+            else ""
+        )
         raise UserError(
             f"task.name is {cfg.task.name!r}; {command} needs a translation task{learns}"
         )
@@ -73,14 +81,18 @@ def scan_input(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: no such file")
     lines, last = 0, b"\n"
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             while block := f.read(1 << 20):
                 lines += block.count(b"\n")
                 last = block[-1:]
     except (OSError, EOFError) as e:
         raise UserError(f"{path}: cannot read ({e})") from None
-    return {"path": str(path), "bytes": path.stat().st_size,
-            "lines": lines + (last != b"\n"), "sha256": file_sha256(path)}  # fmt: skip
+    return {
+        "path": str(path),
+        "bytes": path.stat().st_size,
+        "lines": lines + (last != b"\n"),
+        "sha256": file_sha256(path),
+    }
 
 
 def _inputs(task: TranslationTaskConfig) -> dict[str, dict[str, Any]]:
@@ -94,8 +106,10 @@ def _inputs(task: TranslationTaskConfig) -> dict[str, dict[str, Any]]:
         if f"{split}_src" in found:
             a, b = found[f"{split}_src"], found[f"{split}_tgt"]
             if a["lines"] != b["lines"]:
-                raise UserError(f"parallel files differ in length: {a['path']} has {a['lines']} "
-                                f"lines, {b['path']} has {b['lines']} lines")  # fmt: skip
+                raise UserError(
+                    f"parallel files differ in length: {a['path']} has {a['lines']} "
+                    f"lines, {b['path']} has {b['lines']} lines"
+                )
     return found
 
 
@@ -124,8 +138,10 @@ def reused_vocabulary(task: TranslationTaskConfig) -> list[SentencePieceVocab]:
     if where.is_dir():
         return [SentencePieceVocab.load(where / name) for name in vocab_files(task.shared_vocab)]
     if not task.shared_vocab:
-        raise UserError(f"task.vocab_model = {task.vocab_model!r}: with shared_vocab false, name "
-                        "a folder holding vocab.src.model and vocab.tgt.model")  # fmt: skip
+        raise UserError(
+            f"task.vocab_model = {task.vocab_model!r}: with shared_vocab false, name "
+            "a folder holding vocab.src.model and vocab.tgt.model"
+        )
     return [SentencePieceVocab.load(where)]
 
 
@@ -137,8 +153,10 @@ def vocabulary(
     task = _translation(cfg)
     if task.vocab_model:
         vocabs = reused_vocabulary(task)
-        log(f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} pieces reused from "
-            f"{task.vocab_model}")  # fmt: skip
+        log(
+            f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} pieces reused from "
+            f"{task.vocab_model}"
+        )
         return vocabs
     k = task.vocab_sample or DEFAULT_VOCAB_SAMPLE
     src, tgt = inputs["train_src"], inputs["train_tgt"]
@@ -146,13 +164,16 @@ def vocabulary(
     started = time.monotonic()
     vocabs = []
     for files in sides:
-        sample = _sample([Path(f["path"]) for f in files], [f["lines"] for f in files],
-                         k, cfg.train.seed)  # fmt: skip
+        sample = _sample(
+            [Path(f["path"]) for f in files], [f["lines"] for f in files], k, cfg.train.seed
+        )
         vocabs.append(train_sentencepiece(sample, task.vocab_size, seed=cfg.train.seed))
         del sample
     drawn = min(k, src["lines"] + tgt["lines"] if task.shared_vocab else src["lines"])
-    log(f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} BPE pieces learned on a sample "
-        f"of {drawn} lines in {time.monotonic() - started:.0f} s")  # fmt: skip
+    log(
+        f"vocabulary: {' + '.join(str(len(v)) for v in vocabs)} BPE pieces learned on a sample "
+        f"of {drawn} lines in {time.monotonic() - started:.0f} s"
+    )
     return vocabs
 
 
@@ -209,8 +230,14 @@ class _Progress:
 
     def __init__(self, split: str, total: int, show: bool | None, log: Log, every: float = 30):
         tty = sys.stderr.isatty() if show is None else show
-        self.bar = tqdm(total=total, unit="pairs", unit_scale=True, desc=f"prepare {split}",
-                        disable=not tty, dynamic_ncols=True)  # fmt: skip
+        self.bar = tqdm(
+            total=total,
+            unit="pairs",
+            unit_scale=True,
+            desc=f"prepare {split}",
+            disable=not tty,
+            dynamic_ncols=True,
+        )
         self.headless = not tty and show is not False
         self.split, self.total, self.log, self.every = split, total, log, every
         self.started = self.last = time.monotonic()
@@ -222,8 +249,10 @@ class _Progress:
         now = time.monotonic()
         if self.headless and now - self.last >= self.every:
             self.last = now
-            self.log(f"prepare {self.split}: {self.done}/{self.total} lines, "
-                     f"{self.done / (now - self.started):.0f} pairs/s")  # fmt: skip
+            self.log(
+                f"prepare {self.split}: {self.done}/{self.total} lines, "
+                f"{self.done / (now - self.started):.0f} pairs/s"
+            )
 
     def close(self) -> float:
         self.bar.close()
@@ -231,17 +260,25 @@ class _Progress:
 
 
 def _split(
-    folder: Path, split: str, inputs: dict[str, dict[str, Any]], protos: list[bytes],
-    cleaning: Cleaning, settings: dict[str, Any], log: Log,
-) -> dict[str, Any]:  # fmt: skip
+    folder: Path,
+    split: str,
+    inputs: dict[str, dict[str, Any]],
+    protos: list[bytes],
+    cleaning: Cleaning,
+    settings: dict[str, Any],
+    log: Log,
+) -> dict[str, Any]:
     """Encode one split into ``folder``; its manifest entry."""
     src, tgt = Path(inputs[f"{split}_src"]["path"]), Path(inputs[f"{split}_tgt"]["path"])
     removed = dict.fromkeys(REMOVED, 0)
     writer = ShardWriter(folder, split, settings["dtype"], settings["shard_pairs"])
     lines = inputs[f"{split}_src"]["lines"]
     progress = _Progress(split, lines, settings["show_progress"], log)
-    texts = [open(folder / f"valid.{s}.txt", "w", encoding="utf-8") for s in ("src", "tgt")] \
-        if split == "valid" else []  # fmt: skip
+    texts = (
+        [open(folder / f"valid.{s}.txt", "w", encoding="utf-8") for s in ("src", "tgt")]
+        if split == "valid"
+        else []
+    )
     workers = settings["workers"] if split == "train" else 1
     chunks = _chunks(src, tgt, cleaning.dedup, removed)
     for chunk, enc in _encoded(chunks, protos, cleaning, settings["dtype"], workers):
@@ -258,14 +295,23 @@ def _split(
     if split == "train" and not writer.pairs:
         raise UserError(f"{src} and {tgt}: no sentence pairs left after cleaning ({removed})")
     for shard in shards:
-        shard["sha256"] = {kind: file_sha256(folder / f"{shard['name']}.{kind}")
-                           for kind in ("src.bin", "tgt.bin", "idx.npy")}  # fmt: skip
-    log(f"{split}: {writer.pairs} of {lines} pairs kept in {len(shards)} shard(s), "
+        shard["sha256"] = {
+            kind: file_sha256(folder / f"{shard['name']}.{kind}")
+            for kind in ("src.bin", "tgt.bin", "idx.npy")
+        }
+    log(
+        f"{split}: {writer.pairs} of {lines} pairs kept in {len(shards)} shard(s), "
         f"{lines / max(seconds, 1e-9):.0f} pairs/s; removed "
-        + ", ".join(f"{k} {v}" for k, v in removed.items()))  # fmt: skip
-    return {"lines": lines, "pairs": writer.pairs, "removed": removed, "shards": shards,
-            "seconds": round(seconds, 2),
-            "lengths_sha256": file_sha256(folder / f"{split}.lengths.npy")}  # fmt: skip
+        + ", ".join(f"{k} {v}" for k, v in removed.items())
+    )
+    return {
+        "lines": lines,
+        "pairs": writer.pairs,
+        "removed": removed,
+        "shards": shards,
+        "seconds": round(seconds, 2),
+        "lengths_sha256": file_sha256(folder / f"{split}.lengths.npy"),
+    }
 
 
 def _out_folder(out_dir: str | Path) -> Path:
@@ -280,9 +326,14 @@ def _out_folder(out_dir: str | Path) -> Path:
 
 
 def prepare(
-    cfg: Config, out_dir: str | Path, *, workers: int = 0, shard_pairs: int = 1_000_000,
-    show_progress: bool | None = None, log: Log = print,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    workers: int = 0,
+    shard_pairs: int = 1_000_000,
+    show_progress: bool | None = None,
+    log: Log = print,
+) -> dict[str, Any]:
     """Prepare the task's files into ``out_dir`` (a new or empty folder); returns the manifest,
     also written there last (its presence marks a complete folder). ``workers``: encoding
     processes (0 = one per CPU core); ``shard_pairs``: pairs per shard."""
@@ -296,25 +347,39 @@ def prepare(
     for vocab, name in zip(vocabs, names, strict=True):
         vocab.save(folder / name)
     size = max(len(v) for v in vocabs)
-    settings = {"dtype": "uint16" if size <= 1 << 16 else "uint32", "shard_pairs": shard_pairs,
-                "workers": workers or os.cpu_count() or 1, "show_progress": show_progress}  # fmt: skip
-    cleaning = Cleaning(task.clean_max_len, task.clean_ratio, task.clean_identical,
-                        task.clean_dedup)  # fmt: skip
+    settings = {
+        "dtype": "uint16" if size <= 1 << 16 else "uint32",
+        "shard_pairs": shard_pairs,
+        "workers": workers or os.cpu_count() or 1,
+        "show_progress": show_progress,
+    }
+    cleaning = Cleaning(
+        task.clean_max_len, task.clean_ratio, task.clean_identical, task.clean_dedup
+    )
     protos = [v.model_proto for v in vocabs]
     splits = {"train": _split(folder, "train", inputs, protos, cleaning, settings, log)}
     if "valid_src" in inputs:
         splits["valid"] = _split(folder, "valid", inputs, protos, Cleaning(), settings, log)
     manifest = {
-        "format": FORMAT, "version": VERSION, "dtype": settings["dtype"],
-        "vocab": {"shared": task.shared_vocab, "sizes": [len(v) for v in vocabs],
-                  "sha256": {name: file_sha256(folder / name) for name in names},
-                  "source": task.vocab_model or "learned",
-                  "sample": 0 if task.vocab_model else task.vocab_sample or DEFAULT_VOCAB_SAMPLE},
-        "inputs": inputs, "cleaning": {"empty": True, **cleaning.as_dict()},
-        "shard_pairs": shard_pairs, "workers": settings["workers"], "splits": splits,
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": settings["dtype"],
+        "vocab": {
+            "shared": task.shared_vocab,
+            "sizes": [len(v) for v in vocabs],
+            "sha256": {name: file_sha256(folder / name) for name in names},
+            "source": task.vocab_model or "learned",
+            "sample": 0 if task.vocab_model else task.vocab_sample or DEFAULT_VOCAB_SAMPLE,
+        },
+        "inputs": inputs,
+        "cleaning": {"empty": True, **cleaning.as_dict()},
+        "shard_pairs": shard_pairs,
+        "workers": settings["workers"],
+        "splits": splits,
         "config_digest": hashlib.sha256(
-            json.dumps(cfg.to_dict()["task"], sort_keys=True).encode()).hexdigest(),
-    }  # fmt: skip
+            json.dumps(cfg.to_dict()["task"], sort_keys=True).encode()
+        ).hexdigest(),
+    }
     tmp = folder / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, folder / MANIFEST)

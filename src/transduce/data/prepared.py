@@ -104,8 +104,10 @@ class PreparedSplit(Sequence[Pair]):
         lengths_path = self.folder / f"{split}.lengths.npy"
         self._lengths = self._load(lengths_path, mmap=False)
         if self._lengths.shape != (int(self._starts[-1]), 2):
-            raise UserError(f"{lengths_path}: {self._lengths.shape[0]} pairs, manifest says "
-                            f"{int(self._starts[-1])}; prepare the data again")  # fmt: skip
+            raise UserError(
+                f"{lengths_path}: {self._lengths.shape[0]} pairs, manifest says "
+                f"{int(self._starts[-1])}; prepare the data again"
+            )
         self._rows: np.ndarray | None = None  # the pairs numbered (select), or all
 
     def _load(self, path: Path, *, mmap: bool) -> np.ndarray:
@@ -122,11 +124,14 @@ class PreparedSplit(Sequence[Pair]):
             expected = int(index[-1, column]) * self.dtype.itemsize
             size = path.stat().st_size if path.is_file() else -1
             if size != expected or index.shape != (pairs + 1, 2):
-                raise UserError(f"{path}: {size} bytes, the index says {expected}; the prepared "
-                                "folder is incomplete or changed")  # fmt: skip
+                raise UserError(
+                    f"{path}: {size} bytes, the index says {expected}; the prepared "
+                    "folder is incomplete or changed"
+                )
             # an empty file cannot be mapped
-            sides.append(np.memmap(path, dtype=self.dtype, mode="r") if size else
-                         np.zeros(0, self.dtype))  # fmt: skip
+            sides.append(
+                np.memmap(path, dtype=self.dtype, mode="r") if size else np.zeros(0, self.dtype)
+            )
         return index, sides[0], sides[1]
 
     def __len__(self) -> int:

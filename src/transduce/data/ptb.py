@@ -163,7 +163,10 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
                 raise UserError(f"cannot copy {source} to {dest}: {e.strerror or e}") from None
         else:
             download(
-                url, tmp, timeout=timeout, progress=False,
+                url,
+                tmp,
+                timeout=timeout,
+                progress=False,
                 offline_hint="without network, copy treebank.zip from a local mirror with "
                 "from_folder",
             )

@@ -88,9 +88,13 @@ class SentencePieceVocab:
             return self.encode_batch(texts)
         spm.set_random_generator_seed(seed)
         return self._sp.encode(
-            list(texts), out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1,
+            list(texts),
+            out_type=int,
+            enable_sampling=True,
+            alpha=dropout,
+            nbest_size=-1,
             num_threads=1,
-        )  # fmt: skip
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         n = len(self)

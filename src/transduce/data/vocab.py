@@ -42,7 +42,6 @@ class CharVocab:
         return {"kind": "char", "symbols": "".join(self.symbols)}
 
 
-
 class TokenVocab:
     """A closed set of whitespace-separated tokens, one id each (the bracket tokens of a
     linearised tree); a token outside the set encodes as UNK."""

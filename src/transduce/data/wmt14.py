@@ -41,16 +41,14 @@ from transduce.errors import UserError
 __all__ = ["ARCHIVES", "PAIRS", "PUBLISHED_MD5", "fetch_wmt14"]
 
 ARCHIVES = {  # file name -> public URL
-    "training-parallel-europarl-v7.tgz":
-        "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
-    "training-parallel-commoncrawl.tgz":
-        "https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+    "training-parallel-europarl-v7.tgz": "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+    "training-parallel-commoncrawl.tgz": "https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
     "training-parallel-nc-v9.tgz": "https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
     "training-parallel-un.tgz": "https://www.statmt.org/wmt13/training-parallel-un.tgz",
     "training-giga-fren.tar": "https://www.statmt.org/wmt10/training-giga-fren.tar",
     "test.tgz": "https://www.statmt.org/wmt13/test.tgz",  # newstest2013
     "test-full.tgz": "https://www.statmt.org/wmt14/test-full.tgz",  # newstest2014
-}  # fmt: skip
+}
 PUBLISHED_MD5 = {  # as sacreBLEU pins them (its wmt13 and wmt14 test sets)
     "test.tgz": "48eca5d02f637af44e85186847141f67",
     "test-full.tgz": "a8cd784e006feb32ac6f3d9ec7eb389a",
@@ -72,11 +70,15 @@ _TRAIN = {
 }
 # (output name, archive, member with {l}, and {k}: src or ref where a set has both kinds)
 _TEST = {
-    "en-de": [("newstest2013", "test.tgz", "test/newstest2013-src.{l}.sgm"),
-              ("newstest2014", "test-full.tgz", "test-full/newstest2014-deen-{k}.{l}.sgm")],
-    "en-fr": [("newstest2013", "test.tgz", "test/newstest2013-src.{l}.sgm"),
-              ("newstest2014", "test-full.tgz", "test-full/newstest2014-fren-{k}.{l}.sgm")],
-}  # fmt: skip
+    "en-de": [
+        ("newstest2013", "test.tgz", "test/newstest2013-src.{l}.sgm"),
+        ("newstest2014", "test-full.tgz", "test-full/newstest2014-deen-{k}.{l}.sgm"),
+    ],
+    "en-fr": [
+        ("newstest2013", "test.tgz", "test/newstest2013-src.{l}.sgm"),
+        ("newstest2014", "test-full.tgz", "test-full/newstest2014-fren-{k}.{l}.sgm"),
+    ],
+}
 PAIRS = tuple(_TRAIN)
 
 
@@ -121,21 +123,31 @@ def _fetch(url: str, part: Path, *, progress: bool, timeout: float) -> None:
     with stream, open(part, "r+b" if part.exists() else "wb") as out:
         out.seek(start)
         out.truncate()
-        with tqdm(total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024,
-                  desc=part.name.removesuffix(".part"), disable=not progress, leave=False) as bar:
+        with tqdm(
+            total=total,
+            initial=start,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=part.name.removesuffix(".part"),
+            disable=not progress,
+            leave=False,
+        ) as bar:
             try:
                 while block := stream.read(1 << 20):
                     out.write(block)
                     bar.update(len(block))
             except OSError as e:
-                raise UserError(f"{url}: transfer broken after {out.tell()} bytes ({e}); run "
-                                "again to resume") from None  # fmt: skip
+                raise UserError(
+                    f"{url}: transfer broken after {out.tell()} bytes ({e}); run again to resume"
+                ) from None
     if total is not None and part.stat().st_size != total:
         raise UserError(f"{url}: got {part.stat().st_size} of {total} bytes; run again to resume")
 
 
-def _archive(name: str, downloads: Path, source: str, md5: str | None, *, progress: bool,
-             timeout: float) -> Path:  # fmt: skip
+def _archive(
+    name: str, downloads: Path, source: str, md5: str | None, *, progress: bool, timeout: float
+) -> Path:
     """``downloads/name``, fetched (resumed) from ``source`` and checked, unless already there
     and passing its check."""
     final, part = downloads / name, downloads / (name + ".part")
@@ -147,8 +159,10 @@ def _archive(name: str, downloads: Path, source: str, md5: str | None, *, progre
             os.replace(part, final)
             return final
         part.unlink()  # a resumed part with a bad start: once more from the beginning
-    raise UserError(f"{source}: MD5 differs from the published {md5}, also when fetched from "
-                    "the start: the file is not the WMT release")  # fmt: skip
+    raise UserError(
+        f"{source}: MD5 differs from the published {md5}, also when fetched from "
+        "the start: the file is not the WMT release"
+    )
 
 
 def _members(archive: Path, wanted: dict[str, Path]) -> None:
@@ -175,14 +189,14 @@ def _members(archive: Path, wanted: dict[str, Path]) -> None:
 def _lines(path: Path) -> int:
     import gzip
 
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         return sum(1 for _ in f)
 
 
 def _append(path: Path, out: IO[bytes]) -> None:
     import gzip
 
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         for line in f:
             out.write(line if line.endswith(b"\n") else line + b"\n")
 
@@ -200,9 +214,14 @@ def _sgm_text(sgm: Path, out: Path) -> int:
 
 
 def fetch_wmt14(
-    dest: str | Path, *, pair: str = "en-de", from_dir: str | Path | None = None,
-    checksums: dict[str, str] | None = None, progress: bool = True, timeout: float = 60.0,
-) -> dict[str, Any]:  # fmt: skip
+    dest: str | Path,
+    *,
+    pair: str = "en-de",
+    from_dir: str | Path | None = None,
+    checksums: dict[str, str] | None = None,
+    progress: bool = True,
+    timeout: float = 60.0,
+) -> dict[str, Any]:
     """Fetch WMT14 ``pair`` (``en-de`` or ``en-fr``) into ``dest`` (see the module's text);
     ``from_dir``: a folder holding the archives under their public names instead of the URLs;
     ``checksums``: MD5s by archive name, in place of ``PUBLISHED_MD5``. Returns what
@@ -218,10 +237,13 @@ def fetch_wmt14(
     archives = {}
     for name in needed:
         source = (Path(from_dir) / name).resolve().as_uri() if from_dir else ARCHIVES[name]
-        path = _archive(name, downloads, source, md5s.get(name), progress=progress,
-                        timeout=timeout)  # fmt: skip
-        archives[name] = {"url": ARCHIVES[name], "bytes": path.stat().st_size,
-                          "sha256": _digest(path, "sha256"), "md5_checked": name in md5s}  # fmt: skip
+        path = _archive(name, downloads, source, md5s.get(name), progress=progress, timeout=timeout)
+        archives[name] = {
+            "url": ARCHIVES[name],
+            "bytes": path.stat().st_size,
+            "sha256": _digest(path, "sha256"),
+            "md5_checked": name in md5s,
+        }
     wanted: dict[str, dict[str, Path]] = {name: {} for name in needed}
     for archive, member in _TRAIN[pair]:
         for lang in (src, tgt):
@@ -240,8 +262,10 @@ def fetch_wmt14(
             paths = [wanted[archive][member.format(l=lang)] for lang in (src, tgt)]
             counts = [_lines(p) for p in paths]
             if counts[0] != counts[1]:
-                raise UserError(f"{archive}: {member.format(l=src)} has {counts[0]} lines, "
-                                f"{member.format(l=tgt)} has {counts[1]}")  # fmt: skip
+                raise UserError(
+                    f"{archive}: {member.format(l=src)} has {counts[0]} lines, "
+                    f"{member.format(l=tgt)} has {counts[1]}"
+                )
             _append(paths[0], out_src)
             _append(paths[1], out_tgt)
             record["corpora"][member.format(l="*")] = counts[0]
@@ -249,11 +273,15 @@ def fetch_wmt14(
     for out_name, archive, member in _TEST[pair]:
         counts = []
         for lang, kind in ((src, "src"), (tgt, "ref" if "{k}" in member else "src")):
-            counts.append(_sgm_text(wanted[archive][member.format(l=lang, k=kind)],
-                                    dest / f"{out_name}.{lang}"))  # fmt: skip
+            counts.append(
+                _sgm_text(
+                    wanted[archive][member.format(l=lang, k=kind)], dest / f"{out_name}.{lang}"
+                )
+            )
         if counts[0] != counts[1]:
-            raise UserError(f"{archive}: {out_name} has {counts[0]} source, {counts[1]} "
-                            "reference segments")  # fmt: skip
+            raise UserError(
+                f"{archive}: {out_name} has {counts[0]} source, {counts[1]} reference segments"
+            )
         record["files"][out_name] = counts[0]
     shutil.rmtree(raw)
     (dest / "wmt14.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

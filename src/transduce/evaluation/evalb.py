@@ -90,8 +90,11 @@ class BracketCounts:
     def add(self, s: SentenceCounts) -> BracketCounts:
         """These counts with sentence ``s`` added."""
         return BracketCounts(
-            self.sentences + 1, self.gold + s.gold, self.test + s.test,
-            self.matched + s.matched, self.exact + s.exact,
+            self.sentences + 1,
+            self.gold + s.gold,
+            self.test + s.test,
+            self.matched + s.matched,
+            self.exact + s.exact,
             self.word_mismatches + (not s.words_match),
         )
 

@@ -64,8 +64,16 @@ __all__ = [
     "translate_with_ctranslate2",
 ]
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                 "bfloat16", "float32")  # fmt: skip
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 SENTENCEPIECE_FILE = "sentencepiece.model"
 INFO_FILE = "transduce.json"
 DEFAULT_MAX_POSITIONS = 1024
@@ -269,10 +277,12 @@ def export_model(
         "quantization": quantization or "none",
         "vocab_size": len(tokens),
         "tokenizer": SENTENCEPIECE_FILE if sentencepiece_model is not None else None,
-        "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
         "max_positions": max_positions if cfg.positional == "sinusoidal" else cfg.max_positions,
         **(extra_info or {}),
-    }  # fmt: skip
+    }
     tmp = out / (INFO_FILE + ".tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out / INFO_FILE)
@@ -306,17 +316,30 @@ def export_checkpoint(
         tokens = [*SPECIALS, *vocab.symbols]
         sp_model = None
     else:
-        two = " (source and target apart: a parser, or shared_vocab: false)" if isinstance(
-            vocab, VocabPair) else ""  # fmt: skip
-        raise UserError(f"the CTranslate2 export takes one vocabulary shared by source and "
-                        f"target; this model's is a {type(vocab).__name__}{two}")  # fmt: skip
-    decode = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha,
-              "max_len_offset": cfg.decode.max_len_offset}  # fmt: skip
+        two = (
+            " (source and target apart: a parser, or shared_vocab: false)"
+            if isinstance(vocab, VocabPair)
+            else ""
+        )
+        raise UserError(
+            f"the CTranslate2 export takes one vocabulary shared by source and "
+            f"target; this model's is a {type(vocab).__name__}{two}"
+        )
+    decode = {
+        "beam": cfg.decode.beam,
+        "alpha": cfg.decode.alpha,
+        "max_len_offset": cfg.decode.max_len_offset,
+    }
     return export_model(
-        model, tokens, output_dir, sentencepiece_model=sp_model, quantization=quantization,
-        force=force, max_positions=max_positions,
+        model,
+        tokens,
+        output_dir,
+        sentencepiece_model=sp_model,
+        quantization=quantization,
+        force=force,
+        max_positions=max_positions,
         extra_info={"source_checkpoint": str(path), "decode": decode},
-    )  # fmt: skip
+    )
 
 
 def translate_with_ctranslate2(

@@ -77,9 +77,13 @@ def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
 
 @torch.no_grad()
 def attention_maps(
-    model: Seq2Seq, vocab: Vocab, source: str, target: str | None = None,
-    *, max_len_offset: int = 50,
-) -> AttentionMaps:  # fmt: skip
+    model: Seq2Seq,
+    vocab: Vocab,
+    source: str,
+    target: str | None = None,
+    *,
+    max_len_offset: int = 50,
+) -> AttentionMaps:
     """The weights of ``model`` on ``source`` and ``target`` (None: the model's greedy output)."""
     if not isinstance(model, Transformer):
         raise UserError("attention maps are drawn of a Transformer (model.architecture)")
@@ -91,9 +95,12 @@ def attention_maps(
     device = next(model.parameters()).device
     if target is None:
         tgt_ids = predict_ids(
-            searchable(model), [src_ids], batch_size=1, max_len_offset=max_len_offset,
+            searchable(model),
+            [src_ids],
+            batch_size=1,
+            max_len_offset=max_len_offset,
             device=device,
-        )[0]  # fmt: skip
+        )[0]
     else:
         tgt_ids = tgt_vocab.encode(target.strip())
     batch = collate([(src_ids, tgt_ids)]).to(device)
@@ -106,11 +113,15 @@ def attention_maps(
 
     pieces = _pieces(tgt_vocab, tgt_ids)
     return AttentionMaps(
-        source=[*_pieces(src_vocab, src_ids), EOS_TOKEN], inputs=[BOS_TOKEN, *pieces],
-        outputs=[*pieces, EOS_TOKEN], source_ids=src_ids, target_ids=tgt_ids,
-        encoder=stacked(record.encoder), decoder=stacked(record.decoder),
+        source=[*_pieces(src_vocab, src_ids), EOS_TOKEN],
+        inputs=[BOS_TOKEN, *pieces],
+        outputs=[*pieces, EOS_TOKEN],
+        source_ids=src_ids,
+        target_ids=tgt_ids,
+        encoder=stacked(record.encoder),
+        decoder=stacked(record.decoder),
         cross=stacked(record.cross),
-    )  # fmt: skip
+    )
 
 
 def word_index(vocab: Vocab, ids: list[int]) -> list[int]:
@@ -149,10 +160,17 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
 
 
 def draw_attention(
-    model: Seq2Seq, vocab: Vocab, source: str, output: Path, *, target: str | None = None,
-    kind: Kind = "cross", layer: int = -1, head: int | None = None,
+    model: Seq2Seq,
+    vocab: Vocab,
+    source: str,
+    output: Path,
+    *,
+    target: str | None = None,
+    kind: Kind = "cross",
+    layer: int = -1,
+    head: int | None = None,
     style: Literal["grid", "lines"] = "grid",
-) -> Path:  # fmt: skip
+) -> Path:
     """Draw one layer's attention of ``kind`` on the pair into ``output`` (.png, .svg, .pdf or
     .html; ``transduce.plotting.plot_attention``): all heads, or ``head`` alone."""
     from transduce.plotting.attention import plot_attention
@@ -169,6 +187,11 @@ def draw_attention(
 
 
 __all__ = [
-    "AttentionMaps", "attention_maps", "draw_attention", "pharaoh", "sides", "word_alignment",
+    "AttentionMaps",
+    "attention_maps",
+    "draw_attention",
+    "pharaoh",
+    "sides",
+    "word_alignment",
     "word_index",
-]  # fmt: skip
+]

@@ -112,7 +112,13 @@ def beam_search(
 
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
-    model: DecodableModel[Any], src: Tensor, *, max_lens: Tensor, beam: int, alpha: float, nbest: int
+    model: DecodableModel[Any],
+    src: Tensor,
+    *,
+    max_lens: Tensor,
+    beam: int,
+    alpha: float,
+    nbest: int,
 ) -> list[list[Hypothesis]]:
     check_eval_mode(model)
     batch, width, device = src.size(0), beam, src.device
@@ -198,7 +204,9 @@ def _beam_search(
             memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
             sent, n_finished = sent[keep], n_finished[keep]
             finished_scores, max_lens, lp_max_len = (
-                finished_scores[keep], max_lens[keep], lp_max_len[keep]
+                finished_scores[keep],
+                max_lens[keep],
+                lp_max_len[keep],
             )
             forced_from = first_forced_step(max_lens)
         step += 1

@@ -58,9 +58,15 @@ WeightPrecision = Literal["fp32", "bf16"]
 WEIGHT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 __all__ = [
-    "WEIGHT_DTYPES", "Translation", "Translator", "WeightPrecision", "evaluate_files",
-    "length_batches", "resolve_device", "weight_dtype",
-]  # fmt: skip
+    "WEIGHT_DTYPES",
+    "Translation",
+    "Translator",
+    "WeightPrecision",
+    "evaluate_files",
+    "length_batches",
+    "resolve_device",
+    "weight_dtype",
+]
 
 
 def weight_dtype(weights: str) -> torch.dtype:
@@ -153,8 +159,12 @@ class Translator:
         settings meet the model's defaults (the CLI, the server, the Python API)."""
         changes: dict[str, Any] = {
             key: value
-            for key, value in {"beam": beam, "alpha": alpha, "batch_tokens": batch_tokens,
-                               "max_len_offset": max_len_offset}.items()  # fmt: skip
+            for key, value in {
+                "beam": beam,
+                "alpha": alpha,
+                "batch_tokens": batch_tokens,
+                "max_len_offset": max_len_offset,
+            }.items()
             if value is not None
         }
         for key in ("beam", "batch_tokens"):
@@ -223,12 +233,18 @@ class Translator:
         # +1: the EOS every source gets (collate), as in training.
         batches = length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
         # without a terminal (tqdm then shows nothing): a plain line every 30 s of long work
-        lines = (PeriodicLines("translate", len(todo), unit="sentences")
-                 if show_progress is not False and not is_terminal() else None)  # fmt: skip
+        lines = (
+            PeriodicLines("translate", len(todo), unit="sentences")
+            if show_progress is not False and not is_terminal()
+            else None
+        )
         with tqdm(
-            total=len(todo), unit="sent", desc="translate", disable=show_progress is False or None,
+            total=len(todo),
+            unit="sent",
+            desc="translate",
+            disable=show_progress is False or None,
             leave=False,
-        ) as bar:  # fmt: skip
+        ) as bar:
             for batch in batches:
                 src = collate([(ids[j], []) for j in batch]).src.to(device)
                 step_cfg = replace(cfg, decode_batch=len(batch))  # one generate call per batch

@@ -74,7 +74,6 @@ def use_onednn(matmul: Matmul, weight: Tensor) -> bool:
     )
 
 
-
 def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x (N, in) -> x W^T + b (N, out) by oneDNN's inner product, W (out, in); no autograd."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

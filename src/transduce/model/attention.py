@@ -132,9 +132,14 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(merge_heads(heads))  # (B, H, T, Dv) -> (B, T, H*Dv) -> (B, T, D)
 
     def _attend_recorded(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
         record: list[Tensor],
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """Eq. 1 through its weights, which are kept: (B, H, T, Dv)."""
         if is_causal:
             causal = causal_mask(q.size(-2), k.size(-2), device=q.device)

@@ -41,9 +41,13 @@ class _Sublayers(nn.Module):
 
     def residual(self, i: int, x: Tensor, sublayer: Sublayer) -> Tensor:
         return residual(
-            x, sublayer, self.norms[i], pre_norm=self.pre_norm, dropout=self.dropout,
+            x,
+            sublayer,
+            self.norms[i],
+            pre_norm=self.pre_norm,
+            dropout=self.dropout,
             training=self.training,
-        )  # fmt: skip
+        )
 
 
 class EncoderLayer(_Sublayers):
@@ -65,9 +69,13 @@ class EncoderLayer(_Sublayers):
     ) -> None:
         super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=2)
         self.self_attn = MultiHeadAttention(
-            d_model=d_model, n_heads=n_heads, d_k=d_k, d_v=d_v, dropout=attention_dropout,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_k=d_k,
+            d_v=d_v,
+            dropout=attention_dropout,
             options=options,
-        )  # fmt: skip
+        )
         self.ffn = PositionwiseFeedForward(
             d_model=d_model, d_ff=d_ff, activation_dropout=activation_dropout, options=options
         )
@@ -102,9 +110,13 @@ class DecoderLayer(_Sublayers):
         super().__init__(d_model=d_model, dropout=dropout, pre_norm=pre_norm, n=3)
         self.self_attn, self.cross_attn = (
             MultiHeadAttention(
-                d_model=d_model, n_heads=n_heads, d_k=d_k, d_v=d_v, dropout=attention_dropout,
+                d_model=d_model,
+                n_heads=n_heads,
+                d_k=d_k,
+                d_v=d_v,
+                dropout=attention_dropout,
                 options=options,
-            )  # fmt: skip
+            )
             for _ in range(2)
         )
         self.ffn = PositionwiseFeedForward(

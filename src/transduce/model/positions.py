@@ -110,5 +110,11 @@ def make_positions(
     raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {kind!r}")
 
 
-__all__ = ["LearnedPositions", "SinusoidalPositions", "make_positions", "positional_table",
-           "slot_positions", "word_positions"]
+__all__ = [
+    "LearnedPositions",
+    "SinusoidalPositions",
+    "make_positions",
+    "positional_table",
+    "slot_positions",
+    "word_positions",
+]

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.parsing.tree_constraint import TreeConstraint, TreeState
 from transduce.data.vocab import EOS
 from transduce.inference.common import max_output_lengths
 from transduce.inference.contract import DecodableModel
+from transduce.parsing.tree_constraint import TreeConstraint, TreeState
 
 
 class ConstrainedCache:
@@ -92,10 +92,12 @@ class ConstrainedTrees:
         else:
             states = [self._advance(s, t) for s, t in zip(cache.states, fed, strict=True)]
         cache.states = states
-        allowed = np.stack([
-            self.constraint.mask(s) if s is not None else np.ones(logits.size(-1), dtype=bool)
-            for s in states
-        ])  # (N, V)  # fmt: skip
+        allowed = np.stack(
+            [
+                self.constraint.mask(s) if s is not None else np.ones(logits.size(-1), dtype=bool)
+                for s in states
+            ]
+        )  # (N, V)
         mask = torch.from_numpy(allowed).to(logits.device)
         last = logits[:, -1].masked_fill(~mask, float("-inf"))  # (N, V)
         if logits.size(1) == 1:  # the searches' one position a step

@@ -23,14 +23,14 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig, ParsingTaskConfig
 from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
-from transduce.parsing.tree_constraint import TreeConstraint
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import EOS, SPECIALS, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
-from transduce.parsing.constrained import ConstrainedTrees
 from transduce.inference.translator import Translator
+from transduce.parsing.constrained import ConstrainedTrees
+from transduce.parsing.tree_constraint import TreeConstraint
 
 
 def word_units(vocab: VocabPair) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,9 +87,13 @@ class Parser:
         return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
 
     def parse(
-        self, sentences: Sequence[Sequence[str]], decode: DecodeConfig | None = None, *,
-        constrained: bool | None = None, show_progress: bool | None = False,
-    ) -> list[Parse]:  # fmt: skip
+        self,
+        sentences: Sequence[Sequence[str]],
+        decode: DecodeConfig | None = None,
+        *,
+        constrained: bool | None = None,
+        show_progress: bool | None = False,
+    ) -> list[Parse]:
         """One ``Parse`` per sentence (a list of words), decoded with ``decode`` (default: the
         checkpoint's ``decode`` section; ``self.translator.decode_config`` replaces some), under
         the tree constraint when ``constrained`` (default: the task's). An empty sentence has no
@@ -114,10 +118,14 @@ class Parser:
 
 
 def evaluate_parser(
-    parser: Parser, words_path: str | Path, trees_path: str | Path,
-    decode: DecodeConfig | None = None, *, constrained: bool | None = None,
+    parser: Parser,
+    words_path: str | Path,
+    trees_path: str | Path,
+    decode: DecodeConfig | None = None,
+    *,
+    constrained: bool | None = None,
     show_progress: bool | None = False,
-) -> tuple[dict[str, Any], list[Parse]]:  # fmt: skip
+) -> tuple[dict[str, Any], list[Parse]]:
     """Parse ``words_path`` (one tokenised sentence a line) and score the trees against
     ``trees_path`` (one gold tree a line) with ``evaluation.evalb``: precision, recall, F1,
     exact match, F1 on sentences of at most 40 words, the share well-formed as decoded, the
@@ -127,32 +135,40 @@ def evaluate_parser(
     sentences = [line.split() for line in read_lines(words_path)]
     empty = next((i for i, words in enumerate(sentences) if not words), None)
     if empty is not None:  # before any decoding; EVALB scores a tree for every sentence
-        raise UserError(f"{words_path}: line {empty + 1} is empty: every line of a parser's "
-                        "evaluation needs a sentence (and its gold tree)")  # fmt: skip
+        raise UserError(
+            f"{words_path}: line {empty + 1} is empty: every line of a parser's "
+            "evaluation needs a sentence (and its gold tree)"
+        )
     gold = read_tree_file(trees_path)
     if len(gold) != len(sentences):
         raise UserError(
             f"{words_path} has {len(sentences)} sentences but {trees_path} has {len(gold)} trees"
         )
-    parses = parser.parse(
-        sentences, decode, constrained=constrained, show_progress=show_progress
-    )
+    parses = parser.parse(sentences, decode, constrained=constrained, show_progress=show_progress)
     scores = score_corpus(gold, [p.tree for p in parses]).as_dict()
     repairs = sum(p.repairs for p in parses)
     well_formed = sum(p.repairs == 0 for p in parses) / max(len(parses), 1)
     return {**scores, "well_formed": well_formed, "repairs": repairs}, parses
 
 
-def parsing_scores(parser: Parser, sentences: Sequence[Sequence[str]], gold: Sequence[Tree],
-                   decode: DecodeConfig | None = None) -> dict[str, float]:  # fmt: skip
+def parsing_scores(
+    parser: Parser,
+    sentences: Sequence[Sequence[str]],
+    gold: Sequence[Tree],
+    decode: DecodeConfig | None = None,
+) -> dict[str, float]:
     """EVALB F1 (and precision, recall, exact match) of ``parser`` on ``sentences`` against
     ``gold`` decoded with ``decode`` (default: the model's settings), for validation during
     training."""
     parses = parser.parse(sentences, decode)
     scores = score_corpus(gold, [p.tree for p in parses])
-    return {"f1": scores.f1, "precision": scores.precision, "recall": scores.recall,
-            "exact_match": scores.exact_match,
-            "well_formed": sum(p.repairs == 0 for p in parses) / max(len(parses), 1)}  # fmt: skip
+    return {
+        "f1": scores.f1,
+        "precision": scores.precision,
+        "recall": scores.recall,
+        "exact_match": scores.exact_match,
+        "well_formed": sum(p.repairs == 0 for p in parses) / max(len(parses), 1),
+    }
 
 
 __all__ = ["Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]

@@ -48,11 +48,13 @@ class TranslatorLike(Protocol):
     """What the server needs of a ``Translator``: the decoding settings of a request (the
     model's with the request's replaced) and ``translate`` with them."""
 
-    def decode_config(self, *, beam: int | None = ..., alpha: float | None = ...) -> DecodeConfig:
-        ...
+    def decode_config(
+        self, *, beam: int | None = ..., alpha: float | None = ...
+    ) -> DecodeConfig: ...
 
-    def translate(self, sentences: Sequence[str], decode: DecodeConfig | None = ...) -> list[str]:
-        ...
+    def translate(
+        self, sentences: Sequence[str], decode: DecodeConfig | None = ...
+    ) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,15 @@ class DynamicBatcher:
         self._running = False
         self._finished = threading.Event()  # set when the loop returns
         self._stats = {
-            "requests": 0, "sentences": 0, "batches": 0, "translate_calls": 0,
-            "max_batch_requests": 0, "max_batch_sentences": 0, "failed_requests": 0,
+            "requests": 0,
+            "sentences": 0,
+            "batches": 0,
+            "translate_calls": 0,
+            "max_batch_requests": 0,
+            "max_batch_sentences": 0,
+            "failed_requests": 0,
             "cancelled_requests": 0,
-        }  # fmt: skip
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

@@ -175,5 +175,8 @@ def open_files_for(connections: int) -> None:
     if soft < wanted:
         logging.getLogger("uvicorn.error").warning(
             "the open-file limit is %d (hard limit), under the %d that max_connections %d "
-            "needs: connections beyond it wait to be accepted", soft, wanted, connections,
-        )  # fmt: skip
+            "needs: connections beyond it wait to be accepted",
+            soft,
+            wanted,
+            connections,
+        )

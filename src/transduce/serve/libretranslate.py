@@ -54,13 +54,33 @@ PREFIX = "/libretranslate"
 
 # names shown by /languages (clients show them in their menus); another code is its own name
 _NAMES = {
-    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
-    "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
-    "hi": "Hindi", "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean",
-    "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
-    "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian",
+    "ar": "Arabic",
+    "cs": "Czech",
+    "da": "Danish",
+    "de": "German",
+    "el": "Greek",
+    "en": "English",
+    "es": "Spanish",
+    "et": "Estonian",
+    "fi": "Finnish",
+    "fr": "French",
+    "hi": "Hindi",
+    "hu": "Hungarian",
+    "it": "Italian",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "lt": "Lithuanian",
+    "lv": "Latvian",
+    "nl": "Dutch",
+    "pl": "Polish",
+    "pt": "Portuguese",
+    "ro": "Romanian",
+    "ru": "Russian",
+    "sv": "Swedish",
+    "tr": "Turkish",
+    "uk": "Ukrainian",
     "zh": "Chinese",
-}  # fmt: skip
+}
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -86,9 +106,15 @@ def add_libretranslate(
     @app.get(PREFIX + "/languages")
     async def languages() -> JSONResponse:
         return JSONResponse(
-            [{"code": code, "name": _NAMES.get(code.lower(), code), "targets": models.targets(code)}
-             for code in models.languages()]
-        )  # fmt: skip
+            [
+                {
+                    "code": code,
+                    "name": _NAMES.get(code.lower(), code),
+                    "targets": models.targets(code),
+                }
+                for code in models.languages()
+            ]
+        )
 
     @app.post(PREFIX + "/translate")
     async def translate(request: Request) -> JSONResponse:
@@ -107,8 +133,11 @@ def add_libretranslate(
             sources = models.sources()
             if len(sources) != 1:
                 served = ", ".join(sources) or "none (no languages given)"
-                raise ApiError(400, "language detection is not supported: this server translates "
-                               f"from {served}; name the source language")  # fmt: skip
+                raise ApiError(
+                    400,
+                    "language detection is not supported: this server translates "
+                    f"from {served}; name the source language",
+                )
             return JSONResponse([{"confidence": 100.0, "language": sources[0]}])
         except ApiError as e:
             return _lt_error(e)
@@ -138,8 +167,10 @@ def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
             raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
         return data
     if mime == "multipart/form-data":
-        raise ApiError(400, "multipart/form-data is not supported: send JSON or "
-                       "application/x-www-form-urlencoded")  # fmt: skip
+        raise ApiError(
+            400,
+            "multipart/form-data is not supported: send JSON or application/x-www-form-urlencoded",
+        )
     try:
         pairs = urllib.parse.parse_qsl(
             body.decode("ascii"), keep_blank_values=True, encoding="utf-8", errors="strict"
@@ -203,14 +234,20 @@ def _alternatives(fields: dict[str, Any]) -> int:
 def _pick(models: ServedModels, source: str, target: str) -> tuple[int, str, dict | None]:
     """(the model's index, the source language, ``detectedLanguage`` for ``auto`` or None)."""
     if not models.labelled:
-        raise ApiError(400, "this server's model was started without its languages: "
-                       "transduce serve --model SOURCE:TARGET=PATH")  # fmt: skip
+        raise ApiError(
+            400,
+            "this server's model was started without its languages: "
+            "transduce serve --model SOURCE:TARGET=PATH",
+        )
     detected = None
     if source.lower() == "auto":
         candidates = models.sources(target)
         if len(candidates) != 1:
-            raise ApiError(400, f"cannot detect the source language: name it (the server "
-                           f"translates into {target} from {', '.join(candidates) or 'none'})")
+            raise ApiError(
+                400,
+                f"cannot detect the source language: name it (the server "
+                f"translates into {target} from {', '.join(candidates) or 'none'})",
+            )
         source = candidates[0]
         detected = {"confidence": 100.0, "language": source}  # the only candidate
     sources = [s.lower() for s in models.sources()]
@@ -222,8 +259,11 @@ def _pick(models: ServedModels, source: str, target: str) -> tuple[int, str, dic
     try:
         return models.pick(source, target), source, detected
     except NoSuchPair:
-        raise ApiError(400, f"{target} is not available as a target language from {source}; "
-                       f"served: {', '.join(f'{s}->{t}' for s, t in models.pairs())}") from None
+        raise ApiError(
+            400,
+            f"{target} is not available as a target language from {source}; "
+            f"served: {', '.join(f'{s}->{t}' for s, t in models.pairs())}",
+        ) from None
 
 
 async def _translate(
@@ -242,8 +282,11 @@ async def _translate(
     except UserError as e:
         raise ApiError(400, str(e)) from None
     if n_alternatives and n_alternatives + 1 > decode.beam:
-        raise ApiError(400, f"Invalid request: alternatives parameter must be <= "
-                       f"{decode.beam - 1} (the model's beam less 1)")  # fmt: skip
+        raise ApiError(
+            400,
+            f"Invalid request: alternatives parameter must be <= "
+            f"{decode.beam - 1} (the model's beam less 1)",
+        )
     lines = [_LINE_BREAK.split(text) for text in texts]  # the models translate sentences
     flat = [line for text_lines in lines for line in text_lines]
     _check_limits(flat, limits)
@@ -262,17 +305,21 @@ async def _translate(
 
 def _check_limits(lines: list[str], limits: ServerLimits) -> None:
     if len(lines) > limits.max_sentences:
-        raise ApiError(400, f"Invalid request: request ({len(lines)} lines) exceeds the limit "
-                       f"({limits.max_sentences} lines)")  # fmt: skip
+        raise ApiError(
+            400,
+            f"Invalid request: request ({len(lines)} lines) exceeds the limit "
+            f"({limits.max_sentences} lines)",
+        )
     for line in lines:
         if len(line) > limits.max_chars:
-            raise ApiError(400, f"Invalid request: request ({len(line)} characters in a line) "
-                           f"exceeds text limit ({limits.max_chars})")  # fmt: skip
+            raise ApiError(
+                400,
+                f"Invalid request: request ({len(line)} characters in a line) "
+                f"exceeds text limit ({limits.max_chars})",
+            )
 
 
-def _regroup(
-    lines: list[list[str]], out: list[list[str]]
-) -> tuple[list[str], list[list[str]]]:
+def _regroup(lines: list[list[str]], out: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """Each text's translation (its lines' best, joined) and its alternatives: the k-th joins
     each line's k-th best (its last where it has fewer), without repeats or the translation."""
     results: list[str] = []

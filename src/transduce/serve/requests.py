@@ -103,9 +103,11 @@ class BodyBudget:
         """Count ``n`` more bytes held, or raise ApiError 503 when over the limit."""
         if self.used + n > self.limit:
             raise ApiError(
-                503, f"the server is busy reading other requests ({self.used} bytes held); "
-                "try again later", {"Retry-After": "1", **CLOSE},
-            )  # fmt: skip
+                503,
+                f"the server is busy reading other requests ({self.used} bytes held); "
+                "try again later",
+                {"Retry-After": "1", **CLOSE},
+            )
         self.used += n
 
     def give_back(self, n: int) -> None:
@@ -228,8 +230,15 @@ class TranslateRequest:
     target: str | None = None
 
 
-_TYPE_NAMES = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number",
-               str: "a string", list: "a list", dict: "an object"}  # fmt: skip
+_TYPE_NAMES = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
 
 
 def _type_name(value: Any) -> str:
@@ -263,9 +272,7 @@ def parse_translate_request(body: bytes, limits: ServerLimits) -> TranslateReque
         raise ApiError(422, f"the body must be a JSON object, not {_type_name(data)}")
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
-        raise ApiError(
-            422, f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}"
-        )
+        raise ApiError(422, f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}")
     if "text" not in data:
         raise ApiError(422, "missing field 'text' (a list of sentences)")
     text = _check_text(data["text"], limits)

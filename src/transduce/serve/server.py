@@ -106,8 +106,14 @@ def _model_info(translator: Any) -> dict[str, Any]:
     cfg = getattr(translator, "cfg", None)
     if cfg is not None:
         m = cfg.model
-        info.update(n_layers=m.n_layers, d_model=m.d_model, d_ff=m.d_ff, n_heads=m.n_heads,
-                    norm=m.norm, positional=m.positional)  # fmt: skip
+        info.update(
+            n_layers=m.n_layers,
+            d_model=m.d_model,
+            d_ff=m.d_ff,
+            n_heads=m.n_heads,
+            norm=m.norm,
+            positional=m.positional,
+        )
     vocab = getattr(translator, "vocab", None)
     if vocab is not None:
         info["vocab_size"] = len(vocab)
@@ -122,8 +128,12 @@ def _decode_defaults(translator: Any) -> dict[str, Any]:
     if cfg is None:
         return {}
     d = cfg.decode
-    return {"beam": d.beam, "alpha": d.alpha, "max_len_offset": d.max_len_offset,
-            "batch_tokens": d.batch_tokens}  # fmt: skip
+    return {
+        "beam": d.beam,
+        "alpha": d.alpha,
+        "max_len_offset": d.max_len_offset,
+        "batch_tokens": d.batch_tokens,
+    }
 
 
 def create_app(
@@ -169,9 +179,12 @@ def create_app(
     app.state.limits = limits
     _add_error_handlers(app)
     first = served[0]
-    details = {"model": {"name": first.name, **_model_info(first.translator)},
-               "decode": _decode_defaults(first.translator), "limits": asdict(limits),
-               "batching": asdict(batching)}  # fmt: skip
+    details = {
+        "model": {"name": first.name, **_model_info(first.translator)},
+        "decode": _decode_defaults(first.translator),
+        "limits": asdict(limits),
+        "batching": asdict(batching),
+    }
     _add_health(app, models, details, api_key)
     budget = BodyBudget(limits.max_body_buffer)
     _add_translate(app, models, limits, budget)
@@ -209,10 +222,16 @@ def _add_health(
         ok = all(batcher.alive for batcher in models.batchers)
         out: dict[str, Any] = {"status": "ok" if ok else "stopped"}
         if api_key is None or api_key.accepts(authorization_header(request.scope)):
-            each = [{"name": m.name, "source": m.source, "target": m.target, "stats": b.stats()}
-                    for m, b in zip(models.models, models.batchers)]  # fmt: skip
-            out.update(details, stats=each[0]["stats"], models=each,
-                       uptime_s=round(time.time() - started, 3))  # fmt: skip
+            each = [
+                {"name": m.name, "source": m.source, "target": m.target, "stats": b.stats()}
+                for m, b in zip(models.models, models.batchers)
+            ]
+            out.update(
+                details,
+                stats=each[0]["stats"],
+                models=each,
+                uptime_s=round(time.time() - started, 3),
+            )
         return JSONResponse(out, status_code=200 if ok else 503)
 
 
@@ -275,11 +294,16 @@ def uvicorn_server(app: FastAPI, *, log_level: str = "info", access_log: bool = 
 
     limits = getattr(app.state, "limits", ServerLimits())
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=access_log, lifespan="on",
-        timeout_graceful_shutdown=10, http=guarded_h11(limits.header_timeout_s),
-        limit_concurrency=limits.max_connections, timeout_keep_alive=5,
+        app,
+        log_level=log_level,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        http=guarded_h11(limits.header_timeout_s),
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=5,
         h11_max_incomplete_event_size=16 * 1024,
-    )  # fmt: skip
+    )
     return uvicorn.Server(config)
 
 

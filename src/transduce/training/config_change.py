@@ -26,15 +26,32 @@ from transduce.config import Config, from_dict, resolve_key
 from transduce.errors import UserError
 from transduce.training.resume import saved_processes
 
-FREE: frozenset[str] = frozenset({
-    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience",
-    "train.target_seq_accuracy", "train.save_every", "train.log_every", "train.eval_every",
-    "train.keep_last", "train.average_last", "train.device", "train.tensorboard",
-    "train.max_bad_updates", "train.valid_beam", "train.update_freq",
-    "task.max_valid_sentences", "task.constrained",  # what validation reads and how it decodes
-    "decode.beam", "decode.alpha", "decode.max_len_offset", "decode.decode_batch",
-    "decode.batch_tokens",
-})  # fmt: skip
+FREE: frozenset[str] = frozenset(
+    {
+        "train.max_steps",
+        "train.max_epochs",
+        "train.max_minutes",
+        "train.patience",
+        "train.target_seq_accuracy",
+        "train.save_every",
+        "train.log_every",
+        "train.eval_every",
+        "train.keep_last",
+        "train.average_last",
+        "train.device",
+        "train.tensorboard",
+        "train.max_bad_updates",
+        "train.valid_beam",
+        "train.update_freq",
+        "task.max_valid_sentences",
+        "task.constrained",  # what validation reads and how it decodes
+        "decode.beam",
+        "decode.alpha",
+        "decode.max_len_offset",
+        "decode.decode_batch",
+        "decode.batch_tokens",
+    }
+)
 
 _ABSENT = "(absent)"  # a key of another task
 _BUDGET = frozenset({"train.max_steps", "train.max_epochs", "train.max_minutes"})
@@ -64,8 +81,11 @@ def differences(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
     """(``section.key``, old value, new value) of each key that differs, in config order."""
     a, b = _flat(old), _flat(new)
     keys = list(a) + [k for k in b if k not in a]
-    return [(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys
-            if a.get(k, _ABSENT) != b.get(k, _ABSENT)]  # fmt: skip
+    return [
+        (k, a.get(k, _ABSENT), b.get(k, _ABSENT))
+        for k in keys
+        if a.get(k, _ABSENT) != b.get(k, _ABSENT)
+    ]
 
 
 def _listed(changes: Sequence[tuple[str, Any, Any]]) -> str:
@@ -97,10 +117,14 @@ def check_resume(
     old = from_dict(stored, source=str(source), stored=True)
     changes = differences(old, new)
     if before.precision is not None and before.precision != now.precision:
-        changes.append(("train.precision (as resolved on the device)", before.precision,
-                        now.precision))  # fmt: skip
-    refused = [c for c in changes if not _free(c[0], old, new, before, now)
-               and c[0].split(" ")[0] not in allowed]  # fmt: skip
+        changes.append(
+            ("train.precision (as resolved on the device)", before.precision, now.precision)
+        )
+    refused = [
+        c
+        for c in changes
+        if not _free(c[0], old, new, before, now) and c[0].split(" ")[0] not in allowed
+    ]
     if refused:
         raise UserError(
             f"{source} was trained with another config; resuming would change the model, the "
@@ -113,9 +137,13 @@ def check_resume(
 
 
 def check_checkpoint(
-    state: dict[str, Any], path: Path, cfg: Config, allow_change: Sequence[str], now: Setting,
+    state: dict[str, Any],
+    path: Path,
+    cfg: Config,
+    allow_change: Sequence[str],
+    now: Setting,
     is_main: bool,
-) -> None:  # fmt: skip
+) -> None:
     """``check_resume`` of ``cfg`` (and ``now``: this run's processes and precision) against
     the step checkpoint ``state`` read from ``path``; the changes let through are printed
     (rank 0: ``is_main``)."""

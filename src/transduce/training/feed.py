@@ -39,8 +39,9 @@ class EpochReader:
     (``update_freq`` batches, ``read(first)``) at a time, the next one read on a background
     thread while the current one trains (``ReadAhead``)."""
 
-    def __init__(self, batches: list[np.ndarray], read: Callable[[int], list[Batch]],
-                 update_freq: int) -> None:  # fmt: skip
+    def __init__(
+        self, batches: list[np.ndarray], read: Callable[[int], list[Batch]], update_freq: int
+    ) -> None:
         self.batches, self.read, self.update_freq = batches, read, update_freq
         self._reader = ReadAhead(read)
 
@@ -77,9 +78,12 @@ class BatchFeed:
     """
 
     def __init__(
-        self, pairs: Sequence[Pair], t: TrainConfig, world: distributed.World,
+        self,
+        pairs: Sequence[Pair],
+        t: TrainConfig,
+        world: distributed.World,
         resegment: Resegment | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if resegment is not None and world.distributed:
             # SentencePiece's sampling differs between processes even with one seed, so ranks
             # would cut different batches: data seen twice or not at all, and a hang
@@ -114,11 +118,23 @@ class BatchFeed:
         t = self.t
         if self.resegment is not None:
             self._use(self.resegment(epoch))
-        batches = distributed.shard(token_batch_arrays(
-            self.lengths, t.max_tokens, seed=t.seed, epoch=epoch, pad_multiple=t.pad_multiple,
-        ), self.world)  # fmt: skip
-        read = group_reader(self.pairs, batches, t.update_freq, pin=device.type == "cuda",
-                            pad_multiple=t.pad_multiple)  # fmt: skip
+        batches = distributed.shard(
+            token_batch_arrays(
+                self.lengths,
+                t.max_tokens,
+                seed=t.seed,
+                epoch=epoch,
+                pad_multiple=t.pad_multiple,
+            ),
+            self.world,
+        )
+        read = group_reader(
+            self.pairs,
+            batches,
+            t.update_freq,
+            pin=device.type == "cuda",
+            pad_multiple=t.pad_multiple,
+        )
         return EpochReader(batches, read, t.update_freq)
 
 

@@ -74,9 +74,14 @@ class TaskData:
 
 
 def fit(
-    cfg: Config, out_dir: str | Path, data: TaskData, options: RunOptions, *,
-    log: Log | None = None, adapt: Callable[[Seq2Seq], None] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: Config,
+    out_dir: str | Path,
+    data: TaskData,
+    options: RunOptions,
+    *,
+    log: Log | None = None,
+    adapt: Callable[[Seq2Seq], None] | None = None,
+) -> dict[str, Any]:
     """Train the model of ``cfg.model`` on ``data`` into ``out_dir``: seeded by
     ``train.seed``, ``adapt`` applied to it once built. ``log``, when given, hears how many
     training pairs were longer than max_len. The Trainer's summary plus ``data.counts``."""
@@ -101,8 +106,10 @@ def fit(
         allow_change=options.allow_change,
     )
     if log is not None and trainer.feed.n_filtered:
-        log(f"train: {trainer.feed.n_filtered} pairs longer than max_len={cfg.train.max_len} "
-            "tokens left out")  # fmt: skip
+        log(
+            f"train: {trainer.feed.n_filtered} pairs longer than max_len={cfg.train.max_len} "
+            "tokens left out"
+        )
     return {**trainer.train(), **data.counts}
 
 

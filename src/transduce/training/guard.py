@@ -67,9 +67,12 @@ def skip_reason(
 
 
 def drop(
-    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loss: float,
-    grad_norm: float, bad_ranks: float,
-) -> str | None:  # fmt: skip
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    loss: float,
+    grad_norm: float,
+    bad_ranks: float,
+) -> str | None:
     """Drop an update that must not be applied: its gradients are cleared and nothing steps, so
     the weights, Adam's state, the step and the rate stay. Under fp16 the scale backs off
     (halves) for any skip, not only for an overflow. Why it was dropped (``skip_reason``)."""
@@ -83,9 +86,16 @@ def drop(
 def skip_record(p: Progress, update: Update) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of a skipped update (the one after step ``p.step``; its
     non-finite numbers become strings there, ``MetricsLog.write``)."""
-    return {"step": p.step + 1, "split": "skipped", "epoch": p.epoch, "skipped": update.skipped,
-            "loss": update.loss, "grad_norm": update.grad_norm, "bad_in_row": p.bad_in_row,
-            "skipped_updates": p.skipped_updates}  # fmt: skip
+    return {
+        "step": p.step + 1,
+        "split": "skipped",
+        "epoch": p.epoch,
+        "skipped": update.skipped,
+        "loss": update.loss,
+        "grad_norm": update.grad_norm,
+        "bad_in_row": p.bad_in_row,
+        "skipped_updates": p.skipped_updates,
+    }
 
 
 def count(p: Progress, update: Update) -> None:
@@ -111,9 +121,13 @@ def stop_if_diverged(p: Progress, update: Update, t: TrainConfig, last_good: Pat
 
 
 def report_skip(
-    p: Progress, update: Update, t: TrainConfig, note: Callable[[str], None] | None,
-    record: Callable[[dict[str, Any]], None], last_good: Path | None,
-) -> None:  # fmt: skip
+    p: Progress,
+    update: Update,
+    t: TrainConfig,
+    note: Callable[[str], None] | None,
+    record: Callable[[dict[str, Any]], None],
+    last_good: Path | None,
+) -> None:
     """Report the skipped ``update`` (counted in ``p``): a line to ``note`` and a record to
     ``record`` (``metrics.jsonl``), unless ``note`` is None (ranks other than 0); ``Diverged``
     after ``max_bad_updates`` in a row, naming ``last_good``, the checkpoint to resume from."""
@@ -125,9 +139,11 @@ def report_skip(
 
 def skip_line(p: Progress, update: Update, t: TrainConfig) -> str:
     """What a skipped update prints."""
-    return (f"transduce: the update after step {p.step} was skipped: {update.skipped} "
-            f"({p.bad_in_row} in a row, the run stops at {t.max_bad_updates}; "
-            f"{p.skipped_updates} in all)")  # fmt: skip
+    return (
+        f"transduce: the update after step {p.step} was skipped: {update.skipped} "
+        f"({p.bad_in_row} in a row, the run stops at {t.max_bad_updates}; "
+        f"{p.skipped_updates} in all)"
+    )
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
@@ -143,10 +159,22 @@ def require_finite(tensors: Iterable[torch.Tensor], path: Path, last_good: Path 
     """Raise ``Diverged`` before ``path`` is written from weights that are not all finite,
     naming ``last_good``, the newest checkpoint to resume from."""
     if not all_finite(tensors):
-        raise Diverged(f"the weights hold inf or NaN: {path} was not written from them. The last "
-                       f"good checkpoint: {last_good or 'none yet'}")  # fmt: skip
+        raise Diverged(
+            f"the weights hold inf or NaN: {path} was not written from them. The last "
+            f"good checkpoint: {last_good or 'none yet'}"
+        )
 
 
-__all__ = ["Update", "all_finite", "count", "drop", "gradient_norm", "report_skip",
-           "require_finite", "skip_line", "skip_reason", "skip_record",
-           "stop_if_diverged"]  # fmt: skip
+__all__ = [
+    "Update",
+    "all_finite",
+    "count",
+    "drop",
+    "gradient_norm",
+    "report_skip",
+    "require_finite",
+    "skip_line",
+    "skip_reason",
+    "skip_record",
+    "stop_if_diverged",
+]

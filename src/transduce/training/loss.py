@@ -65,7 +65,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """(summed smoothed loss, summed NLL) of logits (N, V) against target (N,) where keep (N,)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, keep: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, logits: Tensor, target: Tensor, keep: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
         n, v = logits.shape
         step = _chunk_rows(logits)
         nll_rows = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) -log p(y)
@@ -83,7 +85,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
-    def backward(ctx: Any, g_loss: Tensor | None, g_nll: Tensor | None) -> tuple[Tensor | None, ...]:
+    def backward(
+        ctx: Any, g_loss: Tensor | None, g_nll: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         logits, target, w = ctx.saved_tensors
         eps, v = ctx.eps, logits.size(1)
         zero = torch.zeros((), dtype=torch.float32, device=logits.device)

@@ -48,11 +48,13 @@ class LossWindow:
         now = time.monotonic()
         n, seconds = max(self.tokens, 1), max(now - self.start, 1e-9)
         out = {
-            "loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50.0)),
+            "loss": self.loss / n,
+            "nll": self.nll / n,
+            "ppl": math.exp(min(self.nll / n, 50.0)),
             "tokens_per_s": self.tokens / seconds,
             "grad_norm": self.grad_norm / max(self.updates, 1),
             "data_share": min(self.data_wait / seconds, 1.0),
-        }  # fmt: skip
+        }
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, now
         self.updates, self.grad_norm, self.data_wait = 0, 0.0, 0.0
         return out

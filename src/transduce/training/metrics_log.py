@@ -65,8 +65,10 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record``; a number that is not finite is written as the string ``"nan"``,
         ``"inf"`` or ``"-inf"``: a bare ``NaN`` is not JSON, and readers of it would choke."""
-        record = {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
-                  for k, v in record.items()}  # fmt: skip
+        record = {
+            k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in record.items()
+        }
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._writer is not None:

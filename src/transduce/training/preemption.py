@@ -72,9 +72,11 @@ class SignalWatch:
     def say_if_late(self) -> None:
         """For a run that has finished: a signal received too late to stop it, said."""
         if self.received:
-            print(f"transduce: {self.signal_name()} came as the run was ending: it finished "
-                  "instead (model.pt written); there is nothing to resume",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"transduce: {self.signal_name()} came as the run was ending: it finished "
+                "instead (model.pt written); there is nothing to resume",
+                file=sys.stderr,
+            )
 
     def __enter__(self) -> SignalWatch:
         if threading.current_thread() is threading.main_thread():
@@ -98,8 +100,10 @@ class SignalWatch:
         now = self._clock()
         if self.signum is None:
             self.signum, self._first_at = signum, now
-            _say(f"{name} received: stopping after this update with a resumable checkpoint "
-                 "(send it again to stop at once, without one)")  # fmt: skip
+            _say(
+                f"{name} received: stopping after this update with a resumable checkpoint "
+                "(send it again to stop at once, without one)"
+            )
         elif now - self._first_at > self.grace:
             _say(f"{name} again: stopping now, without a checkpoint")
             self._exit_now(128 + signum)

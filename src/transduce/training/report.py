@@ -23,8 +23,16 @@ from transduce.config import TrainConfig
 from transduce.console import duration, is_terminal
 from transduce.training.progress import Progress
 
-__all__ = ["TrainingDisplay", "announcement", "eta_seconds", "run_summary", "step_line",
-           "step_record", "valid_line", "valid_record"]  # fmt: skip
+__all__ = [
+    "TrainingDisplay",
+    "announcement",
+    "eta_seconds",
+    "run_summary",
+    "step_line",
+    "step_record",
+    "valid_line",
+    "valid_record",
+]
 
 # validation keys shown under shorter names, first; the rest follow in their order
 _VALID_NAMES = {"valid_loss": "loss", "valid_ppl": "ppl"}
@@ -46,12 +54,23 @@ def eta_seconds(
 
 
 def step_line(
-    *, step: int, epoch: int, loss: float, ppl: float, lr: float, grad_norm: float,
-    tokens_per_s: float, elapsed: float, eta: float | None, skipped: int = 0,
-) -> str:  # fmt: skip
-    line = (f"step={step} epoch={epoch} loss={loss:.4f} ppl={ppl:.2f} lr={lr:.3e} "
-            f"gnorm={grad_norm:.3f} tok/s={tokens_per_s:.0f} elapsed={duration(elapsed)} "
-            f"eta={duration(eta)}")  # fmt: skip
+    *,
+    step: int,
+    epoch: int,
+    loss: float,
+    ppl: float,
+    lr: float,
+    grad_norm: float,
+    tokens_per_s: float,
+    elapsed: float,
+    eta: float | None,
+    skipped: int = 0,
+) -> str:
+    line = (
+        f"step={step} epoch={epoch} loss={loss:.4f} ppl={ppl:.2f} lr={lr:.3e} "
+        f"gnorm={grad_norm:.3f} tok/s={tokens_per_s:.0f} elapsed={duration(elapsed)} "
+        f"eta={duration(eta)}"
+    )
     return f"{line} skipped={skipped}" if skipped else line
 
 
@@ -65,8 +84,14 @@ def run_summary(
 ) -> dict[str, Any]:
     """What a finished run returns (and ``transduce train`` prints): why and where it stopped,
     the pairs left out for max_len and the last validation's ``metrics``."""
-    return {"stopped_by": reason, "step": p.step, "epoch": p.epoch,
-            "seconds": round(p.elapsed, 2), "filtered_pairs": filtered, **metrics}  # fmt: skip
+    return {
+        "stopped_by": reason,
+        "step": p.step,
+        "epoch": p.epoch,
+        "seconds": round(p.elapsed, 2),
+        "filtered_pairs": filtered,
+        **metrics,
+    }
 
 
 def step_record(
@@ -75,11 +100,17 @@ def step_record(
     """The ``metrics.jsonl`` record of a log step: the window's numbers (``LossWindow.report``),
     the rate, the skipped updates so far if any, fp16's loss scale if any."""
     record: dict[str, Any] = {
-        "step": p.step, "epoch": p.epoch, "loss": stats["loss"], "nll": stats["nll"],
-        "ppl": stats["ppl"], "lr": lr, "grad_norm": stats["grad_norm"],
-        "tokens_per_s": stats["tokens_per_s"], "data_share": stats["data_share"],
+        "step": p.step,
+        "epoch": p.epoch,
+        "loss": stats["loss"],
+        "nll": stats["nll"],
+        "ppl": stats["ppl"],
+        "lr": lr,
+        "grad_norm": stats["grad_norm"],
+        "tokens_per_s": stats["tokens_per_s"],
+        "data_share": stats["data_share"],
         "elapsed": p.elapsed,
-    }  # fmt: skip
+    }
     if p.skipped_updates:
         record["skipped_updates"] = p.skipped_updates
     if loss_scale is not None:
@@ -99,10 +130,14 @@ def valid_line(step: int, metrics: Mapping[str, object]) -> str:
     """``valid step=N loss=.. ppl=..`` then the task's metrics (``bleu=.. chrf=..``,
     ``seq_accuracy=..``), as the validation gave them."""
     parts = [f"valid step={step}"]
-    parts += [f"{short}={_number(metrics[key])}" for key, short in _VALID_NAMES.items()
-              if key in metrics]  # fmt: skip
-    parts += [f"{key}={_number(value)}" for key, value in metrics.items()
-              if key not in _VALID_NAMES and key not in _VALID_HIDDEN]  # fmt: skip
+    parts += [
+        f"{short}={_number(metrics[key])}" for key, short in _VALID_NAMES.items() if key in metrics
+    ]
+    parts += [
+        f"{key}={_number(value)}"
+        for key, value in metrics.items()
+        if key not in _VALID_NAMES and key not in _VALID_HIDDEN
+    ]
     return " ".join(parts)
 
 
@@ -128,16 +163,24 @@ class TrainingDisplay:
         self.t, self.p = t, p
         terminal = is_terminal(sys.stderr)
         self.plain = shown and not terminal
-        self.bar = tqdm(total=t.max_steps, initial=p.step, disable=not (shown and terminal),
-                        dynamic_ncols=True, desc="train")  # fmt: skip
+        self.bar = tqdm(
+            total=t.max_steps,
+            initial=p.step,
+            disable=not (shown and terminal),
+            dynamic_ncols=True,
+            desc="train",
+        )
         self._pace_from = (p.step, started)  # for the ETA of the plain lines
 
     def logged(self, stats: Mapping[str, float], lr: float) -> None:
         """A log step's loss, perplexity and tokens/s (``LossWindow.report``) at rate ``lr``."""
         t, p = self.t, self.p
-        postfix = {"loss": f"{stats['loss']:.3f}", "lr": f"{lr:.2e}",
-                   "gnorm": f"{stats['grad_norm']:.3f}",
-                   "tok_s": f"{stats['tokens_per_s']:.0f}"}  # fmt: skip
+        postfix = {
+            "loss": f"{stats['loss']:.3f}",
+            "lr": f"{lr:.2e}",
+            "gnorm": f"{stats['grad_norm']:.3f}",
+            "tok_s": f"{stats['tokens_per_s']:.0f}",
+        }
         if p.skipped_updates:
             postfix["skipped"] = str(p.skipped_updates)
         if t.max_minutes:  # tqdm's ETA is for max_steps; this is for the budget
@@ -145,12 +188,21 @@ class TrainingDisplay:
         self.bar.set_postfix(postfix)
         if self.plain:
             first_step, first_time = self._pace_from
-            eta = eta_seconds(p, t, steps_here=p.step - first_step,
-                              seconds_here=time.monotonic() - first_time)  # fmt: skip
-            line = step_line(step=p.step, epoch=p.epoch, loss=stats["loss"], ppl=stats["ppl"],
-                             lr=lr, grad_norm=stats["grad_norm"],
-                             tokens_per_s=stats["tokens_per_s"], elapsed=p.elapsed, eta=eta,
-                             skipped=p.skipped_updates)  # fmt: skip
+            eta = eta_seconds(
+                p, t, steps_here=p.step - first_step, seconds_here=time.monotonic() - first_time
+            )
+            line = step_line(
+                step=p.step,
+                epoch=p.epoch,
+                loss=stats["loss"],
+                ppl=stats["ppl"],
+                lr=lr,
+                grad_norm=stats["grad_norm"],
+                tokens_per_s=stats["tokens_per_s"],
+                elapsed=p.elapsed,
+                eta=eta,
+                skipped=p.skipped_updates,
+            )
             print(line, file=sys.stderr, flush=True)
 
     def validated(self, metrics: Mapping[str, object]) -> None:

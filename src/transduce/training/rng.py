@@ -51,8 +51,9 @@ def _set_python(state: Sequence[Any]) -> None:
 
 def _set_numpy(state: Sequence[Any]) -> None:
     name, keys, pos, has_gauss, cached = state
-    np.random.set_state((str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss),
-                         float(cached)))  # fmt: skip
+    np.random.set_state(
+        (str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached))
+    )
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:

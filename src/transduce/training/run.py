@@ -30,10 +30,15 @@ class TrainTask(Protocol):
     """How every task trains: the config, the run folder, and how the run goes."""
 
     def __call__(
-        self, cfg: Config, out_dir: str | Path, *, resume: bool = False,
-        show_progress: bool | None = None, callbacks: Sequence[StepCallback] = (),
+        self,
+        cfg: Config,
+        out_dir: str | Path,
+        *,
+        resume: bool = False,
+        show_progress: bool | None = None,
+        callbacks: Sequence[StepCallback] = (),
         allow_change: Sequence[str] = (),
-    ) -> dict[str, Any]: ...  # fmt: skip
+    ) -> dict[str, Any]: ...
 
 
 # The config's task (its section's class) -> the function that trains it
@@ -60,8 +65,14 @@ def train(
     allowed_keys(allow_change)  # a UserError naming a key that does not exist
     if allow_change and not resume:
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
-    return TASKS[type(cfg.task)](cfg, out_dir, resume=resume, show_progress=show_progress,
-                                 callbacks=callbacks, allow_change=allow_change)  # fmt: skip
+    return TASKS[type(cfg.task)](
+        cfg,
+        out_dir,
+        resume=resume,
+        show_progress=show_progress,
+        callbacks=callbacks,
+        allow_change=allow_change,
+    )
 
 
 __all__ = ["TASKS", "TrainTask", "train", "train_parsing", "train_synthetic", "train_translation"]

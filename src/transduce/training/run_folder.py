@@ -105,11 +105,15 @@ class RunFolder:
         path = checkpoint.step_path(self.checkpoints, progress.step)
 
         def state() -> dict[str, Any]:
-            return {**self.model_state(), "optimizer": run.optimizer.state_dict(),
-                    "scaler": run.scaler.state_dict(),  # {} unless fp16
-                    "progress": vars(progress).copy(), "rng": rngs[0],
-                    "precision": run.precision,  # as resolved: a resume must keep it
-                    "rng_ranks": rngs}  # fmt: skip
+            return {
+                **self.model_state(),
+                "optimizer": run.optimizer.state_dict(),
+                "scaler": run.scaler.state_dict(),  # {} unless fp16
+                "progress": vars(progress).copy(),
+                "rng": rngs[0],
+                "precision": run.precision,  # as resolved: a resume must keep it
+                "rng_ranks": rngs,
+            }
 
         saving.write_model_file(self.world, path, state, self.checkpoints)
         if self.world.is_main:
@@ -125,8 +129,9 @@ class RunFolder:
 
     def write_best(self) -> None:
         """``best.pt``: the model as it is now (every rank calls it)."""
-        saving.write_model_file(self.world, self.path / "best.pt", self.model_state,
-                                self.checkpoints)  # fmt: skip
+        saving.write_model_file(
+            self.world, self.path / "best.pt", self.model_state, self.checkpoints
+        )
 
     def finish(self) -> None:
         """``model.pt`` and, where safetensors is installed, ``model.safetensors`` (the same
@@ -140,11 +145,15 @@ class RunFolder:
                 final = checkpoint.average(paths)
             else:
                 final = self.model_state()
-        saving.write_model_file(self.world, self.path / "model.pt", lambda: final,
-                                self.checkpoints)  # fmt: skip
+        saving.write_model_file(self.world, self.path / "model.pt", lambda: final, self.checkpoints)
         if checkpoint.safetensors_available():
-            saving.write_model_file(self.world, self.path / "model.safetensors", lambda: final,
-                                    self.checkpoints, checkpoint.save_safetensors)  # fmt: skip
+            saving.write_model_file(
+                self.world,
+                self.path / "model.safetensors",
+                lambda: final,
+                self.checkpoints,
+                checkpoint.save_safetensors,
+            )
 
 
 __all__ = ["RunFolder", "Training"]

@@ -28,8 +28,10 @@ def last_good(ckpt_dir: Path, but: Path | None = None) -> Path | None:
 def _failure(path: Path, error: OSError, ckpt_dir: Path) -> str:
     saved = last_good(ckpt_dir, but=path)
     last = f"the last good checkpoint, {saved}, is intact" if saved else "no checkpoint yet"
-    return (f"cannot write {path}: {error.strerror or error} (errno {error.errno}); {last}. "
-            "Free some space, then resume with --resume")  # fmt: skip
+    return (
+        f"cannot write {path}: {error.strerror or error} (errno {error.errno}); {last}. "
+        "Free some space, then resume with --resume"
+    )
 
 
 def write_on_main(
@@ -61,9 +63,12 @@ def write_on_main(
 
 
 def write_model_file(
-    world: distributed.World, path: Path, state: Callable[[], dict[str, Any]], ckpt_dir: Path,
+    world: distributed.World,
+    path: Path,
+    state: Callable[[], dict[str, Any]],
+    ckpt_dir: Path,
     save: Callable[[dict[str, Any], Path], None] = checkpoint.save,
-) -> None:  # fmt: skip
+) -> None:
     """Write the model file ``state()`` (made on rank 0 only) to ``path`` with ``save``, never
     from weights that are not finite (``Diverged``); see ``write_on_main``."""
 

@@ -43,22 +43,34 @@ def validation_loss(
         )
         loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens
     return {
-        "valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(nll / n),
+        "valid_loss": loss / n,
+        "valid_nll": nll / n,
+        "valid_ppl": math.exp(nll / n),
         "neg_valid_nll": -nll / n,
-    }  # fmt: skip
+    }
 
 
 def validate(
-    model: Seq2Seq, pairs: Sequence[Pair], validator: Validator | None, t: TrainConfig,
+    model: Seq2Seq,
+    pairs: Sequence[Pair],
+    validator: Validator | None,
+    t: TrainConfig,
     device: torch.device,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Validation loss and perplexity on ``pairs`` (none without them), plus the task's own
     metrics from ``validator``."""
     model.eval()
     out: dict[str, Any] = {}
     if pairs:
-        out.update(validation_loss(model, pairs, max_tokens=t.max_tokens,
-                                   label_smoothing=t.label_smoothing, device=device))  # fmt: skip
+        out.update(
+            validation_loss(
+                model,
+                pairs,
+                max_tokens=t.max_tokens,
+                label_smoothing=t.label_smoothing,
+                device=device,
+            )
+        )
     if validator is not None:
         out.update(validator(model))
     return out

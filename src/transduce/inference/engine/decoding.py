@@ -54,13 +54,24 @@ Norm = Callable[[Tensor], Tensor]
 # Every ModelConfig field with the values the engine implements (None: every value). Dropout is
 # any value since the engine decodes in eval mode (a model in training mode runs itself).
 IMPLEMENTED: dict[str, tuple[Any, ...] | None] = {
-    "n_layers": None, "d_model": None, "d_ff": None, "n_heads": None, "d_k": None, "d_v": None,
-    "dropout": None, "attention_dropout": None, "activation_dropout": None,
-    "positional": ("sinusoidal", "learned"), "max_positions": None, "norm": ("post", "pre"),
-    "tie_embeddings": (True, False), "architecture": ("transformer",),
-    "rnn_attention": None, "input_feeding": None,  # the recurrent baseline's, not read here
+    "n_layers": None,
+    "d_model": None,
+    "d_ff": None,
+    "n_heads": None,
+    "d_k": None,
+    "d_v": None,
+    "dropout": None,
+    "attention_dropout": None,
+    "activation_dropout": None,
+    "positional": ("sinusoidal", "learned"),
+    "max_positions": None,
+    "norm": ("post", "pre"),
+    "tie_embeddings": (True, False),
+    "architecture": ("transformer",),
+    "rnn_attention": None,
+    "input_feeding": None,  # the recurrent baseline's, not read here
     "position_unit": ("token", "word"),
-}  # fmt: skip
+}
 
 
 def check_implemented(cfg: ModelConfig) -> None:

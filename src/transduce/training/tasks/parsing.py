@@ -16,8 +16,8 @@ from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
 from transduce.data.vocab import TokenVocab, VocabPair
 from transduce.errors import UserError
-from transduce.parsing.parser import Parser, parsing_scores, word_units
 from transduce.model.transformer import Transformer
+from transduce.parsing.parser import Parser, parsing_scores, word_units
 from transduce.training import distributed
 from transduce.training.feed import Resegment
 from transduce.training.fit import Log, RunOptions, TaskData, epoch_seed, fit, rank_log
@@ -49,8 +49,12 @@ def first_pieces(source: SentencePieceVocab, words: Sequence[str]) -> list[str]:
     return firsts
 
 
-def parsing_targets(trees: Sequence[Tree], sentences: Sequence[Sequence[str]],
-                    task: ParsingTaskConfig, source: SentencePieceVocab) -> list[str]:  # fmt: skip
+def parsing_targets(
+    trees: Sequence[Tree],
+    sentences: Sequence[Sequence[str]],
+    task: ParsingTaskConfig,
+    source: SentencePieceVocab,
+) -> list[str]:
     """The linearised trees as target text, a word slot ``XX``, the tag (``keep_tags``) or the
     word's first source piece (``slot_pieces``)."""
     out = []
@@ -62,14 +66,16 @@ def parsing_targets(trees: Sequence[Tree], sentences: Sequence[Sequence[str]],
     return out
 
 
-def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
-                  task: ParsingTaskConfig, seed: int) -> tuple[VocabPair, list[str]]:  # fmt: skip
+def parsing_vocab(
+    sentences: Sequence[Sequence[str]], trees: Sequence[Tree], task: ParsingTaskConfig, seed: int
+) -> tuple[VocabPair, list[str]]:
     """Word pieces learned on the training sentences, and the training targets' tokens (both
     deterministic, so every rank and a resumed run learn the same); with ``slot_pieces`` every
     word-initial source piece is a target token too (a test word's may not occur in training).
     Returns the vocabularies and the training targets."""
-    source = train_sentencepiece([" ".join(s) for s in sentences], task.src_vocab_size, seed=seed,
-                                 hard_vocab_limit=False)  # fmt: skip
+    source = train_sentencepiece(
+        [" ".join(s) for s in sentences], task.src_vocab_size, seed=seed, hard_vocab_limit=False
+    )
     targets = parsing_targets(trees, sentences, task, source)
     extra: list[str] = []
     if task.slot_pieces:
@@ -78,8 +84,12 @@ def parsing_vocab(sentences: Sequence[Sequence[str]], trees: Sequence[Tree],
     return VocabPair(source, TokenVocab.learn(targets + extra)), targets
 
 
-def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Sequence[Sequence[str]],
-                         targets: Sequence[list[int]]) -> Resegment | None:  # fmt: skip
+def source_dropout_pairs(
+    cfg: Config,
+    source: SentencePieceVocab,
+    sentences: Sequence[Sequence[str]],
+    targets: Sequence[list[int]],
+) -> Resegment | None:
     """Each epoch's training pairs with the source words under BPE-dropout ``task.bpe_dropout``
     (None when 0), seeded by ``train.seed`` and the epoch (the same pairs within a process, not
     across processes: ``SentencePieceVocab.sample_batch``); the targets stay as they are."""
@@ -96,8 +106,9 @@ def source_dropout_pairs(cfg: Config, source: SentencePieceVocab, sentences: Seq
     return pairs
 
 
-def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
-                 gold: list[Tree]) -> Validator:  # fmt: skip
+def f1_validator(
+    cfg: Config, vocab: VocabPair, sentences: list[list[str]], gold: list[Tree]
+) -> Validator:
     """EVALB F1 of the model's parses of dev (beam ``train.valid_beam``)."""
 
     def validate(model: Seq2Seq) -> dict[str, Any]:
@@ -109,10 +120,15 @@ def f1_validator(cfg: Config, vocab: VocabPair, sentences: list[list[str]],
 
 
 def train_parsing(
-    cfg: Config, out_dir: str | Path, *, resume: bool = False, show_progress: bool | None = None,
-    log: Log | None = None, callbacks: Sequence[StepCallback] = (),
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    show_progress: bool | None = None,
+    log: Log | None = None,
+    callbacks: Sequence[StepCallback] = (),
     allow_change: Sequence[str] = (),
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Train a parser on ``task.parse_data``'s train split, validating on dev; best.pt by F1."""
     task = cfg.task
     if not isinstance(task, ParsingTaskConfig):
@@ -123,8 +139,10 @@ def train_parsing(
     train_words, train_trees = read_split(folder, "train")
     dev_words, dev_trees = read_split(folder, "dev")
     vocab, targets = parsing_vocab(train_words, train_trees, task, cfg.train.seed)
-    log(f"parsing: {len(train_words)} training and {len(dev_words)} dev sentences from "
-        f"{folder}; {len(vocab.source)} source pieces, {len(vocab.target)} target tokens")
+    log(
+        f"parsing: {len(train_words)} training and {len(dev_words)} dev sentences from "
+        f"{folder}; {len(vocab.source)} source pieces, {len(vocab.target)} target tokens"
+    )
     train_pairs: list[Pair] = [
         (vocab.source.encode(" ".join(w)), vocab.target.encode(t))
         for w, t in zip(train_words, targets, strict=True)
@@ -136,18 +154,30 @@ def train_parsing(
         for w, t in zip(dev_words, dev_targets, strict=True)
     ]
     data = TaskData(
-        vocab, train_pairs, dev_pairs, f1_validator(cfg, vocab, dev_words, dev_trees), "f1",
+        vocab,
+        train_pairs,
+        dev_pairs,
+        f1_validator(cfg, vocab, dev_words, dev_trees),
+        "f1",
         source_dropout_pairs(cfg, vocab.source, train_words, [t for _, t in train_pairs]),
         counts={"train_sentences": len(train_words), "dev_sentences": len(dev_words)},
-    )  # fmt: skip
+    )
 
     def adapt(model: Seq2Seq) -> None:
         if cfg.model.position_unit == "word" and isinstance(model, Transformer):  # rnn: none
             model.set_word_units(*word_units(vocab))
 
-    return fit(cfg, out_dir, data, RunOptions(resume, show_progress, callbacks, allow_change),
-               adapt=adapt)  # fmt: skip
+    return fit(
+        cfg, out_dir, data, RunOptions(resume, show_progress, callbacks, allow_change), adapt=adapt
+    )
 
 
-__all__ = ["f1_validator", "first_pieces", "parsing_targets", "parsing_vocab", "read_split",
-           "source_dropout_pairs", "train_parsing"]
+__all__ = [
+    "f1_validator",
+    "first_pieces",
+    "parsing_targets",
+    "parsing_vocab",
+    "read_split",
+    "source_dropout_pairs",
+    "train_parsing",
+]

@@ -67,8 +67,14 @@ def train_translation(
     if not isinstance(cfg.task, TranslationTaskConfig):
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
     read = from_prepared if cfg.task.prepared else from_files  # prepared: from transduce prepare
-    data = read(cfg, Path(out_dir), world, resume=resume, log=log,
-                validator=functools.partial(bleu_validator, cfg))  # fmt: skip
+    data = read(
+        cfg,
+        Path(out_dir),
+        world,
+        resume=resume,
+        log=log,
+        validator=functools.partial(bleu_validator, cfg),
+    )
     options = RunOptions(resume, show_progress, callbacks, allow_change)
     return fit(cfg, out_dir, data, options, log=log)
 

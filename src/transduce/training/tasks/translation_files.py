@@ -87,12 +87,16 @@ def _vocabulary(
     paths = [run_dir / name for name in names]
     if resume and all(p.is_file() for p in paths):
         loaded = [SentencePieceVocab.load(p) for p in paths]
-        log(f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
-            f"{', '.join(map(str, paths))} (resumed run)")
+        log(
+            f"vocabulary: {' + '.join(str(len(v)) for v in loaded)} pieces from "
+            f"{', '.join(map(str, paths))} (resumed run)"
+        )
         return loaded[0] if task.shared_vocab else VocabPair(loaded[0], loaded[1])
     if not task.vocab_model:
-        log(f"learning a BPE vocabulary of {task.vocab_size} pieces on {2 * len(train)} "
-            "sentences (may take minutes on a large corpus)")
+        log(
+            f"learning a BPE vocabulary of {task.vocab_size} pieces on {2 * len(train)} "
+            "sentences (may take minutes on a large corpus)"
+        )
     if task.vocab_model:  # an existing SentencePiece vocabulary, reused
         from transduce.data.prepare import reused_vocabulary
 
@@ -100,23 +104,35 @@ def _vocabulary(
     elif task.shared_vocab:
         learned = [_learn(itertools.chain(train.source, train.target), task, cfg.train.seed)]
     else:
-        learned = [_learn(train.source, task, cfg.train.seed),
-                   _learn(train.target, task, cfg.train.seed)]  # fmt: skip
+        learned = [
+            _learn(train.source, task, cfg.train.seed),
+            _learn(train.target, task, cfg.train.seed),
+        ]
     for vocab, path in zip(learned, paths, strict=True):
         vocab.save(path)
     sample = f" (a sample of {task.vocab_sample} sentences)" if task.vocab_sample else ""
     kind = "shared" if task.shared_vocab else "source and target"
-    how = f"reused from {task.vocab_model}" if task.vocab_model else (
-        f"learned on the training text{sample}")
-    log(f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces {how} -> "
-        f"{', '.join(map(str, paths))}")
+    how = (
+        f"reused from {task.vocab_model}"
+        if task.vocab_model
+        else (f"learned on the training text{sample}")
+    )
+    log(
+        f"vocabulary: {' + '.join(str(len(v)) for v in learned)} {kind} BPE pieces {how} -> "
+        f"{', '.join(map(str, paths))}"
+    )
     return learned[0] if task.shared_vocab else VocabPair(learned[0], learned[1])
 
 
 def _rank0_vocabulary(
-    cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log,
+    cfg: Config,
+    run_dir: Path,
+    train: ParallelText,
+    *,
+    resume: bool,
+    log: Log,
     world: distributed.World,
-) -> SentencePieceVocab | VocabPair:  # fmt: skip
+) -> SentencePieceVocab | VocabPair:
     """``_vocabulary`` (and the run folder) on rank 0 only; the other ranks receive its bytes:
     no shared file system needed, no rank learning or writing a vocabulary of its own. Rank 0's
     UserError, if any, is raised on every rank, so none waits for a vocabulary that never
@@ -147,8 +163,12 @@ def _rank0_vocabulary(
 
 
 def _validation(
-    cfg: Config, vocab: SentencePieceVocab | VocabPair, valid_text: ParallelText | None,
-    summary: dict[str, Any], log: Log, validator: TextValidator,
+    cfg: Config,
+    vocab: SentencePieceVocab | VocabPair,
+    valid_text: ParallelText | None,
+    summary: dict[str, Any],
+    log: Log,
+    validator: TextValidator,
 ) -> tuple[list[Pair], Validator | None]:
     """The validation pairs and their ``validator`` (none without validation files); adds the
     validation counts to ``summary``."""
@@ -161,8 +181,11 @@ def _validation(
     n = _translation(cfg).max_valid_sentences or len(valid_text)
     sources, references = valid_text.source[:n], valid_text.target[:n]
     valid_pairs = list(
-        zip(_sides(vocab)[0].encode_batch(sources), _sides(vocab)[1].encode_batch(references),
-            strict=True)
+        zip(
+            _sides(vocab)[0].encode_batch(sources),
+            _sides(vocab)[1].encode_batch(references),
+            strict=True,
+        )
     )
     summary.update(valid_pairs=len(valid_pairs), valid_skipped_empty=valid_text.skipped)
     if n < len(valid_text):
@@ -183,19 +206,26 @@ def bpe_dropout_pairs(
 
     def pairs(epoch: int) -> list[Pair]:
         seed = epoch_seed(cfg.train.seed, epoch)
-        return list(zip(
-            source.sample_batch(train.source, dropout=p, seed=seed),
-            target.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
-            strict=True,
-        ))  # fmt: skip
+        return list(
+            zip(
+                source.sample_batch(train.source, dropout=p, seed=seed),
+                target.sample_batch(train.target, dropout=p, seed=(seed + 1) % 2**32),
+                strict=True,
+            )
+        )
 
     return pairs
 
 
 def from_files(
-    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, log: Log,
+    cfg: Config,
+    run_dir: Path,
+    world: distributed.World,
+    *,
+    resume: bool,
+    log: Log,
     validator: TextValidator,
-) -> TaskData:  # fmt: skip
+) -> TaskData:
     """The training and validation pairs of the files of ``cfg.task`` with the run's
     vocabulary (learned, or with ``resume`` read from ``run_dir``), ``validator`` of the
     validation sentences, and the counts of what was read."""
@@ -205,8 +235,10 @@ def from_files(
             "task translation needs task.train_src and task.train_tgt (the training files)"
         )
     if task.clean_max_len or task.clean_ratio or task.clean_identical or task.clean_dedup:
-        log("the task.clean_* keys apply to transduce prepare; training from the files keeps "
-            "every pair with both sides non-empty")  # fmt: skip
+        log(
+            "the task.clean_* keys apply to transduce prepare; training from the files keeps "
+            "every pair with both sides non-empty"
+        )
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
@@ -219,9 +251,10 @@ def from_files(
         )
     )
     counts: dict[str, Any] = {
-        "train_pairs": len(train_text), "train_skipped_empty": train_text.skipped,
+        "train_pairs": len(train_text),
+        "train_skipped_empty": train_text.skipped,
         "vocab_size": len(vocab),
-    }  # fmt: skip
+    }
     valid_pairs, bleu = _validation(cfg, vocab, valid_text, counts, log, validator)
     resegment = bpe_dropout_pairs(cfg, vocab, train_text)
     return TaskData(vocab, train_pairs, valid_pairs, bleu, "bleu", resegment, counts)

@@ -37,8 +37,12 @@ from transduce.training.fit import Log, TaskData
 from transduce.training.validation import TextValidator, Validator
 
 _FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
-_CLEANING_KEYS = {"clean_max_len": "max_len", "clean_ratio": "ratio",
-                  "clean_identical": "identical", "clean_dedup": "dedup"}  # fmt: skip
+_CLEANING_KEYS = {
+    "clean_max_len": "max_len",
+    "clean_ratio": "ratio",
+    "clean_identical": "identical",
+    "clean_dedup": "dedup",
+}
 
 
 def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
@@ -92,8 +96,9 @@ def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
             f"the config says {str(task.shared_vocab).lower()}"
         )
     if task.bpe_dropout:
-        raise UserError("bpe_dropout needs the training text: train from the files, not from "
-                        "task.prepared")  # fmt: skip
+        raise UserError(
+            "bpe_dropout needs the training text: train from the files, not from task.prepared"
+        )
     _check_data_keys(task, folder, manifest)
     return folder, manifest
 
@@ -123,7 +128,11 @@ def _vocabulary(folder: Path, shared: bool, run_dir: Path, *, is_main: bool) -> 
 
 
 def _validation(
-    cfg: Config, folder: Path, manifest: dict[str, Any], vocab: Any, log: Log,
+    cfg: Config,
+    folder: Path,
+    manifest: dict[str, Any],
+    vocab: Any,
+    log: Log,
     validator: TextValidator,
 ) -> tuple[list[Any], Validator | None]:
     if "valid" not in manifest["splits"]:
@@ -138,9 +147,14 @@ def _validation(
 
 
 def from_prepared(
-    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, log: Log,
+    cfg: Config,
+    run_dir: Path,
+    world: distributed.World,
+    *,
+    resume: bool,
+    log: Log,
     validator: TextValidator,
-) -> TaskData:  # fmt: skip
+) -> TaskData:
     """The training and validation pairs of the prepared folder ``task.prepared`` with its
     vocabulary, ``validator`` of its validation sentences, and the counts of what was read;
     ``prepared.json`` and the vocabulary written to (or, with ``resume``, checked in)
@@ -151,11 +165,17 @@ def from_prepared(
     vocab = _vocabulary(folder, cfg.task.shared_vocab, run_dir, is_main=world.is_main)
     train = PreparedSplit(folder, "train", manifest)
     info = manifest["splits"]["train"]
-    log(f"train: {len(train)} prepared pairs ({manifest['dtype']} ids, {len(info['shards'])} "
-        f"shard(s)) from {folder}")  # fmt: skip
+    log(
+        f"train: {len(train)} prepared pairs ({manifest['dtype']} ids, {len(info['shards'])} "
+        f"shard(s)) from {folder}"
+    )
     valid_pairs, bleu = _validation(cfg, folder, manifest, vocab, log, validator)
-    counts = {"train_pairs": len(train), "valid_pairs": len(valid_pairs),
-              "vocab_size": len(vocab), "prepared": str(folder)}  # fmt: skip
+    counts = {
+        "train_pairs": len(train),
+        "valid_pairs": len(valid_pairs),
+        "vocab_size": len(vocab),
+        "prepared": str(folder),
+    }
     return TaskData(vocab, train, valid_pairs, bleu, "bleu", counts=counts)
 
 
