@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -29,7 +30,11 @@ import yaml
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from inference_testkit import save_toy_translation_model  # noqa: E402
+from inference_testkit import (  # noqa: E402
+    save_toy_pair_translator,
+    save_toy_parser,
+    save_toy_translation_model,
+)
 
 from transduce.cli.main import build_parser, main  # noqa: E402
 
@@ -69,6 +74,11 @@ FIXTURES = [
     "fx/empty.txt",
     "fx/dir",
     "fx/run/checkpoints/step_00000001.pt",
+    "fx/parser.pt",
+    "fx/separate.pt",
+    "fx/words.txt",
+    "fx/trees.txt",
+    "fx/run/metrics.jsonl",
     "out.pt",
     "out",
     "out.safetensors",
@@ -157,10 +167,16 @@ def _subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
 
 
 # likely values of path arguments: mostly the right kind of file, sometimes another
+# a parser and a shared_vocab: false translator too, so that parse, attention and alignments
+# reach their real paths with two vocabularies
 _MODELS = (
-    ["fx/model.pt"] * 4 + ["fx/run"] * 2 + ["fx/old.pt", "fx/run/checkpoints/step_00000001.pt"]
+    ["fx/model.pt"] * 4
+    + ["fx/run"] * 2
+    + ["fx/parser.pt"] * 2
+    + ["fx/separate.pt"] * 2
+    + ["fx/old.pt", "fx/run/checkpoints/step_00000001.pt"]
 )
-_TEXTS = ["fx/in.txt"] * 4 + ["fx/ref.txt", "fx/empty.txt"]
+_TEXTS = ["fx/in.txt"] * 4 + ["fx/words.txt"] * 2 + ["fx/ref.txt", "fx/empty.txt"]
 _OUTPUTS = ["out.txt", "out", "out.pt", "out.safetensors", "fx/dir", "fx/dir/x"]
 PATHS = {
     "model": _MODELS,
@@ -169,7 +185,8 @@ PATHS = {
     "run": ["fx/run"] * 4 + ["fx/dir"],
     "input": _TEXTS,
     "src": _TEXTS,
-    "ref": ["fx/ref.txt"] * 4 + ["fx/in.txt", "fx/empty.txt"],
+    "ref": ["fx/ref.txt"] * 4 + ["fx/trees.txt"] * 2 + ["fx/in.txt", "fx/empty.txt"],
+    "runs": ["fx/run"] * 4 + ["fx/run/metrics.jsonl", "fx/dir"],
     "config": ["fx/c.yaml"] * 4 + ["fx/bad.yaml", "fx/empty.txt"],
     "output": _OUTPUTS,
     "new": _OUTPUTS,
@@ -225,11 +242,24 @@ def argvs(draw: Any, words: tuple[str, ...]) -> list[str]:
     return argv
 
 
+# a run's metrics.jsonl as the trainer writes it: training lines, then a validation line
+METRICS = "".join(
+    json.dumps(r) + "\n"
+    for r in [
+        {"step": 1, "epoch": 0.1, "loss": 4.0, "nll": 3.9, "ppl": 49.4, "lr": 1e-4, "elapsed": 1.0},
+        {"step": 2, "epoch": 0.2, "loss": 3.5, "nll": 3.4, "ppl": 30.0, "lr": 2e-4, "elapsed": 2.0},
+        {"split": "valid", "step": 2, "loss": 3.6, "bleu": 1.5},
+    ]
+).encode()
+
+
 @pytest.fixture(scope="module")
 def fixture_files(tmp_path_factory) -> dict[str, bytes | None]:
     """Relative path -> bytes (None: a folder), written afresh for every example."""
     d = tmp_path_factory.mktemp("fuzz_fixtures")
     model = save_toy_translation_model(d / "model.pt", {"beam": 2, "max_len_offset": 5})
+    parser = save_toy_parser(d / "parser.pt", {"beam": 2, "max_len_offset": 5})
+    separate = save_toy_pair_translator(d / "separate.pt", {"beam": 2, "max_len_offset": 5})
     data = torch.load(model, weights_only=True)
     del data["format"]
     torch.save(data, d / "old.pt")
@@ -251,7 +281,13 @@ def fixture_files(tmp_path_factory) -> dict[str, bytes | None]:
         "fx/run/model.pt": model_bytes,
         "fx/run/checkpoints/step_00000001.pt": model_bytes,
         "fx/run/checkpoints/step_00000002.pt": model_bytes,
+        "fx/parser.pt": parser.read_bytes(),
+        "fx/separate.pt": separate.read_bytes(),
+        "fx/run/metrics.jsonl": METRICS,
         "fx/in.txt": b"the dog runs\n\na red ball\n",
+        "fx/words.txt": b"the dog runs\na red ball\n",
+        "fx/trees.txt": b"(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))\n"
+        b"(TOP (NP (DT a) (JJ red) (NN ball)))\n",
         "fx/ref.txt": b"der hund rennt\n\nein roter ball\n",
         "fx/empty.txt": b"",
         "fx/c.yaml": yaml.safe_dump(config).encode(),
@@ -367,6 +403,12 @@ def test_the_fuzz_reaches_the_commands(fixture_files, tmp_path) -> None:
         ["convert", "fx/old.pt", "new.pt"],
         ["params", "--preset", "big"],
         ["serve", "--model", "fx/model.pt", "--port", "0"],
+        ["parse", "--model", "fx/parser.pt", "--input", "fx/in.txt"],
+        ["evaluate", "--model", "fx/parser.pt", "--src", "fx/words.txt", "--ref", "fx/trees.txt"],
+        ["translate", "--model", "fx/separate.pt", "--input", "fx/in.txt", "--alignments"],
+        ["attention", "--model", "fx/separate.pt", "--src", "the dog", "--output", "a.html"],
+        ["attention", "--model", "fx/parser.pt", "--src", "the dog", "--output", "a.svg"],
+        ["plot", "curves", "fx/run", "--output", "curves.png"],
     ):
         assert _run_example(tmp_path, fixture_files, argv) == 0, argv
 

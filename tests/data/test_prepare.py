@@ -214,8 +214,11 @@ def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
         )
         == 0
     )
-    prepared = ["--set", f"prepared={tmp_path / 'p'}", "--set", "train_src=/nowhere"]
+    # the folder's data, not the files (moved away), with what it was prepared with (dedup)
+    prepared = ["--set", f"prepared={tmp_path / 'p'}", "--set", "clean_dedup=true"]
+    (tmp_path / "train.src").rename(tmp_path / "train.src.away")
     assert main(["train", *base, "--out", str(tmp_path / "full"), "--quiet", *prepared]) == 0
+    (tmp_path / "train.src.away").rename(tmp_path / "train.src")
     assert (tmp_path / "full" / "vocab.model").read_bytes() == (
         tmp_path / "p" / "vocab.model"
     ).read_bytes()
@@ -229,6 +232,47 @@ def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
     assert main(["prepare", *base, "--out", str(tmp_path / "q"), "--workers", "1", "--quiet"]) == 0
     other = ["--set", f"prepared={tmp_path / 'q'}"]
     assert main(["train", *base, "--out", str(cut), "--quiet", "--resume", *other]) == 2
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("vocab_size", "1000"),
+        ("clean_max_len", "5"),
+        ("clean_dedup", "true"),
+        ("clean_ratio", "2"),
+        ("vocab_sample", "50"),
+        ("train_src", "/nowhere"),
+    ],
+)
+def test_a_prepared_folder_refuses_data_keys_it_was_not_prepared_with(
+    tmp_path: Path, capsys, key: str, value: str
+) -> None:
+    """The folder's data would stand in for the key's, and the checkpoint would record the key
+    as applied: refused in one line naming it, before anything is written."""
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    base = ["--config", str(tmp_path / "run.yaml")]
+    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            *base,
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            f"prepared={tmp_path / 'p'}",
+            "--set",
+            f"{key}={value}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"the config says {key} " in err and f"leave {key} out" in err
+    assert not (out / "checkpoints").exists() and not (out / "model.pt").exists()
 
 
 def test_vocab_command_and_reuse(tmp_path: Path) -> None:

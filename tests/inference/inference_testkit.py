@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -199,3 +201,81 @@ def save_toy_translation_model(path, decode: dict, model: dict | None = None):  
         {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
     )
     return path
+
+
+TOY_GERMAN = [
+    "der",
+    "die",
+    "ein",
+    "eine",
+    "hund",
+    "katze",
+    "mann",
+    "frau",
+    "rennt",
+    "sitzt",
+    "auf",
+    "im",
+    "rot",
+    "blau",
+    "gross",
+    "klein",
+    "park",
+    "strasse",
+    "ball",
+    "und",
+]
+TOY_BRACKETS = ["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX"]
+
+
+def _save_toy(path: Path, vocab: Any, sections: dict, model: dict | None) -> Path:
+    from transduce import checkpoint
+    from transduce.architectures import build_model
+    from transduce.config import from_dict
+    from transduce.data.vocab import vocab_sizes
+
+    sizes = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
+    cfg = from_dict({"model": {**sizes, **(model or {})}, **sections})
+    src_size, tgt_size = vocab_sizes(vocab)
+    torch.manual_seed(0)
+    built = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    checkpoint.save(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": built.state_dict()}, path
+    )
+    return path
+
+
+def save_toy_pair_translator(path: Path, decode: dict, model: dict | None = None) -> Path:
+    """As ``save_toy_translation_model`` with ``shared_vocab: false``: a 60-piece English source
+    vocabulary and a 45-piece German target one (sizes apart, so that an id of one side read
+    with the other shows)."""
+    import random
+
+    from transduce.data.subword import train_sentencepiece
+    from transduce.data.vocab import VocabPair
+
+    rng = random.Random(1)
+    german = [
+        " ".join(rng.choice(TOY_GERMAN) for _ in range(rng.randint(1, 9))) for _ in range(300)
+    ]
+    vocab = VocabPair(train_sentencepiece(toy_sentences(300), 60), train_sentencepiece(german, 45))
+    task = {"name": "translation", "shared_vocab": False}
+    return _save_toy(path, vocab, {"decode": decode, "task": task}, model)
+
+
+def save_toy_parser(path: Path, decode: dict, model: dict | None = None) -> Path:
+    """An untrained tiny parsing checkpoint: 60 English word pieces in, the bracket tokens of
+    ``TOY_BRACKETS`` out."""
+    from transduce.data.subword import train_sentencepiece
+    from transduce.data.vocab import TokenVocab, VocabPair
+
+    vocab = VocabPair(train_sentencepiece(toy_sentences(300), 60), TokenVocab(TOY_BRACKETS))
+    return _save_toy(path, vocab, {"decode": decode, "task": {"name": "parsing"}}, model)
+
+
+def save_toy_synthetic(path: Path, decode: dict, model: dict | None = None) -> Path:
+    """An untrained tiny ``addition`` checkpoint: one character a token, digits and '+'."""
+    from transduce.data.vocab import CharVocab
+
+    vocab = CharVocab(list("0123456789+"))
+    return _save_toy(path, vocab, {"decode": decode, "task": {"name": "addition"}}, model)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from inference_testkit import TOY_BRACKETS, save_toy_pair_translator, save_toy_parser
 
 from transduce import checkpoint
 from transduce.cli.main import main
 from transduce.config import Config, update
-from transduce.data.vocab import SPECIALS, CharVocab
+from transduce.data.vocab import SPECIALS, CharVocab, VocabPair
 from transduce.inference.attention_maps import (
     AttentionMaps,
     attention_maps,
@@ -20,6 +22,7 @@ from transduce.inference.attention_maps import (
     word_alignment,
     word_index,
 )
+from transduce.inference.translator import Translator
 from transduce.model import make_model
 
 
@@ -64,6 +67,132 @@ def test_each_target_word_takes_the_source_word_with_the_most_attention() -> Non
     pairs = word_alignment(_maps(cross, src, tgt), vocab)
     assert pairs == [(1, 0), (0, 1)]
     assert pharaoh(pairs) == "0-1 1-0"
+
+
+def test_two_vocabularies_read_each_side_with_its_own() -> None:
+    """A model of two vocabularies (a parser, shared_vocab: false): the source ids are words of
+    the source vocabulary, the target ids of the target one, though the ids are the same."""
+    source = WordVocab(["▁a", "▁b", "c"])  # ids 4 5 6: words a, bc
+    target = WordVocab(["▁x", "y", "▁z"])  # ids 4 5 6: words xy, z
+    vocab = VocabPair(source, target)
+    cross = torch.tensor(
+        [
+            [0.6, 0.2, 0.1, 0.1],  # x
+            [0.5, 0.2, 0.2, 0.1],  # y -> xy: a 1.1, bc 0.7
+            [0.1, 0.5, 0.3, 0.1],  # z: a 0.1, bc 0.8 (read as the target's words ab, c: 0.6, 0.3)
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
+    assert word_alignment(_maps(cross, [4, 5, 6], [4, 5, 6]), vocab) == [(0, 0), (1, 1)]
+
+
+@pytest.fixture(scope="module")
+def two_vocab_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An untrained parser and an untrained shared_vocab: false translator, as checkpoints."""
+    d = tmp_path_factory.mktemp("two_vocab")
+    decode = {"beam": 2, "max_len_offset": 5}
+    return {
+        "parser": save_toy_parser(d / "parser.pt", decode),
+        "pair": save_toy_pair_translator(d / "pair.pt", decode),
+    }
+
+
+def _text(pieces: list[str]) -> str:
+    return "".join(pieces).replace("▁", " ").strip()
+
+
+@pytest.mark.parametrize(
+    "kind,target",
+    [("parser", "(S (NP XX )NP (VP XX XX )VP )S"), ("pair", "der hund rennt im park")],
+)
+def test_maps_of_two_vocabulary_models_label_each_side_with_its_vocabulary(
+    two_vocab_models: dict[str, Path], kind: str, target: str
+) -> None:
+    model, vocab, _ = checkpoint.load_model(two_vocab_models[kind])
+    assert isinstance(vocab, VocabPair)
+    maps = attention_maps(model, vocab, "the dog runs in the park", target)
+    assert maps.source[-1] == "</s>" and _text(maps.source[:-1]) == "the dog runs in the park"
+    assert maps.source_ids == vocab.source.encode("the dog runs in the park")
+    assert maps.target_ids == vocab.target.encode(target)
+    if kind == "parser":
+        assert maps.outputs == [*target.split(), "</s>"]
+    else:
+        assert _text(maps.outputs[:-1]) == target
+    assert maps.cross.shape[-2:] == (len(maps.outputs), len(maps.source))
+    greedy = attention_maps(model, vocab, "the dog runs")  # the model's output: target tokens
+    if kind == "parser":
+        assert set(greedy.outputs) <= {*TOY_BRACKETS, "</s>"}
+
+
+@pytest.mark.parametrize("kind", ["parser", "pair"])
+def test_alignments_of_two_vocabulary_models_are_over_each_sides_words(
+    two_vocab_models: dict[str, Path], kind: str
+) -> None:
+    translator = Translator.load(two_vocab_models[kind])
+    source = "the dog runs in the park"
+    target = "(S (NP XX )NP (VP XX XX )VP )S" if kind == "parser" else "der hund rennt im park"
+    (line,) = translator.align([source], [target])
+    pairs = [tuple(map(int, p.split("-"))) for p in line.split()]
+    assert sorted(j for _, j in pairs) == list(range(len(target.split())))  # each target word
+    assert all(0 <= i < len(source.split()) for i, _ in pairs)
+
+
+def test_translate_alignments_of_a_separate_vocabulary_translator(
+    two_vocab_models: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    sources = ["the dog runs", "", "a red ball in the park"]
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "translate",
+            "--model",
+            str(two_vocab_models["pair"]),
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--alignments",
+            "--quiet",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == "\t"
+    for source, line in zip(sources, lines, strict=True):
+        text, alignment = line.split("\t")
+        pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+        assert sorted(j for _, j in pairs) == list(range(len(text.split())))
+        assert all(0 <= i < len(source.split()) for i, _ in pairs)
+
+
+@pytest.mark.parametrize("kind", ["parser", "pair"])
+def test_attention_command_labels_two_vocabulary_models(
+    two_vocab_models: dict[str, Path], tmp_path: Path, capsys, kind: str
+) -> None:
+    out = tmp_path / "attn.html"
+    target = "(S XX XX )S" if kind == "parser" else "der hund rennt"
+    code = main(
+        [
+            "--no-malloc-tuning",
+            "attention",
+            "--model",
+            str(two_vocab_models[kind]),
+            "--src",
+            "the dog runs",
+            "--tgt",
+            target,
+            "--output",
+            str(out),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    page = out.read_text(encoding="utf-8")
+    _, vocab, _ = checkpoint.load_model(two_vocab_models[kind])
+    assert isinstance(vocab, VocabPair)
+    source_pieces = [vocab.source.id_to_piece(i) for i in vocab.source.encode("the dog runs")]
+    target_pieces = [vocab.target.id_to_piece(i) for i in vocab.target.encode(target)]
+    assert f"<b>Keys:</b> {' '.join(source_pieces)} &lt;/s&gt;</p>" in page
+    assert f"<b>Queries:</b> {' '.join(target_pieces)} &lt;/s&gt;</p>" in page
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +254,22 @@ def test_attention_command_draws_a_file(
     )
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["output"] == str(out)
-    assert out.stat().st_size > 1000
+    data = out.read_bytes()
+    tokens = ["a", "b", "c", "a", "&lt;/s&gt;"]  # encoder attention: the source both ways
+    if suffix == ".png":
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width > 200 and height > 150  # two heads side by side
+    elif suffix == ".svg":  # the tick labels of both axes, both heads' titles
+        labels = re.findall(r"<text[^>]*>([^<]*)</text>", data.decode())
+        assert all(labels.count(t) >= 2 for t in tokens) and "head 1" in labels
+        assert "rotate" in data.decode() and data.count(b"<path") > 8  # the lines drawn
+    else:
+        page = data.decode()
+        assert f"<b>Queries:</b> {' '.join(tokens)}</p>" in page
+        assert f"<b>Keys:</b> {' '.join(tokens)}</p>" in page
+        assert "<th>head 0</th><th>head 1</th>" in page and page.count("<tr>") == 6
+        assert "data:image/png;base64," in page
     code = main(
         [
             "--no-malloc-tuning",

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from transduce.errors import UserError
 
@@ -137,6 +138,34 @@ def write_output(path: str | None, lines: Sequence[str]) -> None:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
 
 
+def refuse_parser(task_name: str, model: str, command: str) -> None:
+    """A UserError when ``model`` (its ``task.name``) is a parser: ``command`` gives text, and a
+    parser's output is a tree, which ``transduce parse`` builds (raw bracket tokens are not)."""
+    if task_name == "parsing":
+        raise UserError(
+            f"{model} is a parsing model: `transduce {command}` gives text; use "
+            "`transduce parse` for its trees"
+        )
+
+
+def unknown_warning(vocab: Any, sentences: Sequence[str]) -> str | None:
+    """A warning line when ``sentences`` hold characters (a character vocabulary) or pieces the
+    model's source vocabulary lacks (read as <unk>), or None: a model of digits given English
+    would otherwise answer without a word."""
+    from transduce.data.vocab import UNK, CharVocab, VocabPair
+
+    source = vocab.source if isinstance(vocab, VocabPair) else vocab
+    n = sum(ids.count(UNK) for ids in (source.encode(s) for s in sentences if s))
+    if not n:
+        return None
+    what = "characters" if isinstance(source, CharVocab) else "pieces"
+    alphabet = f" ({''.join(source.symbols)})" if isinstance(source, CharVocab) else ""
+    return (
+        f"transduce: warning: {n} input {what} not in the model's vocabulary{alphabet}, "
+        "read as <unk>"
+    )
+
+
 def one_output_line(text: str) -> str:
     """``text`` with its line breaks made spaces. A translation never holds a newline (the
     vocabulary folds whitespace), but an output line per input line is the contract, so make
@@ -153,7 +182,9 @@ __all__ = [
     "models_shown",
     "one_output_line",
     "read_input",
+    "refuse_parser",
     "require",
+    "unknown_warning",
     "write_output",
 ]
 

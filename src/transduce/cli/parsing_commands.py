@@ -18,13 +18,17 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     decode = parser.translator.decode_config(
         beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
     )
+    todo = [i for i, words in enumerate(sentences) if words]  # a blank line stays blank
     parses = parser.parse(
-        sentences,
+        [sentences[i] for i in todo],
         decode,
         constrained=args.constrained,
         show_progress=None if not args.quiet else False,
     )
-    write_output(args.output, [to_brackets(p.tree) for p in parses])
+    out = [""] * len(sentences)
+    for i, parsed in zip(todo, parses, strict=True):
+        out[i] = to_brackets(parsed.tree)
+    write_output(args.output, out)
     if not args.quiet:
         repaired = sum(p.repairs > 0 for p in parses)
         print(f"transduce: {len(parses)} trees, {repaired} repaired", file=sys.stderr)
@@ -36,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "parse",
         help="parse tokenised sentences into trees with a parsing model",
         description="One tokenised sentence per line from --input (or stdin) to one tree per "
-        "line, Penn Treebank brackets with a preterminal around every word.",
+        "line, Penn Treebank brackets with a preterminal around every word; a blank line gives "
+        "a blank line.",
     )
     p.add_argument("--model", required=True, help="checkpoint of a parsing run")
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-from transduce.cli.common import add_device, add_precision, require
+from transduce.cli.common import add_device, add_precision, refuse_parser, require
 from transduce.errors import UserError
 
 
@@ -117,15 +117,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     batching = BatchingConfig(
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
-    models = [
-        ServedModel(
-            Translator.load(path, device=args.device, weights=args.weights),
-            source,
-            target,
-            name=path,
-        )
-        for source, target, path in specs
-    ]
+    models = []
+    for source, target, path in specs:
+        translator = Translator.load(path, device=args.device, weights=args.weights)
+        refuse_parser(translator.cfg.task.name, path, "serve")
+        models.append(ServedModel(translator, source, target, name=path))
     app = create_app(models, limits=limits, batching=batching, api_key=api_key)
     if api_key is None and args.host not in _LOOPBACK:
         print(

@@ -24,6 +24,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from transduce.config import load_config, parse_overrides, update
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
+    if args.resume:  # a new or misspelt --out would otherwise start from scratch
+        from transduce.checkpoint import step_checkpoints
+        from transduce.training.config_change import allowed_keys
+
+        allowed_keys(args.allow_change)  # a misspelt key first: it is wrong wherever the run is
+        if not step_checkpoints(Path(args.out) / "checkpoints"):
+            raise UserError(
+                f"--resume: {args.out} holds no checkpoint to continue from (a new "
+                "or misspelt --out?); without --resume a run starts there"
+            )
     from transduce.training import distributed
     from transduce.training.run import (
         train,  # imports torch: after the config is known good
@@ -98,7 +108,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train from a YAML or TOML config")
     p.add_argument("--config", required=True, help="YAML or TOML (.toml) file (see configs/)")
     p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run's last checkpoint (refused where --out has none)",
+    )
     p.add_argument(
         "--allow-change",
         action="append",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from transduce.cli import decoding_tools as tools
 from transduce.cli.common import (
@@ -26,6 +27,8 @@ from transduce.cli.common import (
     models_shown,
     one_output_line,
     read_input,
+    refuse_parser,
+    unknown_warning,
     write_output,
 )
 from transduce.errors import UserError
@@ -36,8 +39,11 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
     # a bad --model: before reading stdin
     translator = tools.load_translator(args)
+    refuse_parser(translator.cfg.task.name, args.model[0], "translate")
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
+    if args.alignment_layer is not None and not args.alignments:
+        raise UserError("--alignment-layer goes with --alignments")
     decode = translator.decode_config(
         beam=args.beam,
         alpha=args.alpha,
@@ -55,7 +61,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
             )
             out = [one_output_line(t) for t in translations]
             if args.alignments:
-                aligned = translator.align(sentences, out, layer=args.alignment_layer)
+                layer = -1 if args.alignment_layer is None else args.alignment_layer
+                aligned = translator.align(sentences, out, layer=layer)
                 out = [f"{t}\t{a}" for t, a in zip(out, aligned, strict=True)]
             return out
         nbest = translator.translate_nbest(
@@ -76,23 +83,45 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     sentences = read_input(args.input)
     prefixes = tools.read_prefixes(args.prefix_file, len(sentences))
     write_output(args.output, answer(sentences, 0, prefixes))
+    warning = unknown_warning(translator.vocab, sentences)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
+    """A UserError naming an option that the model's kind would leave without effect."""
+    if parsing and args.lowercase:
+        raise UserError(
+            "--lowercase is for BLEU and chrF; a parsing model is scored by EVALB, "
+            "whose labels and words are compared as written"
+        )
+    if not parsing and args.constrained is not None:
+        flag = "--constrained" if args.constrained else "--no-constrained"
+        raise UserError(
+            f"{flag} is for a parsing model (tree-constrained search); this model translates"
+        )
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
+    from transduce.inference.translator import weight_dtype
 
     model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
+    _refuse_for_kind(args, cfg.task.name == "parsing")
     show_progress = None if not args.quiet else False
-    if cfg.task.name == "parsing":  # EVALB of the trees; no outputs to write
+    if cfg.task.name == "parsing":  # EVALB of the trees; the trees are the outputs
+        from transduce.data.trees import to_brackets
         from transduce.parsing.parser import Parser, evaluate_parser
 
         if len(args.model) > 1:
             raise UserError("a parsing model is evaluated alone, not in an ensemble")
-        parser = Parser(model, vocab, cfg)  # --precision is for translation: weights as loaded
-        decode = parser.translator.decode_config(beam=args.beam, alpha=args.alpha)
-        scores = evaluate_parser(
+        parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
+        decode = parser.translator.decode_config(
+            beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
+        )
+        scores, parses = evaluate_parser(
             parser,
             args.src,
             args.ref,
@@ -100,9 +129,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             constrained=args.constrained,
             show_progress=show_progress,
         )
-        hyps: list[str] = []
+        hyps = [to_brackets(p.tree) for p in parses]
     else:
-        from transduce.inference.translator import Translator, evaluate_files, weight_dtype
+        from transduce.inference.translator import Translator, evaluate_files
 
         translator = (
             Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
@@ -120,6 +149,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             lowercase=args.lowercase,
             show_progress=show_progress,
         )
+        from transduce.data.parallel import read_lines
+
+        warning = unknown_warning(vocab, read_lines(args.src))
+        if warning:
+            print(warning, file=sys.stderr)
     if args.output:
         write_output(args.output, [one_output_line(h) for h in hyps])
     print(
@@ -173,7 +207,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--alignment-layer",
         type=int,
-        default=-1,
+        default=None,
         metavar="L",
         help="the layer whose attention aligns (default: the last, -1)",
     )
@@ -190,15 +224,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_decoding(p)
     p.add_argument("--src", required=True, help="source file, one sentence per line (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
-    p.add_argument("--lowercase", action="store_true", help="case-insensitive bleu and chrf")
+    p.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="case-insensitive bleu and chrf (a translation model; refused for a parser)",
+    )
     p.add_argument(
         "--constrained",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="a parsing model: decode only continuations that can still become a well-formed "
-        "tree with the input's words (default: the model's task.constrained)",
+        "tree with the input's words (default: the model's task.constrained; refused for a "
+        "translation model)",
     )
-    p.add_argument("--output", default=None, help="also write the translations to this file")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="also write the translations (a parser's trees, one a line) to this file",
+    )
     p.set_defaults(func=_cmd_evaluate)
 
 

@@ -59,9 +59,18 @@ DEFAULT_VOCAB_SAMPLE = 1_000_000  # sentences SentencePiece learns from when voc
 CHUNK_PAIRS = 2000  # pairs per task sent to a worker
 
 
-def _translation(cfg: Config) -> TranslationTaskConfig:
+def _translation(cfg: Config, command: str = "prepare") -> TranslationTaskConfig:
+    """The translation task of ``cfg``; a UserError naming ``command`` for another task."""
     if not isinstance(cfg.task, TranslationTaskConfig):
-        raise UserError(f"task.name is {cfg.task.name!r}; prepare needs a translation task")
+        learns = (
+            "; a parsing run learns its vocabularies from task.parse_data when it trains "
+            "(transduce train)"
+            if cfg.task.name == "parsing"
+            else ""
+        )
+        raise UserError(
+            f"task.name is {cfg.task.name!r}; {command} needs a translation task{learns}"
+        )
     return cfg.task
 
 
@@ -379,7 +388,7 @@ def prepare(
 
 def write_vocabulary(cfg: Config, out_dir: str | Path, log: Log = print) -> list[Path]:
     """``transduce vocab``: learn the task's vocabulary (as ``prepare`` does) into ``out_dir``."""
-    task = _translation(cfg)
+    task = _translation(cfg, "vocab")
     if task.vocab_model:
         raise UserError("task.vocab_model is set: there is nothing to learn")
     vocabs = vocabulary(cfg, _inputs(task), log)

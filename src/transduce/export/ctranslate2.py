@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, VocabPair
 from transduce.errors import UserError
 from transduce.model.transformer import Transformer
 
@@ -340,7 +340,15 @@ def export_checkpoint(
         tokens = [*SPECIALS, *vocab.symbols]
         sp_model = None
     else:
-        raise UserError(f"cannot export a vocabulary of type {type(vocab).__name__}")
+        two = (
+            " (source and target apart: a parser, or shared_vocab: false)"
+            if isinstance(vocab, VocabPair)
+            else ""
+        )
+        raise UserError(
+            f"the CTranslate2 export takes one vocabulary shared by source and "
+            f"target; this model's is a {type(vocab).__name__}{two}"
+        )
     decode = {
         "beam": cfg.decode.beam,
         "alpha": cfg.decode.alpha,

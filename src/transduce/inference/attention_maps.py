@@ -7,6 +7,10 @@ then EOS), as fairseq and CTranslate2 report attention; the decoder's keys are i
 then the pieces). ``word_alignment`` turns encoder-decoder attention into a word alignment in
 Pharaoh format (``i-j``: source word i, target word j, over whitespace-separated words of the
 detokenized texts).
+
+A model of two vocabularies (``VocabPair``: every parser, a translation model with
+``shared_vocab: false``) reads the source with the source vocabulary and the target with the
+target one; ``sides`` gives the two (the same one twice for a shared vocabulary).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import Tensor
 
 from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
-from transduce.data.vocab import SPECIALS, Vocab
+from transduce.data.vocab import SPECIALS, Vocab, VocabPair
 from transduce.errors import UserError
 from transduce.inference.search import predict_ids, searchable
 from transduce.model.attention import AttentionRecord
@@ -56,6 +60,14 @@ class AttentionMaps:
         return self.cross, self.outputs, self.source
 
 
+def sides(vocab: Vocab) -> tuple[Vocab, Vocab]:
+    """(source vocabulary, target vocabulary) of a model's vocabulary: a ``VocabPair``'s two, or
+    one shared vocabulary twice."""
+    if isinstance(vocab, VocabPair):
+        return vocab.source, vocab.target
+    return vocab, vocab
+
+
 def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
     to_piece = getattr(vocab, "id_to_piece", None)
     if to_piece is not None:
@@ -76,7 +88,8 @@ def attention_maps(
     if not isinstance(model, Transformer):
         raise UserError("attention maps are drawn of a Transformer (model.architecture)")
     model.eval()
-    src_ids = vocab.encode(source.strip())
+    src_vocab, tgt_vocab = sides(vocab)
+    src_ids = src_vocab.encode(source.strip())
     if not src_ids:
         raise UserError("the source sentence is empty")
     device = next(model.parameters()).device
@@ -89,7 +102,7 @@ def attention_maps(
             device=device,
         )[0]
     else:
-        tgt_ids = vocab.encode(target.strip())
+        tgt_ids = tgt_vocab.encode(target.strip())
     batch = collate([(src_ids, tgt_ids)]).to(device)
     record = AttentionRecord()
     memory, valid = model.encode(batch.src, record=record)
@@ -98,9 +111,9 @@ def attention_maps(
     def stacked(maps: list[Tensor]) -> Tensor:
         return torch.stack([m[0] for m in maps]).float().cpu()  # L x (H, T, T') -> (L, H, T, T')
 
-    pieces = _pieces(vocab, tgt_ids)
+    pieces = _pieces(tgt_vocab, tgt_ids)
     return AttentionMaps(
-        source=[*_pieces(vocab, src_ids), EOS_TOKEN],
+        source=[*_pieces(src_vocab, src_ids), EOS_TOKEN],
         inputs=[BOS_TOKEN, *pieces],
         outputs=[*pieces, EOS_TOKEN],
         source_ids=src_ids,
@@ -113,7 +126,8 @@ def attention_maps(
 
 def word_index(vocab: Vocab, ids: list[int]) -> list[int]:
     """The 0-based whitespace-separated word of the detokenized text that each piece of ``ids``
-    belongs to: the number of words in the text of the pieces up to it, less one."""
+    belongs to: the number of words in the text of the pieces up to it, less one. ``vocab``: the
+    vocabulary of the side ``ids`` come from (``sides``)."""
     out = []
     for i in range(len(ids)):
         out.append(max(len(vocab.decode(ids[: i + 1]).split()) - 1, 0))
@@ -123,13 +137,15 @@ def word_index(vocab: Vocab, ids: list[int]) -> list[int]:
 def word_alignment(maps: AttentionMaps, vocab: Vocab, layer: int = -1) -> list[tuple[int, int]]:
     """Pharaoh pairs (source word, target word), sorted: each target word aligned to the source
     word receiving the most encoder-decoder attention in ``layer``, averaged over its heads and
-    summed over the pieces of both words (EOS on either side takes no part)."""
+    summed over the pieces of both words (EOS on either side takes no part). ``vocab``: the
+    model's, source words read with its source side and target words with its target side."""
     n_src, n_tgt = len(maps.source_ids), len(maps.target_ids)
     if not n_tgt:
         return []
     weights = maps.cross[layer].mean(0)[:n_tgt, :n_src]  # (H, T, S) -> (T, S), pieces only
-    src_words = torch.tensor(word_index(vocab, maps.source_ids))
-    tgt_words = torch.tensor(word_index(vocab, maps.target_ids))
+    src_vocab, tgt_vocab = sides(vocab)
+    src_words = torch.tensor(word_index(src_vocab, maps.source_ids))
+    tgt_words = torch.tensor(word_index(tgt_vocab, maps.target_ids))
     # (T, S) -> (T, source words) -> (target words, source words): sums over pieces
     per_src = torch.zeros(n_tgt, int(src_words.max()) + 1).index_add_(1, src_words, weights)
     per_word = torch.zeros(int(tgt_words.max()) + 1, per_src.size(1)).index_add_(
@@ -175,6 +191,7 @@ __all__ = [
     "attention_maps",
     "draw_attention",
     "pharaoh",
+    "sides",
     "word_alignment",
     "word_index",
 ]

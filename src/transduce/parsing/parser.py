@@ -96,7 +96,12 @@ class Parser:
     ) -> list[Parse]:
         """One ``Parse`` per sentence (a list of words), decoded with ``decode`` (default: the
         checkpoint's ``decode`` section; ``self.translator.decode_config`` replaces some), under
-        the tree constraint when ``constrained`` (default: the task's)."""
+        the tree constraint when ``constrained`` (default: the task's). An empty sentence has no
+        tree: a UserError naming it, before any decoding (``transduce parse`` keeps blank lines
+        apart and writes them back blank)."""
+        empty = next((i for i, words in enumerate(sentences) if not words), None)
+        if empty is not None:
+            raise UserError(f"sentence {empty + 1} is empty: a tree needs at least one word")
         cfg = self.cfg.decode if decode is None else decode
         use = self.task.constrained if constrained is None else constrained
         translator = self._constrained(cfg.max_len_offset) if use else self.translator
@@ -120,13 +125,20 @@ def evaluate_parser(
     *,
     constrained: bool | None = None,
     show_progress: bool | None = False,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[Parse]]:
     """Parse ``words_path`` (one tokenised sentence a line) and score the trees against
     ``trees_path`` (one gold tree a line) with ``evaluation.evalb``: precision, recall, F1,
     exact match, F1 on sentences of at most 40 words, the share well-formed as decoded, the
     repairs and the number of sentences: the evaluation of a parsing model (``transduce
-    evaluate``). ``decode``, ``constrained``: as ``Parser.parse`` takes them."""
+    evaluate``). ``decode``, ``constrained``: as ``Parser.parse`` takes them. Returns (scores,
+    the parses in order), as ``evaluate_files`` returns a translation model's."""
     sentences = [line.split() for line in read_lines(words_path)]
+    empty = next((i for i, words in enumerate(sentences) if not words), None)
+    if empty is not None:  # before any decoding; EVALB scores a tree for every sentence
+        raise UserError(
+            f"{words_path}: line {empty + 1} is empty: every line of a parser's "
+            "evaluation needs a sentence (and its gold tree)"
+        )
     gold = read_tree_file(trees_path)
     if len(gold) != len(sentences):
         raise UserError(
@@ -136,7 +148,7 @@ def evaluate_parser(
     scores = score_corpus(gold, [p.tree for p in parses]).as_dict()
     repairs = sum(p.repairs for p in parses)
     well_formed = sum(p.repairs == 0 for p in parses) / max(len(parses), 1)
-    return {**scores, "well_formed": well_formed, "repairs": repairs}
+    return {**scores, "well_formed": well_formed, "repairs": repairs}, parses
 
 
 def parsing_scores(

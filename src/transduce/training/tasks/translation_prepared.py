@@ -6,12 +6,17 @@ batches come from the length index alone, and each rank reads only the pairs of 
 batches. The vocabulary is the folder's; the run folder keeps a copy and ``prepared.json``
 (the folder and its manifest's SHA-256), checked when the run resumes, so that the data
 position in a checkpoint always refers to the same data.
+
+The folder fixes the data: its files, vocabulary and cleaning. A data key of the config that
+differs from what the folder was prepared with (and from its default) would be ignored and then
+recorded in the checkpoint as if applied, so it is refused, naming the key.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,56 @@ from transduce.training import distributed
 from transduce.training.fit import Log, TaskData
 from transduce.training.validation import TextValidator, Validator
 
+_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+_CLEANING_KEYS = {
+    "clean_max_len": "max_len",
+    "clean_ratio": "ratio",
+    "clean_identical": "identical",
+    "clean_dedup": "dedup",
+}
+
+
+def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
+    """Whether the config's ``value`` of file key ``key`` names the file the folder was prepared
+    from: the same path, or a file of the same size (the folder moved to another machine)."""
+    path = resolve_data_path(value, key)
+    if path.resolve() == Path(recorded["path"]).resolve():
+        return True
+    return path.is_file() and path.stat().st_size == recorded.get("bytes")
+
+
+def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[str, Any]) -> None:
+    """A UserError naming the first data key of ``task`` that is neither its default nor what
+    ``folder`` was prepared with (``manifest``): the folder's data would silently stand in."""
+    default = {f.name: getattr(TranslationTaskConfig(), f.name) for f in fields(task)}
+    vocab, cleaning = manifest["vocab"], manifest.get("cleaning", {})
+    sizes = set(vocab["sizes"])
+    learned = vocab["source"] == "learned"
+    prepared: dict[str, Any] = {
+        "vocab_size": sizes.pop() if learned and len(sizes) == 1 else None,
+        "vocab_sample": vocab.get("sample") if learned else None,
+        "vocab_model": "" if learned else vocab["source"],
+        **{key: cleaning.get(name) for key, name in _CLEANING_KEYS.items()},
+    }
+    for key, was in prepared.items():
+        value = getattr(task, key)
+        if value != default[key] and value != was:
+            shown = "not set" if was is None else f"{key} {json.dumps(was)}"
+            raise UserError(
+                f"{folder}: prepared with {shown}, the config says {key} {json.dumps(value)}; a "
+                f"prepared folder fixes its data: leave {key} out, or prepare again"
+            )
+    inputs = manifest.get("inputs", {})
+    for key in _FILE_KEYS:
+        value = getattr(task, key)
+        if not value or (key in inputs and _same_file(value, key, inputs[key])):
+            continue
+        was = f"from {key} {inputs[key]['path']}" if key in inputs else f"without {key}"
+        raise UserError(
+            f"{folder}: prepared {was}, the config says {key} {value}; a prepared "
+            f"folder fixes its data: leave {key} out, or prepare again"
+        )
+
 
 def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
     folder = resolve_data_path(task.prepared, "prepared")
@@ -44,6 +99,7 @@ def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
         raise UserError(
             "bpe_dropout needs the training text: train from the files, not from task.prepared"
         )
+    _check_data_keys(task, folder, manifest)
     return folder, manifest
 
 

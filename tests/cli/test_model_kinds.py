@@ -1,0 +1,245 @@
+"""What each command does with a model of another kind than it is made for: a parser given to
+translate or serve, English given to an addition model, --resume on a folder without a run,
+`vocab` on a parsing config. Each is refused in one line (exit 2) or said once on stderr."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from transduce.cli.main import main
+
+
+def _run(
+    argv: list[str], capsys: pytest.CaptureFixture[str], stdin: str = ""
+) -> tuple[int, str, str]:
+    with mock.patch.object(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), "utf-8")):
+        code = main(["--no-malloc-tuning", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code == 2 and not out, (code, out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("transduce: error: "), err
+    assert all(n in lines[0] for n in needles), err
+
+
+@pytest.mark.parametrize("command", ["translate", "serve"])
+def test_a_parser_is_refused_where_text_comes_out(model_kinds, capsys, command: str) -> None:
+    if command == "serve":
+        pytest.importorskip("fastapi")
+    parser = str(model_kinds["parser"])
+    argv = [command, "--model", parser] + (["--port", "0"] if command == "serve" else [])
+    with mock.patch("transduce.serve.server.serve", lambda *a, **k: pytest.fail("served")):
+        code, out, err = _run(argv, capsys, stdin="the dog runs\n")
+    _one_error(code, out, err, parser, "parsing model", "transduce parse")
+
+
+def test_an_addition_model_says_once_what_it_could_not_read(
+    model_kinds, capsys, tmp_path: Path
+) -> None:
+    code, out, err = _run(
+        ["translate", "--model", str(model_kinds["synthetic"]), "--quiet"],
+        capsys,
+        stdin="12+34\nthe dog\n\nab+1\n",
+    )
+    assert code == 0 and len(out.splitlines()) == 4
+    assert err == (
+        "transduce: warning: 9 input characters not in the model's vocabulary "
+        "(0123456789+), read as <unk>\n"
+    )  # "the dog" and "ab"
+    code, _, err = _run(
+        ["translate", "--model", str(model_kinds["synthetic"]), "--quiet"], capsys, stdin="12+34\n"
+    )
+    assert code == 0 and err == ""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("1+1\nab+1\n", encoding="utf-8")
+    ref.write_text("2\n2\n", encoding="utf-8")
+    code, out, err = _run(
+        [
+            "evaluate",
+            "--model",
+            str(model_kinds["synthetic"]),
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--quiet",
+        ],
+        capsys,
+    )
+    assert code == 0 and '"bleu"' in out
+    assert err == (
+        "transduce: warning: 2 input characters not in the model's vocabulary "
+        "(0123456789+), read as <unk>\n"
+    )
+
+
+def test_resume_without_a_run_is_refused(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "n_layers": 1,
+                    "d_model": 16,
+                    "d_ff": 32,
+                    "n_heads": 2,
+                    "d_k": 8,
+                    "d_v": 8,
+                },
+                "train": {"max_steps": 2, "tensorboard": False},
+                "task": {"name": "copy", "train_size": 40, "valid_size": 8, "max_length": 4},
+            }
+        )
+    )
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        if out.name == "empty":
+            out.mkdir()
+        code, stdout, err = _run(
+            ["train", "--config", str(config), "--out", str(out), "--resume", "--quiet"], capsys
+        )
+        _one_error(code, stdout, err, f"--resume: {out} holds no checkpoint")
+        assert not out.exists() or not any(out.iterdir())  # nothing half-written
+
+
+def test_vocab_of_a_parsing_config_says_what_to_do(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({"task": {"name": "parsing"}}))
+    code, out, err = _run(["vocab", "--config", str(config), "--out", str(tmp_path / "v")], capsys)
+    _one_error(code, out, err, "vocab needs a translation task", "transduce train")
+    assert "prepare" not in err and not (tmp_path / "v").exists()
+
+
+# -- the README's table of commands and kinds of model ------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+COLUMNS = ("synthetic", "shared", "separate", "parser", "recurrent")  # the table's, in order
+# what a refusal the table names says
+REASONS = {
+    "use `parse`": "transduce parse",
+    "not a parsing model": "not a parsing model",
+    "Transformer": "Transformer",
+    "one vocabulary only": "one vocabulary shared",
+}
+
+
+def _readme_table() -> dict[str, list[str]]:
+    """Command (as the table writes it, without backticks) -> its cells, one per kind."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Which command takes which model", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        table[cells[0].strip("`")] = cells[1:]
+    return table
+
+
+def _argv(command: str, model: Path, kind: str, folder: Path) -> list[str]:
+    words = folder / "words.txt"
+    words.write_text("the dog runs\na red ball\n", encoding="utf-8")
+    ref = folder / "ref.txt"
+    ref.write_text(
+        "(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs))))\n(TOP (NP (DT a) (JJ red) (NN ball)))\n"
+        if kind == "parser"
+        else "der hund rennt\nein roter ball\n",
+        encoding="utf-8",
+    )
+    return {
+        "translate": ["translate", "--model", str(model), "--input", str(words), "--quiet"],
+        "translate --alignments": [
+            "translate",
+            "--model",
+            str(model),
+            "--input",
+            str(words),
+            "--alignments",
+            "--quiet",
+        ],
+        "evaluate": [
+            "evaluate",
+            "--model",
+            str(model),
+            "--src",
+            str(words),
+            "--ref",
+            str(ref),
+            "--quiet",
+        ],
+        "parse": ["parse", "--model", str(model), "--input", str(words), "--quiet"],
+        "attention": [
+            "attention",
+            "--model",
+            str(model),
+            "--src",
+            "the dog",
+            "--output",
+            str(folder / "a.png"),
+        ],
+        "serve": ["serve", "--model", str(model), "--port", "0"],
+        "export ctranslate2": [
+            "export",
+            "ctranslate2",
+            "--model",
+            str(model),
+            "--output",
+            str(folder / "ct2"),
+        ],
+    }[command]
+
+
+def test_the_readme_table_of_commands_and_models_holds(model_kinds, tmp_path, capsys) -> None:
+    table = _readme_table()
+    assert set(table) == {
+        "translate",
+        "translate --alignments",
+        "evaluate",
+        "parse",
+        "attention",
+        "serve",
+        "export ctranslate2",
+    }
+    for command, cells in table.items():
+        if command == "serve" and importlib.util.find_spec("fastapi") is None:
+            continue
+        if command == "export ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
+            continue
+        assert len(cells) == len(COLUMNS), (command, cells)
+        for kind, cell in zip(COLUMNS, cells, strict=True):
+            folder = tmp_path / f"{command.replace(' ', '_')}_{kind}"
+            folder.mkdir()
+            with mock.patch("transduce.serve.server.serve", lambda *a, **k: None):
+                code, out, err = _run(_argv(command, model_kinds[kind], kind, folder), capsys)
+            if cell.startswith("refused"):
+                needles = [v for k, v in REASONS.items() if k in cell]
+                assert len(needles) == 1, cell
+                _one_error(code, out, err, *needles)
+            else:
+                assert cell.startswith("acts") and code == 0, (command, kind, err)
+
+
+@pytest.mark.parametrize("command", ["translate", "parse", "evaluate"])
+def test_a_binary_input_is_one_line_and_writes_nothing(
+    model_kinds, tmp_path, capsys, command: str
+) -> None:
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(b"the dog\n\x00\x01\xff\xfe\x80 runs\n")
+    model = model_kinds["parser" if command != "translate" else "shared"]
+    out = tmp_path / "out.txt"
+    argv = {
+        "translate": ["translate", "--input", str(binary)],
+        "parse": ["parse", "--input", str(binary)],
+        "evaluate": ["evaluate", "--src", str(binary), "--ref", str(binary)],
+    }[command]
+    code, stdout, err = _run([*argv, "--model", str(model), "--output", str(out)], capsys)
+    _one_error(code, stdout, err, str(binary), "line 2")
+    assert not out.exists()
