@@ -96,3 +96,22 @@ def test_translator_scores_in_input_order_whatever_the_batches(tmp_path) -> None
     (pair,) = t.score(["the dog runs"], [best.text], t.decode_config(alpha=1.0))
     assert pair.log_prob == pytest.approx(best.log_prob, abs=1e-4)
     assert pair.normalized == pytest.approx(best.score, abs=1e-4)
+
+
+def test_targets_and_prefixes_read_with_the_target_vocabulary(tmp_path) -> None:
+    """shared_vocab: false: a target (scored) and a prefix (forced) are the target side's text,
+    encoded with the target vocabulary, not the source one."""
+    from inference_testkit import save_toy_pair_translator
+
+    from transduce.inference.translator import Translator
+
+    t = Translator.load(save_toy_pair_translator(tmp_path / "pair.pt", {"max_len_offset": 4}))
+    target = t.vocab.target
+    text = "der hund rennt"
+    (pair,) = t.score(["the dog runs"], [text], t.decode_config(alpha=1.0))
+    src = torch.tensor([t.vocab.source.encode("the dog runs") + [EOS]])
+    (want,) = score_targets(t.model, src, [target.encode(text)], alpha=1.0)
+    assert (pair.tokens, pair.log_prob) == (want.tokens, pytest.approx(want.log_prob, abs=1e-4))
+    # a prefix is forced as the target side's pieces: the output starts with them
+    (out,) = t.translate(["the dog runs"], t.decode_config(), prefixes=["der hund"])
+    assert target.encode(out)[: len(target.encode("der hund"))] == target.encode("der hund")

@@ -54,7 +54,7 @@ from transduce.data.vocab import Vocab
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
-from transduce.inference.attention_maps import attention_maps, pharaoh, word_alignment
+from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
 from transduce.inference.contract import DecodableModel
 from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
@@ -317,9 +317,9 @@ class Translator:
     ) -> list[list[int]]:
         """The token ids of the prefixes of the sentences ``todo``; a UserError naming the first
         one longer than its output may be (source tokens + EOS + ``max_len_offset``)."""
-        out = []
+        out, target = [], sides(self.vocab)[1]  # a prefix is the target side's text
         for j, i in enumerate(todo):
-            prefix = self.vocab.encode(prefixes[i].strip()) if prefixes[i].strip() else []
+            prefix = target.encode(prefixes[i].strip()) if prefixes[i].strip() else []
             if len(prefix) > len(ids[j]) + 1 + cfg.max_len_offset:
                 raise UserError(
                     f"prefix {i + 1} has {len(prefix)} subword tokens; the output of its sentence "
@@ -339,7 +339,8 @@ class Translator:
         if len(sources) != len(targets):
             raise UserError(f"{len(sources)} sources but {len(targets)} targets")
         src_ids = [self.vocab.encode(s.strip()) for s in sources]
-        tgt_ids = [self.vocab.encode(t.strip()) for t in targets]
+        target = sides(self.vocab)[1]  # a target is the target side's text
+        tgt_ids = [target.encode(t.strip()) for t in targets]
         everything = list(range(len(sources)))
         self._check_lengths(src_ids, everything, replace(cfg, max_len_offset=0))
         self._check_lengths(tgt_ids, everything, replace(cfg, max_len_offset=0))
