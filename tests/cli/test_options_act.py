@@ -33,6 +33,7 @@ BASE = {
     "evaluate": ["--src", "{src}", "--ref", "{ref}"],
     "parse": ["--input", "{src}"],
     "attention": ["--src", "{line}", "--output", "a.html"],
+    "score": ["--src", "{src}", "--tgt", "{ref}"],
 }
 # command -> option dest -> the arguments that give it a value other than its default (and,
 # after a "|", the arguments it goes with, added to both runs)
@@ -49,6 +50,14 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "max_len_offset": ["--max-len-offset", "1"],
         "alignments": ["--alignments"],
         "alignment_layer": ["--alignment-layer", "0", "|", "--alignments"],
+        "sampling": ["--sampling", "--seed", "3"],
+        "temperature": ["--temperature", "0.5", "|", "--sampling", "--seed", "3"],
+        "top_k": ["--top-k", "1", "|", "--sampling", "--seed", "3"],
+        "top_p": ["--top-p", "0.1", "|", "--sampling", "--seed", "3"],
+        "seed": ["--seed", "4", "|", "--sampling", "--seed", "3"],
+        "prefix_file": ["--prefix-file", "{pre}"],
+        "interactive": ["--interactive"],
+        "unbuffered": ["--unbuffered"],
     },
     "evaluate": {
         "beam": ["--beam", "1"],
@@ -69,6 +78,13 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "max_len_offset": ["--max-len-offset", "1"],
         "constrained": ["--constrained"],
     },
+    "score": {
+        "normalize": ["--normalize"],
+        "alpha": ["--alpha", "1.5"],
+        "batch_tokens": ["--batch-tokens", "7"],
+        "weights": ["--precision", "bf16"],
+        "output": ["--output", "out.txt"],
+    },
     "attention": {
         "tgt": ["--tgt", "{line}"],
         "kind": ["--kind", "encoder"],
@@ -82,6 +98,7 @@ NOT_PROBED = {
     "model": "the model itself (required)",
     "src": "the command's input (required)",
     "ref": "the command's input (required)",
+    "tgt": "score's input (required; attention's --tgt is probed)",
     "output": "the command's output (required)",
     "device": "one device on this machine, the default cpu",
     "no_malloc_tuning": "tunes the process's allocator: nothing a run shows",
@@ -89,6 +106,7 @@ NOT_PROBED = {
 KINDS = ("synthetic", "shared", "separate", "parser", "recurrent")
 INPUTS = {"synthetic": ["12+34", "5+678"], "parser": ["the dog runs", "a red ball"]}
 OTHER_INPUTS = {"synthetic": ["9+9", "11+2"], "parser": ["the man sits", "a big cat"]}
+PREFIXES = {"synthetic": ["4", "6"], "parser": ["(TOP", "(TOP"]}
 REFERENCES = {
     "synthetic": ["46", "683"],
     "parser": [
@@ -121,19 +139,28 @@ class Seen:
 
 @contextlib.contextmanager
 def _spies(seen: Seen) -> Iterator[None]:
-    decode, align = Translator._decode, Translator.align
+    decode, align, score = Translator._decode, Translator.align, Translator.score
 
-    def spy_decode(self: Translator, sentences: Any, cfg: Any, nbest: int, show: Any) -> Any:
+    def spy_decode(
+        self: Translator, sentences: Any, cfg: Any, nbest: int, show: Any, prefixes: Any = None
+    ) -> Any:
         dtype = next(self.model.parameters()).dtype
         engine = type(self.decoding).__name__
-        seen.calls.append(("decode", list(sentences), cfg, nbest, show, str(dtype), engine))
-        return decode(self, sentences, cfg, nbest, show)
+        seen.calls.append(
+            ("decode", list(sentences), cfg, nbest, show, str(dtype), engine, prefixes)
+        )
+        return decode(self, sentences, cfg, nbest, show, prefixes)
 
     def spy_align(self: Translator, sentences: Any, translations: Any, *, layer: int = -1) -> Any:
         seen.calls.append(("align", layer))
         return align(self, sentences, translations, layer=layer)
 
+    def spy_score(self: Translator, sources: Any, targets: Any, cfg: Any = None) -> Any:
+        seen.calls.append(("score", cfg, str(next(self.model.parameters()).dtype)))
+        return score(self, sources, targets, cfg)
+
     with (
+        mock.patch.object(Translator, "score", spy_score),
         mock.patch.object(Translator, "_decode", spy_decode),
         mock.patch.object(Translator, "align", spy_align),
     ):
@@ -147,11 +174,13 @@ def _run(folder: Path, kind: str, argv: list[str]) -> tuple[Any, ...]:
     files = {
         "src": src,
         "src2": _lines(OTHER_INPUTS, kind, ["the man sits", "a big cat"]),
+        "pre": _lines(PREFIXES, kind, ["der", "ein"]),
         "ref": _lines(REFERENCES, kind, ["der hund rennt", "ein roter ball"]),
     }
     for name, lines in files.items():
         (folder / f"{name}.txt").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    values = {"src": "src.txt", "src2": "src2.txt", "ref": "ref.txt", "line": src[0]}
+    values = {"src": "src.txt", "src2": "src2.txt", "ref": "ref.txt", "pre": "pre.txt"}
+    values["line"] = src[0]
     argv = [a.format(**values) for a in argv]
     out, err, seen = io.StringIO(), io.StringIO(), Seen()
     with contextlib.ExitStack() as stack:
