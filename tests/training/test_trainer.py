@@ -19,7 +19,6 @@ import yaml
 from training_testkit import records, train_losses
 
 from transduce import checkpoint
-from transduce.cli.main import main
 from transduce.config import Config, update
 from transduce.data.batching import collate, model_lengths, token_batches
 from transduce.data.synthetic import make_task
@@ -109,21 +108,10 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     cfg_file.write_text(yaml.safe_dump(config))
     straight, killed = tmp_path / "straight", tmp_path / "killed"
 
-    # The uninterrupted reference runs in this process (single-threaded, like the subprocesses).
-    assert (
-        main(
-            [
-                "--no-malloc-tuning",
-                "train",
-                "--config",
-                str(cfg_file),
-                "--out",
-                str(straight),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    # The uninterrupted reference runs in a process of its own too: in this one, what earlier
+    # tests left (the thread count `serve --threads` sets, say) would change its last bits.
+    done = _run(cfg_file, straight)
+    assert done.returncode == 0, done.stderr
 
     died = _run(cfg_file, killed, "--die-at-step", "25")
     assert died.returncode == -signal.SIGKILL, died.stderr
