@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from transduce.serve.options import MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K
 from transduce.serve.requests import ServerLimits
 
 __all__ = ["route_docs"]
@@ -68,9 +69,9 @@ def _translate(limits: ServerLimits) -> dict[str, Any]:
         "additionalProperties": False,
         "description": "sample instead of searching; decoded alone, reproducible for a seed",
         "properties": {
-            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-            "temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
-            "top_k": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+            "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+            "temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TEMPERATURE},
+            "top_k": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_K},
             "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         },
     }

@@ -23,6 +23,9 @@ from transduce.serve.requests import (
 from transduce.serve.work import Answer, Work
 
 __all__ = [
+    "MAX_SEED",
+    "MAX_TEMPERATURE",
+    "MAX_TOP_K",
     "AttentionRequest",
     "ScoreRequest",
     "TranslateOptions",
@@ -34,7 +37,7 @@ __all__ = [
 
 SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p")
 MAX_TOP_K = 1_000_000
-MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
+MAX_SEED = 2**32 - 1  # exact as a JSON Schema bound (a double); torch takes up to 2**64 - 1
 MAX_TEMPERATURE = 100.0
 
 
