@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.error
 import urllib.request
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +255,69 @@ def test_sampling_requests_are_decoded_alone_and_scores_apart() -> None:
         ("score", ("c", "f")),
         ("translate", ("d",), 5),
     ]
+
+
+# -- the README ----------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(title)
+    ends = [text.find(mark, start + len(title)) for mark in ("\n### ", "\n#### ")]
+    return text[start : min(end for end in ends if end >= 0)]
+
+
+def test_readme_toolbox_example_prints_the_translators_answers(server, translator) -> None:
+    (python,) = re.findall(
+        r"```python\n(.*?)```", _readme_section("#### The decoding toolbox over HTTP"), re.DOTALL
+    )
+    printed: list[tuple] = []
+    namespace = {"print": lambda *args: printed.append(args)}
+    code = python.replace("http://127.0.0.1:8000", server.url)
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (the README's own code)
+    sentence = "A dog runs on the beach."
+    hyps = translator.translate_nbest([sentence], 2, translator.decode_config(beam=4))[0]
+    best = hyps[0]
+    assert printed[0] == (
+        [best.text],
+        [{"score": best.score, "log_prob": best.log_prob}],
+        translator.align([sentence], [best.text]),
+    )
+    assert printed[1] == (
+        [[{"translation": h.text, "score": h.score, "log_prob": h.log_prob} for h in hyps]],
+    )
+    prefixed = translator.translate([sentence], prefixes=["Ein Hund"])
+    assert printed[2] == ({"translations": prefixed},)
+    sampling = replace(
+        translator.decode_config(),
+        sampling=True,
+        sampling_seed=1,
+        temperature=0.8,
+        top_k=10,
+        top_p=0.9,
+    )
+    samples = translator.translate_nbest([sentence], 3, sampling)[0]
+    assert printed[3] == (
+        [[{"translation": h.text, "score": h.score, "log_prob": h.log_prob} for h in samples]],
+    )
+    pair = translator.score([sentence], ["Ein Hund rennt am Strand."])[0]
+    assert printed[4] == ({"scores": [asdict(pair)]},)
+    maps = attention_maps(translator.model, translator.vocab, sentence, best.text)
+    source, target, weights = printed[5]
+    assert (source, target) == (maps.source, maps.outputs)
+    assert torch.allclose(torch.tensor(weights), maps.cross[-1].mean(0), atol=1e-4)
+
+
+def test_readme_page_command_and_screenshot() -> None:
+    from transduce.cli.main import build_parser
+
+    section = _readme_section("#### A page to try a model")
+    (bash,) = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    command = next(line for line in bash.splitlines() if line.startswith("transduce serve"))
+    args = build_parser().parse_args(command.split()[1:])
+    assert args.model == ["runs/en_de/model.pt"] and args.port == 8000
+    (image,) = re.findall(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", section)
+    png = README.parent / image
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 150_000
