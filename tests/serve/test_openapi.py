@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from transduce.inference.translator import Translator  # noqa: E402
 from transduce.serve.server import ServerLimits, ServerThread, create_app  # noqa: E402
 
-EXAMPLES = 30  # per operation and mode
+EXAMPLES = 50  # per operation and mode
 TIME_LIMIT_S = 120.0  # all of it; examples past it are not sent
 # small limits: generated sentences stay short, so that decoding them is quick
 LIMITS = ServerLimits(max_sentences=4, max_chars=40, max_beam=4, max_body_bytes=20_000)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transduce.serve.options import MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K
+from transduce.serve.options import MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K, MIN_TEMPERATURE
 from transduce.serve.requests import ServerLimits
 
 __all__ = ["route_docs"]
@@ -41,10 +41,18 @@ def _texts(limits: ServerLimits, description: str) -> dict[str, Any]:
     }
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or null: the server takes an optional field's null as its absence."""
+    return {**schema, "type": [schema["type"], "null"]}
+
+
 def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """A JSON object body of ``properties``, those not ``required`` nullable, no others."""
     schema = {
         "type": "object",
-        "properties": properties,
+        "properties": {
+            name: prop if name in required else _nullable(prop) for name, prop in properties.items()
+        },
         "required": required,
         "additionalProperties": False,
     }
@@ -69,10 +77,17 @@ def _translate(limits: ServerLimits) -> dict[str, Any]:
         "additionalProperties": False,
         "description": "sample instead of searching; decoded alone, reproducible for a seed",
         "properties": {
-            "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-            "temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TEMPERATURE},
-            "top_k": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_K},
-            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            name: _nullable(prop)
+            for name, prop in {
+                "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+                "temperature": {
+                    "type": "number",
+                    "minimum": MIN_TEMPERATURE,
+                    "maximum": MAX_TEMPERATURE,
+                },
+                "top_k": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_K},
+                "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            }.items()
         },
     }
     request = _body(

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_TEMPERATURE",
     "MAX_TOP_K",
+    "MIN_TEMPERATURE",
     "AttentionRequest",
     "ScoreRequest",
     "TranslateOptions",
@@ -38,7 +39,9 @@ __all__ = [
 SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p")
 MAX_TOP_K = 1_000_000
 MAX_SEED = 2**32 - 1  # exact as a JSON Schema bound (a double); torch takes up to 2**64 - 1
-MAX_TEMPERATURE = 100.0
+# a temperature near 0 overflows the division of the log-probabilities (inf, then NaN): greedy
+# search is the limit that such a temperature means
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,11 @@ def _check_sampling(value: Any) -> dict[str, Any]:
         out["sampling_seed"] = _check_int("sampling.seed", value["seed"], 0, MAX_SEED)
     if value.get("temperature") is not None:
         out["temperature"] = _check_number(
-            "sampling.temperature", value["temperature"], 0.0, MAX_TEMPERATURE, open_low=True
+            "sampling.temperature",
+            value["temperature"],
+            MIN_TEMPERATURE,
+            MAX_TEMPERATURE,
+            open_low=False,
         )
     if value.get("top_k") is not None:
         out["top_k"] = _check_int("sampling.top_k", value["top_k"], 0, MAX_TOP_K)
