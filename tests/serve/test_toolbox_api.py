@@ -196,7 +196,10 @@ def test_too_much_is_a_413(server) -> None:
     long = "a" * (LIMITS.max_chars + 1)
     assert post(server, "/translate", {"text": ["a"], "prefix": [long]})[0] == 413
     assert post(server, "/score", {"text": [long], "translation": ["b"]})[0] == 413
-    assert post(server, "/attention", {"text": "a", "translation": long})[0] == 413
+    status, out = post(server, "/attention", {"text": "a", "translation": long})
+    assert status == 413 and "'translation' is too long: 301 characters" in out["error"]
+    status, out = post(server, "/attention", {"text": "\ud800", "translation": "a"})
+    assert status == 422 and "'text' is not valid Unicode" in out["error"]
 
 
 def test_the_rnn_has_no_attention_to_show(tmp_path) -> None:

@@ -239,12 +239,24 @@ def parse_attention_request(body: bytes, limits: ServerLimits) -> AttentionReque
     empty) and the translation whose attention is read."""
     data = _object(body, ("text", "translation", "source", "target"), ("text", "translation"))
     for name in ("text", "translation"):
-        value = data[name]
-        if not isinstance(value, str):
-            raise ApiError(422, f"'{name}' must be a string, not {type_name(value)}")
-        check_texts([value], limits, name)
+        _check_string(name, data[name], limits)
     if not data["text"].strip():
         raise ApiError(422, "'text' must not be empty")
     return AttentionRequest(
         data["text"], data["translation"], data.get("source"), data.get("target")
     )
+
+
+def _check_string(name: str, value: Any, limits: ServerLimits) -> str:
+    """One string field, checked as each sentence of ``text`` is (``check_texts``)."""
+    if not isinstance(value, str):
+        raise ApiError(422, f"'{name}' must be a string, not {type_name(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800"
+        raise ApiError(422, f"'{name}' is not valid Unicode ({e.reason})") from None
+    if len(value) > limits.max_chars:
+        raise ApiError(
+            413, f"'{name}' is too long: {len(value)} characters (at most {limits.max_chars})"
+        )
+    return value
