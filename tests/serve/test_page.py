@@ -20,7 +20,7 @@ pytest.importorskip("uvicorn")
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
-    if os.environ.get("CI"):
+    if os.environ.get("CI", "").lower() == "true":
         pytest.fail("CI is set but /usr/bin/chromium is missing (apt-get install chromium)")
     pytest.skip(
         "no /usr/bin/chromium (apt-get install chromium) and CI not set", allow_module_level=True
