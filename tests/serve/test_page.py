@@ -115,6 +115,8 @@ def test_translate_nbest_and_heat_map(translator, page, tmp_path) -> None:
         n_second = len(translator.vocab.encode(expected[1].text)) + 1
         sync_api.expect(page.locator("#heatmap tbody tr")).to_have_count(n_second)
         sync_api.expect(page.locator("#error")).to_be_empty()
+        # usable at a phone's width: nothing wider than the screen (the heat map scrolls alone)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
         shot = page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
         assert shot[:8] == b"\x89PNG\r\n\x1a\n"
         # Ctrl+Enter with other settings: beam 1, the greedy translation, one of it
