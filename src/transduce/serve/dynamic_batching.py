@@ -82,7 +82,7 @@ class BatchingConfig:
 
 @dataclass
 class _Job:
-    sentences: list[str]
+    sentences: list[Any]  # sentences, or the pairs that ``work`` takes (``serve.work``)
     decode: DecodeConfig
     work: Work  # what is asked of each sentence (``serve.work``)
     future: asyncio.Future
