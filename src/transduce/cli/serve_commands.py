@@ -2,9 +2,12 @@
 
 ``transduce serve --model CKPT [--host 127.0.0.1] [--port 8000]`` answers ``POST /translate``
 with ``{"text": [...], "beam": 4, "alpha": 0.6}`` -> ``{"translations": [...]}`` and ``GET
-/health`` (see ``transduce.serve.server``). Once the socket listens it prints one line
-``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the real port when ``--port 0``).
-``--api-key-file`` makes every path but ``/health`` ask for a bearer token; serving beyond
+/health`` (see ``transduce.serve.server``), the decoding toolbox (``nbest``, ``scores``,
+``alignments``, ``sampling``, ``prefix`` on ``/translate``; ``POST /score``; ``POST /attention``:
+``transduce.serve.native_api``) and a page to try the model at ``GET /``. Once the socket
+listens it prints one line ``transduce: serving MODEL on http://HOST:PORT`` to stdout (with the
+real port when ``--port 0``). ``--api-key-file`` makes every path but ``/health`` and the page
+ask for a bearer token (the page has a field for it); serving beyond
 loopback without one prints a warning.
 ``--model`` may be given several times, each as ``SOURCE:TARGET=PATH`` (``en:de=en-de.pt``): one
 server for several language pairs, chosen by the LibreTranslate API's ``source`` / ``target``
@@ -148,9 +151,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve a model over HTTP (POST /translate, GET /health) with dynamic batching",
         description="Serve trained models over HTTP: POST /translate with "
         '{"text": [...], "beam": 4, "alpha": 0.6} returns {"translations": [...]}; GET /health '
-        "returns status, model and counters; the LibreTranslate API answers under "
-        "/libretranslate (/translate, /languages, /detect). Concurrent requests are batched "
-        "together.",
+        "returns status, model and counters; POST /translate also takes nbest, scores, "
+        "alignments, sampling and prefix, POST /score scores sentence pairs, POST /attention "
+        "gives one pair's attention; GET / is a page to try the model in a browser; the "
+        "LibreTranslate API answers under /libretranslate (/translate, /languages, /detect). "
+        "Concurrent requests are batched together.",
     )
     p.add_argument(
         "--model",
@@ -250,7 +255,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--api-key-file",
         default=None,
         metavar="PATH",
-        help="a file holding one token: every path but /health then needs "
+        help="a file holding one token: every path but /health and the page (/) then needs "
         "'Authorization: Bearer TOKEN', and the LibreTranslate API (but its "
         "/languages) the token as api_key (use it beyond localhost)",
     )

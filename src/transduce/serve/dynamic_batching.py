@@ -4,9 +4,11 @@
 Requests are put on a queue served by one worker thread. The worker takes the oldest request, then
 keeps collecting requests for up to ``batch_wait_ms`` (or until the next one would take the batch
 over ``max_batch_sentences``; a larger request is never split and forms a batch of its own), and
-translates the whole batch with one ``translate`` call per distinct ``DecodeConfig`` (and n-best
-size: a request may ask for its ``nbest`` best translations, ``translate_nbest``), so concurrent
-clients share the model's batched decoding. With ``batch_wait_ms = 0`` the worker still takes
+translates the whole batch with one ``translate`` call per distinct ``DecodeConfig`` and ``Work``
+(``transduce.serve.work``: n-best lists, scores, alignments, prefixes, forced-decoding scores,
+attention), so concurrent clients share the model's batched decoding. A sampling request is
+decoded alone: its samples depend on its seed and on the batch it is drawn in, so alone they
+depend on the request only. With ``batch_wait_ms = 0`` the worker still takes
 whatever is already waiting when it becomes free (no added latency); ``max_batch_sentences = 1``
 serves one request at a time. If a batch fails, its requests are translated again one by one, so
 only the request that fails gets the error.
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from transduce.config import DecodeConfig
+from transduce.serve.work import Work, do_work
 
 __all__ = ["BatchingConfig", "DynamicBatcher", "ServerBusy", "TranslatorLike"]
 
@@ -79,9 +82,9 @@ class BatchingConfig:
 
 @dataclass
 class _Job:
-    sentences: list[str]
+    sentences: list[Any]  # sentences, or the pairs that ``work`` takes (``serve.work``)
     decode: DecodeConfig
-    nbest: int  # 1: the translation of each sentence; more: its n best, best first
+    work: Work  # what is asked of each sentence (``serve.work``)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued_at: float = field(default_factory=time.monotonic)
@@ -193,11 +196,19 @@ class DynamicBatcher:
         return self._running or (self._caller_thread and not self._stop_requested)
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, sentences: list[str], decode: DecodeConfig, nbest: int = 1) -> asyncio.Future:
+    def submit(
+        self,
+        sentences: list[Any],
+        decode: DecodeConfig,
+        nbest: int = 1,
+        *,
+        work: Work | None = None,
+    ) -> asyncio.Future:
         """Queue one request (from the event loop), to be translated with ``decode``; raises
         ServerBusy over the queue limit. The future's result is one translation per sentence,
         or with ``nbest`` over 1 a list of up to ``nbest`` translations per sentence (the
-        translator's ``translate_nbest``).
+        translator's ``translate_nbest``); with ``work``, what ``serve.work.do_work`` gives for
+        it (``nbest`` then ignored).
         Cancelling the returned future withdraws the request (see the module docstring)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -207,7 +218,7 @@ class DynamicBatcher:
                     f"the server is busy ({self._pending} sentences waiting); try again later"
                 )
             self._pending += len(sentences)
-        job = _Job(sentences, decode, nbest, future, loop)
+        job = _Job(sentences, decode, work or Work(nbest=nbest), future, loop)
         # a cancelled request frees its place in the queue limit now, not when the worker gets to it
         future.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
         self._queue.put(job)
@@ -275,9 +286,10 @@ class DynamicBatcher:
         jobs = [job for job in jobs if not job.resolved]  # withdrawn (cancelled): no decoding
         if not jobs:
             return
-        groups: dict[tuple[DecodeConfig, int], list[_Job]] = {}
-        for job in jobs:
-            groups.setdefault((job.decode, job.nbest), []).append(job)
+        groups: dict[tuple[DecodeConfig, Work, int], list[_Job]] = {}
+        for job in jobs:  # sampling: alone (see the module docstring)
+            alone = id(job) if job.decode.sampling else 0
+            groups.setdefault((job.decode, job.work, alone), []).append(job)
         n_sentences = sum(len(j.sentences) for j in jobs)
         with self._lock:
             s = self._stats
@@ -286,16 +298,16 @@ class DynamicBatcher:
             s["sentences"] += n_sentences
             s["max_batch_requests"] = max(s["max_batch_requests"], len(jobs))
             s["max_batch_sentences"] = max(s["max_batch_sentences"], n_sentences)
-        for (decode, nbest), group in groups.items():
+        for (decode, work, _), group in groups.items():
             try:
-                out = self._call([s for j in group for s in j.sentences], decode, nbest)
+                out = self._call([s for j in group for s in j.sentences], decode, work)
             except Exception as e:  # noqa: BLE001 - answered as a 500, the server goes on
                 if len(group) == 1:
                     self._resolve(group[0], None, e)
                     continue
                 for job in group:  # find the request(s) that fail; the others get answers
                     try:
-                        self._resolve(job, self._call(job.sentences, decode, nbest), None)
+                        self._resolve(job, self._call(job.sentences, decode, work), None)
                     except Exception as e1:  # noqa: BLE001
                         self._resolve(job, None, e1)
                 continue
@@ -305,16 +317,10 @@ class DynamicBatcher:
                 self._resolve(job, out[start:end], None)
                 start = end
 
-    def _call(self, sentences: list[str], decode: DecodeConfig, nbest: int) -> list[Any]:
+    def _call(self, sentences: list[Any], decode: DecodeConfig, work: Work) -> list[Any]:
         with self._lock:
             self._stats["translate_calls"] += 1
-        out: list[Any]
-        if nbest == 1:
-            out = self.translator.translate(sentences, decode)
-        else:  # not in TranslatorLike: only the LibreTranslate API's alternatives ask for it
-            nbest_of = getattr(self.translator, "translate_nbest")  # noqa: B009
-            hyps = nbest_of(sentences, nbest, decode)
-            out = [[h.text for h in sentence_hyps] for sentence_hyps in hyps]
+        out = do_work(self.translator, sentences, decode, work)
         if len(out) != len(sentences):
             raise RuntimeError(f"{len(sentences)} sentences gave {len(out)} translations")
         return out

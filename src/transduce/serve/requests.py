@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -23,18 +23,25 @@ from starlette.requests import ClientDisconnect, Request
 from transduce.config import DecodeConfig
 from transduce.errors import UserError
 from transduce.serve.dynamic_batching import DynamicBatcher, ServerBusy
+from transduce.serve.work import Work
 
 __all__ = [
     "ApiError",
     "BodyBudget",
     "ClientGone",
+    "OPTION_FIELDS",
     "ServerLimits",
     "TranslateRequest",
     "answer_unless_gone",
+    "check_alpha",
+    "check_beam",
+    "check_language",
+    "check_texts",
     "load_json",
     "parse_translate_request",
     "read_body",
     "translate_on",
+    "type_name",
     "wait_for_disconnect",
 ]
 
@@ -189,17 +196,19 @@ async def answer_unless_gone(request: Request, future: asyncio.Future) -> Any:
 async def translate_on(
     request: Request,
     batcher: DynamicBatcher,
-    sentences: list[str],
+    sentences: list[Any],
     decode: DecodeConfig,
     nbest: int = 1,
+    work: Work | None = None,
 ) -> list[Any]:
     """``sentences`` translated by ``batcher`` with ``decode`` (with ``nbest`` over 1, a list of
-    up to that many translations for each, best first), or ApiError: 503 (with
+    up to that many translations for each, best first; with ``work``, what it asks:
+    ``serve.work``), or ApiError: 503 (with
     Retry-After) when the queue is full, 422 for input the model cannot take (``UserError``
     from the translator: longer than its learned positions reach), 500 when decoding fails;
     ClientGone when the client disconnects first."""
     try:
-        future = batcher.submit(sentences, decode, nbest)
+        future = batcher.submit(sentences, decode, nbest, work=work)
     except ServerBusy as e:
         raise ApiError(503, str(e), {"Retry-After": "1"}) from None
     try:
@@ -215,19 +224,23 @@ async def translate_on(
 
 # -- POST /translate ---------------------------------------------------------------------------
 
-_FIELDS = ("text", "beam", "alpha", "source", "target")
+# the decoding toolbox's fields, kept as given here and checked by ``serve.options``
+OPTION_FIELDS = ("nbest", "scores", "alignments", "sampling", "prefix")
+_FIELDS = ("text", "beam", "alpha", "source", "target", *OPTION_FIELDS)
 
 
 @dataclass(frozen=True)
 class TranslateRequest:
     """A parsed ``POST /translate``: the sentences, the decoding settings asked for (None: the
-    model's) and the language pair asked for (None: the server's first model)."""
+    model's) and the language pair asked for (None: the server's first model); ``options``
+    the toolbox's fields that were given (``OPTION_FIELDS``), unchecked: ``serve.options``."""
 
     sentences: list[str]
     beam: int | None = None
     alpha: float | None = None
     source: str | None = None
     target: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 _TYPE_NAMES = {
@@ -241,7 +254,7 @@ _TYPE_NAMES = {
 }
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
@@ -269,63 +282,66 @@ def parse_translate_request(body: bytes, limits: ServerLimits) -> TranslateReque
     them)."""
     data = load_json(body)
     if not isinstance(data, dict):
-        raise ApiError(422, f"the body must be a JSON object, not {_type_name(data)}")
+        raise ApiError(422, f"the body must be a JSON object, not {type_name(data)}")
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise ApiError(422, f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}")
     if "text" not in data:
         raise ApiError(422, "missing field 'text' (a list of sentences)")
-    text = _check_text(data["text"], limits)
-    source, target = (_check_language(data, name) for name in ("source", "target"))
+    text = check_texts(data["text"], limits)
+    source, target = (check_language(data, name) for name in ("source", "target"))
     if (source is None) != (target is None):
         raise ApiError(422, "'source' and 'target' are given together or not at all")
-    beam, alpha = _check_beam(data.get("beam"), limits), _check_alpha(data.get("alpha"), limits)
-    return TranslateRequest(text, beam, alpha, source, target)
+    beam, alpha = check_beam(data.get("beam"), limits), check_alpha(data.get("alpha"), limits)
+    options = {name: data[name] for name in OPTION_FIELDS if name in data}
+    return TranslateRequest(text, beam, alpha, source, target, options)
 
 
-def _check_language(data: dict[str, Any], name: str) -> str | None:
+def check_language(data: dict[str, Any], name: str) -> str | None:
     code = data.get(name)
     if code is not None and not isinstance(code, str):
-        raise ApiError(422, f"'{name}' must be a language code, not {_type_name(code)}")
+        raise ApiError(422, f"'{name}' must be a language code, not {type_name(code)}")
     return code
 
 
-def _check_text(text: Any, limits: ServerLimits) -> list[str]:
+def check_texts(text: Any, limits: ServerLimits, name: str = "text") -> list[str]:
+    """``text`` if it is a list of at most ``max_sentences`` strings of at most ``max_chars``
+    characters, else ApiError (422 or 413) naming the field ``name``."""
     if not isinstance(text, list):
-        raise ApiError(422, f"'text' must be a list of strings, not {_type_name(text)}")
+        raise ApiError(422, f"'{name}' must be a list of strings, not {type_name(text)}")
     if len(text) > limits.max_sentences:
         raise ApiError(
             413, f"too many sentences: {len(text)} (at most {limits.max_sentences} per request)"
         )
     for i, s in enumerate(text):
         if not isinstance(s, str):
-            raise ApiError(422, f"'text[{i}]' must be a string, not {_type_name(s)}")
+            raise ApiError(422, f"'{name}[{i}]' must be a string, not {type_name(s)}")
         try:
             s.encode("utf-8")
         except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800"
-            raise ApiError(422, f"'text[{i}]' is not valid Unicode ({e.reason})") from None
+            raise ApiError(422, f"'{name}[{i}]' is not valid Unicode ({e.reason})") from None
         if len(s) > limits.max_chars:
             raise ApiError(
-                413, f"'text[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
+                413, f"'{name}[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
             )
     return text
 
 
-def _check_beam(beam: Any, limits: ServerLimits) -> int | None:
+def check_beam(beam: Any, limits: ServerLimits) -> int | None:
     if beam is None:
         return None
     if isinstance(beam, bool) or not isinstance(beam, int):
-        raise ApiError(422, f"'beam' must be an integer, not {_type_name(beam)}")
+        raise ApiError(422, f"'beam' must be an integer, not {type_name(beam)}")
     if not 1 <= beam <= limits.max_beam:
         raise ApiError(422, f"'beam' must be between 1 and {limits.max_beam}; got {beam}")
     return beam
 
 
-def _check_alpha(alpha: Any, limits: ServerLimits) -> float | None:
+def check_alpha(alpha: Any, limits: ServerLimits) -> float | None:
     if alpha is None:
         return None
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ApiError(422, f"'alpha' must be a number, not {_type_name(alpha)}")
+        raise ApiError(422, f"'alpha' must be a number, not {type_name(alpha)}")
     if not 0.0 <= alpha <= limits.max_alpha:
         raise ApiError(422, f"'alpha' must be between 0 and {limits.max_alpha:g}; got {alpha}")
     return float(alpha)

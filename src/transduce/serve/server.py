@@ -8,7 +8,11 @@ Endpoints:
   ``{"translations": [...]}``, one detokenized translation per input sentence, in order (``""``
   for an empty one): exactly what ``Translator.translate`` returns for the same list. A server
   of several models translates with the first unless ``"source"`` and ``"target"`` name another
-  one's languages (422 when none has them).
+  one's languages (422 when none has them). The decoding toolbox's optional fields (``nbest``,
+  ``scores``, ``alignments``, ``sampling``, ``prefix``), ``POST /score`` (forced decoding) and
+  ``POST /attention`` (one sentence's encoder-decoder attention) are ``serve.native_api``'s;
+  ``/openapi.json`` describes them (``serve.openapi``).
+* ``GET /`` a page to try the model in a browser (``serve.page``).
 * ``GET /health`` returns ``{"status": "ok", "model": {...}, "decode": {...}, "limits": {...},
   "batching": {...}, "stats": {...}}``; ``stats`` counts requests, sentences, batches and the
   most requests one batch held. With an API key, a request without it gets ``{"status": ...}``
@@ -54,7 +58,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from transduce.errors import UserError
 from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher, TranslatorLike
 from transduce.serve.guard import (
     ApiKey,
@@ -65,15 +68,15 @@ from transduce.serve.guard import (
 )
 from transduce.serve.libretranslate import PREFIX as LIBRETRANSLATE_PREFIX
 from transduce.serve.libretranslate import add_libretranslate
-from transduce.serve.models import NoSuchPair, ServedModel, ServedModels
+from transduce.serve.models import ServedModel, ServedModels
+from transduce.serve.native_api import add_native_api
+from transduce.serve.page import add_page
 from transduce.serve.requests import (
     ApiError,
     BodyBudget,
     ClientGone,
     ServerLimits,
     parse_translate_request,
-    read_body,
-    translate_on,
 )
 
 __all__ = [
@@ -150,8 +153,8 @@ def create_app(
     unless ``serve`` runs the first model's on the main thread). ``app.state.batcher`` is the
     first model's DynamicBatcher, ``app.state.models`` the ServedModels, ``app.state.limits``
     the limits (``uvicorn_server`` reads the connection ones). With ``api_key``, every path but
-    ``/health`` needs ``Authorization: Bearer <key>``, and the LibreTranslate API its
-    ``api_key`` field."""
+    ``/health`` and the page (``/``) needs ``Authorization: Bearer <key>``, and the
+    LibreTranslate API its ``api_key`` field."""
     if isinstance(translator, Sequence):
         served = list(translator)
     else:
@@ -187,10 +190,16 @@ def create_app(
     }
     _add_health(app, models, details, api_key)
     budget = BodyBudget(limits.max_body_buffer)
-    _add_translate(app, models, limits, budget)
+    add_native_api(app, models, limits, budget)
+    add_page(app)
     add_libretranslate(app, models, limits, budget, api_key)
     if api_key is not None:
-        app.add_middleware(RequireApiKey, key=api_key, open_prefixes=(LIBRETRANSLATE_PREFIX + "/",))
+        app.add_middleware(
+            RequireApiKey,
+            key=api_key,
+            open_paths=("/health", "/"),  # the page holds no secret; it asks for the key
+            open_prefixes=(LIBRETRANSLATE_PREFIX + "/",),
+        )
     return app
 
 
@@ -233,30 +242,6 @@ def _add_health(
                 uptime_s=round(time.time() - started, 3),
             )
         return JSONResponse(out, status_code=200 if ok else 503)
-
-
-def _add_translate(
-    app: FastAPI, models: ServedModels, limits: ServerLimits, budget: BodyBudget
-) -> None:
-    @app.post("/translate")
-    async def translate(request: Request) -> JSONResponse:
-        body = await read_body(request, limits, budget)
-        asked = parse_translate_request(body, limits)
-        index = 0
-        if asked.source is not None and asked.target is not None:
-            try:
-                index = models.pick(asked.source, asked.target)
-            except NoSuchPair as e:
-                return _error_response(422, str(e))
-        if not asked.sentences:
-            return JSONResponse({"translations": []})
-        translator = models.models[index].translator
-        try:  # the model's settings with the request's: one DecodeConfig from here down
-            decode = translator.decode_config(beam=asked.beam, alpha=asked.alpha)
-        except UserError as e:  # a beam larger than this model's vocabulary
-            return _error_response(422, str(e))
-        out = await translate_on(request, models.batchers[index], asked.sentences, decode)
-        return JSONResponse({"translations": out})
 
 
 # -- running it --------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""The native JSON API's decoding endpoints, each going through its model's dynamic batcher:
+
+* ``POST /translate``: ``{"text": [...], "beam"?, "alpha"?, "source"?, "target"?}`` and the
+  toolbox's fields ``nbest``, ``scores``, ``alignments``, ``sampling``, ``prefix``
+  (``serve.options``) -> ``{"translations": [...]}`` (and ``nbest`` / ``scores`` /
+  ``alignments`` where asked for).
+* ``POST /score``: ``{"text": [...], "translation": [...], "alpha"?}`` -> ``{"scores": [{"log_prob",
+  "tokens", "per_token", "normalized"}, ...]}``, what ``transduce score`` gives (forced decoding).
+* ``POST /attention``: ``{"text": "...", "translation": "..."}`` -> ``{"source": pieces + EOS,
+  "target": pieces + EOS, "weights": T x S}``: the last layer's encoder-decoder attention,
+  averaged over its heads (a Transformer's; 422 for the rnn).
+
+``source`` and ``target`` pick a model of a server of several (422 when none has them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from transduce.config import DecodeConfig
+from transduce.errors import UserError
+from transduce.serve.models import NoSuchPair, ServedModels
+from transduce.serve.openapi import route_docs
+from transduce.serve.options import (
+    answer_json,
+    parse_attention_request,
+    parse_options,
+    parse_score_request,
+)
+from transduce.serve.requests import (
+    ApiError,
+    BodyBudget,
+    ServerLimits,
+    parse_translate_request,
+    read_body,
+    translate_on,
+)
+from transduce.serve.work import Work
+
+__all__ = ["add_native_api"]
+
+
+def _pick(models: ServedModels, source: str | None, target: str | None) -> int:
+    if source is None or target is None:
+        return 0
+    try:
+        return models.pick(source, target)
+    except NoSuchPair as e:
+        raise ApiError(422, str(e)) from None
+
+
+def _decode(translator: Any, **settings: Any) -> DecodeConfig:
+    try:  # the model's settings with the request's: one DecodeConfig from here down
+        decode: DecodeConfig = translator.decode_config(**settings)
+    except UserError as e:  # a beam larger than this model's vocabulary
+        raise ApiError(422, str(e)) from None
+    return decode
+
+
+def add_native_api(
+    app: FastAPI, models: ServedModels, limits: ServerLimits, budget: BodyBudget
+) -> None:
+    """``POST /translate``, ``/score`` and ``/attention`` on ``app``."""
+
+    @app.post("/translate", **route_docs("/translate", limits))
+    async def translate(request: Request) -> JSONResponse:
+        body = await read_body(request, limits, budget)
+        asked = parse_translate_request(body, limits)
+        options = parse_options(asked.options, limits, len(asked.sentences))
+        index = _pick(models, asked.source, asked.target)
+        if not asked.sentences:
+            return JSONResponse(answer_json([], options))
+        translator = models.models[index].translator
+        decode = _decode(translator, beam=asked.beam, alpha=asked.alpha)
+        try:
+            decode = options.decode(decode)
+        except UserError as e:  # DecodeConfig's own checks, past those of the fields
+            raise ApiError(422, f"'sampling': {e}") from None
+        if options.nbest is not None and options.nbest > decode.beam and not decode.sampling:
+            raise ApiError(
+                422, f"'nbest' ({options.nbest}) must not exceed the beam ({decode.beam})"
+            )
+        items = options.items(asked.sentences)
+        work = options.work()
+        out = await translate_on(request, models.batchers[index], items, decode, work=work)
+        return JSONResponse(answer_json(out, options))
+
+    @app.post("/score", **route_docs("/score", limits))
+    async def score(request: Request) -> JSONResponse:
+        body = await read_body(request, limits, budget)
+        asked = parse_score_request(body, limits)
+        index = _pick(models, asked.source, asked.target)
+        if not asked.pairs:
+            return JSONResponse({"scores": []})
+        decode = _decode(models.models[index].translator, alpha=asked.alpha)
+        work = Work(kind="score")
+        out = await translate_on(request, models.batchers[index], asked.pairs, decode, work=work)
+        return JSONResponse({"scores": [asdict(pair) for pair in out]})
+
+    @app.post("/attention", **route_docs("/attention", limits))
+    async def attention(request: Request) -> JSONResponse:
+        body = await read_body(request, limits, budget)
+        asked = parse_attention_request(body, limits)
+        index = _pick(models, asked.source, asked.target)
+        decode = _decode(models.models[index].translator)
+        work = Work(kind="attention")
+        items = [(asked.text, asked.translation)]
+        (out,) = await translate_on(request, models.batchers[index], items, decode, work=work)
+        return JSONResponse(out)

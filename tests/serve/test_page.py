@@ -1,0 +1,157 @@
+"""The page at ``GET /`` (transduce.serve.page) in a real browser: Debian's chromium driven by
+Playwright's Python client (``executable_path``; no browser download), against the real server
+on loopback with a tiny model. It types a sentence, translates (button and Ctrl+Enter), and
+checks the translation (the Translator's own), the n-best list with scores, the attention heat
+map, a server error shown as a message, the API key field; a screenshot is saved under tmp_path.
+
+Skipped without /usr/bin/chromium unless CI is set (CI installs it: .ci/run), where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("CI is set but /usr/bin/chromium is missing (apt-get install chromium)")
+    pytest.skip(
+        "no /usr/bin/chromium (apt-get install chromium) and CI not set", allow_module_level=True
+    )
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from inference_testkit import save_toy_translation_model, toy_sentences  # noqa: E402
+
+from transduce.inference.translator import Translator  # noqa: E402
+from transduce.serve.guard import ApiKey  # noqa: E402
+from transduce.serve.server import ServerThread, create_app  # noqa: E402
+
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory) -> Translator:
+    path = save_toy_translation_model(
+        tmp_path_factory.mktemp("model") / "model.pt",
+        {"max_len_offset": 4, "beam": 3, "alpha": 0.6},
+    )
+    return Translator.load(path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 390, "height": 844})  # a phone's width
+    context.set_default_timeout(TIMEOUT_MS)
+    pg = context.new_page()
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+def test_page_is_served_as_html(translator) -> None:
+    with (
+        ServerThread(create_app(translator)) as srv,
+        urllib.request.urlopen(srv.url + "/", timeout=30) as resp,
+    ):
+        html = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/html")
+    assert "<script>" in html and "http://" not in html and "https://" not in html  # no assets
+
+
+def test_translate_nbest_and_heat_map(translator, page, tmp_path) -> None:
+    sentence = toy_sentences(1, seed=5)[0]
+    with ServerThread(create_app(translator)) as srv:
+        page.goto(srv.url + "/")
+        sync_api.expect(page.locator("#direction")).to_contain_text("languages not given")
+        assert page.input_value("#beam") == "3" and page.input_value("#alpha") == "0.6"
+        page.fill("#source", sentence)
+        page.click("#translate")
+        first = page.locator("ol.nbest li").first
+        sync_api.expect(first.locator(".translation")).to_have_text(
+            translator.translate([sentence])[0]
+        )
+        expected = translator.translate_nbest([sentence], 3)[0]
+        items = page.locator("ol.nbest li")
+        sync_api.expect(items).to_have_count(len(expected))
+        assert page.locator("ol.nbest li .translation").all_text_contents() == [
+            h.text for h in expected
+        ]
+        assert f"score {expected[0].score:.3f}" in first.locator(".score").text_content()
+        # the best translation's attention is drawn: a row per target piece and EOS
+        sync_api.expect(page.locator("#attention")).to_be_visible()
+        n_target = len(translator.vocab.encode(expected[0].text)) + 1
+        sync_api.expect(page.locator("#heatmap tbody tr")).to_have_count(n_target)
+        n_source = len(translator.vocab.encode(sentence)) + 1
+        assert page.locator("#heatmap tbody tr").first.locator("td").count() == n_source
+        # another hypothesis chosen: its map
+        items.nth(1).click()
+        sync_api.expect(items.nth(1)).to_have_class("chosen")
+        n_second = len(translator.vocab.encode(expected[1].text)) + 1
+        sync_api.expect(page.locator("#heatmap tbody tr")).to_have_count(n_second)
+        sync_api.expect(page.locator("#error")).to_be_empty()
+        # usable at a phone's width: nothing wider than the screen (the heat map scrolls alone)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot = page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        assert shot[:8] == b"\x89PNG\r\n\x1a\n"
+        # Ctrl+Enter with other settings: beam 1, the greedy translation, one of it
+        page.fill("#beam", "1")
+        other = toy_sentences(1, seed=6)[0]
+        page.fill("#source", other)
+        page.press("#source", "Control+Enter")
+        greedy = translator.translate([other], translator.decode_config(beam=1))[0]
+        sync_api.expect(page.locator("ol.nbest li .translation")).to_have_text([greedy])
+
+
+def test_a_server_error_is_shown_as_a_message(translator, page) -> None:
+    with ServerThread(create_app(translator)) as srv:
+        page.goto(srv.url + "/")
+        page.fill("#source", "a dog")
+        page.fill("#beam", "99")  # over the server's max_beam: a 422
+        page.click("#translate")
+        sync_api.expect(page.locator("#error")).to_contain_text("error 422: 'beam' must be")
+        sync_api.expect(page.locator("#translate")).to_be_enabled()
+    page.fill("#beam", "2")
+    page.click("#translate")  # the server is gone
+    sync_api.expect(page.locator("#error")).to_contain_text("cannot reach the server")
+
+
+def test_with_an_api_key_the_page_sends_it(translator, page) -> None:
+    app = create_app(translator, api_key=ApiKey("s3cret-token"))
+    with ServerThread(app) as srv:
+        page.goto(srv.url + "/")  # open without the key
+        page.fill("#source", "a dog")
+        page.click("#translate")
+        sync_api.expect(page.locator("#error")).to_contain_text("error 401")
+        page.fill("#key", "s3cret-token")
+        page.click("#translate")
+        sync_api.expect(page.locator("ol.nbest li .translation").first).to_have_text(
+            translator.translate(["a dog"])[0]
+        )
+        sync_api.expect(page.locator("#error")).to_be_empty()
+        sync_api.expect(page.locator("#heatmap tbody tr").first).to_be_visible()
