@@ -348,6 +348,9 @@ TASKS: dict[str, type[TaskConfig]] = {
 
 MAX_ALPHA = 10.0  # the length penalty's alpha; ((5 + |Y|) / 6) ** alpha stays finite below it
 MAX_LEN_OFFSET = 10_000  # output tokens beyond the source's: more is no translation
+# a temperature near 0 overflows the division of the log-probabilities (inf, then NaN): greedy
+# search is the limit that such a temperature means
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
 
 @dataclass(frozen=True)
@@ -382,7 +385,11 @@ class DecodeConfig(_Section):
             raise UserError(
                 f"alpha must be at most {MAX_ALPHA} (the paper's is 0.6); got {self.alpha}"
             )
-        _positive(self, "temperature")
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise UserError(
+                f"temperature must be between {MIN_TEMPERATURE} and {MAX_TEMPERATURE} (near 0, "
+                f"greedy search is what it means); got {self.temperature}"
+            )
         _not_negative(self, "top_k", "sampling_seed")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p must be in (0, 1]; got {self.top_p}")

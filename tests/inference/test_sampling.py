@@ -166,3 +166,14 @@ def test_real_models_sample_and_the_log_probs_are_their_scores(kind: str) -> Non
         assert len(hyps) == 4
         scores = score_targets(model, no_pad(src[i]).expand(4, -1), [h.tokens for h in hyps], 0.6)
         assert [s.log_prob for s in scores] == pytest.approx([h.log_prob for h in hyps], abs=1e-5)
+
+
+def test_a_temperature_near_zero_is_refused_naming_the_key() -> None:
+    # 1e-300 overflows the division of the log-probabilities (inf, then NaN samples)
+    from transduce.config import DecodeConfig
+    from transduce.errors import UserError
+
+    for t in (1e-300, 0.0, 1e3):
+        with pytest.raises(UserError, match="temperature"):
+            DecodeConfig(sampling=True, temperature=t)
+    assert DecodeConfig(sampling=True, temperature=0.01).temperature == 0.01

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from transduce.config import DecodeConfig
+from transduce.config import MAX_TEMPERATURE, MIN_TEMPERATURE, DecodeConfig
 from transduce.serve.requests import (
     ApiError,
     ServerLimits,
@@ -39,9 +39,6 @@ __all__ = [
 SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p")
 MAX_TOP_K = 1_000_000
 MAX_SEED = 2**32 - 1  # exact as a JSON Schema bound (a double); torch takes up to 2**64 - 1
-# a temperature near 0 overflows the division of the log-probabilities (inf, then NaN): greedy
-# search is the limit that such a temperature means
-MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
 
 @dataclass(frozen=True)
