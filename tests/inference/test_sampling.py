@@ -177,3 +177,10 @@ def test_a_temperature_near_zero_is_refused_naming_the_key() -> None:
         with pytest.raises(UserError, match="temperature"):
             DecodeConfig(sampling=True, temperature=t)
     assert DecodeConfig(sampling=True, temperature=0.01).temperature == 0.01
+
+
+def test_a_top_p_below_float32s_least_keeps_the_best_token() -> None:
+    # 5e-324 is 0 in float32: "the tokens before it hold at least top_p" held for every token
+    lprobs = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    got = sampling_probs(lprobs, temperature=1.0, top_k=0, top_p=5e-324)
+    assert got.tolist() == [[1.0, 0.0, 0.0]]

@@ -45,7 +45,9 @@ def sampling_probs(lprobs: Tensor, *, temperature: float, top_k: int, top_p: flo
         sorted_p, order = probs.sort(dim=1, descending=True)
         # a token stays while the tokens before it hold less than top_p: the first always does
         before = sorted_p.cumsum(1) - sorted_p
-        drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, before >= top_p)
+        cut = before >= top_p
+        cut[:, 0] = False  # (a top_p below float32's least, 5e-324, reads as 0: the first stays)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, cut)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(1, keepdim=True)
     return probs
