@@ -129,6 +129,7 @@ REASONS = {
     "not a parsing model": "not a parsing model",
     "Transformer": "Transformer",
     "one vocabulary only": "one vocabulary shared",
+    "SentencePiece vocabulary": "needs a SentencePiece vocabulary",
 }
 
 
@@ -186,6 +187,15 @@ def _argv(command: str, model: Path, kind: str, folder: Path) -> list[str]:
             str(folder / "a.png"),
         ],
         "serve": ["serve", "--model", str(model), "--port", "0"],
+        "score": ["score", "--model", str(model), "--src", str(words), "--tgt", str(ref)],
+        "export huggingface": [
+            "export",
+            "huggingface",
+            "--model",
+            str(model),
+            "--output",
+            str(folder / "hf"),
+        ],
         "export ctranslate2": [
             "export",
             "ctranslate2",
@@ -207,11 +217,15 @@ def test_the_readme_table_of_commands_and_models_holds(model_kinds, tmp_path, ca
         "attention",
         "serve",
         "export ctranslate2",
+        "score",
+        "export huggingface",
     }
     for command, cells in table.items():
         if command == "serve" and importlib.util.find_spec("fastapi") is None:
             continue
         if command == "export ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
+            continue
+        if command == "export huggingface" and importlib.util.find_spec("transformers") is None:
             continue
         assert len(cells) == len(COLUMNS), (command, cells)
         for kind, cell in zip(COLUMNS, cells, strict=True):
