@@ -348,7 +348,14 @@ def export_marian(
         raise AssertionError(f"Marian weights left out {left}, unknown {unexpected}")
     hf_model.generation_config = generation_config(cfg)
     _prepare_folder(folder, force)
-    hf_model.save_pretrained(str(folder))
+    hf_logging = transformers.utils.logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for one shard: noise on the command's stderr
+    try:
+        hf_model.save_pretrained(str(folder))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     _write_tokenizer(folder, files, separate)
     return {
         "input": str(model_path),
