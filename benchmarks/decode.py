@@ -131,13 +131,17 @@ CT2_BACKENDS = {"mkl": {}, "dnnl": {"CT2_USE_MKL": "0"}}
 CT2_TIMES = ("greedy_s", "beam4_s", "b1_s")
 
 
-def _ct2_process(spec: str, env: dict[str, str], args: argparse.Namespace) -> dict | None:
+def ct2_process(
+    spec: str, env: dict[str, str], timeout: float, script: str = __file__
+) -> dict | None:
+    """Run ``script --ct2-worker spec`` (a CTranslate2 worker: this file's, or a sibling
+    benchmark's) with ``env`` added; its JSON line, or None if it failed (said on stderr)."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--ct2-worker", spec],
+        [sys.executable, script, "--ct2-worker", spec],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=args.timeout,
+        timeout=timeout,
     )
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -165,7 +169,7 @@ def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse
         for isa in ISAS:
             base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
             runs = {
-                name: _ct2_process(f.name, {**base, **env}, args)
+                name: ct2_process(f.name, {**base, **env}, args.timeout)
                 for name, env in CT2_BACKENDS.items()
             }
             runs = {name: r for name, r in runs.items() if r is not None}

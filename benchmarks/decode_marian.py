@@ -30,9 +30,9 @@ figures: of ``--latency-repeats``). Timed: greedy and beam 4 on a batch of 32, a
 sentence (latency). No system generates its padding token (ours: PAD and BOS; hf: ``<pad>``,
 the folder's bad_words_ids; ct2's vocabulary has neither). decode.py's constants,
 ``median_time``, EOS suppression wrapper and CTranslate2 ISAs and backends are imported from
-it. Its CTranslate2 worker is not: it suppresses ``<pad>`` and ``<s>``, which the converted
-Marian vocabulary lacks (CTranslate2 refuses unknown tokens), and times no beam at batch 1; the
-worker here is the same otherwise.
+it, and so is the launcher of the CTranslate2 process (``ct2_process``). Its worker is not: it
+suppresses ``<pad>`` and ``<s>``, which the converted Marian vocabulary lacks (CTranslate2
+refuses unknown tokens), and times no beam at batch 1; the worker here is the same otherwise.
 
 Before timing, the three are checked to compute the same model: per-token log-probabilities of a
 fixed pair (the target + ``</s>``) within 1e-3 of transduce's. The systems' ids differ (the
@@ -51,10 +51,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -68,11 +66,28 @@ from decode import ALPHA, BATCH, BEAM, SRC_LEN, STEPS, median_time  # noqa: E402
 SIZES = {
     "opus": {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "vocab": 58101},
     "quick": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 256, "vocab": 2000},
-}  # fmt: skip
+}
 CHECK_TOL = 1e-3
 FIGURES = ("greedy_b32", "beam4_b32", "greedy_b1", "beam4_b1")
-WORDS = ["the", "a", "dog", "cat", "man", "woman", "runs", "sits", "on", "in", "red", "blue",
-         "big", "small", "park", "street", "ball"]  # fmt: skip
+WORDS = [
+    "the",
+    "a",
+    "dog",
+    "cat",
+    "man",
+    "woman",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "red",
+    "blue",
+    "big",
+    "small",
+    "park",
+    "street",
+    "ball",
+]
 
 
 # -- the Marian folder ----------------------------------------------------------------------------
@@ -83,9 +98,12 @@ def _train_spm(lines: list[str], size: int) -> bytes:
 
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=out, vocab_size=size, model_type="unigram",
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=size,
+        model_type="unigram",
         minloglevel=2,
-    )  # fmt: skip
+    )
     return out.getvalue()
 
 
@@ -123,15 +141,29 @@ def make_folder(folder: Path, size: dict[str, int], seed: int = 0) -> Path:
     v, d = size["vocab"], size["d_model"]
     pad = v - 1
     cfg = MarianConfig(
-        vocab_size=v, d_model=d, encoder_layers=size["layers"], decoder_layers=size["layers"],
-        encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
-        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="swish",
-        scale_embedding=True, static_position_embeddings=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=pad,
-        eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
-        max_position_embeddings=512, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        vocab_size=v,
+        d_model=d,
+        encoder_layers=size["layers"],
+        decoder_layers=size["layers"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["d_ff"],
+        decoder_ffn_dim=size["d_ff"],
+        activation_function="swish",
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        max_position_embeddings=512,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
         init_std=2.0 / d**0.5,  # logits of standard deviation about 2: a sharp check
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = MarianMTModel(cfg).eval()
     with torch.no_grad():
@@ -141,9 +173,14 @@ def make_folder(folder: Path, size: dict[str, int], seed: int = 0) -> Path:
         model.final_logits_bias[0, pad] = 0.0
         model.model.shared.weight[pad] = 0.0
     model.generation_config = GenerationConfig(
-        decoder_start_token_id=pad, eos_token_id=0, pad_token_id=pad, forced_eos_token_id=0,
-        bad_words_ids=[[pad]], max_length=512, num_beams=4,
-    )  # fmt: skip
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        pad_token_id=pad,
+        forced_eos_token_id=0,
+        bad_words_ids=[[pad]],
+        max_length=512,
+        num_beams=4,
+    )
     model.save_pretrained(str(folder))
     MarianTokenizer(
         str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")
@@ -226,8 +263,9 @@ def max_diff(name: str, theirs: list[float], ref: list[float]) -> float:
         raise RuntimeError(f"{name} scored {len(theirs)} tokens, transduce {len(ref)}")
     diff = max(abs(a - b) for a, b in zip(theirs, ref, strict=True))
     if not diff <= CHECK_TOL:  # NaN fails too
-        raise RuntimeError(f"{name} does not compute the imported model: log-probabilities "
-                           f"differ by {diff:.3g}")  # fmt: skip
+        raise RuntimeError(
+            f"{name} does not compute the imported model: log-probabilities differ by {diff:.3g}"
+        )
     return diff
 
 
@@ -260,8 +298,10 @@ def time_ours(systems: Systems, sources: list[list[str]], args: argparse.Namespa
             if beam == 1:
                 out = greedy_search(wrapped, x, max_len=STEPS - 1)
             else:
-                out = [h[0].tokens for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA,
-                                                       max_len=STEPS - 1)]  # fmt: skip
+                out = [
+                    h[0].tokens
+                    for h in beam_search(wrapped, x, beam=beam, alpha=ALPHA, max_len=STEPS - 1)
+                ]
             lengths.update(len(t) + 1 for t in out)  # + the final EOS
 
         return go
@@ -283,10 +323,16 @@ def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace
         def go():
             with torch.no_grad():
                 out = systems.hf.generate(
-                    input_ids=x, attention_mask=torch.ones_like(x), num_beams=beam,
-                    do_sample=False, min_new_tokens=STEPS, max_new_tokens=STEPS,
-                    length_penalty=ALPHA, early_stopping=False, forced_eos_token_id=None,
-                )  # fmt: skip
+                    input_ids=x,
+                    attention_mask=torch.ones_like(x),
+                    num_beams=beam,
+                    do_sample=False,
+                    min_new_tokens=STEPS,
+                    max_new_tokens=STEPS,
+                    length_penalty=ALPHA,
+                    early_stopping=False,
+                    forced_eos_token_id=None,
+                )
             lengths.add(out.size(1) - 1)  # minus the decoder start token
 
         return go
@@ -344,16 +390,23 @@ def time_ct2(
     matrix-product backends (decode.CT2_BACKENDS). The converted Marian model adds no ``</s>``
     to the source: the pieces here end in it."""
     tokens = [[*s, "</s>"] for s in sources]
-    job = {"model_dir": str(model_dir), "threads": args.threads, "batch": tokens,
-           "check": {"source": tokens[0], "target": target}, "repeats": args.repeats,
-           "latency_repeats": args.latency_repeats}  # fmt: skip
+    job = {
+        "model_dir": str(model_dir),
+        "threads": args.threads,
+        "batch": tokens,
+        "check": {"source": tokens[0], "target": target},
+        "repeats": args.repeats,
+        "latency_repeats": args.latency_repeats,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "job.json"
         spec.write_text(json.dumps(job))
         for isa in decode.ISAS:
             base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
-            runs = {name: _ct2_process(spec, {**base, **env}, args.timeout)
-                    for name, env in decode.CT2_BACKENDS.items()}  # fmt: skip
+            runs = {
+                name: decode.ct2_process(str(spec), {**base, **env}, args.timeout, __file__)
+                for name, env in decode.CT2_BACKENDS.items()
+            }
             runs = {name: r for name, r in runs.items() if r is not None}
             if runs:
                 break
@@ -366,18 +419,6 @@ def time_ct2(
         res[key], res["backend"][key] = runs[best][key], best
     res["backend_times"] = {name: {k: r[k] for k in FIGURES} for name, r in runs.items()}
     return res
-
-
-def _ct2_process(spec: Path, env: dict[str, str], timeout: float) -> dict | None:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--ct2-worker", str(spec)], env={**os.environ, **env},
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    if proc.returncode == 0:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"ct2 with {env} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}",
-          file=sys.stderr)  # fmt: skip
-    return None
 
 
 def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -429,19 +470,29 @@ def ratios(systems: dict[str, dict]) -> dict[str, float]:
 
 def print_table(res: dict, threads: int) -> None:
     s = res["size"]
-    print(f"\nMarian (OPUS-MT shape): d_model {s['d_model']}, {s['layers']}+{s['layers']} layers, "
-          f"{s['heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; {SRC_LEN} source tokens, "
-          f"{STEPS} steps, {threads} threads")  # fmt: skip
-    print(f"{'system':10} {'greedy b32 sent/s':>18} {'tok/s':>8} {'beam4 b32 sent/s':>17} "
-          f"{'tok/s':>8} {'greedy b1 ms':>13} {'beam4 b1 ms':>12}")  # fmt: skip
+    print(
+        f"\nMarian (OPUS-MT shape): d_model {s['d_model']}, {s['layers']}+{s['layers']} layers, "
+        f"{s['heads']} heads, d_ff {s['d_ff']}, vocab {s['vocab']}; {SRC_LEN} source tokens, "
+        f"{STEPS} steps, {threads} threads"
+    )
+    print(
+        f"{'system':10} {'greedy b32 sent/s':>18} {'tok/s':>8} {'beam4 b32 sent/s':>17} "
+        f"{'tok/s':>8} {'greedy b1 ms':>13} {'beam4 b1 ms':>12}"
+    )
     for system, r in res["systems"].items():
-        print(f"{system:10} {BATCH / r['greedy_b32']:18.1f} {BATCH * STEPS / r['greedy_b32']:8.0f} "
-              f"{BATCH / r['beam4_b32']:17.1f} {BATCH * STEPS / r['beam4_b32']:8.0f} "
-              f"{1000 * r['greedy_b1']:13.1f} {1000 * r['beam4_b1']:12.1f}")  # fmt: skip
+        print(
+            f"{system:10} {BATCH / r['greedy_b32']:18.1f} {BATCH * STEPS / r['greedy_b32']:8.0f} "
+            f"{BATCH / r['beam4_b32']:17.1f} {BATCH * STEPS / r['beam4_b32']:8.0f} "
+            f"{1000 * r['greedy_b1']:13.1f} {1000 * r['beam4_b1']:12.1f}"
+        )
     ct2 = res["systems"]["ct2"]
-    print(f"ct2 seconds by backend (the faster one is used; ISA {ct2['isa']}): " + "; ".join(
-        f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items())
-        for b, t in ct2["backend_times"].items()))  # fmt: skip
+    print(
+        f"ct2 seconds by backend (the faster one is used; ISA {ct2['isa']}): "
+        + "; ".join(
+            f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items())
+            for b, t in ct2["backend_times"].items()
+        )
+    )
     print()
     for key, v in ratios(res["systems"]).items():
         print(f"{key:32} {v:.2f}")
@@ -452,22 +503,36 @@ def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
     ct2 = res["systems"]["ct2"]
-    out: dict[str, Any] = {"benchmark": "decode_marian", "quick": args.quick,
-                           "threads": args.threads, **ratios(res["systems"])}  # fmt: skip
+    out: dict[str, Any] = {
+        "benchmark": "decode_marian",
+        "quick": args.quick,
+        "threads": args.threads,
+        **ratios(res["systems"]),
+    }
     out["size"] = res["size"]
-    out["seconds"] = {name: {k: decode._round(r[k]) for k in FIGURES}
-                      for name, r in res["systems"].items()}  # fmt: skip
-    out["check_max_abs_diff"] = {name: decode._round(res["systems"][name]["check_max_abs_diff"])
-                                 for name in ("hf", "ct2")}  # fmt: skip
-    out.update({
-        "ct2_isa": ct2["isa"], "ct2_backend": ct2["backend"],
-        "ct2_backend_seconds": {b: {k: decode._round(v) for k, v in t.items()}
-                                for b, t in ct2["backend_times"].items()},
-        "ct2_torch_imported": ct2["torch_imported"], "torch": torch.__version__,
-        "transformers": transformers.__version__, "ctranslate2": ct2["ctranslate2"],
-        "machine": platform.processor() or platform.machine(), "repeats": args.repeats,
-        "latency_repeats": args.latency_repeats,
-    })  # fmt: skip
+    out["seconds"] = {
+        name: {k: decode._round(r[k]) for k in FIGURES} for name, r in res["systems"].items()
+    }
+    out["check_max_abs_diff"] = {
+        name: decode._round(res["systems"][name]["check_max_abs_diff"]) for name in ("hf", "ct2")
+    }
+    out.update(
+        {
+            "ct2_isa": ct2["isa"],
+            "ct2_backend": ct2["backend"],
+            "ct2_backend_seconds": {
+                b: {k: decode._round(v) for k, v in t.items()}
+                for b, t in ct2["backend_times"].items()
+            },
+            "ct2_torch_imported": ct2["torch_imported"],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "ctranslate2": ct2["ctranslate2"],
+            "machine": platform.processor() or platform.machine(),
+            "repeats": args.repeats,
+            "latency_repeats": args.latency_repeats,
+        }
+    )
     return {k: decode._round(v) for k, v in out.items()}
 
 
@@ -476,8 +541,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     parser.add_argument("--latency-repeats", type=int, default=10)
-    parser.add_argument("--quick", action="store_true",
-                        help="d_model 64, 2+2 layers, vocabulary 2000, one repeat")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="d_model 64, 2+2 layers, vocabulary 2000, one repeat"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for a ct2 process")
     parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

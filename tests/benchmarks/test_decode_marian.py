@@ -73,8 +73,11 @@ def test_the_check_fails_on_a_wrong_model_or_unmapped_ids(tmp_path: Path) -> Non
     # transduce fed Marian's ids (no mapping): the check fails
     unmapped = dm.Systems(systems.ours, systems.hf, systems.marian_ids, systems.marian_ids)
     with pytest.raises(RuntimeError, match="does not compute"):
-        dm.max_diff("hf", dm.hf_log_probs(systems, sources[0], target),
-                    dm.ours_log_probs(unmapped, sources[0], target))  # fmt: skip
+        dm.max_diff(
+            "hf",
+            dm.hf_log_probs(systems, sources[0], target),
+            dm.ours_log_probs(unmapped, sources[0], target),
+        )
     # one weight changed on the Hugging Face side (one feature: a shift of all of them would
     # vanish in the layer norm after it): the check fails
     with torch.no_grad():
