@@ -152,6 +152,12 @@ def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         raise
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` as ``save_atomic`` does: another rank reading it
+    meanwhile sees the old file or the new one, never an empty or half-written one."""
+    _write_atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
+
+
 def save_atomic(obj: Any, path: str | Path) -> None:
     """torch.save to a temporary file in the same folder (created with the mode open() would
     give it), fsync, then rename over ``path``: a reader (or a run killed mid-write) sees the old

@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("transduce: interrupted", file=sys.stderr)
         return 130
+    finally:  # a rank that stops on an error leaves its process group too (not together)
+        if "transduce.training.distributed" in sys.modules:
+            sys.modules["transduce.training.distributed"].shutdown(together=False)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,7 +103,21 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
-    """Leave the process group, if this process joined one (NCCL warns at exit otherwise)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(*, together: bool = True) -> None:
+    """Leave the process group, if this process joined one (NCCL warns at exit otherwise).
+
+    A gloo worker thread frees the tensors of a finished collective after its caller already
+    has the result, and freeing a tensor made in Python takes the GIL. A rank that goes straight
+    on to exit can start finalizing the interpreter first; the thread then dies inside that
+    destructor: "terminate called without an active exception", SIGABRT (pytorch#190489). So
+    the GIL is let go before leaving: in a last barrier (``together``: every rank calls this,
+    the run went well) and for a moment after it, which is all those threads need."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if together:
+        dist.barrier()
+    time.sleep(_LET_GO_SECONDS)
+    dist.destroy_process_group()
+
+
+_LET_GO_SECONDS = 0.05

@@ -66,7 +66,8 @@ class RunFolder:
         elif self.world.is_main:
             self.log.reset()
         if self.world.is_main:
-            (self.path / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+            config = json.dumps(self.cfg.to_dict(), indent=2) + "\n"
+            checkpoint.write_text_atomic(self.path / "config.json", config)
         return progress
 
     def _resume(self, allow_change: tuple[str, ...]) -> Progress:

@@ -20,6 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from transduce.checkpoint import write_text_atomic
 from transduce.config import Config, TranslationTaskConfig
 from transduce.data.parallel import read_lines, resolve_data_path
 from transduce.data.prepared import (
@@ -114,9 +115,8 @@ def _run_record(folder: Path, run_dir: Path, *, resume: bool, is_main: bool) -> 
                 f"{folder}: not the prepared data this run started with ({before.get('prepared')},"
                 f" see {path}); resume with that folder, or start a new run"
             )
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if is_main:  # atomic: on resume the other ranks read it meanwhile
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 def _vocabulary(folder: Path, shared: bool, run_dir: Path, *, is_main: bool) -> Any:
