@@ -1,0 +1,263 @@
+"""Decoding on a GPU: transduce's engine against Hugging Face ``generate`` on the same device and
+dtype, both from one ``MarianMTModel`` folder (decode_marian.py's OPUS-MT-sized model, random
+seeded weights, nothing from a hub).
+
+    python benchmarks/decode_gpu.py [--device cuda] [--dtype bf16|fp16|fp32] [--batches 32 128]
+                                    [--repeats 3] [--quick]
+
+Needs ``pip install -e '.[bench]'`` (transformers, sentencepiece). On a machine without a GPU
+``--device cpu`` runs the same code (a dry run; use decode_marian.py for CPU figures).
+
+    transduce  ``import_marian`` of the folder, its weights in ``--dtype`` on ``--device``, then
+               ``greedy_search`` / ``beam_search`` (alpha 0.6) on a ``DecodingModel`` of it
+    hf         the folder's ``MarianMTModel`` in ``--dtype`` on ``--device``, ``generate``
+               (greedy, num_beams=4)
+
+The work is decode.py's: sources of 20 tokens (19 random pieces + ``</s>``), exactly 30 decoder
+steps per sentence (EOS suppressed until then), each figure the median of ``--repeats`` runs
+after a warm-up, with the device synchronised before the clock stops. Timed: greedy and beam 4
+on each batch of ``--batches``. Before timing, both are checked to compute the same model in
+float32 on the CPU (decode_marian.py's check, 1e-3), and on the device the share of equal greedy
+tokens at the first batch is reported (bf16/fp16 rounding may part them).
+
+Ends with one JSON line: the times, peak device memory per system (CUDA), and the ratios
+``gpu_beam4_b{N}_vs_hf`` and ``gpu_greedy_b{N}_vs_hf`` (their time over ours: > 1 means transduce
+is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode  # noqa: E402  (benchmarks/decode.py: constants, EOS suppression, median_time)
+import decode_marian  # noqa: E402  (the Marian folder, the systems and their float32 check)
+from decode import ALPHA, BEAM, SRC_LEN, STEPS, median_time  # noqa: E402
+
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def draw_sources(systems: decode_marian.Systems, n: int, seed: int = 2) -> list[list[str]]:
+    """``n`` sources of SRC_LEN - 1 ordinary pieces (``</s>`` appended per system)."""
+    ordinary = [p for p in systems.marian_ids if p not in ("</s>", "<unk>", "<pad>")]
+    rng = random.Random(seed)
+    return [[rng.choice(ordinary) for _ in range(SRC_LEN - 1)] for _ in range(n)]
+
+
+def _synchronised(fn: Callable[[], Any], device: Any) -> Callable[[], None]:
+    import torch
+
+    def go() -> None:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return go
+
+
+def ours_runner(systems: decode_marian.Systems, device: Any) -> Callable[[Any, int], list]:
+    """``run(src, beam)`` -> token lists, on a ``DecodingModel`` of the model as it is now."""
+    from transduce.inference import beam_search, greedy_search
+    from transduce.inference.engine import DecodingModel
+
+    wrapped = decode.SuppressEarlyEOS(DecodingModel(systems.ours), STEPS - 1)
+
+    def run(src: Any, beam: int) -> list:
+        if beam == 1:
+            return greedy_search(wrapped, src, max_len=STEPS - 1)
+        return [
+            h[0].tokens
+            for h in beam_search(wrapped, src, beam=beam, alpha=ALPHA, max_len=STEPS - 1)
+        ]
+
+    return run
+
+
+def hf_runner(systems: decode_marian.Systems) -> Callable[[Any, int], list]:
+    """``run(src, beam)`` -> token lists (without the decoder start) of ``generate``."""
+    import torch
+
+    def run(src: Any, beam: int) -> list:
+        with torch.no_grad():
+            out = systems.hf.generate(
+                input_ids=src,
+                attention_mask=torch.ones_like(src),
+                num_beams=beam,
+                do_sample=False,
+                min_new_tokens=STEPS,
+                max_new_tokens=STEPS,
+                length_penalty=ALPHA,
+                early_stopping=False,
+                forced_eos_token_id=None,
+            )
+        return out[:, 1:].tolist()
+
+    return run
+
+
+def _time(run: Callable[[Any, int], list], batches: dict[int, Any], args, device) -> dict:
+    import torch
+
+    out: dict[str, Any] = {}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for n, src in batches.items():
+        for beam, name in ((1, "greedy"), (BEAM, "beam4")):
+            out[f"{name}_b{n}"] = median_time(
+                _synchronised(lambda s=src, b=beam: run(s, b), device), args.repeats
+            )
+    if device.type == "cuda":
+        out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]], to_ours: dict[int, int]) -> float:
+    """The share of positions where both chose the same piece (ids mapped into ours)."""
+    same = total = 0
+    for a, b in zip(ours, theirs, strict=True):
+        mapped = [to_ours.get(t, -1) for t in b]
+        total += max(len(a), len(mapped))
+        same += sum(x == y for x, y in zip(a, mapped, strict=False))
+    return same / max(total, 1)
+
+
+def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    import torch
+
+    from transduce.data.vocab import EOS
+    from transduce.device import resolve_device
+
+    device = resolve_device(args.device)
+    size = decode_marian.SIZES["quick" if args.quick else "opus"]
+    print(f"building the Marian folder {size} ...", file=sys.stderr, flush=True)
+    folder = decode_marian.make_folder(workdir / "opus-mt", size)
+    systems = decode_marian.load_systems(folder, workdir / "model.pt")
+    sources, target = decode_marian.draw_pieces(systems)
+    ref = decode_marian.ours_log_probs(systems, sources[0], target)
+    hf_diff = decode_marian.max_diff(
+        "hf", decode_marian.hf_log_probs(systems, sources[0], target), ref
+    )
+
+    dtype = _dtype(args.dtype)
+    systems.ours.to(device=device, dtype=dtype).eval()
+    systems.hf.to(device=device, dtype=dtype).eval()
+    drawn = draw_sources(systems, max(args.batches))
+    eos = systems.hf.config.eos_token_id
+    ours_src = {
+        n: torch.tensor([[*systems.ids(s, True), EOS] for s in drawn[:n]]) for n in args.batches
+    }
+    hf_src = {
+        n: torch.tensor([[*systems.ids(s, False), eos] for s in drawn[:n]]) for n in args.batches
+    }
+    ours_src = {n: x.to(device) for n, x in ours_src.items()}
+    hf_src = {n: x.to(device) for n, x in hf_src.items()}
+
+    ours, hf = ours_runner(systems, device), hf_runner(systems)
+    first = args.batches[0]
+    marian_to_ours = {
+        systems.marian_ids[p]: i for p, i in systems.our_ids.items() if p in systems.marian_ids
+    }
+    ours_tokens = [list(t) for t in ours(ours_src[first], 1)]
+    hf_tokens = hf(hf_src[first], 1)
+    for name, tokens in (("transduce", ours_tokens), ("hf", hf_tokens)):
+        lengths = {len(t) + (name == "transduce") for t in tokens}  # ours: + the final EOS
+        if lengths != {STEPS}:
+            raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {sorted(lengths)}")
+    same = agreement(
+        [t[: STEPS - 1] for t in ours_tokens], [t[: STEPS - 1] for t in hf_tokens], marian_to_ours
+    )
+
+    results: dict[str, dict] = {}
+    for name, run, src in (("transduce", ours, ours_src), ("hf", hf, hf_src)):
+        print(f"timing {name} on {device} in {args.dtype} ...", file=sys.stderr, flush=True)
+        results[name] = _time(run, src, args, device)
+    return {
+        "size": size,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor(),
+        "systems": results,
+        "check_max_abs_diff_fp32_cpu": hf_diff,
+        "greedy_agreement": same,
+    }
+
+
+def summary(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    ours, hf = res["systems"]["transduce"], res["systems"]["hf"]
+    out: dict[str, Any] = {
+        "benchmark": "decode_gpu",
+        "device": res["device"],
+        "device_name": res["device_name"],
+        "dtype": args.dtype,
+        "quick": args.quick,
+    }
+    for n in args.batches:
+        for name in ("beam4", "greedy"):
+            out[f"gpu_{name}_b{n}_vs_hf"] = hf[f"{name}_b{n}"] / ours[f"{name}_b{n}"]
+    out["seconds"] = {
+        k: {f: v for f, v in r.items() if f != "peak_memory_gb"} for k, r in res["systems"].items()
+    }
+    out["peak_memory_gb"] = {k: r.get("peak_memory_gb") for k, r in res["systems"].items()}
+    out["greedy_agreement"] = res["greedy_agreement"]
+    out["check_max_abs_diff_fp32_cpu"] = res["check_max_abs_diff_fp32_cpu"]
+    out["size"] = res["size"]
+    out.update(
+        {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "repeats": args.repeats,
+        }
+    )
+    return {k: decode._round(v) for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    parser.add_argument("--quick", action="store_true", help="d_model 64, 2+2 layers, one repeat")
+    args = parser.parse_args(argv)
+    if any(n < 1 for n in args.batches):
+        parser.error("--batches: every batch needs at least one sentence")
+    if args.quick:
+        args.repeats = 1
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as tmp:
+        res = bench(args, Path(tmp))
+    out = summary(res, args)
+    for n in args.batches:
+        print(
+            f"batch {n}: beam 4 {out[f'gpu_beam4_b{n}_vs_hf']}x, greedy "
+            f"{out[f'gpu_greedy_b{n}_vs_hf']}x Hugging Face generate "
+            f"({args.dtype}, {res['device']})",
+            file=sys.stderr,
+        )
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""benchmarks/decode_gpu.py, dry-run on the CPU (CI has no GPU): the --quick run end to end in
+float32, where transduce's engine and Hugging Face generate must choose the same greedy tokens
+(agreement 1.0: a wrong weight or id map parts them), the ratio keys, and the agreement measure
+on a hand case. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module() -> types.ModuleType:
+    path = ROOT / "benchmarks" / "decode_gpu.py"
+    spec = importlib.util.spec_from_file_location("decode_gpu", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["decode_gpu"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["decode_gpu"]
+    return module
+
+
+def test_agreement_counts_equal_positions_after_mapping_ids() -> None:
+    dg = _module()
+    to_ours = {10: 1, 11: 2, 12: 3}
+    assert dg.agreement([[1, 2, 3]], [[10, 11, 12]], to_ours) == 1.0
+    assert dg.agreement([[1, 2, 3], [1, 1, 1]], [[10, 11, 11], [99, 10, 10]], to_ours) == 4 / 6
+
+
+def test_cpu_dry_run_agrees_with_hugging_face(capsys: pytest.CaptureFixture[str]) -> None:
+    dg = _module()
+    out = dg.main(["--device", "cpu", "--quick", "--dtype", "fp32", "--batches", "2", "3"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    assert out["device"] == "cpu" and out["dtype"] == "fp32"
+    assert out["greedy_agreement"] == 1.0
+    assert out["check_max_abs_diff_fp32_cpu"] <= 1e-3
+    for n in (2, 3):
+        for name in ("beam4", "greedy"):
+            assert out[f"gpu_{name}_b{n}_vs_hf"] > 0
+    assert out["peak_memory_gb"] == {"transduce": None, "hf": None}
