@@ -105,7 +105,7 @@ class Trainer:
         self.ddp = distributed.wrap(self.model, self.world)
         # train.compile: the DDP wrapper if any, else the model, compiled in place while training
         net = self.ddp if self.ddp is not None else self.model
-        self.compiled = CompiledForward(net, t.compile, self.device)
+        self.compiled = CompiledForward(net, t.compile, self.device, self.precision)
 
     def save(self) -> Path:
         """Write the step checkpoint of now (``RunFolder.save``); every rank must call it."""
