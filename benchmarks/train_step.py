@@ -520,9 +520,9 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                 ),
                 3,
             )
-    out["peak_fp32_gflops"] = round(res["peak_flops"]["fp32"] / 1e9, 1)
-    if "bf16" in res["peak_flops"]:
-        out["peak_bf16_gflops"] = round(res["peak_flops"]["bf16"] / 1e9, 1)
+    for p in PRECISIONS:  # the precisions timed only (--precisions bf16: no fp32 peak)
+        if p in res["peak_flops"]:
+            out[f"peak_{p}_gflops"] = round(res["peak_flops"][p] / 1e9, 1)
     return rows, out
 
 
@@ -628,7 +628,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
             f"{res['threads']} threads, batch {args.batch} x ({args.src_len} src, "
             f"{args.tgt_len} tgt), peak memory: {res['memory']}, "
-            f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 "
+            f"peak fp32 {out.get('peak_fp32_gflops', '-')} GFLOP/s, bf16 "
             f"{out.get('peak_bf16_gflops', '-')} GFLOP/s",
             rows,
         )

@@ -183,3 +183,12 @@ def test_a_quick_run_with_the_shape_flags(
     assert summary["small_flops_per_target_token"] == flops / (2 * 4)
     assert summary["small_fp32_mfu"] > 0 and summary["memory"] in ("rss_peak_rise", "none")
     assert "small_fp32_transduce_peak_mib" in summary
+
+
+def test_summary_of_bf16_alone() -> None:
+    """--precisions bf16 (what --paper-batch runs on a GPU): no fp32 peak is measured."""
+    ts = _train_step()
+    sizes = {"small": {"seconds_per_step": {"transduce/bf16": [1.0]}, "flops_per_step": 2e12}}
+    rows, out = ts.summarise({"sizes": sizes, "peak_flops": {"bf16": 4e12}})
+    assert out["small_bf16_mfu"] == 0.5 and out["peak_bf16_gflops"] == 4000.0
+    assert "peak_fp32_gflops" not in out and len(rows) == 1
