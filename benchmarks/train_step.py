@@ -50,8 +50,9 @@ temporaries), the weights and Adam's state left out, as the systems share one pr
 ``torch.cuda.max_memory_allocated`` less ``memory_allocated`` before (``cuda_allocated_rise``);
 on a CPU the process's peak resident set less its resident set before (``rss_peak_rise``:
 Linux's VmHWM, reset through /proc/self/clear_refs; what the allocator keeps cached from earlier
-steps is not counted again). Where the peak cannot be reset, ``memory`` is ``none`` and the
-figures are left out.
+steps is not counted again: with malloc tuning on, glibc keeps freed memory and a step reuses it,
+so the rise reads near 0; read the ``malloc_off`` figures). Where the peak cannot be reset,
+``memory`` is ``none`` and the figures are left out.
 
 glibc malloc tuning (``transduce.runtime.tune_malloc``) cannot be undone inside a process, so each
 configuration runs in its own subprocess: ``on`` calls ``tune_malloc()`` first (all three systems
