@@ -15,7 +15,7 @@
 #   train_eager  `transduce train` at 25k-token batches for ~30 s: steady target tokens/s
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
-#   torchrun     2 ranks on NCCL (only with 2 GPUs or more)
+#   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
 #   decode       benchmarks/decode.py --device cuda --quick (only where it has --device)
 #
 # Each step runs under `timeout`, its output in $OUT/<step>.log; a failure is recorded and the
@@ -265,6 +265,10 @@ else
     step torchrun 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
         -m transduce train --config "$OUT/tiny.yaml" --out "$OUT/torchrun" --set device=cuda \
         --set max_steps=100 --quiet
+    # the DDP wrapper compiled (train.compile under torchrun: training/compiling.py)
+    step torchrun_compile 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+        -m transduce train --config "$OUT/tiny.yaml" --out "$OUT/torchrun_compile" \
+        --set device=cuda --set max_steps=100 --set compile=default --quiet
 fi
 
 # --- benchmarks/decode.py on the device, where it has --device ----------------------------------

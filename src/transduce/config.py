@@ -163,7 +163,8 @@ class TrainConfig(_Section):
     # each batch's source and target padded to a multiple of this, counted so in max_tokens:
     # fewer distinct shapes, each of which costs the CPU matrix library a kernel compile, a GPU
     # a torch.compile recompile or CUDA graph (1 = none). auto: 8 on a CUDA device or with
-    # compile on, else 1 (training.feed.pad_multiple_for)
+    # compile on, else 1 (training.feed.pad_multiple_for; so a resume on another kind of device
+    # may cut the epoch's batches anew)
     pad_multiple: int | Literal["auto"] = 1
     max_len: int = 256  # training pairs with a longer side are dropped
     max_steps: int = 100_000
