@@ -1,8 +1,9 @@
 """Training-step speed: transduce against torch.nn.Transformer and Hugging Face MarianMTModel.
 
 One training step is forward + label-smoothed loss + backward + Adam step + zero_grad, on a batch of
-64 sentence pairs of 24 source and 24 target tokens (no padding), on ``--threads`` CPU threads
-(2 by default). Sizes:
+64 sentence pairs of 24 source and 24 target tokens (no padding; ``--batch N --src-len S
+--tgt-len T`` for others, ``--paper-batch`` for 1024 x (24 + 24): about the paper's 25k target
+tokens a batch), on ``--threads`` CPU threads (2 by default). Sizes:
 
     SMALL  d_model 256, 3+3 layers, 4 heads, d_k = d_v = 64, d_ff 1024, shared vocabulary 8000
     BASE   the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048), vocabulary 37000
@@ -43,6 +44,16 @@ attention term: 46.0 MFLOP per target token for SMALL, 380.6 for BASE. MFU = (FL
 and after the timed steps, with the same threads (the fp32 peak for fp32 runs, the bf16 peak for
 bf16 runs).
 
+Peak memory of a step, per system and precision (one extra step after the timed ones), as the
+rise over what was there before the step: what the step itself needs (activations, gradients,
+temporaries), the weights and Adam's state left out, as the systems share one process. On a GPU
+``torch.cuda.max_memory_allocated`` less ``memory_allocated`` before (``cuda_allocated_rise``);
+on a CPU the process's peak resident set less its resident set before (``rss_peak_rise``:
+Linux's VmHWM, reset through /proc/self/clear_refs; what the allocator keeps cached from earlier
+steps is not counted again: with malloc tuning on, glibc keeps freed memory and a step reuses it,
+so the rise reads near 0; read the ``malloc_off`` figures). Where the peak cannot be reset,
+``memory`` is ``none`` and the figures are left out.
+
 glibc malloc tuning (``transduce.runtime.tune_malloc``) cannot be undone inside a process, so each
 configuration runs in its own subprocess: ``on`` calls ``tune_malloc()`` first (all three systems
 share the process and so all profit), ``off`` runs with TRANSDUCE_MALLOC_TUNING=0. The headline
@@ -51,6 +62,7 @@ JSON figures are from ``on`` (what ``transduce train`` does); the ``off`` figure
 
     python benchmarks/train_step.py [--quick] [--malloc both|on|off] [--rounds N] [--threads 2]
                                     [--device cuda] [--sizes base] [--precisions bf16]
+                                    [--batch 64 --src-len 24 --tgt-len 24 | --paper-batch]
 
 On a GPU (``--device cuda``) the same steps run there, timed with the device synchronised, the
 peak measured there (4096^3 and 8192^3 products), 20 steps a round; fp32 means true float32
@@ -63,6 +75,7 @@ package.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -79,6 +92,7 @@ from torch import Tensor, nn
 
 PAD, BOS, EOS = 0, 2, 3
 BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
+PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a batch
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
 
 SIZES: dict[str, dict[str, int]] = {
@@ -175,6 +189,52 @@ def measure_peak(
                 sync(device)
                 best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
     return best
+
+
+# ------------------------------------------------------------------------------------------------
+# peak memory of a step
+
+
+def _status_kib(field: str) -> int:
+    """A ``VmHWM`` / ``VmRSS`` line of /proc/self/status, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def memory_measure(device: torch.device) -> str:
+    """How ``step_peak_mib`` measures on ``device``: ``cuda_allocated_rise``, ``rss_peak_rise``
+    (Linux, the peak resettable) or ``none``."""
+    if device.type == "cuda":
+        return "cuda_allocated_rise"
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux 4.0+)
+        _status_kib("VmHWM")
+    except OSError:
+        return "none"
+    return "rss_peak_rise"
+
+
+def step_peak_mib(step: Callable[[], None], device: torch.device, measure: str) -> float | None:
+    """Peak memory of one call of ``step`` over the level before it, in MiB, as ``measure`` says
+    (``memory_measure``): allocated tensors on a GPU, the resident set on a CPU."""
+    if measure == "cuda_allocated_rise":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        sync(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    if measure == "rss_peak_rise":
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_kib("VmRSS")
+        step()
+        return max(0, _status_kib("VmHWM") - before) / 1024
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -349,11 +409,15 @@ def run_worker(args: argparse.Namespace) -> dict:
     tuned = tune_malloc()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    batch, src_len, tgt_len = args.batch, args.src_len, args.tgt_len
+    measure = memory_measure(device)
     result: dict = {
         "malloc_tuning": tuned,
         "threads": torch.get_num_threads(),
         "sizes": {},
         "device": describe_device(device),
+        "shape": [batch, src_len, tgt_len],
+        "memory": measure,
     }
     # the precisions timed only: a CPU without bfloat16 emulates it, minutes a product
     peaks = {p: measure_peak(PEAK_DTYPES[p], device) for p in args.precisions}
@@ -361,8 +425,8 @@ def run_worker(args: argparse.Namespace) -> dict:
     for size_name in args.sizes:
         size = SIZES[size_name]
         v = size["vocab"]
-        src = torch.randint(4, v, (BATCH, SRC_LEN), generator=g).to(device)
-        tgt = torch.randint(4, v, (BATCH, TGT_LEN + 1), generator=g).to(device)
+        src = torch.randint(4, v, (batch, src_len), generator=g).to(device)
+        tgt = torch.randint(4, v, (batch, tgt_len + 1), generator=g).to(device)
         tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
         warmup, steps, rounds = SCHEDULE[size_name] if device.type == "cpu" else GPU_SCHEDULE
         rounds = args.rounds or rounds
@@ -387,12 +451,17 @@ def run_worker(args: argparse.Namespace) -> dict:
                 file=sys.stderr,
                 flush=True,
             )
+        memory: dict[str, float | None] = {}
+        for s, p in keys:
+            step = functools.partial(runners[s].step, src, tgt_in, tgt_out, p)
+            memory[f"{s}/{p}"] = step_peak_mib(step, device, measure)
         # the peak again, after the heavy work: the better of the two is the machine's peak now
         peaks = {p: max(peaks[p], measure_peak(PEAK_DTYPES[p], device)) for p in peaks}
         result["sizes"][size_name] = {
             "seconds_per_step": times,
-            "flops_per_step": flops_per_step(size),
+            "flops_per_step": flops_per_step(size, batch, src_len, tgt_len),
             "matrix_params": {s: matrix_params(r.model) for s, r in runners.items()},
+            "peak_mib": memory,
         }
         del runners
     result["peak_flops"] = peaks
@@ -406,7 +475,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 def summarise(res: dict) -> tuple[list[list[str]], dict]:
     rows: list[list[str]] = []
     out: dict = {}
-    tokens = BATCH * TGT_LEN
+    batch, _, tgt_len = res.get("shape", (BATCH, SRC_LEN, TGT_LEN))
+    tokens = batch * tgt_len
     for size_name, sres in res["sizes"].items():
         times = sres["seconds_per_step"]
         flops = sres["flops_per_step"]
@@ -423,7 +493,10 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                 tps = tokens / med
                 mfu = flops / med / res["peak_flops"][p]
                 ratio = statistics.median(th / us for th, us in zip(times[key], ours))
+                mib = sres.get("peak_mib", {}).get(key)
                 out[f"{size_name}_{p}_{s}_tokens_per_s"] = round(tps, 1)
+                out[f"{size_name}_{p}_{s}_mfu"] = round(mfu, 4)
+                out[f"{size_name}_{p}_{s}_peak_mib"] = None if mib is None else round(mib, 1)
                 if s == "transduce":
                     out[f"{size_name}_{p}_mfu"] = round(mfu, 4)
                 else:
@@ -437,6 +510,7 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                         f"{med * 1e3:,.0f}",
                         f"{min(times[key]) * 1e3:,.0f}",
                         f"{mfu:.1%}",
+                        "-" if mib is None else f"{mib:,.0f}",
                         "1.00" if s == "transduce" else f"{ratio:.2f}",
                     ]
                 )
@@ -447,21 +521,31 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                 ),
                 3,
             )
-    out["peak_fp32_gflops"] = round(res["peak_flops"]["fp32"] / 1e9, 1)
-    if "bf16" in res["peak_flops"]:
-        out["peak_bf16_gflops"] = round(res["peak_flops"]["bf16"] / 1e9, 1)
+    for p in PRECISIONS:  # the precisions timed only (--precisions bf16: no fp32 peak)
+        if p in res["peak_flops"]:
+            out[f"peak_{p}_gflops"] = round(res["peak_flops"][p] / 1e9, 1)
     return rows, out
 
 
 def print_table(title: str, rows: list[list[str]]) -> None:
-    head = ["size", "prec", "system", "tgt tok/s", "ms/step", "best ms", "MFU", "ours/theirs"]
+    head = ["size", "prec", "system", "tgt tok/s", "ms/step", "best ms", "MFU", "peak MiB"]
+    head.append("ours/theirs")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     print(f"\n{title}")
     for r in [head, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
-def main() -> None:
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--paper-batch`` sets batch, src_len and tgt_len (and refuses others)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="SMALL only")
     parser.add_argument("--malloc", choices=["both", "on", "off"], default="both")
@@ -475,10 +559,31 @@ def main() -> None:
     parser.add_argument(
         "--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS)
     )
+    parser.add_argument("--batch", type=positive, default=None, help=f"sentences ({BATCH})")
+    parser.add_argument("--src-len", type=positive, default=None, help=f"tokens ({SRC_LEN})")
+    parser.add_argument("--tgt-len", type=positive, default=None, help=f"tokens ({TGT_LEN})")
+    parser.add_argument(
+        "--paper-batch",
+        action="store_true",
+        help=f"{PAPER_BATCH} sentences x ({SRC_LEN} + {TGT_LEN}) tokens: the paper's ~25k target "
+        "tokens a batch",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    given = [args.batch, args.src_len, args.tgt_len]
+    if args.paper_batch and any(x is not None for x in given):
+        parser.error("--paper-batch sets --batch, --src-len and --tgt-len: give one or the other")
+    default = (PAPER_BATCH if args.paper_batch else BATCH, SRC_LEN, TGT_LEN)
+    args.batch, args.src_len, args.tgt_len = (
+        d if x is None else x for x, d in zip(given, default, strict=True)
+    )
     if args.sizes is None:
         args.sizes = ["small"] if args.quick else ["small", "base"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(run_worker(args)), flush=True)
         return
@@ -505,6 +610,12 @@ def main() -> None:
             *args.systems,
             "--precisions",
             *args.precisions,
+            "--batch",
+            str(args.batch),
+            "--src-len",
+            str(args.src_len),
+            "--tgt-len",
+            str(args.tgt_len),
         ]
         print(f"malloc tuning {setting}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
@@ -516,8 +627,9 @@ def main() -> None:
         rows, out = summarise(res)
         print_table(
             f"{res['device']}, malloc tuning {setting} (applied: {res['malloc_tuning']}), "
-            f"{res['threads']} threads, batch {BATCH} x ({SRC_LEN} src, {TGT_LEN} tgt), "
-            f"peak fp32 {out['peak_fp32_gflops']} GFLOP/s, bf16 "
+            f"{res['threads']} threads, batch {args.batch} x ({args.src_len} src, "
+            f"{args.tgt_len} tgt), peak memory: {res['memory']}, "
+            f"peak fp32 {out.get('peak_fp32_gflops', '-')} GFLOP/s, bf16 "
             f"{out.get('peak_bf16_gflops', '-')} GFLOP/s",
             rows,
         )
@@ -543,6 +655,10 @@ def main() -> None:
     ):
         summary.setdefault(key, None)
     summary.update(
+        batch=args.batch,
+        src_len=args.src_len,
+        tgt_len=args.tgt_len,
+        memory=results[settings[0]]["memory"],
         torch=torch.__version__,
         machine=describe_device(torch.device("cpu")),
         cpus=os.cpu_count(),

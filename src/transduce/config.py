@@ -161,8 +161,11 @@ class TrainConfig(_Section):
     max_tokens: int = 4096  # source+target-padded tokens per batch (max of the two)
     update_freq: int = 1  # batches accumulated per optimizer step
     # each batch's source and target padded to a multiple of this, counted so in max_tokens:
-    # fewer distinct shapes, each of which costs the CPU matrix library a kernel compile (1 = none)
-    pad_multiple: int = 1
+    # fewer distinct shapes, each of which costs the CPU matrix library a kernel compile, a GPU
+    # a torch.compile recompile or CUDA graph (1 = none). auto: 8 on a CUDA device or with
+    # compile on, else 1 (training.feed.pad_multiple_for; so a resume on another kind of device
+    # may cut the epoch's batches anew)
+    pad_multiple: int | Literal["auto"] = 1
     max_len: int = 256  # training pairs with a longer side are dropped
     max_steps: int = 100_000
     max_epochs: int = 0  # 0 = no limit
@@ -183,6 +186,9 @@ class TrainConfig(_Section):
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)
     tensorboard: bool = True  # also log metrics to run_dir/tensorboard (needs tensorboard)
+    # torch.compile the model's forward for training (training/compiling.py): false, or a mode of
+    # torch.compile; reduce-overhead (CUDA graphs) is refused on a CPU. Not in the checkpoints
+    compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False
 
     def _check(self) -> None:
         _positive(
@@ -190,7 +196,6 @@ class TrainConfig(_Section):
             "warmup",
             "max_tokens",
             "update_freq",
-            "pad_multiple",
             "max_len",
             "max_steps",
             "keep_last",
@@ -210,6 +215,12 @@ class TrainConfig(_Section):
             "weight_decay",
         )
         _fraction(self, "label_smoothing")
+        if self.pad_multiple != "auto":
+            _positive(self, "pad_multiple")
+        if self.compile is True:  # one spelling per choice: a mode, or false
+            raise UserError(
+                "compile must be false or one of default, reduce-overhead, max-autotune; got true"
+            )
         if not 0.0 <= self.cooldown <= 1.0:
             raise UserError(f"cooldown must be in [0, 1]; got {self.cooldown}")
         if self.average_last > self.keep_last:
@@ -448,8 +459,15 @@ def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
         if value not in allowed:
             raise UserError(f"{where} must be one of {', '.join(map(str, allowed))}; got {value!r}")
         return value
-    if origin in (types.UnionType, typing.Union):
-        raise AssertionError(f"unsupported config type for {where}")
+    if origin in (types.UnionType, typing.Union):  # the first alternative that takes it
+        choices = sorted(get_args(hint), key=lambda h: get_origin(h) is not Literal)
+        for choice in choices:  # a Literal first: "auto" is no integer, "false" no mode
+            try:
+                return _typed(where, choice, value, from_text=from_text)
+            except UserError:
+                pass
+        wanted = " or ".join(_described(choice) for choice in choices)
+        raise UserError(f"{where} must be {wanted}; got {value!r}")
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -487,6 +505,14 @@ def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
             return value
         raise UserError(f"{where} must be a string; got {value!r}")
     raise AssertionError(f"unsupported config type {hint} for {where}")
+
+
+def _described(hint: Any) -> str:
+    """What a value of type ``hint`` must be, in words (for a union's UserError)."""
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, get_args(hint)))
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return words[hint]
 
 
 def _key_class(section: str, key: str) -> type:

@@ -5,6 +5,8 @@ per-round ratios)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -98,3 +100,95 @@ def test_summary_keys_and_median_ratios() -> None:
     assert out["small_fp32_mfu"] == pytest.approx(1e12 / 1.0 / 4e12, rel=1e-3)
     assert out["small_bf16_over_fp32"] == 2.0  # per-round 2, 2, 8
     assert len(rows) == 12
+
+
+def test_shape_flags_and_the_paper_batch() -> None:
+    ts = _train_step()
+    args = ts.parse_args([])
+    assert (args.batch, args.src_len, args.tgt_len) == (64, 24, 24)
+    args = ts.parse_args(["--batch", "8", "--src-len", "5", "--tgt-len", "7"])
+    assert (args.batch, args.src_len, args.tgt_len) == (8, 5, 7)
+    args = ts.parse_args(["--paper-batch"])
+    assert (args.batch, args.src_len, args.tgt_len) == (1024, 24, 24)
+    assert args.batch * args.tgt_len == 24_576  # about the paper's 25k target tokens
+    for bad in (["--paper-batch", "--batch", "8"], ["--batch", "0"]):
+        with pytest.raises(SystemExit):
+            ts.parse_args(bad)
+
+
+def test_summary_counts_the_tokens_of_the_shape_and_reports_memory() -> None:
+    ts = _train_step()
+    times = {"transduce/fp32": [2.0, 2.0], "torch/fp32": [4.0, 4.0]}
+    sizes = {
+        "small": {
+            "seconds_per_step": times,
+            "flops_per_step": 1e12,
+            "peak_mib": {"transduce/fp32": 100.0, "torch/fp32": None},
+        }
+    }
+    res = {"sizes": sizes, "peak_flops": {"fp32": 1e12}, "shape": [8, 5, 10]}
+    rows, out = ts.summarise(res)
+    assert out["small_fp32_transduce_tokens_per_s"] == 8 * 10 / 2.0
+    assert out["small_flops_per_target_token"] == 1e12 / 80
+    assert out["small_fp32_transduce_peak_mib"] == 100.0
+    assert out["small_fp32_torch_peak_mib"] is None  # not measured: said, not made up
+    assert out["small_fp32_mfu"] == out["small_fp32_transduce_mfu"] == 0.5
+    assert out["small_fp32_torch_mfu"] == 0.25 and out["small_fp32_vs_torch"] == 2.0
+
+
+def test_peak_memory_of_a_step_sees_what_it_allocates() -> None:
+    ts = _train_step()
+    cpu = torch.device("cpu")
+    measure = ts.memory_measure(cpu)
+    if measure == "none":
+        pytest.skip("this system cannot reset its peak resident set (/proc/self/clear_refs)")
+    assert measure == "rss_peak_rise"
+
+    def step() -> None:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched, then freed
+        assert block.sum() > 0
+
+    assert ts.step_peak_mib(step, cpu, measure) >= 60
+    assert ts.step_peak_mib(lambda: None, cpu, measure) < 30
+
+
+def test_a_quick_run_with_the_shape_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark end to end on a tiny shape, one round of transduce alone: the worker's
+    command line as the parent writes it, run in this process (malloc tuning, which a process
+    cannot undo, and the seconds of the peak FLOP/s product loop left out), then the JSON line
+    with the shape, MFU and peak memory."""
+    import transduce.runtime
+
+    ts = _train_step()
+    monkeypatch.setattr(transduce.runtime, "tune_malloc", lambda: False)
+    monkeypatch.setattr(ts, "measure_peak", lambda dtype, device=None: 1e12)
+    commands: list[list[str]] = []
+
+    def worker(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        commands.append(cmd)
+        result = ts.run_worker(ts.parse_args(cmd[2:]))
+        return subprocess.CompletedProcess(cmd, 0, "RESULT " + json.dumps(result) + "\n")
+
+    # the script's own view of the module (platform, which the worker asks, needs the real one)
+    monkeypatch.setattr(ts, "subprocess", types.SimpleNamespace(run=worker, PIPE=subprocess.PIPE))
+    flags = ["--quick", "--malloc", "on", "--rounds", "1", "--systems", "transduce"]
+    flags += ["--precisions", "fp32", "--threads", str(torch.get_num_threads())]
+    ts.main([*flags, "--batch", "2", "--src-len", "3", "--tgt-len", "4"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "--batch 2 --src-len 3 --tgt-len 4" in " ".join(commands[0])
+    assert (summary["batch"], summary["src_len"], summary["tgt_len"]) == (2, 3, 4)
+    flops = ts.flops_per_step(ts.SIZES["small"], 2, 3, 4)
+    assert summary["small_flops_per_target_token"] == flops / (2 * 4)
+    assert summary["small_fp32_mfu"] > 0 and summary["memory"] in ("rss_peak_rise", "none")
+    assert "small_fp32_transduce_peak_mib" in summary
+
+
+def test_summary_of_bf16_alone() -> None:
+    """--precisions bf16 (what --paper-batch runs on a GPU): no fp32 peak is measured."""
+    ts = _train_step()
+    sizes = {"small": {"seconds_per_step": {"transduce/bf16": [1.0]}, "flops_per_step": 2e12}}
+    rows, out = ts.summarise({"sizes": sizes, "peak_flops": {"bf16": 4e12}})
+    assert out["small_bf16_mfu"] == 0.5 and out["peak_bf16_gflops"] == 4000.0
+    assert "peak_fp32_gflops" not in out and len(rows) == 1

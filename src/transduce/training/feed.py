@@ -34,6 +34,22 @@ from transduce.training.progress import Progress
 Resegment = Callable[[int], Sequence[Pair]]
 
 
+# pad_multiple auto on a CUDA device, or with compile on: every new (batch, source, target) shape
+# costs torch.compile a recompile (until it turns to dynamic shapes) and reduce-overhead a CUDA
+# graph of its own, and 8 is the multiple tensor cores want of a bf16/fp16 matrix dimension
+AUTO_PAD_MULTIPLE = 8
+
+
+def pad_multiple_for(t: TrainConfig, device: torch.device) -> int:
+    """The multiple that batch lengths are padded to: ``t.pad_multiple``, or for ``auto``
+    ``AUTO_PAD_MULTIPLE`` on a CUDA device or with ``t.compile`` on, else 1 (a CPU's eager
+    training as it was: its matrix library's kernel cache absorbs new shapes, and padding is
+    work)."""
+    if t.pad_multiple != "auto":
+        return t.pad_multiple
+    return AUTO_PAD_MULTIPLE if device.type == "cuda" or t.compile else 1
+
+
 class EpochReader:
     """One epoch's ``batches`` of this rank (index arrays into the pairs), an update's worth
     (``update_freq`` batches, ``read(first)``) at a time, the next one read on a background
@@ -115,7 +131,7 @@ class BatchFeed:
         """This rank's batches of ``epoch``, read in pinned memory for a CUDA ``device`` (the
         copy overlaps); called once as each epoch starts (or resumes), which is when
         ``resegment`` draws that epoch's pairs."""
-        t = self.t
+        t, multiple = self.t, pad_multiple_for(self.t, device)
         if self.resegment is not None:
             self._use(self.resegment(epoch))
         batches = distributed.shard(
@@ -124,7 +140,7 @@ class BatchFeed:
                 t.max_tokens,
                 seed=t.seed,
                 epoch=epoch,
-                pad_multiple=t.pad_multiple,
+                pad_multiple=multiple,
             ),
             self.world,
         )
@@ -133,9 +149,9 @@ class BatchFeed:
             batches,
             t.update_freq,
             pin=device.type == "cuda",
-            pad_multiple=t.pad_multiple,
+            pad_multiple=multiple,
         )
         return EpochReader(batches, read, t.update_freq)
 
 
-__all__ = ["BatchFeed", "EpochReader", "Resegment"]
+__all__ = ["AUTO_PAD_MULTIPLE", "BatchFeed", "EpochReader", "Resegment", "pad_multiple_for"]

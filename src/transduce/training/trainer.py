@@ -34,6 +34,7 @@ from transduce.config import Config
 from transduce.data.batching import Batch, Pair
 from transduce.data.vocab import PAD, Vocab
 from transduce.training import distributed, guard
+from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.loss_window import LossWindow
@@ -102,6 +103,9 @@ class Trainer:
         seed_all(t.seed + self.world.rank)
         self.progress = self.folder.start(resume=resume, allow_change=tuple(allow_change))
         self.ddp = distributed.wrap(self.model, self.world)
+        # train.compile: the DDP wrapper if any, else the model, compiled in place while training
+        net = self.ddp if self.ddp is not None else self.model
+        self.compiled = CompiledForward(net, t.compile, self.device, self.precision)
 
     def save(self) -> Path:
         """Write the step checkpoint of now (``RunFolder.save``); every rank must call it."""
@@ -174,7 +178,10 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         """Validation loss and perplexity, plus the task's own metrics from ``validator``."""
-        return validate(self.model, self.valid_pairs, self.validator, self.cfg.train, self.device)
+        with self.compiled.eager():  # eval mode, other shapes: not worth graphs of their own
+            return validate(
+                self.model, self.valid_pairs, self.validator, self.cfg.train, self.device
+            )
 
     def _validate_and_decide(self) -> tuple[dict[str, float], str | None]:
         """Rank 0 validates, logs, keeps best.pt and decides on early stopping; all ranks
@@ -219,12 +226,14 @@ class Trainer:
             print(line, file=sys.stderr)
             self.folder.log.open(self.progress.step)
         self.signals = SignalWatch()
+        self.compiled.attach()
         try:
             with self.signals:
                 summary = self._train(started, base_elapsed)
             self.signals.say_if_late()  # too late to stop it: say why the run did not stop
             return summary
         finally:
+            self.compiled.release()
             if self.display is not None:
                 self.display.close()
             self.folder.log.close()
@@ -257,7 +266,9 @@ class Trainer:
         t, p, display = self.cfg.train, self.progress, self.display
         assert display is not None
         validated, reason = None, None
+        self.compiled.start_update()
         update = self._update(group)
+        self._report_compile()
         p.elapsed = base_elapsed + time.monotonic() - started
         guard.count(p, update)
         if update.skipped is not None:  # shown, logged; Diverged after max_bad_updates in a row
@@ -284,6 +295,14 @@ class Trainer:
             self._preempt()
         return validated, reason or self._should_stop(started, base_elapsed)
 
+    def _report_compile(self) -> None:
+        """After the first update with train.compile on: its time and the compiling's, on
+        stderr and in metrics.jsonl (``training/compiling.py``)."""
+        record = self.compiled.end_update(self.progress.step + 1)  # the step it makes
+        if record is not None and self.world.is_main:
+            print(self.compiled.line(), file=sys.stderr)
+            self.folder.record(record)
+
     def _preempt(self) -> NoReturn:
         """A resumable checkpoint (unless the last one is of this very moment), then
         ``Preempted``: a stop signal reached a rank (training/preemption.py)."""
@@ -294,7 +313,8 @@ class Trainer:
         p = self.progress
         self.save()  # the final state, best score included, for --resume with a larger budget
         self.folder.finish()  # model.pt (averaged over the last checkpoints), model.safetensors
-        return run_summary(reason, p, self.feed.n_filtered, last_metrics)
+        summary = run_summary(reason, p, self.feed.n_filtered, last_metrics)
+        return {**summary, **self.compiled.totals()}  # compile off: nothing added
 
 
 __all__ = ["StepCallback", "Trainer"]
