@@ -16,7 +16,8 @@
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
 #   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
-#   decode       benchmarks/decode.py --device cuda --quick (only where it has --device)
+#   decode       benchmarks/decode_gpu.py: the engine against transformers generate, bf16,
+#                batches 32 and 128, beam 4 and greedy (OPUS-MT-sized imported model)
 #
 # Each step runs under `timeout`, its output in $OUT/<step>.log; a failure is recorded and the
 # next step runs. The summary (each step's status and seconds, then the figures) comes last
@@ -271,15 +272,15 @@ else
         --set device=cuda --set max_steps=100 --set compile=default --quiet
 fi
 
-# --- benchmarks/decode.py on the device, where it has --device ----------------------------------
-if ! grep -q -- '"--device"' benchmarks/decode.py; then
-    skip decode "benchmarks/decode.py has no --device (yet)"
-elif [[ $dry == 1 ]]; then
-    skip decode "a GPU run only (decode.py's CPU runs are its own)"
+# --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
+if [[ $dry == 1 ]]; then
+    step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
+        --batches 2 4
 else
-    step decode 90 "$PY" benchmarks/decode.py --quick --device "$device"
-    figure "decode: $(tail -n 1 "$OUT/decode.log")"
+    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
+        --batches 32 128 --repeats 3
 fi
+figure "decode: $(tail -n 1 "$OUT/decode.log")"
 
 {
     echo
