@@ -9,12 +9,15 @@ model's weights once.
   x86 CPUs not made by Intel, where MKL's sgemm runs without its AVX-512 kernels;
 - for one row, W^T's columns in P blocks multiplied by one ``bmm`` (``split_columns``), so P
   threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
-  fast one core reads W.
+  fast one core reads W;
+- for int8 decoding (``ProjectionLayout.int8``), W quantised per output channel and every row
+  count through one int8 kernel (``Int8Projection``; ``kernels.quantized``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +29,7 @@ from transduce.kernels.matmul import (
     use_onednn,
 )
 from transduce.kernels.options import Matmul
+from transduce.kernels.quantized import fbgemm_linear, fbgemm_packed, quantize_weight
 
 
 def one_row_is_read_bound(weight: Tensor) -> bool:
@@ -41,24 +45,41 @@ def one_row_is_read_bound(weight: Tensor) -> bool:
 class ProjectionLayout:
     """How a model's ``Projection``s multiply, chosen once for its weights (``choose``): through
     oneDNN's inner product on W in its own blocked layout (``onednn``) or MKL's ``addmm`` on W^T,
-    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split)."""
+    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split);
+    or, with ``int8``, W quantised to int8 and every row count through ``Int8Projection``."""
 
     onednn: bool = False
     one_row_parts: int = 1
+    int8: bool = False
 
     def __post_init__(self) -> None:
         if self.one_row_parts < 1:
             raise ValueError(f"one_row_parts must be at least 1, not {self.one_row_parts}")
+        if self.int8 and (self.onednn or self.one_row_parts != 1):
+            raise ValueError("an int8 layout has one kernel for every row count: no other choice")
 
     @classmethod
     def choose(
-        cls, weight: Tensor, matmul: Matmul = "auto", one_row_parts: int | None = None
+        cls,
+        weight: Tensor,
+        matmul: Matmul = "auto",
+        one_row_parts: int | None = None,
+        *,
+        int8: bool = False,
     ) -> ProjectionLayout:
         """The layout for a model whose weights are like ``weight`` (device, dtype): oneDNN
         where ``use_onednn(matmul, weight)`` says so (on x86 CPUs not made by Intel for
         "auto"), else MKL; ``one_row_parts`` None = ``torch.get_num_threads()`` where
         ``one_row_is_read_bound(weight)``, else 1. The thread count is read now: a later change
-        keeps the split."""
+        keeps the split. ``int8``: the int8 layout (float32 weights on the CPU only, a
+        ValueError otherwise; ``matmul`` and ``one_row_parts`` then choose nothing)."""
+        if int8:
+            if weight.device.type != "cpu" or weight.dtype != torch.float32:
+                raise ValueError(
+                    f"int8 projections quantise float32 CPU weights, not {weight.dtype} on "
+                    f"{weight.device}"
+                )
+            return cls(int8=True)
         if one_row_parts is None:
             one_row_parts = torch.get_num_threads() if one_row_is_read_bound(weight) else 1
         return cls(use_onednn(matmul, weight), one_row_parts)
@@ -116,7 +137,10 @@ class Projection:
         """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``layout.onednn``; with
         ``layout.one_row_parts`` P > 1, one row multiplies P column blocks at once
         (``split_columns``). ``one_row=False``: no layout kept for one row alone (a projection
-        that takes many rows; one row then goes through the layout of many)."""
+        that takes many rows; one row then goes through the layout of many). With
+        ``layout.int8``, an ``Int8Projection`` of W quantised."""
+        if layout.int8:
+            return Int8Projection.quantized(weight, bias)
         bias = None if bias is None else bias.clone()
         parts = layout.one_row_parts
         split = parts > 1 and one_row
@@ -152,7 +176,29 @@ class Projection:
         return y if y.size(1) == self.out_features else y[:, : self.out_features]
 
 
+@dataclass(frozen=True)
+class Int8Projection(Projection):
+    """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per
+    tensor on every call (``kernels.quantized``): one kernel for every row count, the fastest
+    measured (benchmarks/int8_kernels.py). ``bias`` is b as given (float32); ``packed`` holds
+    W's int8 copy with its scales and b. Made by ``quantized`` (or ``Projection.of`` with an
+    int8 layout)."""
+
+    packed: Any = None
+
+    @classmethod
+    def quantized(cls, weight: Tensor, bias: Tensor | None) -> Int8Projection:
+        """W (out, in) and b (out,), float, quantised and packed (no float copy of W kept)."""
+        bias = None if bias is None else bias.detach().float().clone()
+        packed = fbgemm_packed(quantize_weight(weight), bias)
+        return cls(weight.size(0), bias, None, None, None, None, packed)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return fbgemm_linear(x, self.packed)
+
+
 __all__ = [
+    "Int8Projection",
     "Projection",
     "ProjectionLayout",
     "one_row_is_read_bound",
