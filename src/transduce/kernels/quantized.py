@@ -3,14 +3,16 @@ per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and
 tensor on every call (dynamic quantisation), the sums in int32, the result float32.
 
 The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
-fbgemm-prepacked weights), the fastest measured of three (benchmarks/int8_kernels.py; figures in
-benchmarks/RESULTS.md), at every row count the engine multiplies (1, 4, 128, 640 rows; d_model
-256 and 512, vocabularies 8000 to 32000): 0.1 to 0.45 of float32's time, except the encoder's
-640 rows against a vocabulary-sized weight, which the engine never multiplies. oneDNN's int8
-inner product (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it
-builds its kernel, so dynamic activations built a new kernel every call (hundreds of times
-slower); ``torch._weight_int8pack_mm`` (int8 weights, float activations) ran 4 to 50 times
-slower than float32.
+fbgemm-prepacked weights), the fastest of three measured by benchmarks/int8_kernels.py on the
+AMD Zen 5 (AVX512-VNNI, no AMX; 1 thread, 2026-11-26, under load), at every row count the engine
+multiplies (1, 4, 128, 640 rows; weights 1536x512, 2048x512, 8000x256, 32000x512): 0.1 to 0.45
+of the float32 ``Projection``'s time, except 640 rows against a vocabulary-sized weight (0.7 to
+1.1), which the engine never multiplies (the encoder has no such weight). oneDNN's int8 inner
+product (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its
+kernel, so dynamic activations built a new kernel every call (2 to 1000 times float32's time);
+``torch._weight_int8pack_mm`` (int8 weights, float activations) took 4 to 50 times float32's.
+Not measured on Intel CPUs with AMX, where fbgemm runs its AVX512-VNNI kernels (it has no AMX
+ones): rerun benchmarks/int8_kernels.py there before giving oneDNN a rule of its own.
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
 Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by
