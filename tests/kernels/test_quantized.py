@@ -3,11 +3,18 @@ of where int8 may run (CPU flags, the forcing variable, the device)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from transduce.kernels import quantized
-from transduce.kernels.projection import Int8Projection, Projection, ProjectionLayout
+from transduce.kernels.projection import (
+    INT8_ONE_ROW_MIN_ELEMENTS,
+    Int8Projection,
+    Projection,
+    ProjectionLayout,
+)
 from transduce.kernels.quantized import int8_refusal, quantize_weight
 
 # rows that are exactly a scale times integers in [-127, 127], each row's largest 127
@@ -81,11 +88,32 @@ def test_int8_projection_error_is_bounded_by_the_quantisation_steps(rows: int, b
 
 def test_int8_layout_takes_float32_cpu_weights_only() -> None:
     w = torch.zeros(6, 4)
-    assert ProjectionLayout.choose(w, int8=True) == ProjectionLayout(int8=True)
+    layout = ProjectionLayout.choose(w, int8=True)
+    assert layout.int8 and dataclasses.replace(layout, int8=False) == ProjectionLayout.choose(w)
     with pytest.raises(ValueError, match="float32 CPU weights"):
         ProjectionLayout.choose(w.bfloat16(), int8=True)
-    with pytest.raises(ValueError, match="one kernel"):
-        ProjectionLayout(int8=True, one_row_parts=2)
+
+
+def test_one_row_against_a_small_weight_stays_float32() -> None:
+    g = torch.Generator().manual_seed(0)
+    small, large = (torch.randn(out, 256, generator=g) for out in (512, 1024))
+    assert small.numel() < INT8_ONE_ROW_MIN_ELEMENTS <= large.numel()
+    layout = ProjectionLayout.choose(small, int8=True)
+    for w in (small, large):
+        b = torch.randn(w.size(0), generator=g)
+        proj = Projection.of(w, b, layout)
+        assert isinstance(proj, Int8Projection)
+        many = Projection.of(w, b, layout, one_row=False)  # one row as many: int8
+        assert isinstance(many, Int8Projection) and many.float_one_row is None
+        x = torch.randn(3, 256, generator=g)
+        exact = x @ w.t() + b
+        one = proj(x[:1])
+        if w is small:  # float32 for one row, int8 for more
+            torch.testing.assert_close(one, exact[:1], atol=1e-4, rtol=1e-5)
+            assert not torch.allclose(proj(x)[:1], exact[:1], atol=1e-4)
+        else:  # int8 for every row count
+            assert proj.float_one_row is None
+            assert not torch.allclose(one, exact[:1], atol=1e-4)
 
 
 def test_int8_runs_where_the_cpu_has_int8_dot_products(monkeypatch) -> None:
