@@ -4,10 +4,12 @@ tensor on every call (dynamic quantisation), the sums in int32, the result float
 
 The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
 fbgemm-prepacked weights), the fastest of three measured by benchmarks/int8_kernels.py on the
-AMD Zen 5 (AVX512-VNNI, no AMX; 1 thread, 2026-11-26, under load), at every row count the engine
-multiplies (1, 4, 128, 640 rows; weights 1536x512, 2048x512, 8000x256, 32000x512): 0.1 to 0.45
-of the float32 ``Projection``'s time, except 640 rows against a vocabulary-sized weight (0.7 to
-1.1), which the engine never multiplies (the encoder has no such weight). oneDNN's int8 inner
+AMD Zen 5 (AVX512-VNNI, no AMX; 1 thread, 2026-11-26, under load) at the engine's row counts
+(1, 4, 128, 640) and weights (768x256 to 32000x512): 0.14 to 0.51 of the float32
+``Projection``'s time at 4 and 128 rows, 0.31 to 0.62 at 640; for one row 0.15 to 0.37 against
+weights of 1536x512 and more, 0.77 to 0.93 at 2^18 entries (512x512, 1024x256, 256x1024), but
+1.06 to 3 times against smaller ones (768x256, 256x256), where one row stays float32
+(``projection.INT8_ONE_ROW_MIN_ELEMENTS``). oneDNN's int8 inner
 product (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its
 kernel, so dynamic activations built a new kernel every call (2 to 1000 times float32's time);
 ``torch._weight_int8pack_mm`` (int8 weights, float activations) took 4 to 50 times float32's.
