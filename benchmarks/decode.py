@@ -461,12 +461,12 @@ def print_table(name: str, res: dict, threads: int) -> None:
         f"{SRC_LEN} source tokens, {STEPS} steps, {threads} threads"
     )
     print(
-        f"{'system':10} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
+        f"{'system':14} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
         f"{'b1 greedy ms':>13}"
     )
     for system, r in res["systems"].items():
         print(
-            f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
+            f"{system:14} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
             f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}"
         )
     for name in ("ct2", "ct2_int8"):
