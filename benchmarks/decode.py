@@ -1,6 +1,6 @@
 """Decoding speed: transduce against Hugging Face MarianMTModel and CTranslate2, same weights.
 
-    python benchmarks/decode.py [--threads 2] [--repeats 3] [--quick]
+    python benchmarks/decode.py [--threads 2] [--repeats 3] [--quick] [--int8]
 
 Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with random weights
 (seeded), copied into the other two systems:
@@ -35,6 +35,15 @@ Prints a table per model and ends with one JSON line: per system sentences/s and
 throughput over theirs: > 1 means transduce is faster) and ``small_b1_latency_vs_ct2``,
 ``small_b1_latency_vs_hf`` (our latency over theirs: < 1 means transduce is faster).
 ``--quick`` times SMALL only (one repeat) and leaves the BASE ratios null.
+
+``--int8`` adds two systems on the same weights: ``transduce_int8`` (the ``DecodingModel`` with
+int8 projections, ``--precision int8``) and ``ct2_int8`` (the same CTranslate2 folder loaded
+with compute_type="int8", CTranslate2's int8 weights and dynamically quantised activations),
+their log-probabilities on the fixed pair checked against ours within ``INT8_CHECK_TOL``, and
+the ratios ``small_beam4_int8_vs_ct2_int8``, ``base_beam4_int8_vs_ct2_int8``,
+``*_greedy_int8_vs_ct2_int8``, ``small_b1_latency_int8_vs_ct2_int8`` (ours int8 against theirs)
+and ``*_beam4_int8_vs_fp32``, ``*_greedy_int8_vs_fp32``, ``*_b1_latency_int8_vs_fp32`` (ours
+int8 against ours float32).
 """
 
 from __future__ import annotations
@@ -73,6 +82,9 @@ SIZES = {
     },
 }
 ISAS = ("AVX512", "AVX2", "AVX", "GENERIC")
+# The largest difference in a token's log-probability from our float32 model that an int8
+# system may show on the fixed pair (random weights: flat distributions, small differences)
+INT8_CHECK_TOL = 0.5
 
 
 def median_time(fn, repeats: int) -> float:
@@ -94,7 +106,11 @@ def ct2_worker(spec_path: str) -> None:
 
     job = json.loads(Path(spec_path).read_text())
     translator = ctranslate2.Translator(
-        job["model_dir"], device="cpu", intra_threads=job["threads"], inter_threads=1
+        job["model_dir"],
+        device="cpu",
+        intra_threads=job["threads"],
+        inter_threads=1,
+        compute_type=job.get("compute_type", "default"),
     )
     options = {
         "min_decoding_length": STEPS,
@@ -151,7 +167,13 @@ def ct2_process(
     return None
 
 
-def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse.Namespace) -> dict:
+def run_ct2(
+    model_dir: str,
+    tokens: list[list[str]],
+    check: dict,
+    args: argparse.Namespace,
+    compute_type: str = "default",
+) -> dict:
     """CTranslate2 on the fastest ISA that runs; each time the best of its two backends."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(
@@ -162,6 +184,7 @@ def run_ct2(model_dir: str, tokens: list[list[str]], check: dict, args: argparse
                 "check": check,
                 "repeats": args.repeats,
                 "latency_repeats": args.latency_repeats,
+                "compute_type": compute_type,
             },
             f,
         )
@@ -324,10 +347,8 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     check = {"source": [tokens[i] for i in body[0].tolist()], "target": [tokens[i] for i in tgt]}
 
     torch.set_num_threads(args.threads)
-    wrapped = SuppressEarlyEOS(DecodingModel(ours), STEPS - 1)
-    lengths: set[int] = set()
 
-    def ours_run(x, beam):
+    def ours_run(x, beam, wrapped, lengths):
         def go():
             if beam == 1:
                 out = greedy_search(wrapped, x, max_len=STEPS - 1)
@@ -361,15 +382,31 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         return go
 
+    def time_ours(engine, check_lp=None) -> dict:
+        run_lengths: set[int] = set()
+        steps = SuppressEarlyEOS(engine, STEPS - 1)
+        out = {
+            "greedy_s": median_time(ours_run(src, 1, steps, run_lengths), args.repeats),
+            "beam4_s": median_time(ours_run(src, BEAM, steps, run_lengths), args.repeats),
+            "b1_s": median_time(ours_run(single, 1, steps, run_lengths), args.latency_repeats),
+            "lengths": sorted(run_lengths),
+        }
+        if check_lp is not None:
+            out["check_max_abs_diff"] = float((check_lp - ref).abs().max())
+        return out
+
     hf_lengths: set[int] = set()
     results: dict[str, dict] = {}
     print(f"[{size_name}] timing transduce ...", file=sys.stderr, flush=True)
-    results["transduce"] = {
-        "greedy_s": median_time(ours_run(src, 1), args.repeats),
-        "beam4_s": median_time(ours_run(src, BEAM), args.repeats),
-        "b1_s": median_time(ours_run(single, 1), args.latency_repeats),
-        "lengths": sorted(lengths),
-    }
+    results["transduce"] = time_ours(DecodingModel(ours))
+    if args.int8:
+        print(f"[{size_name}] timing transduce int8 ...", file=sys.stderr, flush=True)
+        int8 = DecodingModel(ours, int8=True)
+        with torch.no_grad():  # whole-target decoding runs the int8 steps
+            memory, valid = int8.encode(single)
+            logits = int8.decode(torch.tensor([[BOS, *tgt]]), memory, valid)[0]
+            lp = logits.log_softmax(-1)[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])]
+        results["transduce_int8"] = time_ours(int8, lp)
     print(f"[{size_name}] timing hf ...", file=sys.stderr, flush=True)
     results["hf"] = {
         "greedy_s": median_time(hf_run(src, 1), args.repeats),
@@ -385,12 +422,28 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
         ct2 = run_ct2(
             str(Path(tmp) / "ct2"), [[tokens[i] for i in row] for row in body.tolist()], check, args
         )
-    ct2["check_max_abs_diff"] = float((torch.tensor(ct2.pop("check_log_probs")) - ref).abs().max())
-    results["ct2"] = ct2
+        ct2_int8 = (
+            run_ct2(
+                str(Path(tmp) / "ct2"),
+                [[tokens[i] for i in row] for row in body.tolist()],
+                check,
+                args,
+                "int8",
+            )
+            if args.int8
+            else None
+        )
+    for name, r in (("ct2", ct2), ("ct2_int8", ct2_int8)):
+        if r is not None:
+            r["check_max_abs_diff"] = float(
+                (torch.tensor(r.pop("check_log_probs")) - ref).abs().max()
+            )
+            results[name] = r
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
-        if r.get("check_max_abs_diff", 0.0) > 1e-3:
+        tol = INT8_CHECK_TOL if name.endswith("int8") else 1e-3
+        if r.get("check_max_abs_diff", 0.0) > tol:
             raise RuntimeError(f"{name} does not compute our model: {r['check_max_abs_diff']}")
         r["greedy_sent_s"] = BATCH / r["greedy_s"]
         r["greedy_tok_s"] = BATCH * STEPS / r["greedy_s"]
@@ -408,22 +461,24 @@ def print_table(name: str, res: dict, threads: int) -> None:
         f"{SRC_LEN} source tokens, {STEPS} steps, {threads} threads"
     )
     print(
-        f"{'system':10} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
+        f"{'system':14} {'greedy sent/s':>14} {'tok/s':>9} {'beam4 sent/s':>13} {'tok/s':>9} "
         f"{'b1 greedy ms':>13}"
     )
     for system, r in res["systems"].items():
         print(
-            f"{system:10} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
+            f"{system:14} {r['greedy_sent_s']:14.1f} {r['greedy_tok_s']:9.0f} "
             f"{r['beam4_sent_s']:13.1f} {r['beam4_tok_s']:9.0f} {r['b1_latency_ms']:13.1f}"
         )
-    ct2 = res["systems"]["ct2"]
-    print(
-        "ct2 seconds by backend (the faster one is used): "
-        + "; ".join(
-            f"{b}: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in t.items())
-            for b, t in ct2["backend_times"].items()
+    for name in ("ct2", "ct2_int8"):
+        if name not in res["systems"]:
+            continue
+        print(
+            f"{name} seconds by backend (the faster one is used): "
+            + "; ".join(
+                f"{b}: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in t.items())
+                for b, t in res["systems"][name]["backend_times"].items()
+            )
         )
-    )
 
 
 def ratios(name: str, res: dict) -> dict[str, float]:
@@ -434,25 +489,47 @@ def ratios(name: str, res: dict) -> dict[str, float]:
         out[f"{name}_beam4_vs_{other}"] = ours["beam4_sent_s"] / sys_[other]["beam4_sent_s"]
         out[f"{name}_greedy_vs_{other}"] = ours["greedy_sent_s"] / sys_[other]["greedy_sent_s"]
         out[f"{name}_b1_latency_vs_{other}"] = ours["b1_s"] / sys_[other]["b1_s"]
+    int8 = sys_.get("transduce_int8")
+    for other, theirs in (("ct2_int8", sys_.get("ct2_int8")), ("fp32", ours)):
+        if int8 is None or theirs is None:
+            continue
+        out[f"{name}_beam4_int8_vs_{other}"] = int8["beam4_sent_s"] / theirs["beam4_sent_s"]
+        out[f"{name}_greedy_int8_vs_{other}"] = int8["greedy_sent_s"] / theirs["greedy_sent_s"]
+        out[f"{name}_b1_latency_int8_vs_{other}"] = int8["b1_s"] / theirs["b1_s"]
     return out
+
+
+INT8_KEYS = (
+    "small_beam4_int8_vs_ct2_int8",
+    "base_beam4_int8_vs_ct2_int8",
+    "small_b1_latency_int8_vs_ct2_int8",
+    "small_beam4_int8_vs_fp32",
+    "base_beam4_int8_vs_fp32",
+    "small_b1_latency_int8_vs_fp32",
+)
 
 
 def _round(v: Any) -> Any:
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    """Run the benchmark (``argv``: the command line; None: sys.argv); returns the summary
+    it printed as the last JSON line (None in a CTranslate2 worker)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     parser.add_argument("--latency-repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="SMALL only, one repeat")
+    parser.add_argument(
+        "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the ct2 process")
     parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.ct2_worker:
         ct2_worker(args.ct2_worker)
-        return
+        return None
     if args.quick:
         args.repeats, args.latency_repeats = 1, 3
 
@@ -472,6 +549,9 @@ def main() -> None:
             summary.update(ratios(name, all_res[name]))
         else:
             summary.update({f"{name}_beam4_vs_hf": None, f"{name}_beam4_vs_ct2": None})
+            if args.int8:
+                summary[f"{name}_beam4_int8_vs_ct2_int8"] = None
+                summary[f"{name}_beam4_int8_vs_fp32"] = None
     print()
     for key in (
         "small_beam4_vs_hf",
@@ -479,9 +559,10 @@ def main() -> None:
         "base_beam4_vs_hf",
         "base_beam4_vs_ct2",
         "small_b1_latency_vs_ct2",
+        *(INT8_KEYS if args.int8 else ()),
     ):
         v = summary.get(key)
-        print(f"{key:28} {'-' if v is None else f'{v:.2f}'}")
+        print(f"{key:34} {'-' if v is None else f'{v:.2f}'}")
     ct2_any = next(iter(all_res.values()))["systems"]["ct2"]
     summary.update(
         {
@@ -501,7 +582,9 @@ def main() -> None:
             "repeats": args.repeats,
         }
     )
-    print(json.dumps({k: _round(v) for k, v in summary.items()}))
+    summary = {k: _round(v) for k, v in summary.items()}
+    print(json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":

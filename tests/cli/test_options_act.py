@@ -93,6 +93,11 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "style": ["--style", "lines"],
     },
 }
+# more values of an option to probe besides PROBES' (each its own run)
+MORE_PROBES: dict[str, dict[str, list[list[str]]]] = {
+    command: {"weights": [["--precision", "int8"]]}
+    for command in ("translate", "evaluate", "score")
+}
 # options the walk leaves out, with the reason
 NOT_PROBED = {
     "model": "the model itself (required)",
@@ -145,7 +150,7 @@ def _spies(seen: Seen) -> Iterator[None]:
         self: Translator, sentences: Any, cfg: Any, nbest: int, show: Any, prefixes: Any = None
     ) -> Any:
         dtype = next(self.model.parameters()).dtype
-        engine = type(self.decoding).__name__
+        engine = type(self.decoding).__name__, getattr(self.decoding, "int8", None)
         seen.calls.append(
             ("decode", list(sentences), cfg, nbest, show, str(dtype), engine, prefixes)
         )
@@ -156,7 +161,8 @@ def _spies(seen: Seen) -> Iterator[None]:
         return align(self, sentences, translations, layer=layer)
 
     def spy_score(self: Translator, sources: Any, targets: Any, cfg: Any = None) -> Any:
-        seen.calls.append(("score", cfg, str(next(self.model.parameters()).dtype)))
+        int8 = getattr(self.decoding, "int8", None)
+        seen.calls.append(("score", cfg, str(next(self.model.parameters()).dtype), int8))
         return score(self, sources, targets, cfg)
 
     with (
@@ -225,21 +231,36 @@ def test_each_option_acts_or_is_refused(model_kinds, tmp_path, kind: str, comman
     for action in _options(command):
         if action.dest not in PROBES[command]:
             continue
-        probe = PROBES[command][action.dest]
-        goes_with = probe[probe.index("|") + 1 :] if "|" in probe else []
-        probe = probe[: probe.index("|")] if "|" in probe else probe
-        # alone, then (where it goes with another option) with it, unless that one is refused
-        tries = [([], first)]
-        if goes_with:
-            before = _run(tmp_path / f"{action.dest}_with", kind, base + goes_with)
-            tries += [(goes_with, before)] if before[0] == 0 else []
-        for n, (extra, before) in enumerate(tries):
-            shown = _run(tmp_path / f"{action.dest}_{n}", kind, base + extra + probe)
-            if shown[0] == 2:  # refused: one line naming the option
-                line = shown[2].splitlines()
-                assert len(line) == 1 and any(x in line[0] for x in _names(action)), shown[2]
-            else:
-                assert shown[0] == 0, (probe, shown)
-                if shown == before:
-                    silent.append(" ".join(extra + probe))
+        more = MORE_PROBES.get(command, {}).get(action.dest, [])
+        for m, given in enumerate([PROBES[command][action.dest], *more]):
+            silent += _probe(tmp_path / f"{action.dest}{m}", kind, base, first, action, given)
     assert not silent, f"{command} on a {kind} model: no effect and no refusal: {silent}"
+
+
+def _probe(
+    folder: Path,
+    kind: str,
+    base: list[str],
+    first: tuple[Any, ...],
+    action: argparse.Action,
+    probe: list[str],
+) -> list[str]:
+    """The runs of one probe (alone, then with the option it goes with, unless that one is
+    refused) that showed nothing and were not refused."""
+    goes_with = probe[probe.index("|") + 1 :] if "|" in probe else []
+    probe = probe[: probe.index("|")] if "|" in probe else probe
+    tries = [([], first)]
+    if goes_with:
+        before = _run(folder / "with", kind, base + goes_with)
+        tries += [(goes_with, before)] if before[0] == 0 else []
+    silent = []
+    for n, (extra, before) in enumerate(tries):
+        shown = _run(folder / str(n), kind, base + extra + probe)
+        if shown[0] == 2:  # refused: one line naming the option
+            line = shown[2].splitlines()
+            assert len(line) == 1 and any(x in line[0] for x in _names(action)), shown[2]
+        else:
+            assert shown[0] == 0, (probe, shown)
+            if shown == before:
+                silent.append(" ".join(extra + probe))
+    return silent

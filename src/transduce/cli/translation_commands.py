@@ -117,6 +117,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
         if len(args.model) > 1:
             raise UserError("a parsing model is evaluated alone, not in an ensemble")
+        if args.weights == "int8":  # the parser's searches run the float model's own engine
+            raise UserError(
+                "--precision int8 is for translation models; a parser takes fp32 or bf16"
+            )
         parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
         decode = parser.translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
@@ -134,7 +138,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from transduce.inference.translator import Translator, evaluate_files
 
         translator = (
-            Translator(model.to(weight_dtype(args.weights)), vocab, cfg)
+            Translator.of_model(model, vocab, cfg, args.weights)
             if len(args.model) == 1
             else tools.load_translator(args)
         )

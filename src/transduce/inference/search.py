@@ -76,10 +76,18 @@ def generate(
     return out
 
 
-def searchable(model: Seq2Seq) -> DecodableModel[Any]:
+def searchable(model: Seq2Seq, *, int8: bool = False) -> DecodableModel[Any]:
     """What searches should run for ``model``: a Transformer's inference engine (a snapshot of
-    its weights: make a new one after they change), any other model itself."""
-    return DecodingModel(model) if isinstance(model, Transformer) else model
+    its weights: make a new one after they change), any other model itself. ``int8``: the
+    engine's projections in int8 (``DecodingModel``); a ValueError for a model without the
+    engine."""
+    if isinstance(model, Transformer):
+        return DecodingModel(model, int8=int8)
+    if int8:
+        raise ValueError(
+            f"int8 decoding runs on the Transformer's engine, not {type(model).__name__}"
+        )
+    return model
 
 
 def predict_ids(

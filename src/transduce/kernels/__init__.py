@@ -3,7 +3,8 @@
 Everything here computes a plain function (``x W^T + b``, dropout, softmax(QK^T/sqrt(d_k))V) and
 chooses how: which CPU matrix library (MKL or oneDNN), which attention path (PyTorch's fused
 kernel or the explicit formula), when low-precision inputs run in float32, and how the inference
-engine lays out its weights for each row count (``Projection``, ``ProjectionLayout``). Every
+engine lays out its weights for each row count (``Projection``, ``ProjectionLayout``; in int8:
+``Int8Projection``, ``kernels.quantized``). Every
 such rule lives in this package, so the paper's model (``transduce.model``) and the inference
 engine (``transduce.inference.engine``) only name the function they need
 (tests/kernels/test_vendor_rules_live_in_kernels.py).
@@ -21,10 +22,17 @@ from transduce.kernels.attention import (
 from transduce.kernels.dropout import dropout, dropout_add
 from transduce.kernels.matmul import Linear, linear, stacked_linear, stacked_weights
 from transduce.kernels.options import AttentionPath, KernelOptions, Matmul
-from transduce.kernels.projection import Projection, ProjectionLayout, one_row_is_read_bound
+from transduce.kernels.projection import (
+    Int8Projection,
+    Projection,
+    ProjectionLayout,
+    one_row_is_read_bound,
+)
+from transduce.kernels.quantized import int8_refusal
 
 __all__ = [
     "AttentionPath",
+    "Int8Projection",
     "KernelOptions",
     "Linear",
     "Matmul",
@@ -37,6 +45,7 @@ __all__ = [
     "dropout",
     "dropout_add",
     "grouped_queries_path",
+    "int8_refusal",
     "linear",
     "one_row_is_read_bound",
     "stacked_linear",

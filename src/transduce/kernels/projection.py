@@ -9,12 +9,16 @@ model's weights once.
   x86 CPUs not made by Intel, where MKL's sgemm runs without its AVX-512 kernels;
 - for one row, W^T's columns in P blocks multiplied by one ``bmm`` (``split_columns``), so P
   threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
-  fast one core reads W.
+  fast one core reads W;
+- for int8 decoding (``ProjectionLayout.int8``), W quantised per output channel and every row
+  count through one int8 kernel (``Int8Projection``; ``kernels.quantized``), except one row
+  against a small W, which stays float32 (``INT8_ONE_ROW_MIN_ELEMENTS``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +30,13 @@ from transduce.kernels.matmul import (
     use_onednn,
 )
 from transduce.kernels.options import Matmul
+from transduce.kernels.quantized import fbgemm_linear, fbgemm_packed, quantize_weight
+
+# One row against a weight with fewer entries than this multiplied faster in float32 than
+# through the int8 kernel (its per-call work, quantising x, outweighs the product) on the AMD Zen 5
+# (1 thread, under load: 256x256 3x slower in int8, 768x256 1.06-1.23x; 512x512, 1024x256 and
+# 256x1024, 2^18 entries, 0.77-0.93x; 1536x512 0.35x; benchmarks/int8_kernels.py)
+INT8_ONE_ROW_MIN_ELEMENTS = 1 << 18
 
 
 def one_row_is_read_bound(weight: Tensor) -> bool:
@@ -41,10 +52,13 @@ def one_row_is_read_bound(weight: Tensor) -> bool:
 class ProjectionLayout:
     """How a model's ``Projection``s multiply, chosen once for its weights (``choose``): through
     oneDNN's inner product on W in its own blocked layout (``onednn``) or MKL's ``addmm`` on W^T,
-    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split)."""
+    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split);
+    with ``int8``, W quantised to int8 for every row count (``Int8Projection``) but one row
+    against a small W, which takes the float32 layout the other fields say."""
 
     onednn: bool = False
     one_row_parts: int = 1
+    int8: bool = False
 
     def __post_init__(self) -> None:
         if self.one_row_parts < 1:
@@ -52,16 +66,27 @@ class ProjectionLayout:
 
     @classmethod
     def choose(
-        cls, weight: Tensor, matmul: Matmul = "auto", one_row_parts: int | None = None
+        cls,
+        weight: Tensor,
+        matmul: Matmul = "auto",
+        one_row_parts: int | None = None,
+        *,
+        int8: bool = False,
     ) -> ProjectionLayout:
         """The layout for a model whose weights are like ``weight`` (device, dtype): oneDNN
         where ``use_onednn(matmul, weight)`` says so (on x86 CPUs not made by Intel for
         "auto"), else MKL; ``one_row_parts`` None = ``torch.get_num_threads()`` where
         ``one_row_is_read_bound(weight)``, else 1. The thread count is read now: a later change
-        keeps the split."""
+        keeps the split. ``int8``: the int8 layout, with the float32 one for small weights' one
+        row (float32 weights on the CPU only, a ValueError otherwise)."""
+        if int8 and (weight.device.type != "cpu" or weight.dtype != torch.float32):
+            raise ValueError(
+                f"int8 projections quantise float32 CPU weights, not {weight.dtype} on "
+                f"{weight.device}"
+            )
         if one_row_parts is None:
             one_row_parts = torch.get_num_threads() if one_row_is_read_bound(weight) else 1
-        return cls(use_onednn(matmul, weight), one_row_parts)
+        return cls(use_onednn(matmul, weight), one_row_parts, int8)
 
 
 def transposed(weight: Tensor, block: int = 256) -> Tensor:
@@ -116,7 +141,13 @@ class Projection:
         """A copy of W (out, in) and b (out,) for MKL, or for oneDNN with ``layout.onednn``; with
         ``layout.one_row_parts`` P > 1, one row multiplies P column blocks at once
         (``split_columns``). ``one_row=False``: no layout kept for one row alone (a projection
-        that takes many rows; one row then goes through the layout of many)."""
+        that takes many rows; one row then goes through the layout of many). With
+        ``layout.int8``, an ``Int8Projection`` of W quantised (and for one row against a small W,
+        with ``one_row``, the float32 layout)."""
+        if layout.int8:
+            small = one_row and weight.numel() < INT8_ONE_ROW_MIN_ELEMENTS
+            float_one_row = cls.of(weight, bias, replace(layout, int8=False)) if small else None
+            return Int8Projection.quantized(weight, bias, float_one_row)
         bias = None if bias is None else bias.clone()
         parts = layout.one_row_parts
         split = parts > 1 and one_row
@@ -152,7 +183,37 @@ class Projection:
         return y if y.size(1) == self.out_features else y[:, : self.out_features]
 
 
+@dataclass(frozen=True)
+class Int8Projection(Projection):
+    """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per
+    tensor on every call (``kernels.quantized``): one kernel for every row count, the fastest
+    measured (benchmarks/int8_kernels.py), except one row where ``float_one_row`` (a float32
+    ``Projection``) is given: a small W (``INT8_ONE_ROW_MIN_ELEMENTS``). ``bias`` is b as given
+    (float32); ``packed`` holds W's int8 copy with its scales and b. Made by ``quantized`` (or
+    ``Projection.of`` with an int8 layout)."""
+
+    packed: Any = None
+    float_one_row: Projection | None = None
+
+    @classmethod
+    def quantized(
+        cls, weight: Tensor, bias: Tensor | None, float_one_row: Projection | None = None
+    ) -> Int8Projection:
+        """W (out, in) and b (out,), float, quantised and packed; ``float_one_row``: what one
+        row goes through instead (None: the int8 kernel)."""
+        bias = None if bias is None else bias.detach().float().clone()
+        packed = fbgemm_packed(quantize_weight(weight), bias)
+        return cls(weight.size(0), bias, None, None, None, None, packed, float_one_row)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.float_one_row is not None and x.size(0) == 1:
+            return self.float_one_row(x)
+        return fbgemm_linear(x, self.packed)
+
+
 __all__ = [
+    "INT8_ONE_ROW_MIN_ELEMENTS",
+    "Int8Projection",
     "Projection",
     "ProjectionLayout",
     "one_row_is_read_bound",

@@ -204,6 +204,17 @@ class DecodingModel:
     (``folded_attention.py``); None = on where one-row products are bound by reading the weights
     (``kernels.one_row_is_read_bound``: float32 on the CPU); float32 only.
 
+    ``int8``: every projection (the encoder's, the decoder's and the pre-softmax matrix) with
+    its weights quantised to int8 per output channel and its input per call
+    (``kernels.Int8Projection``; one row against a small weight stays float32, where that
+    measured faster), float32 CPU weights only. Embeddings, layer norms, softmax, attention over
+    the cache and the fold's per-sentence products stay float32 (the fold on the float32 W^Q,
+    W^O: ``FoldWeights``; with int8 it still paid: a batch-1 greedy search of
+    benchmarks/decode.py's SMALL took 0.94 of the time without it, 1 thread). Decoding several
+    positions at once (scoring) then runs one position at a time through the same int8 steps,
+    so that every output of this model comes from the int8 weights. Memory: the int8 copies (a
+    quarter of the float32 ones) in place of the float32 copies, but for small weights' one row.
+
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
     column blocks, or for some layouts the small ones' transposed copies: ``kernels.Projection``);
@@ -211,6 +222,7 @@ class DecodingModel:
     """
 
     model: Transformer
+    int8: bool
     attention: AttentionPath
     layout: ProjectionLayout
     one_row_parts: int
@@ -227,13 +239,15 @@ class DecodingModel:
         attention: AttentionPath = "auto",
         one_row_parts: int | None = None,
         fold_one_sentence: bool | None = None,
+        int8: bool = False,
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
         self.model = model
+        self.int8 = int8
         self.attention = attention
         weight = model.generator.weight
-        self.layout = layout = ProjectionLayout.choose(weight, matmul, one_row_parts)
+        self.layout = layout = ProjectionLayout.choose(weight, matmul, one_row_parts, int8=int8)
         self.one_row_parts = layout.one_row_parts
         if fold_one_sentence and weight.dtype != torch.float32:
             raise ValueError(f"fold_one_sentence needs float32 weights, not {weight.dtype}")
@@ -285,8 +299,11 @@ class DecodingModel:
     ) -> Tensor:
         """``Transformer.decode`` in eval mode: tgt (N, T), memory (B, S, D), src_valid (B, S)
         -> logits (N, T, V), N = B*G target rows, G per sentence (rows sentence-major). In
-        training mode, the model's own (with dropout)."""
+        training mode, the model's own (with dropout); with int8 weights, T > 1 (or no cache)
+        one position at a time (``_steps``)."""
         if cache is None or tgt.size(1) != 1 or self.model.training:
+            if self.int8 and not self.model.training:
+                return self._steps(tgt, memory, src_valid, cache)
             return self.model.decode(tgt, memory, src_valid, cache)
         decoder = self.model.decoder
         embed = decoder.embed.weight  # (V, D)
@@ -303,6 +320,19 @@ class DecodingModel:
         if self.pre_norm:
             x = decoder.final_norm(x)
         return self.generator(x).unsqueeze(1)  # (N, V) -> (N, 1, V)
+
+    def _steps(
+        self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: EngineCache | None
+    ) -> Tensor:
+        """tgt (N, T) -> logits (N, T, V) by T one-position steps on ``cache`` (None: a new
+        one): the causal decoder's logits of all positions, through the int8 projections."""
+        if tgt.size(1) == 0:  # no position: the model's own (empty) logits
+            return self.model.decode(tgt, memory, src_valid, cache)
+        cache = self.new_cache() if cache is None else cache
+        logits = [
+            self.decode(tgt[:, t : t + 1], memory, src_valid, cache) for t in range(tgt.size(1))
+        ]
+        return torch.cat(logits, dim=1)  # T x (N, 1, V) -> (N, T, V)
 
     def _source_mask(self, src_valid: Tensor) -> Tensor | None:
         """``source_mask(src_valid)``, made once per ``src_valid`` rather than every step (a

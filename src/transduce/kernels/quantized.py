@@ -1,0 +1,146 @@
+"""int8 products for decoding on the CPU: x W^T + b with W stored as int8 with one float scale
+per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and x quantised per
+tensor on every call (dynamic quantisation), the sums in int32, the result float32.
+
+The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
+fbgemm-prepacked weights), the fastest of three measured by benchmarks/int8_kernels.py on the
+AMD Zen 5 (AVX512-VNNI, no AMX; 1 thread, 2026-11-26, under load) at the engine's row counts
+(1, 4, 128, 640) and weights (768x256 to 32000x512): 0.14 to 0.51 of the float32
+``Projection``'s time at 4 and 128 rows, 0.31 to 0.62 at 640; for one row 0.15 to 0.37 against
+weights of 1536x512 and more, 0.77 to 0.93 at 2^18 entries (512x512, 1024x256, 256x1024), but
+1.06 to 3 times against smaller ones (768x256, 256x256), where one row stays float32
+(``projection.INT8_ONE_ROW_MIN_ELEMENTS``). oneDNN's int8 inner
+product (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its
+kernel, so dynamic activations built a new kernel every call (2 to 1000 times float32's time);
+``torch._weight_int8pack_mm`` (int8 weights, float activations) took 4 to 50 times float32's.
+Not measured on Intel CPUs with AMX, where fbgemm runs its AVX512-VNNI kernels (it has no AMX
+ones): rerun benchmarks/int8_kernels.py there before giving oneDNN a rule of its own.
+
+int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
+Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by
+``int8_supported``; without them an int8 product is emulated with 16-bit multiplies.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# The CPU flags (of /proc/cpuinfo) that give int8 dot products: without one, an int8 product is
+# emulated with 16-bit multiplies and is no faster than float32
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+FORCE_VARIABLE = "TRANSDUCE_FORCE_INT8"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags of /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_int8_flags() -> tuple[str, ...]:
+    """Which of ``INT8_DOT_FLAGS`` this CPU has."""
+    flags = cpu_flags()
+    return tuple(f for f in INT8_DOT_FLAGS if f in flags)
+
+
+def fbgemm_available() -> bool:
+    """Whether this PyTorch has fbgemm's quantized operators (x86 builds do)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def int8_supported() -> bool:
+    """Whether int8 decoding may run here: the CPU has int8 dot-product instructions, or
+    ``TRANSDUCE_FORCE_INT8=1`` says to run it anyway (correct everywhere, slow without them)."""
+    return bool(cpu_int8_flags()) or os.environ.get(FORCE_VARIABLE) == "1"
+
+
+def int8_refusal(device: torch.device) -> str | None:
+    """Why int8 decoding cannot run on ``device`` (one line), or None where it can."""
+    if device.type != "cpu":
+        return f"int8 decoding runs on CPUs; use fp32 or bf16 on {device.type}"
+    if not fbgemm_available():
+        return "int8 decoding needs PyTorch's fbgemm (x86 builds); this PyTorch lacks it"
+    if not int8_supported():
+        return (
+            "int8 decoding needs int8 dot-product instructions (avx512_vnni, avx_vnni or "
+            "amx_int8), which this CPU lacks (it would be slower than fp32); set "
+            f"{FORCE_VARIABLE}=1 to run it anyway"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """W (out, in) as int8 ``weight`` (out, in) in [-127, 127] and float32 ``scale`` (out,):
+    W ~ weight * scale[:, None], each row's largest magnitude mapped to 127."""
+
+    weight: Tensor
+    scale: Tensor
+
+    def dequantized(self) -> Tensor:
+        """(out, in) float32: what the int8 products multiply by."""
+        return self.weight.float() * self.scale[:, None]
+
+
+def quantize_weight(weight: Tensor) -> QuantizedWeight:
+    """W (out, in) float -> per-output-channel symmetric int8 (a row of zeros: scale 1)."""
+    w = weight.detach().float()
+    top = w.abs().amax(dim=1)  # (out,)
+    scale = torch.where(top > 0, top / 127, torch.ones_like(top))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantizedWeight(q.contiguous(), scale.contiguous())
+
+
+def fbgemm_packed(q: QuantizedWeight, bias: Tensor | None) -> Any:
+    """fbgemm's packed (W_q, scales, b) for ``fbgemm_linear`` (an opaque object)."""
+    previous = torch.backends.quantized.engine
+    with warnings.catch_warnings():  # PyTorch flags its quantized tensors as deprecated
+        warnings.simplefilter("ignore")
+        zero = torch.zeros(q.scale.numel(), dtype=torch.long)
+        qw = torch._make_per_channel_quantized_tensor(q.weight, q.scale.double(), zero, 0)
+        try:
+            torch.backends.quantized.engine = "fbgemm"
+            return torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.float())
+        finally:
+            torch.backends.quantized.engine = previous
+
+
+def fbgemm_linear(x: Tensor, packed: Any) -> Tensor:
+    """x (N, in) float32 -> x W^T + b (N, out) float32, x quantised per tensor on the way."""
+    return torch.ops.quantized.linear_dynamic(x, packed, _reduce_range())
+
+
+@functools.lru_cache(maxsize=1)
+def _reduce_range() -> bool:
+    """Whether x is quantised to 7 bits instead of 8: without VNNI or AMX fbgemm sums pairs of
+    products in 16 bits, which 8-bit activations could overflow; with them it sums in 32 bits."""
+    return not cpu_int8_flags()
+
+
+__all__ = [
+    "FORCE_VARIABLE",
+    "INT8_DOT_FLAGS",
+    "QuantizedWeight",
+    "cpu_flags",
+    "cpu_int8_flags",
+    "fbgemm_available",
+    "fbgemm_linear",
+    "fbgemm_packed",
+    "int8_refusal",
+    "int8_supported",
+    "quantize_weight",
+]

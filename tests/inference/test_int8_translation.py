@@ -1,0 +1,183 @@
+"""``weights="int8"`` (``--precision int8``): a trained model translates, scores and ensembles
+with int8 projections about as it does in float32, and int8 is refused in one line where it
+cannot run (off the CPU, a CPU without int8 dot products unless forced, the recurrent model)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from inference_testkit import save_toy_translation_model  # noqa: I001
+
+from transduce.cli.main import main
+from transduce.config import from_dict
+from transduce.errors import UserError
+from transduce.evaluation.bleu import corpus_scores
+from transduce.inference import translator as translator_module
+from transduce.inference.engine import DecodingModel
+from transduce.inference.translator import Translator
+from transduce.kernels import quantized
+from transduce.training.run import train_translation
+
+WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
+
+
+def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
+    """Sentences of 1 to 6 words and their upper-cased copies (the task)."""
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
+    return src, [s.upper() for s in src]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model.pt that has learned to upper-case, somewhat (BLEU 20 to 30 on held-out
+    sentences; about 10 s on one idle CPU thread)."""
+    root = tmp_path_factory.mktemp("int8")
+    src, tgt = corpus(400, seed=0)
+    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    model = {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
+    cfg = from_dict(
+        {
+            "model": {**model, "dropout": 0.0},
+            "train": {
+                "max_steps": 300,
+                "warmup": 60,
+                "max_tokens": 600,
+                "eval_every": 0,
+                "save_every": 100_000,
+                "keep_last": 1,
+                "log_every": 1000,
+                "tensorboard": False,
+            },
+            "task": {
+                "name": "translation",
+                "train_src": str(root / "train.src"),
+                "train_tgt": str(root / "train.tgt"),
+                "vocab_size": 60,
+            },
+            "decode": {"max_len_offset": 20},
+        }
+    )
+    torch.manual_seed(0)
+    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
+    return root / "run" / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def held_out() -> tuple[list[str], list[str]]:
+    return corpus(200, seed=1)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_int8_translates_like_fp32(trained: Path, held_out, beam: int) -> None:
+    src, ref = held_out
+    fp32, int8 = (Translator.load(trained, weights=w) for w in ("fp32", "int8"))
+    assert isinstance(int8.decoding, DecodingModel) and int8.decoding.int8
+    out32 = fp32.translate(src, fp32.decode_config(beam=beam))
+    out8 = int8.translate(src, int8.decode_config(beam=beam))
+    pairs = list(zip(out32, out8, strict=True))
+    same = sum(a == b for a, b in pairs) / len(src)
+    right = [i for i, r in enumerate(ref) if out32[i] == r]  # where fp32 is confident enough
+    same_where_right = sum(out8[i] == out32[i] for i in right) / max(len(right), 1)
+    bleu32, bleu8 = (corpus_scores(o, ref)["bleu"] for o in (out32, out8))
+    assert bleu32 > 15 and len(right) >= 20  # it learned something: the comparison means something
+    # int8 moves each logit by about a percent of its range, so only near ties can flip: the
+    # outputs fp32 gets right (clear margins) stay, and most others; where this small model
+    # fails it repeats tokens, among near ties, and a flip there changes the rest of the output.
+    # BLEU over 200 outputs of ~5 tokens: a few such changed outputs move it by about a point.
+    assert same_where_right >= 0.95, [(a, b) for a, b in pairs if a != b]
+    assert same >= 0.8, [(a, b) for a, b in pairs if a != b]
+    assert abs(bleu8 - bleu32) <= 2.0, (bleu32, bleu8)
+
+
+def test_int8_scores_are_the_int8_model_s(trained: Path, held_out) -> None:
+    src, ref = held_out
+    src, ref = src[:20], ref[:20]
+    fp32, int8 = (Translator.load(trained, weights=w) for w in ("fp32", "int8"))
+    s32 = torch.tensor([p.log_prob for p in fp32.score(src, ref)])
+    s8 = torch.tensor([p.log_prob for p in int8.score(src, ref)])
+    assert not torch.equal(s32, s8)  # int8 acts on scoring too
+    torch.testing.assert_close(s8, s32, atol=0.05 * float(s32.abs().max()) + 0.05, rtol=0.05)
+
+
+def test_an_int8_ensemble_decodes_int8_members(trained: Path, held_out) -> None:
+    src = held_out[0][:20]
+    ensemble = Translator.load_ensemble([trained, trained], weights="int8")
+    members = ensemble.decoding.members  # type: ignore[attr-defined]
+    assert all(isinstance(m, DecodingModel) and m.int8 for m in members)
+    # the mean of two equal distributions is that distribution
+    single = Translator.load(trained, weights="int8")
+    assert ensemble.translate(src) == single.translate(src)
+
+
+def test_int8_is_refused_on_a_cpu_without_int8_dot_products(trained: Path, monkeypatch) -> None:
+    monkeypatch.delenv(quantized.FORCE_VARIABLE, raising=False)
+    monkeypatch.setattr(quantized, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    with pytest.raises(UserError, match="TRANSDUCE_FORCE_INT8=1") as e:
+        Translator.load(trained, weights="int8")
+    assert str(e.value).startswith("precision int8: ") and "\n" not in str(e.value)
+    Translator.load(trained, weights="fp32")  # the others still load
+    monkeypatch.setenv(quantized.FORCE_VARIABLE, "1")
+    forced = Translator.load(trained, weights="int8")
+    assert forced.decoding.int8  # type: ignore[attr-defined]
+
+
+def test_int8_is_refused_off_the_cpu(trained: Path, monkeypatch) -> None:
+    monkeypatch.setattr(translator_module, "resolve_device", lambda _: torch.device("cuda", 0))
+    with pytest.raises(UserError) as e:
+        Translator.load(trained, device="cuda", weights="int8")
+    assert str(e.value) == "precision int8: int8 decoding runs on CPUs; use fp32 or bf16 on cuda"
+
+
+def test_int8_is_refused_for_the_recurrent_model(tmp_path: Path) -> None:
+    path = save_toy_translation_model(tmp_path / "rnn.pt", {}, {"architecture": "rnn"})
+    with pytest.raises(UserError, match="precision int8 is for Transformer models"):
+        Translator.load(path, weights="int8")
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--no-malloc-tuning", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_translate_and_evaluate_with_int8(
+    trained: Path, held_out, tmp_path: Path, monkeypatch
+) -> None:
+    src, ref = held_out
+    src, ref = src[:30], ref[:30]
+    (tmp_path / "src.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("\n".join(ref) + "\n", encoding="utf-8")
+    model = ["--model", str(trained), "--beam", "2", "--quiet"]
+    code, out, err = _cli(
+        ["translate", *model, "--precision", "int8", "--input", str(tmp_path / "src.txt")]
+    )
+    assert code == 0, err
+    int8 = Translator.load(trained, weights="int8")
+    assert out.splitlines() == int8.translate(src, int8.decode_config(beam=2))
+    evaluate = [
+        "evaluate",
+        *model,
+        "--src",
+        str(tmp_path / "src.txt"),
+        "--ref",
+        str(tmp_path / "ref.txt"),
+    ]
+    code, out, err = _cli([*evaluate, "--precision", "int8"])
+    assert code == 0 and '"bleu"' in out, err
+    # refused in one line where the CPU has no int8 dot products
+    monkeypatch.delenv(quantized.FORCE_VARIABLE, raising=False)
+    monkeypatch.setattr(quantized, "cpu_flags", lambda: frozenset({"avx2"}))
+    for argv in (["translate", *model, "--input", str(tmp_path / "src.txt")], evaluate):
+        code, out, err = _cli([*argv, "--precision", "int8"])
+        assert code == 2 and not out and len(err.splitlines()) == 1, err
+        assert (
+            err.startswith("transduce: error: precision int8: ") and "TRANSDUCE_FORCE_INT8" in err
+        )
