@@ -44,7 +44,12 @@ def _every_row_attends(mask: Tensor) -> bool:
     """Whether every query row of ``mask`` may attend to at least one key, so that softmax makes
     no NaN row. Asked only when training on the CPU, where skipping the zeroing pays and the check
     costs no device synchronisation; elsewhere False, and the rows are zeroed anyway."""
-    return mask.device.type == "cpu" and torch.is_grad_enabled() and bool(mask.any(dim=-1).all())
+    return (
+        mask.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()  # a data-dependent branch breaks the graph
+        and bool(mask.any(dim=-1).all())
+    )
 
 
 def attention_weights(query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -75,8 +80,12 @@ def all_attendable(valid: Tensor) -> bool:
     """Whether every key of ``valid`` (bool, True = may attend) may be attended, so that
     attention can go without a mask (the fused kernel then skips masking). Asked only of CPU
     tensors, where the check costs no device synchronisation; False elsewhere (the caller masks
-    anyway)."""
-    return valid.device.type == "cpu" and bool(valid.all())
+    anyway; False under torch.compile)."""
+    return (
+        valid.device.type == "cpu"
+        and not torch.compiler.is_compiling()  # a data-dependent branch breaks the graph
+        and bool(valid.all())
+    )
 
 
 def grouped_queries_path(query: Tensor, path: AttentionPath = "auto") -> AttentionPath:

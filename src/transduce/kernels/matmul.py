@@ -63,8 +63,8 @@ def use_onednn(matmul: Matmul, weight: Tensor) -> bool:
             raise ValueError("matmul='onednn': this PyTorch build has no oneDNN (mkldnn)")
     else:
         check_choice("matmul", matmul, Matmul)
-    if matmul == "mkl" or weight.device.type != "cpu":
-        return False
+    if matmul == "mkl" or weight.device.type != "cpu" or torch.compiler.is_compiling():
+        return False  # (inductor cannot lower oneDNN's operator: F.linear under torch.compile)
     if matmul == "onednn":
         return True
     return (

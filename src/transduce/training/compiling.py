@@ -24,35 +24,21 @@ from typing import Any
 import torch
 
 from transduce.errors import UserError
-from transduce.kernels.matmul import Linear as KernelLinear
-from transduce.kernels.matmul import use_onednn
 
 # torch.compile's backend: inductor (the one that compiles kernels, and the one the modes are
 # of). Tests set "eager" (Dynamo's graph capture alone: the same wrapping, seconds less per graph)
 BACKEND = "inductor"
 
 
-def check_mode(
-    mode: str | bool, device: torch.device, net: torch.nn.Module, precision: str
-) -> None:
+def check_mode(mode: str | bool, device: torch.device) -> None:
     """A UserError for a ``train.compile`` that cannot work here: reduce-overhead is CUDA
-    graphs, which a CPU has not (refused rather than quietly made ``default``); and inductor
-    cannot lower the float32 products that ``transduce.kernels`` sends to its CPU library
-    operator on some CPUs (it wants the weights as constants: a LoweringException on the first
-    update), while under bf16 autocast those products are plain ``F.linear``."""
+    graphs, which a CPU has not (refused rather than quietly made ``default``). (Under
+    torch.compile ``transduce.kernels`` leaves its CPU library operators, which inductor cannot
+    lower, for plain ``F.linear``: ``kernels.matmul.use_onednn``.)"""
     if mode == "reduce-overhead" and device.type != "cuda":
         raise UserError(
             f"compile: reduce-overhead captures CUDA graphs, which need a CUDA device; "
             f"train.device is {device.type}: use compile: default (or false)"
-        )
-    library = any(
-        use_onednn(m.matmul, m.weight) for m in net.modules() if isinstance(m, KernelLinear)
-    )
-    if BACKEND == "inductor" and device.type == "cpu" and precision == "fp32" and library:
-        raise UserError(
-            "compile on this CPU in float32: inductor cannot compile the CPU library kernel that "
-            "transduce.kernels.matmul takes for float32 products here; use precision: bf16, "
-            "or compile: false (on a CPU compiling costs minutes and gains little)"
         )
 
 
@@ -81,7 +67,7 @@ class CompiledForward:
         self._started = 0.0
         self._base_seconds, self._base_graphs = _dynamo_seconds_and_graphs()
         if mode:
-            check_mode(mode, device, net, precision)
+            check_mode(mode, device)
 
     @property
     def on(self) -> bool:
