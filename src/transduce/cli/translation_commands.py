@@ -106,7 +106,7 @@ def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
-    from transduce.inference.translator import weight_dtype
+    from transduce.inference.weights import weight_dtype
 
     model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
     _refuse_for_kind(args, cfg.task.name == "parsing")
@@ -135,7 +135,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         )
         hyps = [to_brackets(p.tree) for p in parses]
     else:
-        from transduce.inference.translator import Translator, evaluate_files
+        from transduce.inference.evaluation import evaluate_files
+        from transduce.inference.translator import Translator
 
         translator = (
             Translator.of_model(model, vocab, cfg, args.weights)

@@ -11,7 +11,7 @@ file alone translates::
 
 Decoding settings travel as one ``DecodeConfig``: ``decode_config`` makes it from the
 checkpoint's ``decode`` section with some settings replaced, and ``translate``,
-``translate_nbest`` and ``evaluate_files`` take it (default: the checkpoint's).
+``translate_nbest`` and ``inference.evaluation.evaluate_files`` take it (default: the checkpoint's).
 
 How sentences are decoded:
 
@@ -30,7 +30,7 @@ decoding, ``inference.scoring``); ``load_ensemble`` decodes several checkpoints 
 (``inference.ensemble``); ``translate(..., prefixes=...)`` forces each translation's start
 (``inference.prefix``); ``DecodeConfig.sampling`` samples (``inference.sampling``).
 
-"Weights" names the dtype a model decodes with (``WeightPrecision``: "fp32", "bf16" or "int8",
+"Weights" names the dtype a model decodes with (``inference.weights``: "fp32", "bf16" or "int8",
 the CLI's ``--precision``), apart from training's autocast ``train.precision``. "int8" decodes a
 Transformer on the CPU with its inference engine's projections in int8 (``DecodingModel``'s
 ``int8``) and everything else in float32.
@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -52,60 +52,19 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
 from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
-from transduce.data.parallel import read_aligned
 from transduce.data.vocab import Vocab
 from transduce.device import resolve_device
 from transduce.errors import UserError
-from transduce.evaluation.bleu import corpus_scores
 from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
 from transduce.inference.contract import DecodableModel
 from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
 from transduce.inference.scoring import PairScore, score_targets
 from transduce.inference.search import generate, searchable
+from transduce.inference.weights import WeightPrecision, check_int8, weight_dtype
 from transduce.model.transformer import Transformer
 
-WeightPrecision = Literal["fp32", "bf16", "int8"]
-# int8: the projections of the engine in int8, made from float32 weights; the rest float32
-WEIGHT_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "int8": torch.float32,
-}
-
-__all__ = [
-    "WEIGHT_DTYPES",
-    "Translation",
-    "Translator",
-    "WeightPrecision",
-    "check_int8",
-    "evaluate_files",
-    "length_batches",
-    "resolve_device",
-    "weight_dtype",
-]
-
-
-def weight_dtype(weights: str) -> torch.dtype:
-    """The dtype of the model's weights for ``weights`` ("fp32", "bf16"; "int8": float32, the
-    engine quantises its copies); another name is a UserError."""
-    if weights not in WEIGHT_DTYPES:
-        raise UserError(f"weights must be one of {', '.join(WEIGHT_DTYPES)}; got {weights!r}")
-    return WEIGHT_DTYPES[weights]
-
-
-def check_int8(model: Seq2Seq) -> None:
-    """A one-line UserError where ``model`` cannot decode with int8 weights: not on a CPU
-    (or a CPU without int8 dot-product instructions, unless forced: ``kernels.int8_refusal``),
-    or not a Transformer (int8 lives in its inference engine)."""
-    why = kernels.int8_refusal(next(model.parameters()).device)
-    if why is not None:
-        raise UserError(f"precision int8: {why}")
-    if not isinstance(model, Transformer):
-        raise UserError(
-            "precision int8 is for Transformer models (their inference engine); this model is "
-            f"a {type(model).__name__}: use fp32 or bf16"
-        )
+__all__ = ["Translation", "Translator", "length_batches", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -434,34 +393,3 @@ class Translator:
                     f"positions (max_positions={m.max_positions}) take at most {max(longest, 0)} "
                     f"with max_len_offset={cfg.max_len_offset}"
                 )
-
-
-def evaluate_files(
-    translator: Translator,
-    src_path: str | Path,
-    ref_path: str | Path,
-    decode: DecodeConfig | None = None,
-    *,
-    lowercase: bool = False,
-    show_progress: bool | None = False,
-) -> tuple[dict[str, Any], list[str]]:
-    """Translate ``src_path`` with ``decode`` (default: the model's settings) and score it
-    against ``ref_path`` with sacreBLEU: the evaluation of a translation model (``transduce
-    evaluate``).
-
-    Returns (scores, translations). Scores: ``bleu``, ``chrf`` (cased unless ``lowercase``) with
-    their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
-    the ``beam`` and ``alpha`` used. Files of different line counts are a UserError naming both.
-    """
-    sources, references = read_aligned(src_path, ref_path, what="source and reference")
-    if not sources:
-        raise UserError(f"{src_path}: no lines to translate")
-    cfg = translator.cfg.decode if decode is None else decode
-    hyps = translator.translate(sources, cfg, show_progress=show_progress)
-    scores = corpus_scores(hyps, references, lowercase=lowercase)
-    lower = corpus_scores(hyps, references, lowercase=True)
-    scores["bleu_lowercase"] = lower["bleu"]
-    scores["bleu_lowercase_signature"] = lower["bleu_signature"]
-    scores["beam"] = cfg.beam
-    scores["alpha"] = cfg.alpha
-    return scores, hyps

@@ -1,0 +1,48 @@
+"""The dtype a model decodes with ("weights": the CLI's ``--precision``), apart from training's
+autocast ``train.precision``: "fp32", "bf16", or "int8", a Transformer on the CPU with its
+inference engine's projections in int8 (``DecodingModel``'s ``int8``) and everything else in
+float32."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from transduce import kernels
+from transduce.architectures import Seq2Seq
+from transduce.errors import UserError
+from transduce.model.transformer import Transformer
+
+WeightPrecision = Literal["fp32", "bf16", "int8"]
+# int8: the projections of the engine in int8, made from float32 weights; the rest float32
+WEIGHT_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "int8": torch.float32,
+}
+
+
+def weight_dtype(weights: str) -> torch.dtype:
+    """The dtype of the model's weights for ``weights`` ("fp32", "bf16"; "int8": float32, the
+    engine quantises its copies); another name is a UserError."""
+    if weights not in WEIGHT_DTYPES:
+        raise UserError(f"weights must be one of {', '.join(WEIGHT_DTYPES)}; got {weights!r}")
+    return WEIGHT_DTYPES[weights]
+
+
+def check_int8(model: Seq2Seq) -> None:
+    """A one-line UserError where ``model`` cannot decode with int8 weights: not on a CPU
+    (or a CPU without int8 dot-product instructions, unless forced: ``kernels.int8_refusal``),
+    or not a Transformer (int8 lives in its inference engine)."""
+    why = kernels.int8_refusal(next(model.parameters()).device)
+    if why is not None:
+        raise UserError(f"precision int8: {why}")
+    if not isinstance(model, Transformer):
+        raise UserError(
+            "precision int8 is for Transformer models (their inference engine); this model is "
+            f"a {type(model).__name__}: use fp32 or bf16"
+        )
+
+
+__all__ = ["WEIGHT_DTYPES", "WeightPrecision", "check_int8", "weight_dtype"]
