@@ -266,3 +266,62 @@ def test_auto_method_is_fused_but_for_float16_and_unknown_methods_are_refused() 
     logits, target = _batch()
     with pytest.raises(ValueError, match="method must be one of"):
         label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="liger")  # type: ignore[arg-type]
+
+
+def _liger_on_cuda() -> bool:
+    from transduce.kernels.cross_entropy import liger_available
+
+    return torch.cuda.is_available() and liger_available(torch.device("cuda"))
+
+
+@pytest.mark.skipif(
+    not _liger_on_cuda(), reason="needs a CUDA GPU and liger-kernel (the gpu extra)"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_liger_on_cuda_matches_reference(dtype: torch.dtype, eps: float) -> None:
+    logits, target = _batch(seed=11, b=4, t=6, v=300)
+    logits, target = logits.cuda().to(dtype), target.cuda()
+    a = logits.clone().requires_grad_(True)
+    b = logits.clone().requires_grad_(True)
+    ref = label_smoothed_nll(a * 1.0, target, epsilon=eps, ignore_index=PAD, method="reference")
+    new = label_smoothed_nll(b * 1.0, target, epsilon=eps, ignore_index=PAD, overwrite_logits=True)
+    torch.testing.assert_close(new.loss, ref.loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(new.nll, ref.nll, rtol=1e-5, atol=1e-4)
+    (ref.loss / 7).backward()
+    (new.loss / 7).backward()
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 1e-3}
+    torch.testing.assert_close(b.grad.float(), a.grad.float(), **tol)
+
+
+def test_liger_dispatch_and_its_nll_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the CPU, with torch's cross_entropy standing in for Liger's kernel: "auto" with
+    # overwrite_logits takes it (and computes the NLL itself), without overwrite_logits it does not
+    from transduce.kernels import cross_entropy
+
+    calls: list[int] = []
+
+    def stand_in(logits: torch.Tensor, target: torch.Tensor, *, epsilon: float, ignore_index: int):
+        calls.append(1)
+        return F.cross_entropy(
+            logits.float(),
+            target,
+            ignore_index=ignore_index,
+            label_smoothing=epsilon,
+            reduction="sum",
+        )
+
+    monkeypatch.setattr(cross_entropy, "liger_available", lambda device: True)
+    monkeypatch.setattr(cross_entropy, "liger_smoothed_cross_entropy_sum", stand_in)
+    monkeypatch.setattr("transduce.training.loss._CHUNK_ELEMENTS", 7 * 4)  # 4 rows a chunk
+    logits, target = _batch(seed=12)
+    ref = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="reference")
+    leaf = logits.clone().requires_grad_(True)
+    sums = label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
+    assert calls == [1]
+    torch.testing.assert_close(sums.loss, ref.loss)
+    torch.testing.assert_close(sums.nll, ref.nll)
+    assert sums.n_tokens == ref.n_tokens
+    label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD)
+    label_smoothed_nll(leaf.half(), target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
+    assert calls == [1]

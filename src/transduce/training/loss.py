@@ -7,6 +7,8 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from transduce.kernels import cross_entropy
+
 # Logit entries handled at once on a CPU (4 MiB of float32: 131 rows of an 8000-word vocabulary),
 # so no (N, V) float32 tensor is ever made. On a GPU, kernel launches per chunk cost more than
 # memory, so chunks are 64x larger there (still 1 GiB less than a paper-sized batch's log-probs).
@@ -67,16 +69,48 @@ def label_smoothed_nll(
     scales it; "reference" is the two-pass computation above. ``overwrite_logits``: the fused
     gradient may be written into ``logits`` itself (they then hold it, not the logits: for a
     caller that only backpropagates them, like the trainer), saving a (B*T, V) tensor; else it
-    goes into a new one.
+    goes into a new one. On a CUDA GPU with Liger-Kernel installed (the ``gpu`` extra), "auto"
+    with ``overwrite_logits`` runs Liger's Triton kernel, which works the same way.
     """
     if method not in LOSS_METHODS:
         raise ValueError(f"method must be one of {', '.join(LOSS_METHODS)}, not {method!r}")
+    if method == "auto" and overwrite_logits and _liger_takes(logits):
+        return _liger_sums(logits.flatten(0, -2), target.flatten(), epsilon, ignore_index)
     keep = target != ignore_index  # (B, T)
     args = (logits.flatten(0, -2), target.flatten().clamp(min=0), keep.flatten(), float(epsilon))
     if _fused(method, logits):
         loss, nll = _FusedSmoothedCrossEntropy.apply(*args, overwrite_logits)
     else:
         loss, nll = _SmoothedCrossEntropy.apply(*args)
+    return LossSums(loss=loss, nll=nll, kept=keep.sum())
+
+
+def _liger_takes(logits: Tensor) -> bool:
+    """Whether Liger's kernel computes the loss of ``logits``: on a CUDA GPU with Liger, not
+    float16 (see ``_fused``), logits that may be overwritten and a gradient wanted."""
+    return (
+        logits.dtype != torch.float16
+        and logits.requires_grad
+        and torch.is_grad_enabled()
+        and cross_entropy.liger_available(logits.device)
+    )
+
+
+def _liger_sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> LossSums:
+    """``LossSums`` of logits (N, V), target (N,) by Liger's kernel; the NLL, which it does not
+    give, from a no-gradient pass over the logits before the kernel overwrites them."""
+    keep = target != ignore_index  # (N,)
+    safe = target.clamp(min=0)[:, None]  # (N, 1)
+    nll = torch.zeros((), dtype=torch.float32, device=logits.device)
+    step = _chunk_rows(logits)
+    with torch.no_grad():
+        for i in range(0, logits.size(0), step):
+            z = logits[i : i + step].float()  # (n_chunk, V)
+            rows = torch.logsumexp(z, dim=-1) - z.gather(1, safe[i : i + step]).squeeze(1)
+            nll += (rows * keep[i : i + step]).sum()
+    loss = cross_entropy.liger_smoothed_cross_entropy_sum(
+        logits, target, epsilon=epsilon, ignore_index=ignore_index
+    )
     return LossSums(loss=loss, nll=nll, kept=keep.sum())
 
 
