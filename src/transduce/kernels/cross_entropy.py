@@ -1,6 +1,7 @@
-"""Cross-entropy by an optional library: Liger-Kernel's Triton kernel on CUDA GPUs (the ``gpu``
-extra, ``pip install transduce[gpu]``). Imported lazily; absent, ``liger_available`` says no and
-the training loss computes it itself (``training/loss.py``)."""
+"""Pieces of the training loss (``training/loss.py``) that depend on the device: a softmax
+computed in place where the kernel allows it, and Liger-Kernel's cross-entropy on CUDA GPUs (the
+``gpu`` extra, ``pip install transduce[gpu]``), imported lazily; absent, ``liger_available``
+says no and the training loss computes it itself."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+
+def softmax_(x: Tensor) -> Tensor:
+    """softmax(x) over the last dim of a float32 x (n, V), written into x on the CPU (its kernel
+    reads each element of a row before writing it there: in place is exact, and no second
+    (n, V) tensor is made), into a new tensor elsewhere."""
+    if x.device.type == "cpu":
+        return torch.ops.aten._softmax.out(x, -1, False, out=x)
+    return torch.softmax(x, dim=-1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,4 +52,4 @@ def liger_smoothed_cross_entropy_sum(
     return loss.float()
 
 
-__all__ = ["liger_available", "liger_smoothed_cross_entropy_sum"]
+__all__ = ["liger_available", "liger_smoothed_cross_entropy_sum", "softmax_"]
