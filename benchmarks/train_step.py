@@ -12,11 +12,16 @@ Systems, all with dropout 0.1 on the residuals and embeddings only (none on atte
 feed-forward activations: ``nn.Transformer``'s are set to 0 to match), ReLU, post-norm,
 sinusoidal positions, embeddings x sqrt(d_model), one embedding matrix shared by source, target
 and the pre-softmax projection, the same loss (``transduce.training.loss.label_smoothed_nll``,
-eps 0.1) and the same optimizer (``torch.optim.Adam``, betas (0.9, 0.98), eps 1e-9; ``Trainer``
-takes its fused variant, the same update, but here every system gets the plain one so that the
-models compare):
+eps 0.1) and the same optimizer (``Trainer``'s: ``training.optimizer.make_optimizer``, Adam
+with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
 
-    transduce  ``make_model``
+    transduce  ``make_model``, stepped by the ``Trainer``'s own code
+               (``training.trainer.forward_backward``: autocast, the loss with its gradient
+               written into the logits, the scaled backward; then the gradient norm and the
+               GradScaler's step), i.e. what ``transduce train`` does
+    transduce_reference
+               the same with the two-pass reference loss (``method="reference"``): the
+               ratio ``transduce_reference`` / ``transduce`` is what the fused loss gained
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
@@ -115,7 +120,7 @@ SIZES: dict[str, dict[str, int]] = {
         "vocab": 37000,
     },
 }
-SYSTEMS = ("transduce", "torch", "hf")
+SYSTEMS = ("transduce", "transduce_reference", "torch", "hf")
 PRECISIONS = ("fp32", "bf16")
 # (warm-up steps per system and precision, timed steps per round, rounds)
 SCHEDULE = {"small": (2, 2, 7), "base": (1, 1, 5)}
@@ -357,7 +362,14 @@ def build_hf(size: dict[str, int]) -> tuple[nn.Module, Forward]:
     return model, forward
 
 
-BUILDERS = {"transduce": build_transduce, "torch": build_torch, "hf": build_hf}
+BUILDERS = {
+    "transduce": build_transduce,
+    "transduce_reference": build_transduce,
+    "torch": build_torch,
+    "hf": build_hf,
+}
+# the systems stepped by the Trainer's code, and the loss method of each
+TRAINER_SYSTEMS = {"transduce": "auto", "transduce_reference": "reference"}
 
 
 @dataclass
@@ -379,11 +391,51 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+@dataclass
+class TrainerRunner(Runner):
+    """transduce's model stepped by the ``Trainer``'s own code (``training.trainer``'s
+    ``forward_backward``, the gradient norm, the GradScaler's step), the loss computed by
+    ``loss_method``: "auto" (what ``transduce train`` does) or "reference" (the two-pass loss,
+    ``transduce_reference``)."""
+
+    loss_method: str = "auto"
+
+    def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
+        from transduce.data.batching import Batch
+        from transduce.training.guard import gradient_norm
+        from transduce.training.precision import grad_scaler
+        from transduce.training.trainer import forward_backward
+
+        n_tokens = int((tgt_out != PAD).sum())
+        scaler = grad_scaler(precision, src.device)  # disabled but for fp16, as in Trainer
+        forward_backward(
+            self.model,
+            Batch(src, tgt_in, tgt_out, n_tokens),
+            precision=precision,
+            epsilon=LABEL_SMOOTHING,
+            scale=1.0 / n_tokens,
+            scaler=scaler,
+            loss_method=self.loss_method,  # type: ignore[arg-type]
+        )
+        scaler.unscale_(self.optimizer)
+        gradient_norm(list(self.model.parameters()), 0.0)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
 def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runner:
+    from transduce.training.optimizer import make_optimizer
+
     torch.manual_seed(0)
     model, forward = BUILDERS[system](size)
     model.to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    # the Trainer's optimizer (Adam, fused where torch has it) for every system
+    opt = make_optimizer(model, betas=(0.9, 0.98), eps=1e-9)
+    for group in opt.param_groups:
+        group["lr"] = 1e-4
+    if system in TRAINER_SYSTEMS:
+        return TrainerRunner(model, forward, opt, loss_method=TRAINER_SYSTEMS[system])
     return Runner(model, forward, opt)
 
 

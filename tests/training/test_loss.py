@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from transduce.data.vocab import PAD
-from transduce.training.loss import label_smoothed_nll
+from transduce.training.loss import LossSums, label_smoothed_nll
 
 
 def _batch(seed: int = 0, b: int = 3, t: int = 5, v: int = 7):
@@ -150,3 +150,178 @@ def test_bf16_gradient_is_bf16_and_close() -> None:
     _reference(ref, target, 0.1)[0].backward()
     assert low.grad.dtype == torch.bfloat16
     torch.testing.assert_close(low.grad.float(), ref.grad, rtol=1e-2, atol=1e-3)
+
+
+# --- the fused computation (gradient in the forward pass) against the reference ----------------
+
+
+def _both(
+    logits: torch.Tensor, target: torch.Tensor, eps: float, weights: tuple[float, float], **fused
+) -> tuple[LossSums, LossSums, torch.Tensor, torch.Tensor]:
+    """The reference and the fused loss sums of ``logits`` and the gradients of
+    weights[0] * loss + weights[1] * nll, the logits reached through a product (as a model's)."""
+    a = logits.clone().requires_grad_(True)
+    b = logits.clone().requires_grad_(True)
+    ref = label_smoothed_nll(a * 1.0, target, epsilon=eps, ignore_index=PAD, method="reference")
+    new = label_smoothed_nll(
+        b * 1.0, target, epsilon=eps, ignore_index=PAD, method="fused", **fused
+    )
+    (weights[0] * ref.loss + weights[1] * ref.nll).backward()
+    (weights[0] * new.loss + weights[1] * new.nll).backward()
+    return ref, new, a.grad, b.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("chunk", [1 << 20, 50 * 4, 50])  # one chunk; 4 rows; 1 row at a time
+@pytest.mark.parametrize("weights", [(1 / 9, 0.0), (0.0, 1.0), (0.7, -2.0)])
+def test_fused_matches_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype,
+    eps: float,
+    overwrite: bool,
+    chunk: int,
+    weights: tuple[float, float],
+) -> None:
+    monkeypatch.setattr("transduce.training.loss._CHUNK_ELEMENTS", chunk)
+    logits, target = _batch(seed=8, b=3, t=5, v=50)
+    ref, new, g_ref, g_new = _both(
+        logits.to(dtype), target, eps, weights, overwrite_logits=overwrite
+    )
+    torch.testing.assert_close(new.loss, ref.loss, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(new.nll, ref.nll, rtol=1e-6, atol=1e-5)
+    assert new.n_tokens == ref.n_tokens == 9
+    assert g_new.dtype == dtype
+    assert torch.all(g_new[target == PAD] == 0)
+    # bfloat16: the stored p - q is rounded, then scaled and rounded again (the reference
+    # rounds once): one or two units in the last place
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 1e-3}
+    torch.testing.assert_close(g_new.float(), g_ref.float(), **tol)
+
+
+def test_fused_gradient_by_hand() -> None:
+    # V = 3, logits (0, ln 2, ln 5): p = (1/8, 2/8, 5/8); true class 2, eps 0.3:
+    # q = (0.1, 0.1, 0.8), d loss / dz = p - q = (0.025, 0.15, -0.175); a padding row: 0.
+    logits = torch.tensor([[[0.0, math.log(2.0), math.log(5.0)], [1.0, 2.0, 3.0]]])
+    logits.requires_grad_(True)
+    target = torch.tensor([[2, -1]])
+    sums = label_smoothed_nll(logits, target, epsilon=0.3, ignore_index=-1, method="fused")
+    (2.0 * sums.loss).backward()
+    expected = torch.tensor([[[0.025, 0.15, -0.175], [0.0, 0.0, 0.0]]]) * 2.0
+    torch.testing.assert_close(logits.grad, expected, rtol=1e-6, atol=1e-7)
+    assert sums.nll.item() == pytest.approx(-math.log(5 / 8), rel=1e-6)
+
+
+def test_fused_does_not_underflow_where_p_of_the_target_does() -> None:
+    # p(y) = e^-200 / (e^-200 + 2) is 0 in float32: -log p(y) must still be 200 + ln 2
+    logits = torch.tensor([[[-200.0, 0.0, 0.0]]], requires_grad=True)
+    target = torch.tensor([[0]])
+    sums = label_smoothed_nll(logits, target, epsilon=0.0, ignore_index=-1, method="fused")
+    assert sums.nll.item() == pytest.approx(200 + math.log(2), rel=1e-6)
+    sums.loss.backward()
+    torch.testing.assert_close(logits.grad, torch.tensor([[[-1.0, 0.5, 0.5]]]))
+
+
+def test_overwrite_logits_writes_the_gradient_into_them_only_when_asked() -> None:
+    logits, target = _batch(seed=9)
+    for overwrite in (False, True):
+        leaf = logits.clone().requires_grad_(True)
+        z = leaf * 1.0  # (B, T, V) a non-leaf, as a model's output
+        before = z.detach().clone()
+        sums = label_smoothed_nll(
+            z, target, epsilon=0.1, ignore_index=PAD, method="fused", overwrite_logits=overwrite
+        )
+        assert torch.equal(z.detach(), before) != overwrite
+        sums.loss.backward()
+        ref = logits.clone().requires_grad_(True)
+        _reference(ref, target, 0.1)[0].backward()
+        torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_backward_only_once_and_logits_untouched_without_grad() -> None:
+    logits, target = _batch(seed=10)
+    leaf = logits.clone().requires_grad_(True)
+    sums = label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD, method="fused")
+    sums.loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        sums.loss.backward()  # its stored gradient was scaled in place: refused, not wrong
+    with torch.no_grad():
+        kept = logits.clone()
+        sums = label_smoothed_nll(
+            logits, target, epsilon=0.1, ignore_index=PAD, method="fused", overwrite_logits=True
+        )
+    assert torch.equal(logits, kept)
+    ref = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="reference")
+    torch.testing.assert_close(sums.loss, ref.loss)
+
+
+def test_auto_method_is_fused_but_for_float16_and_unknown_methods_are_refused() -> None:
+    from transduce.training.loss import _fused
+
+    assert _fused("auto", torch.zeros(1, dtype=torch.float32))
+    assert _fused("auto", torch.zeros(1, dtype=torch.bfloat16))
+    assert not _fused("auto", torch.zeros(1, dtype=torch.float16))
+    assert not _fused("reference", torch.zeros(1))
+    logits, target = _batch()
+    with pytest.raises(ValueError, match="method must be one of"):
+        label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="liger")  # type: ignore[arg-type]
+
+
+def _liger_on_cuda() -> bool:
+    from transduce.kernels.cross_entropy import liger_available
+
+    return torch.cuda.is_available() and liger_available(torch.device("cuda"))
+
+
+@pytest.mark.skipif(
+    not _liger_on_cuda(), reason="needs a CUDA GPU and liger-kernel (the gpu extra)"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_liger_on_cuda_matches_reference(dtype: torch.dtype, eps: float) -> None:
+    logits, target = _batch(seed=11, b=4, t=6, v=300)
+    logits, target = logits.cuda().to(dtype), target.cuda()
+    a = logits.clone().requires_grad_(True)
+    b = logits.clone().requires_grad_(True)
+    ref = label_smoothed_nll(a * 1.0, target, epsilon=eps, ignore_index=PAD, method="reference")
+    new = label_smoothed_nll(b * 1.0, target, epsilon=eps, ignore_index=PAD, overwrite_logits=True)
+    torch.testing.assert_close(new.loss, ref.loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(new.nll, ref.nll, rtol=1e-5, atol=1e-4)
+    (ref.loss / 7).backward()
+    (new.loss / 7).backward()
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 1e-3}
+    torch.testing.assert_close(b.grad.float(), a.grad.float(), **tol)
+
+
+def test_liger_dispatch_and_its_nll_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the CPU, with torch's cross_entropy standing in for Liger's kernel: "auto" with
+    # overwrite_logits takes it (and computes the NLL itself), without overwrite_logits it does not
+    from transduce.kernels import cross_entropy
+
+    calls: list[int] = []
+
+    def stand_in(logits: torch.Tensor, target: torch.Tensor, *, epsilon: float, ignore_index: int):
+        calls.append(1)
+        return F.cross_entropy(
+            logits.float(),
+            target,
+            ignore_index=ignore_index,
+            label_smoothing=epsilon,
+            reduction="sum",
+        )
+
+    monkeypatch.setattr(cross_entropy, "liger_available", lambda device: True)
+    monkeypatch.setattr(cross_entropy, "liger_smoothed_cross_entropy_sum", stand_in)
+    monkeypatch.setattr("transduce.training.loss._CHUNK_ELEMENTS", 7 * 4)  # 4 rows a chunk
+    logits, target = _batch(seed=12)
+    ref = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="reference")
+    leaf = logits.clone().requires_grad_(True)
+    sums = label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
+    assert calls == [1]
+    torch.testing.assert_close(sums.loss, ref.loss)
+    torch.testing.assert_close(sums.nll, ref.nll)
+    assert sums.n_tokens == ref.n_tokens
+    label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD)
+    label_smoothed_nll(leaf.half(), target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
+    assert calls == [1]

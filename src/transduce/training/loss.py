@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
+
+from transduce.kernels import cross_entropy
 
 # Logit entries handled at once on a CPU (4 MiB of float32: 131 rows of an 8000-word vocabulary),
 # so no (N, V) float32 tensor is ever made. On a GPU, kernel launches per chunk cost more than
 # memory, so chunks are 64x larger there (still 1 GiB less than a paper-sized batch's log-probs).
 _CHUNK_ELEMENTS = 1 << 20
 _GPU_CHUNK_FACTOR = 64
+
+# How the loss and its gradient are computed (``label_smoothed_nll``): "fused" computes the
+# gradient in the forward pass from one softmax, "reference" recomputes it in the backward pass
+# (the textbook two passes; the one for float16 logits); "auto" picks fused except for float16.
+LossMethod = Literal["auto", "fused", "reference"]
+LOSS_METHODS: tuple[LossMethod, ...] = ("auto", "fused", "reference")
 
 
 class LossSums(NamedTuple):
@@ -29,7 +37,13 @@ class LossSums(NamedTuple):
 
 
 def label_smoothed_nll(
-    logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
+    logits: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float,
+    ignore_index: int,
+    method: LossMethod = "auto",
+    overwrite_logits: bool = False,
 ) -> LossSums:
     """Cross-entropy against the smoothed target q = (1 - eps) * onehot(y) + eps / V.
 
@@ -48,12 +62,65 @@ def label_smoothed_nll(
     tensors. The fused ``log_softmax`` / ``softmax`` kernels, which read bfloat16 logits without
     a float32 copy, also made it faster than the logsumexp form it replaced
     (benchmarks/RESULTS.md).
+
+    ``method`` "fused" (what "auto" takes, but for float16 logits) computes that gradient in the
+    forward pass instead, from the one softmax that also gives the loss
+    (``_FusedSmoothedCrossEntropy``), so the logits are read once and the backward pass only
+    scales it; "reference" is the two-pass computation above. ``overwrite_logits``: the fused
+    gradient may be written into ``logits`` itself (they then hold it, not the logits: for a
+    caller that only backpropagates them, like the trainer), saving a (B*T, V) tensor; else it
+    goes into a new one. On a CUDA GPU with Liger-Kernel installed (the ``gpu`` extra), "auto"
+    with ``overwrite_logits`` runs Liger's Triton kernel, which works the same way.
     """
+    if method not in LOSS_METHODS:
+        raise ValueError(f"method must be one of {', '.join(LOSS_METHODS)}, not {method!r}")
+    if method == "auto" and overwrite_logits and _liger_takes(logits):
+        return _liger_sums(logits.flatten(0, -2), target.flatten(), epsilon, ignore_index)
     keep = target != ignore_index  # (B, T)
-    loss, nll = _SmoothedCrossEntropy.apply(
-        logits.flatten(0, -2), target.flatten().clamp(min=0), keep.flatten(), float(epsilon)
+    args = (logits.flatten(0, -2), target.flatten().clamp(min=0), keep.flatten(), float(epsilon))
+    if _fused(method, logits):
+        loss, nll = _FusedSmoothedCrossEntropy.apply(*args, overwrite_logits)
+    else:
+        loss, nll = _SmoothedCrossEntropy.apply(*args)
+    return LossSums(loss=loss, nll=nll, kept=keep.sum())
+
+
+def _liger_takes(logits: Tensor) -> bool:
+    """Whether Liger's kernel computes the loss of ``logits``: on a CUDA GPU with Liger, not
+    float16 (see ``_fused``), logits that may be overwritten and a gradient wanted."""
+    return (
+        logits.dtype != torch.float16
+        and logits.requires_grad
+        and torch.is_grad_enabled()
+        and cross_entropy.liger_available(logits.device)
+    )
+
+
+def _liger_sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> LossSums:
+    """``LossSums`` of logits (N, V), target (N,) by Liger's kernel; the NLL, which it does not
+    give, from a no-gradient pass over the logits before the kernel overwrites them."""
+    keep = target != ignore_index  # (N,)
+    safe = target.clamp(min=0)[:, None]  # (N, 1)
+    nll = torch.zeros((), dtype=torch.float32, device=logits.device)
+    step = _chunk_rows(logits)
+    with torch.no_grad():
+        for i in range(0, logits.size(0), step):
+            z = logits[i : i + step].float()  # (n_chunk, V)
+            rows = torch.logsumexp(z, dim=-1) - z.gather(1, safe[i : i + step]).squeeze(1)
+            nll += (rows * keep[i : i + step]).sum()
+    loss = cross_entropy.liger_smoothed_cross_entropy_sum(
+        logits, target, epsilon=epsilon, ignore_index=ignore_index
     )
     return LossSums(loss=loss, nll=nll, kept=keep.sum())
+
+
+def _fused(method: LossMethod, logits: Tensor) -> bool:
+    """Whether ``method`` means the fused computation for ``logits``: "auto" takes it but for
+    float16 logits, whose gradient (up to 1e-8 an entry) would flush to 0 in float16 before the
+    loss scale multiplies it; the reference scales in float32 first."""
+    if method == "auto":
+        return logits.dtype != torch.float16
+    return method == "fused"
 
 
 def _chunk_rows(logits: Tensor) -> int:
@@ -107,3 +174,98 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             p.scatter_add_(1, target[rows, None], -row_y[rows, None])
             grad[rows] = p
         return grad, None, None, None
+
+
+def _zero_rows(x: Tensor, keep: Tensor) -> None:
+    """x (N, V)'s rows where keep (N,) is False set to 0, in place: on the CPU only those rows
+    are written (a boolean mask would pass over all of x); on a GPU without reading the mask
+    back to the host, which would wait for the queued work."""
+    if x.device.type == "cpu":
+        drop = (~keep).nonzero().squeeze(1)  # (n_padding,)
+        if drop.numel():
+            x.index_fill_(0, drop, 0.0)
+    else:
+        x.mul_(keep[:, None].to(x.dtype))
+
+
+class _FusedSmoothedCrossEntropy(torch.autograd.Function):
+    """``_SmoothedCrossEntropy`` with the gradient of the loss computed in the forward pass.
+
+    Per chunk of rows, from float32 z: m = max_v z, p = softmax(z), log sum_v exp z =
+    m - log max_v p (max_v p >= 1/V: no underflow, unlike log p(y)), so -log p(y) = lse - z_y
+    and sum_v -log p(v) = V lse - sum_v z. The gradient of the smoothed loss, p - q, is
+    written in the logits' dtype (into the logits with ``overwrite``), padding rows 0: one
+    softmax and a few cheap passes where the reference takes a log-softmax, a softmax and
+    more passes. The backward pass multiplies it by the loss's incoming gradient; the NLL's
+    gradient, p - onehot(y) = (p - q) + eps / V - eps onehot(y), comes from it too.
+
+    On the project's 2-core x86 machine (one thread, loaded) the whole bfloat16 training step gained
+    1.08x at SMALL and 1.02x at BASE, float32 1.01x (``benchmarks/train_step.py --systems
+    transduce transduce_reference``): the loss is a small part of a step there.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: Tensor, target: Tensor, keep: Tensor, eps: float, overwrite: bool
+    ) -> tuple[Tensor, Tensor]:
+        n, v = logits.shape
+        step = _chunk_rows(logits)
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) log sum exp z
+        z_y = torch.empty_like(lse)  # (N,) z at the target
+        z_sum = torch.empty_like(lse)  # (N,) sum_v z
+        want_grad = ctx.needs_input_grad[0]
+        grad: Tensor | None = None  # (N, V) p - q, in the logits' dtype
+        if want_grad:
+            grad = logits if overwrite and logits.is_contiguous() else torch.empty_like(logits)
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            chunk, t = logits[rows], target[rows, None]  # (n_chunk, V), (n_chunk, 1)
+            if grad is None:  # no gradient wanted (validation): the logits stay as they are
+                z = chunk.float()
+                z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
+                lse[rows] = torch.logsumexp(z, dim=-1)
+                continue
+            # float32 z where its softmax, then p - q, may be computed in place: the gradient's
+            # own rows for float32 logits, else a float32 copy of the chunk
+            if grad.dtype == torch.float32:
+                z = grad[rows] if grad is logits else grad[rows].copy_(chunk)
+            else:
+                z = chunk.float()
+            m = z.amax(dim=-1)  # (n_chunk,)
+            z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
+            p = cross_entropy.softmax_(z)  # (n_chunk, V)
+            lse[rows] = m + p.amax(dim=-1).log().neg_()
+            p.sub_(eps / v).scatter_add_(1, t, p.new_full(t.shape, eps - 1.0))  # p - q
+            if p.data_ptr() != grad[rows].data_ptr():
+                grad[rows] = p
+        w = keep.float()  # (N,)
+        nll_rows = lse - z_y  # (N,) -log p(y)
+        nll = (nll_rows * w).sum()
+        loss = (1.0 - eps) * nll + (eps / v) * ((v * lse - z_sum) * w).sum()
+        if grad is not None:
+            _zero_rows(grad, keep)  # padding counts for nothing
+            # detached: the logits may be a view, which autograd would not let a Function
+            # save once written in place
+            ctx.save_for_backward(grad.detach(), target, w)
+        ctx.eps = eps
+        ctx.set_materialize_grads(False)
+        return loss, nll
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_loss: Tensor | None, g_nll: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        grad, target, w = ctx.saved_tensors  # grad (N, V): p - q, 0 on padding rows
+        if g_nll is None:  # the common case: one pass over the stored gradient, in place
+            if g_loss is None:
+                return None, None, None, None, None
+            # a float32 0-dim g_loss: computed in float32, rounded once (not rounded first). In
+            # place: a second backward (retain_graph) is refused by autograd's version check.
+            return grad.mul_(g_loss), None, None, None, None
+        # g_loss (p - q) + g_nll (p - onehot(y)) = (g_loss + g_nll) (p - q)
+        #                                          + g_nll eps / V - g_nll eps onehot(y), kept rows
+        eps, v = ctx.eps, grad.size(1)
+        g = g_nll.float() if g_loss is None else g_loss.float() + g_nll.float()
+        out = grad.float().mul_(g).add_((w * (g_nll.float() * eps / v))[:, None])
+        out.scatter_add_(1, target[:, None], (w * (-g_nll.float() * eps))[:, None])
+        return out.to(grad.dtype), None, None, None, None

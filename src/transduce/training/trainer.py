@@ -36,7 +36,7 @@ from transduce.data.vocab import PAD, Vocab
 from transduce.training import distributed, guard
 from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
-from transduce.training.loss import label_smoothed_nll
+from transduce.training.loss import LossMethod, LossSums, label_smoothed_nll
 from transduce.training.loss_window import LossWindow
 from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import autocast, grad_scaler, resolve_precision
@@ -55,6 +55,37 @@ from transduce.training.schedule import scheduled_rate
 from transduce.training.validation import Validator, validate
 
 StepCallback = Callable[[Progress], None]
+
+
+def forward_backward(
+    net: torch.nn.Module,
+    batch: Batch,
+    *,
+    precision: str,
+    epsilon: float,
+    scale: float,
+    scaler: torch.amp.GradScaler,
+    loss_method: LossMethod = "auto",
+) -> LossSums:
+    """The forward and backward pass of one batch (on the model's device) under the concrete
+    ``precision``: the label-smoothed loss times ``scale`` (and the fp16 loss scale)
+    backpropagated. Returns the loss sums, unread. benchmarks/train_step.py times this very
+    function; ``loss_method`` is for it (the trainer takes "auto")."""
+    device = batch.src.device
+    with autocast(precision, device):
+        logits = net(batch.src, batch.tgt_in)  # (B, T, V)
+    # the logits are needed for nothing else: the loss writes its gradient into them
+    sums = label_smoothed_nll(
+        logits,
+        batch.tgt_out,
+        epsilon=epsilon,
+        ignore_index=PAD,
+        method=loss_method,
+        overwrite_logits=True,
+    )
+    del logits
+    scaler.scale(sums.loss * scale).backward()
+    return sums
 
 
 class Trainer:
@@ -124,12 +155,14 @@ class Trainer:
             last = i == len(group) - 1
             sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
             with sync:
-                with autocast(self.precision, self.device):
-                    logits = net(batch.src, batch.tgt_in)
-                sums = label_smoothed_nll(
-                    logits, batch.tgt_out, epsilon=self.cfg.train.label_smoothing, ignore_index=PAD
+                sums = forward_backward(
+                    net,
+                    batch,
+                    precision=self.precision,
+                    epsilon=self.cfg.train.label_smoothing,
+                    scale=scale,
+                    scaler=self.scaler,
                 )
-                self.scaler.scale(sums.loss * scale).backward()
             sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
         return torch.stack(sums_per_batch)
 
@@ -317,4 +350,4 @@ class Trainer:
         return {**summary, **self.compiled.totals()}  # compile off: nothing added
 
 
-__all__ = ["StepCallback", "Trainer"]
+__all__ = ["StepCallback", "Trainer", "forward_backward"]
