@@ -120,7 +120,9 @@ def _assert_same_translations(mine, ref, src: torch.Tensor) -> None:
     expected = beam_search(ref, src, beam=4, max_len_offset=5, nbest=2)
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in expected]
     scores = [torch.tensor([[h.score for h in hs] for hs in b]) for b in (got, expected)]
-    torch.testing.assert_close(*scores)
+    # the fold and the column blocks reassociate float32 sums: scores of a few tokens' log-
+    # probabilities may part by ~1e-5 (seen: 3.4e-5 on one model of the fixture's recipe)
+    torch.testing.assert_close(*scores, rtol=2e-5, atol=1e-4)
 
 
 def test_decoding_model_gives_the_same_translations(trained) -> None:
