@@ -89,22 +89,9 @@ def ours_runner(systems: decode_marian.Systems, device: Any) -> Callable[[Any, i
 
 def hf_runner(systems: decode_marian.Systems) -> Callable[[Any, int], list]:
     """``run(src, beam)`` -> token lists (without the decoder start) of ``generate``."""
-    import torch
 
     def run(src: Any, beam: int) -> list:
-        with torch.no_grad():
-            out = systems.hf.generate(
-                input_ids=src,
-                attention_mask=torch.ones_like(src),
-                num_beams=beam,
-                do_sample=False,
-                min_new_tokens=STEPS,
-                max_new_tokens=STEPS,
-                length_penalty=ALPHA,
-                early_stopping=False,
-                forced_eos_token_id=None,
-            )
-        return out[:, 1:].tolist()
+        return decode_marian.hf_generate(systems.hf, src, beam)[:, 1:].tolist()
 
     return run
 

@@ -310,6 +310,25 @@ def time_ours(systems: Systems, sources: list[list[str]], args: argparse.Namespa
     return res | {"lengths": sorted(lengths)}
 
 
+def hf_generate(hf: Any, src: Any, beam: int) -> Any:
+    """``hf.generate`` of exactly STEPS tokens (the forced EOS at the limit off), greedy or beam
+    search with decode.py's alpha; (N, 1 + STEPS) ids, the decoder start first."""
+    import torch
+
+    with torch.no_grad():
+        return hf.generate(
+            input_ids=src,
+            attention_mask=torch.ones_like(src),
+            num_beams=beam,
+            do_sample=False,
+            min_new_tokens=STEPS,
+            max_new_tokens=STEPS,
+            length_penalty=ALPHA,
+            early_stopping=False,
+            forced_eos_token_id=None,
+        )
+
+
 def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace) -> dict:
     """``generate`` with min_new_tokens = max_new_tokens = 30 (the folder's generation config
     keeps ``<pad>`` out; the forced EOS at the length limit is switched off)."""
@@ -321,18 +340,7 @@ def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace
 
     def run(x, beam):
         def go():
-            with torch.no_grad():
-                out = systems.hf.generate(
-                    input_ids=x,
-                    attention_mask=torch.ones_like(x),
-                    num_beams=beam,
-                    do_sample=False,
-                    min_new_tokens=STEPS,
-                    max_new_tokens=STEPS,
-                    length_penalty=ALPHA,
-                    early_stopping=False,
-                    forced_eos_token_id=None,
-                )
+            out = hf_generate(systems.hf, x, beam)
             lengths.add(out.size(1) - 1)  # minus the decoder start token
 
         return go
