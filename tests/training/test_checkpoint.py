@@ -41,6 +41,34 @@ def test_save_atomic_writes_and_leaves_no_temp(tmp_path: Path) -> None:
     assert torch.equal(torch.load(path)["a"], torch.arange(4))
 
 
+def test_text_written_atomically_is_never_seen_empty(tmp_path: Path) -> None:
+    """A rank reading prepared.json or config.json while rank 0 rewrites it (a resume) sees the
+    old text or the new, never an empty file: with Path.write_text (truncate, then write) a
+    reader thread saw "" within a few hundred rewrites here (the JSONDecodeError of a 2-rank
+    resume in CI)."""
+    import threading
+
+    path = tmp_path / "prepared.json"
+    checkpoint.write_text_atomic(path, '{"a": 1}\n')
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.add(path.read_text(encoding="utf-8"))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(2000):
+            checkpoint.write_text_atomic(path, f'{{"a": {i % 2}}}\n')
+    finally:
+        done.set()
+        reader.join()
+    assert seen <= {'{"a": 0}\n', '{"a": 1}\n'} and seen
+    assert [p.name for p in tmp_path.iterdir()] == ["prepared.json"]  # no temporary file left
+
+
 def test_failed_save_keeps_old_file_and_removes_temp(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "model.pt"
     checkpoint.save_atomic({"v": torch.ones(2)}, path)
