@@ -22,6 +22,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from inference_testkit import train_upper_casing, upper_casing_pairs  # noqa: E402
 
 from transduce.cli.main import main  # noqa: E402
 from transduce.config import from_dict  # noqa: E402
@@ -35,57 +36,14 @@ from transduce.export.ctranslate2 import (  # noqa: E402
 )
 from transduce.inference.translator import Translator  # noqa: E402
 from transduce.model.transformer import make_model  # noqa: E402
-from transduce.training.run import train_translation  # noqa: E402
 
-WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
-
-
-def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
-    rng = random.Random(seed)
-    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
-    return src, [s.upper() for s in src]
+corpus = upper_casing_pairs
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A run folder whose model.pt has learned to upper-case (about 10 s on one CPU thread)."""
-    root = tmp_path_factory.mktemp("ct2")
-    src, tgt = corpus(400, seed=0)
-    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    cfg = from_dict(
-        {
-            "model": {
-                "n_layers": 1,
-                "d_model": 64,
-                "d_ff": 128,
-                "n_heads": 4,
-                "d_k": 16,
-                "d_v": 16,
-                "dropout": 0.0,
-            },
-            "train": {
-                "max_steps": 300,
-                "warmup": 60,
-                "max_tokens": 600,
-                "eval_every": 0,
-                "save_every": 100_000,
-                "keep_last": 1,
-                "log_every": 1000,
-                "tensorboard": False,
-            },
-            "task": {
-                "name": "translation",
-                "train_src": str(root / "train.src"),
-                "train_tgt": str(root / "train.tgt"),
-                "vocab_size": 60,
-            },
-            "decode": {"max_len_offset": 20},
-        }
-    )
-    torch.manual_seed(0)
-    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
-    return root / "run" / "model.pt"
+    return train_upper_casing(tmp_path_factory.mktemp("ct2"), corpus(400, seed=0)[0])
 
 
 @pytest.fixture(scope="module")

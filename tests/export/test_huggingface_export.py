@@ -17,6 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from
 transformers = pytest.importorskip("transformers")
 
 import torch
+from inference_testkit import train_upper_casing
 from marian_testkit import corpus
 
 from transduce.architectures import build_model
@@ -131,47 +132,8 @@ def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Pa
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model trained here to upper-case the words (about 10 s on one CPU thread), with
     Marian's swish activation."""
-    from transduce.config import from_dict
-    from transduce.training.run import train_translation
-
     root = tmp_path_factory.mktemp("trained")
-    src = corpus(400, seed=0)[0]
-    tgt = [s.upper() for s in src]
-    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    cfg = from_dict(
-        {
-            "model": {
-                **SMALL,
-                "d_model": 64,
-                "d_ff": 128,
-                "d_k": 16,
-                "d_v": 16,
-                "n_layers": 1,
-                "activation": "swish",
-            },
-            "train": {
-                "max_steps": 300,
-                "warmup": 60,
-                "max_tokens": 600,
-                "eval_every": 0,
-                "save_every": 100_000,
-                "keep_last": 1,
-                "log_every": 1000,
-                "tensorboard": False,
-            },
-            "task": {
-                "name": "translation",
-                "train_src": str(root / "train.src"),
-                "train_tgt": str(root / "train.tgt"),
-                "vocab_size": 60,
-            },
-            "decode": {"max_len_offset": 20},
-        }
-    )
-    torch.manual_seed(0)
-    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
-    return root / "run" / "model.pt"
+    return train_upper_casing(root, corpus(400, seed=0)[0], {"activation": "swish"})
 
 
 def _log_prob_ours(model: Any, src: list[int], out: list[int]) -> float:

@@ -279,3 +279,52 @@ def save_toy_synthetic(path: Path, decode: dict, model: dict | None = None) -> P
 
     vocab = CharVocab(list("0123456789+"))
     return _save_toy(path, vocab, {"decode": decode, "task": {"name": "addition"}}, model)
+
+
+# --- a tiny model trained to upper-case the words (int8, CTranslate2 and Hugging Face tests) ----
+
+
+def upper_casing_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    """``n`` sentences of 1 to 6 toy words and their upper-cased copies (the task)."""
+    import random
+
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(TOY_WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
+    return src, [s.upper() for s in src]
+
+
+def train_upper_casing(root: Path, sources: list[str], model: dict | None = None) -> Path:
+    """Train a 1-layer d_model 64 Transformer (``model``: changes to that section) for 300 steps
+    to upper-case ``sources`` (a 60-piece vocabulary learned from them) in ``root / "run"``;
+    about 10 s on one CPU thread. Returns its model.pt."""
+    from transduce.config import from_dict
+    from transduce.training.run import train_translation
+
+    (root / "train.src").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (root / "train.tgt").write_text("\n".join(s.upper() for s in sources) + "\n", encoding="utf-8")
+    sizes = {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
+    cfg = from_dict(
+        {
+            "model": {**sizes, "dropout": 0.0, **(model or {})},
+            "train": {
+                "max_steps": 300,
+                "warmup": 60,
+                "max_tokens": 600,
+                "eval_every": 0,
+                "save_every": 100_000,
+                "keep_last": 1,
+                "log_every": 1000,
+                "tensorboard": False,
+            },
+            "task": {
+                "name": "translation",
+                "train_src": str(root / "train.src"),
+                "train_tgt": str(root / "train.tgt"),
+                "vocab_size": 60,
+            },
+            "decode": {"max_len_offset": 20},
+        }
+    )
+    torch.manual_seed(0)
+    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
+    return root / "run" / "model.pt"

@@ -6,67 +6,32 @@ from __future__ import annotations
 
 import contextlib
 import io
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from inference_testkit import save_toy_translation_model  # noqa: I001
+from inference_testkit import (  # noqa: I001
+    save_toy_translation_model,
+    train_upper_casing,
+    upper_casing_pairs,
+)
 
 from transduce.cli.main import main
-from transduce.config import from_dict
 from transduce.errors import UserError
 from transduce.evaluation.bleu import corpus_scores
 from transduce.inference import translator as translator_module
 from transduce.inference.engine import DecodingModel
 from transduce.inference.translator import Translator
 from transduce.kernels import quantized
-from transduce.training.run import train_translation
 
-WORDS = "the a dog cat man woman runs sits on in red blue big small park street ball".split()
-
-
-def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
-    """Sentences of 1 to 6 words and their upper-cased copies (the task)."""
-    rng = random.Random(seed)
-    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
-    return src, [s.upper() for s in src]
+corpus = upper_casing_pairs
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model.pt that has learned to upper-case, somewhat (BLEU 20 to 30 on held-out
     sentences; about 10 s on one idle CPU thread)."""
-    root = tmp_path_factory.mktemp("int8")
-    src, tgt = corpus(400, seed=0)
-    (root / "train.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-    (root / "train.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    model = {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
-    cfg = from_dict(
-        {
-            "model": {**model, "dropout": 0.0},
-            "train": {
-                "max_steps": 300,
-                "warmup": 60,
-                "max_tokens": 600,
-                "eval_every": 0,
-                "save_every": 100_000,
-                "keep_last": 1,
-                "log_every": 1000,
-                "tensorboard": False,
-            },
-            "task": {
-                "name": "translation",
-                "train_src": str(root / "train.src"),
-                "train_tgt": str(root / "train.tgt"),
-                "vocab_size": 60,
-            },
-            "decode": {"max_len_offset": 20},
-        }
-    )
-    torch.manual_seed(0)
-    train_translation(cfg, root / "run", show_progress=False, log=lambda _: None)
-    return root / "run" / "model.pt"
+    return train_upper_casing(tmp_path_factory.mktemp("int8"), corpus(400, seed=0)[0])
 
 
 @pytest.fixture(scope="module")
