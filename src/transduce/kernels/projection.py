@@ -32,10 +32,9 @@ from transduce.kernels.matmul import (
 from transduce.kernels.options import Matmul
 from transduce.kernels.quantized import fbgemm_linear, fbgemm_packed, quantize_weight
 
-# One row against a weight with fewer entries than this multiplied faster in float32 than
-# through the int8 kernel (its per-call work, quantising x, outweighs the product) on the AMD Zen 5
-# (1 thread, under load: 256x256 3x slower in int8, 768x256 1.06-1.23x; 512x512, 1024x256 and
-# 256x1024, 2^18 entries, 0.77-0.93x; 1536x512 0.35x; benchmarks/int8_kernels.py)
+# One row against a weight with fewer entries than this multiplies faster in float32 than through
+# the int8 kernel, whose per-call work (quantising x) outweighs the product; 2^18 gave the fastest
+# one-sentence decoding of 2^18, 2^19, 2^20 on the AMD Zen 5 (benchmarks/RESULTS.md, int8)
 INT8_ONE_ROW_MIN_ELEMENTS = 1 << 18
 
 

@@ -199,9 +199,8 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     more passes. The backward pass multiplies it by the loss's incoming gradient; the NLL's
     gradient, p - onehot(y) = (p - q) + eps / V - eps onehot(y), comes from it too.
 
-    On the project's 2-core x86 machine (one thread, loaded) the whole bfloat16 training step gained
-    1.08x at SMALL and 1.02x at BASE, float32 1.01x (``benchmarks/train_step.py --systems
-    transduce transduce_reference``): the loss is a small part of a step there.
+    Its gain on a CPU's whole training step is small (the loss is a small part of it):
+    ``benchmarks/train_step.py --systems transduce transduce_reference``, benchmarks/RESULTS.md.
     """
 
     @staticmethod
