@@ -3,18 +3,15 @@ per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and
 tensor on every call (dynamic quantisation), the sums in int32, the result float32.
 
 The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
-fbgemm-prepacked weights), the fastest of three measured by benchmarks/int8_kernels.py on the
-AMD Zen 5 (AVX512-VNNI, no AMX; 1 thread, 2026-11-26, under load) at the engine's row counts
-(1, 4, 128, 640) and weights (768x256 to 32000x512): 0.14 to 0.51 of the float32
-``Projection``'s time at 4 and 128 rows, 0.31 to 0.62 at 640; for one row 0.15 to 0.37 against
-weights of 1536x512 and more, 0.77 to 0.93 at 2^18 entries (512x512, 1024x256, 256x1024), but
-1.06 to 3 times against smaller ones (768x256, 256x256), where one row stays float32
-(``projection.INT8_ONE_ROW_MIN_ELEMENTS``). oneDNN's int8 inner
-product (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its
-kernel, so dynamic activations built a new kernel every call (2 to 1000 times float32's time);
-``torch._weight_int8pack_mm`` (int8 weights, float activations) took 4 to 50 times float32's.
-Not measured on Intel CPUs with AMX, where fbgemm runs its AVX512-VNNI kernels (it has no AMX
-ones): rerun benchmarks/int8_kernels.py there before giving oneDNN a rule of its own.
+fbgemm-prepacked weights), the fastest of three that benchmarks/int8_kernels.py measures at the
+engine's row counts and weights (benchmarks/RESULTS.md): faster than the float32 ``Projection``
+at every shape but one row against a small weight, which stays float32
+(``projection.INT8_ONE_ROW_MIN_ELEMENTS``). oneDNN's int8 inner product
+(``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its kernel,
+so dynamic activations build a new kernel every call; ``torch._weight_int8pack_mm`` (int8
+weights, float activations) has no fast CPU kernel. Not measured on Intel CPUs with AMX, where
+fbgemm runs its AVX512-VNNI kernels (it has no AMX ones): rerun benchmarks/int8_kernels.py there
+before giving oneDNN a rule of its own.
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
 Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by
