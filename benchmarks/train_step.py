@@ -91,35 +91,20 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode  # noqa: E402  (benchmarks/decode.py: the model sizes shared with it)
 
 PAD, BOS, EOS = 0, 2, 3
 BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
 PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a batch
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
 
-SIZES: dict[str, dict[str, int]] = {
-    "small": {
-        "n_layers": 3,
-        "d_model": 256,
-        "n_heads": 4,
-        "d_k": 64,
-        "d_v": 64,
-        "d_ff": 1024,
-        "vocab": 8000,
-    },
-    "base": {
-        "n_layers": 6,
-        "d_model": 512,
-        "n_heads": 8,
-        "d_k": 64,
-        "d_v": 64,
-        "d_ff": 2048,
-        "vocab": 37000,
-    },
-}
+SIZES: dict[str, dict[str, int]] = decode.SIZES  # SMALL and BASE, as decode.py times them
 SYSTEMS = ("transduce", "transduce_reference", "torch", "hf")
 PRECISIONS = ("fp32", "bf16")
 # (warm-up steps per system and precision, timed steps per round, rounds)
