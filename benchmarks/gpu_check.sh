@@ -8,7 +8,8 @@
 #                equal, sentence for sentence
 #   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32 and bf16, against
 #                nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
-#   step_paper   the same at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16
+#   step_paper   the same at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16, and
+#                ours in precision bf16-weights (its speed over autocast: bf16_weights_over_bf16)
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
 #                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
@@ -173,7 +174,7 @@ step step_small 240 "$PY" benchmarks/train_step.py --quick --device "$device" --
     --systems "${systems[@]}" "${step_flags[@]}"
 figure "step_small: $(tail -n 1 "$OUT/step_small.log")"
 step step_paper 240 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-    --systems "${systems[@]}" --precisions bf16 "${paper_flags[@]}"
+    --systems "${systems[@]}" --precisions bf16 bf16-weights "${paper_flags[@]}"
 figure "step_paper: $(tail -n 1 "$OUT/step_paper.log")"
 
 # --- the GPU recipe: bounded time, then test2016 -----------------------------------------------

@@ -22,13 +22,20 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
     transduce_reference
                the same with the two-pass reference loss (``method="reference"``): the
                ratio ``transduce_reference`` / ``transduce`` is what the fused loss gained
+    transduce_compiled
+               ``transduce`` with the model compiled in place (``nn.Module.compile``, inductor's
+               default mode: what ``train.compile: default`` does); its warm-up steps compile
+               (tens of seconds on a CPU), the timed ones run the compiled graphs
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
                sinusoidal positions, scale_embedding, tied embeddings, default SDPA attention)
 
 Each runs in float32 and under ``torch.autocast(DEVICE, dtype=torch.bfloat16)`` (float32 master
-weights; the loss is computed outside autocast, as ``Trainer`` does). Timings on a shared machine
+weights; the loss is computed outside autocast, as ``Trainer`` does); ``--precisions
+bf16-weights`` adds the transduce systems in ``train.precision: bf16-weights`` (forward and
+backward on a bfloat16 copy of the model cast once per update, ``training/working_weights.py``;
+the JSON's ``*_bf16_weights_over_bf16`` is its speed over autocast's). Timings on a shared machine
 are noisy, so the systems run interleaved in one process (round r runs every system and
 precision, in a rotating order) and the ratios are medians of per-round ratios.
 
@@ -47,7 +54,7 @@ attention term: 46.0 MFLOP per target token for SMALL, 380.6 for BASE. MFU = (FL
 (seconds/step) / peak, the peak being the best FLOP/s of a 1024^3 and a 2048^3 product loop
 (``torch.mm``, and oneDNN's on a CPU: see ``measure_peak``) measured in the same process before
 and after the timed steps, with the same threads (the fp32 peak for fp32 runs, the bf16 peak for
-bf16 runs).
+bf16 and bf16-weights runs).
 
 Peak memory of a step, per system and precision (one extra step after the timed ones), as the
 rise over what was there before the step: what the step itself needs (activations, gradients,
@@ -92,6 +99,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -105,12 +113,14 @@ PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
 
 SIZES: dict[str, dict[str, int]] = decode.SIZES  # SMALL and BASE, as decode.py times them
-SYSTEMS = ("transduce", "transduce_reference", "torch", "hf")
-PRECISIONS = ("fp32", "bf16")
+SYSTEMS = ("transduce", "transduce_reference", "transduce_compiled", "torch", "hf")
+DEFAULT_SYSTEMS = ("transduce", "transduce_reference", "torch", "hf")  # compiling takes minutes
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
+DEFAULT_PRECISIONS = ("fp32", "bf16")
 # (warm-up steps per system and precision, timed steps per round, rounds)
 SCHEDULE = {"small": (2, 2, 7), "base": (1, 1, 5)}
 GPU_SCHEDULE = (5, 20, 7)  # a GPU step takes milliseconds: more of them per timing
-PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-weights": torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,11 +360,16 @@ def build_hf(size: dict[str, int]) -> tuple[nn.Module, Forward]:
 BUILDERS = {
     "transduce": build_transduce,
     "transduce_reference": build_transduce,
+    "transduce_compiled": build_transduce,
     "torch": build_torch,
     "hf": build_hf,
 }
 # the systems stepped by the Trainer's code, and the loss method of each
-TRAINER_SYSTEMS = {"transduce": "auto", "transduce_reference": "reference"}
+TRAINER_SYSTEMS = {
+    "transduce": "auto",
+    "transduce_reference": "reference",
+    "transduce_compiled": "auto",
+}
 
 
 @dataclass
@@ -384,17 +399,27 @@ class TrainerRunner(Runner):
     ``transduce_reference``)."""
 
     loss_method: str = "auto"
+    working: Any = None  # the bfloat16 copy of bf16-weights (training.working_weights)
 
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.data.batching import Batch
         from transduce.training.guard import gradient_norm
         from transduce.training.precision import grad_scaler
         from transduce.training.trainer import forward_backward
+        from transduce.training.working_weights import WorkingWeights
 
         n_tokens = int((tgt_out != PAD).sum())
         scaler = grad_scaler(precision, src.device)  # disabled but for fp16, as in Trainer
+        net = self.model
+        if precision == "bf16-weights":
+            if self.working is None:
+                self.working = WorkingWeights(self.model)
+            # once per update, as the Trainer does after its step (the other precisions' steps
+            # changed the master weights since)
+            self.working.refresh()
+            net = self.working.module.train()
         forward_backward(
-            self.model,
+            net,
             Batch(src, tgt_in, tgt_out, n_tokens),
             precision=precision,
             epsilon=LABEL_SMOOTHING,
@@ -402,6 +427,8 @@ class TrainerRunner(Runner):
             scaler=scaler,
             loss_method=self.loss_method,  # type: ignore[arg-type]
         )
+        if net is not self.model:
+            self.working.gradients_to_master()
         scaler.unscale_(self.optimizer)
         gradient_norm(list(self.model.parameters()), 0.0)
         scaler.step(self.optimizer)
@@ -415,6 +442,8 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
     torch.manual_seed(0)
     model, forward = BUILDERS[system](size)
     model.to(device).train()
+    if system == "transduce_compiled":
+        model.compile()  # in place, as training.compiling does; compiles at the first step
     # the Trainer's optimizer (Adam, fused where torch has it) for every system
     opt = make_optimizer(model, betas=(0.9, 0.98), eps=1e-9)
     for group in opt.param_groups:
@@ -457,7 +486,8 @@ def run_worker(args: argparse.Namespace) -> dict:
         "memory": measure,
     }
     # the precisions timed only: a CPU without bfloat16 emulates it, minutes a product
-    peaks = {p: measure_peak(PEAK_DTYPES[p], device) for p in args.precisions}
+    by_dtype = {d: measure_peak(d, device) for d in {PEAK_DTYPES[p] for p in args.precisions}}
+    peaks = {p: by_dtype[PEAK_DTYPES[p]] for p in args.precisions}
     g = torch.Generator().manual_seed(1)
     for size_name in args.sizes:
         size = SIZES[size_name]
@@ -468,7 +498,13 @@ def run_worker(args: argparse.Namespace) -> dict:
         warmup, steps, rounds = SCHEDULE[size_name] if device.type == "cpu" else GPU_SCHEDULE
         rounds = args.rounds or rounds
         runners = {s: make_runner(s, size, device) for s in args.systems}
-        keys = [(s, p) for s in args.systems for p in args.precisions]
+        # bf16-weights is the Trainer's: the peers have no such mode
+        keys = [
+            (s, p)
+            for s in args.systems
+            for p in args.precisions
+            if p != "bf16-weights" or s in ("transduce", "transduce_reference")
+        ]
         for s, p in keys:
             for _ in range(warmup):
                 runners[s].step(src, tgt_in, tgt_out, p)
@@ -493,7 +529,8 @@ def run_worker(args: argparse.Namespace) -> dict:
             step = functools.partial(runners[s].step, src, tgt_in, tgt_out, p)
             memory[f"{s}/{p}"] = step_peak_mib(step, device, measure)
         # the peak again, after the heavy work: the better of the two is the machine's peak now
-        peaks = {p: max(peaks[p], measure_peak(PEAK_DTYPES[p], device)) for p in peaks}
+        again = {d: measure_peak(d, device) for d in {PEAK_DTYPES[p] for p in peaks}}
+        peaks = {p: max(peaks[p], again[PEAK_DTYPES[p]]) for p in peaks}
         result["sizes"][size_name] = {
             "seconds_per_step": times,
             "flops_per_step": flops_per_step(size, batch, src_len, tgt_len),
@@ -522,6 +559,7 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
             if f"transduce/{p}" not in times:
                 continue
             ours = times[f"transduce/{p}"]
+            pk = p.replace("-", "_")  # bf16-weights -> bf16_weights in the JSON keys
             for s in SYSTEMS:
                 key = f"{s}/{p}"
                 if key not in times:
@@ -531,13 +569,13 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                 mfu = flops / med / res["peak_flops"][p]
                 ratio = statistics.median(th / us for th, us in zip(times[key], ours))
                 mib = sres.get("peak_mib", {}).get(key)
-                out[f"{size_name}_{p}_{s}_tokens_per_s"] = round(tps, 1)
-                out[f"{size_name}_{p}_{s}_mfu"] = round(mfu, 4)
-                out[f"{size_name}_{p}_{s}_peak_mib"] = None if mib is None else round(mib, 1)
+                out[f"{size_name}_{pk}_{s}_tokens_per_s"] = round(tps, 1)
+                out[f"{size_name}_{pk}_{s}_mfu"] = round(mfu, 4)
+                out[f"{size_name}_{pk}_{s}_peak_mib"] = None if mib is None else round(mib, 1)
                 if s == "transduce":
-                    out[f"{size_name}_{p}_mfu"] = round(mfu, 4)
+                    out[f"{size_name}_{pk}_mfu"] = round(mfu, 4)
                 else:
-                    out[f"{size_name}_{p}_vs_{s}"] = round(ratio, 3)
+                    out[f"{size_name}_{pk}_vs_{s}"] = round(ratio, 3)
                 rows.append(
                     [
                         size_name,
@@ -551,14 +589,14 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
                         "1.00" if s == "transduce" else f"{ratio:.2f}",
                     ]
                 )
-        if "transduce/fp32" in times and "transduce/bf16" in times:
-            out[f"{size_name}_bf16_over_fp32"] = round(
-                statistics.median(
-                    a / b for a, b in zip(times["transduce/fp32"], times["transduce/bf16"])
-                ),
-                3,
-            )
-    for p in PRECISIONS:  # the precisions timed only (--precisions bf16: no fp32 peak)
+        for slow, fast, name in (
+            ("fp32", "bf16", "bf16_over_fp32"),
+            ("bf16", "bf16-weights", "bf16_weights_over_bf16"),
+        ):
+            if f"transduce/{slow}" in times and f"transduce/{fast}" in times:
+                pairs = zip(times[f"transduce/{slow}"], times[f"transduce/{fast}"])
+                out[f"{size_name}_{name}"] = round(statistics.median(a / b for a, b in pairs), 3)
+    for p in ("fp32", "bf16"):  # the precisions timed only (--precisions bf16: no fp32 peak)
         if p in res["peak_flops"]:
             out[f"peak_{p}_gflops"] = round(res["peak_flops"][p] / 1e9, 1)
     return rows, out
@@ -592,9 +630,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--device", default="cpu", help="cpu (default) or cuda[:N]; on a GPU, malloc tuning on only"
     )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
-    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     parser.add_argument(
-        "--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS)
+        "--systems", nargs="+", choices=list(SYSTEMS), default=list(DEFAULT_SYSTEMS)
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=list(PRECISIONS),
+        default=list(DEFAULT_PRECISIONS),
+        help="bf16-weights (train.precision bf16-weights) for the transduce systems only",
     )
     parser.add_argument("--batch", type=positive, default=None, help=f"sentences ({BATCH})")
     parser.add_argument("--src-len", type=positive, default=None, help=f"tokens ({SRC_LEN})")

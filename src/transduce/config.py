@@ -179,10 +179,12 @@ class TrainConfig(_Section):
     patience: int = 0  # early stopping after this many validations without gain (0 = off)
     device: str = "cpu"
     # bf16: autocast to bfloat16 (CPUs with bfloat16 instructions, GPUs); fp16: autocast to
-    # float16 with loss scaling (GPUs); fp32 master weights in both. auto: bf16 where the
-    # device computes in bfloat16 natively (training.precision.native_bf16), else fp32: faster,
-    # with the same val BLEU at equal updates (benchmarks/RESULTS.md)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # float16 with loss scaling (GPUs); fp32 master weights in both. bf16-weights: forward and
+    # backward on a bfloat16 copy of the model cast once per update, activations bfloat16
+    # throughout, fp32 master weights (training/working_weights.py; one process). auto: bf16
+    # where the device computes in bfloat16 natively (training.precision.native_bf16), else
+    # fp32: faster, with the same val BLEU at equal updates (benchmarks/RESULTS.md)
+    precision: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"] = "auto"
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)
     tensorboard: bool = True  # also log metrics to run_dir/tensorboard (needs tensorboard)

@@ -201,3 +201,16 @@ def test_summary_of_bf16_alone() -> None:
     rows, out = ts.summarise({"sizes": sizes, "peak_flops": {"bf16": 4e12}})
     assert out["small_bf16_mfu"] == 0.5 and out["peak_bf16_gflops"] == 4000.0
     assert "peak_fp32_gflops" not in out and len(rows) == 1
+
+
+def test_summary_of_bf16_weights_against_autocast() -> None:
+    """--precisions bf16 bf16-weights: the working-weights step's MFU (on the bf16 peak) and its
+    speed over autocast's, per round."""
+    ts = _train_step()
+    times = {"transduce/bf16": [1.2, 1.5, 1.0], "transduce/bf16-weights": [1.0, 1.0, 1.0]}
+    sizes = {"small": {"seconds_per_step": times, "flops_per_step": 2e12}}
+    rows, out = ts.summarise({"sizes": sizes, "peak_flops": {"bf16": 4e12, "bf16-weights": 4e12}})
+    assert out["small_bf16_weights_over_bf16"] == 1.2  # the median of 1.2, 1.5, 1.0
+    assert out["small_bf16_weights_mfu"] == 0.5 and out["small_bf16_mfu"] == 0.4167  # 2/1.2/4
+    assert [r[1] for r in rows] == ["bf16", "bf16-weights"]
+    assert "peak_bf16-weights_gflops" not in out

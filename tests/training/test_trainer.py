@@ -489,6 +489,51 @@ def test_bf16_training_runs(tmp_path: Path) -> None:
     assert summary["step"] == 3 and all(0 < x < 10 for x in losses)
 
 
+# --- precision bf16-weights (training/working_weights.py) -------------------------------------
+
+
+def test_bf16_weights_resume_exactly_and_keep_float32_checkpoints(tmp_path: Path) -> None:
+    """The copy is made after the resume restored the master weights, and cast anew after every
+    step: 6 steps + 6 resumed are 12 straight."""
+    straight = _trainer(tmp_path / "a", _cfg(max_steps=12, save_every=4, precision="bf16-weights"))
+    straight.train()
+    first = _trainer(tmp_path / "b", _cfg(max_steps=6, save_every=4, precision="bf16-weights"))
+    first.train()
+    cfg = _cfg(max_steps=12, save_every=4, precision="bf16-weights")
+    second = _trainer(tmp_path / "b", cfg, resume=True)
+    assert second.progress.step == 6
+    second.train()
+    want, got = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
+    assert [s for s, _ in got] == list(range(1, 13))
+    assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
+    assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
+    saved = torch.load(tmp_path / "b" / "model.pt", map_location="cpu", weights_only=False)
+    assert {v.dtype for v in saved["model"].values() if v.is_floating_point()} == {torch.float32}
+
+
+def test_bf16_weights_learn_as_autocast_does(tmp_path: Path) -> None:
+    """40 updates of the copy task, 2 batches an update: the training loss falls as far as
+    under autocast (bf16), within bfloat16 noise."""
+    last = {}
+    for precision in ("bf16", "bf16-weights"):
+        _trainer(tmp_path / precision, _cfg(precision=precision, update_freq=2)).train()
+        losses = [x for _, x in train_losses(tmp_path / precision)]
+        assert losses[-1] < losses[0] - 0.8, (precision, losses[0], losses[-1])
+        last[precision] = losses[-1]
+    assert last["bf16-weights"] == pytest.approx(last["bf16"], abs=0.05)
+
+
+def test_bf16_weights_with_several_processes_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two = trainer_module.distributed.World(rank=0, size=2)
+    monkeypatch.setattr(
+        trainer_module.distributed, "init_from_env", lambda device: (two, torch.device("cpu"))
+    )
+    with pytest.raises(UserError, match="bf16-weights trains in one process, not 2"):
+        _trainer(tmp_path, _cfg(precision="bf16-weights"))
+
+
 @pytest.mark.parametrize(
     "caps,auto",
     [

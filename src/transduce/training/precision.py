@@ -6,8 +6,9 @@ from contextlib import AbstractContextManager
 
 import torch
 
-# Autocast dtype of each train.precision (fp32: autocast off). The master weights, the optimizer
-# state and the loss stay float32 in every case.
+# Autocast dtype of each train.precision (fp32: autocast off; bf16-weights: off too, the model's
+# working copy is bfloat16 itself, training/working_weights.py). The master weights, the
+# optimizer state and the loss stay float32 in every case.
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

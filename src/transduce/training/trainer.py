@@ -33,6 +33,7 @@ from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.batching import Batch, Pair
 from transduce.data.vocab import PAD, Vocab
+from transduce.errors import UserError
 from transduce.training import distributed, guard
 from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
@@ -53,6 +54,7 @@ from transduce.training.rng import seed_all
 from transduce.training.run_folder import RunFolder
 from transduce.training.schedule import scheduled_rate
 from transduce.training.validation import Validator, validate
+from transduce.training.working_weights import WorkingWeights
 
 StepCallback = Callable[[Progress], None]
 
@@ -127,6 +129,12 @@ class Trainer:
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
         self.precision = resolve_precision(t.precision, self.device)
+        if self.precision == "bf16-weights" and self.world.distributed:
+            # DDP would all-reduce the bfloat16 copy's gradients, not the float32 sums
+            raise UserError(
+                f"precision bf16-weights trains in one process, not {self.world.size}: use "
+                "precision bf16 under torchrun"
+            )
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self.folder = RunFolder(Path(run_dir), self)  # it saves and restores the above
@@ -134,8 +142,10 @@ class Trainer:
         seed_all(t.seed + self.world.rank)
         self.progress = self.folder.start(resume=resume, allow_change=tuple(allow_change))
         self.ddp = distributed.wrap(self.model, self.world)
+        # precision bf16-weights: forward and backward on a bfloat16 copy, made after a resume
+        self.working = WorkingWeights(self.model) if self.precision == "bf16-weights" else None
         # train.compile: the DDP wrapper if any, else the model, compiled in place while training
-        net = self.ddp if self.ddp is not None else self.model
+        net = self._net()
         self.compiled = CompiledForward(net, t.compile, self.device, self.precision)
 
     def save(self) -> Path:
@@ -144,11 +154,18 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
 
+    def _net(self) -> torch.nn.Module:
+        """What forward and backward run: the bfloat16 working copy (bf16-weights), else the
+        DDP wrapper if any, else the model."""
+        if self.working is not None:
+            return self.working.module
+        return self.ddp if self.ddp is not None else self.model
+
     def _backward(self, group: list[Batch], scale: float) -> torch.Tensor:
         """Forward and backward over the batches of ``group``, each loss times ``scale``; their
         (loss, NLL) sums as a (batches, 2) tensor on the device, unread (reading a GPU's number
         waits for all its queued work)."""
-        net = self.ddp if self.ddp is not None else self.model
+        net = self._net()
         sums_per_batch: list[torch.Tensor] = []
         for i, batch in enumerate(group):
             batch = batch.to(self.device)
@@ -163,6 +180,8 @@ class Trainer:
                     scale=scale,
                     scaler=self.scaler,
                 )
+            if self.working is not None:
+                self.working.gradients_to_master()
             sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
         return torch.stack(sums_per_batch)
 
@@ -177,6 +196,7 @@ class Trainer:
         """
         t = self.cfg.train
         self.model.train()
+        self._net().train()
         (n_tokens,) = distributed.all_reduce_sum(
             [sum(b.n_tokens for b in group)], self.world, self.device
         )
@@ -203,6 +223,8 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.working is not None:
+                self.working.refresh()
         return guard.Update(
             loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, skipped, signalled > 0
         )
