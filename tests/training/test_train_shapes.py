@@ -175,6 +175,28 @@ def test_under_compile_the_kernels_leave_their_cpu_library_for_f_linear(
     _trainer(tmp_path, _cfg(compile="default"))  # float32: accepted
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_training_forward_is_one_graph(precision: str) -> None:
+    """Dynamo captures the model's training forward (dropout on, the fast CPU dropout's
+    in-place random_ left for F.dropout under compile) in one graph: a break would cut it into
+    pieces compiled and recompiled apart (it did: 24 graphs for this one-layer model, and
+    Dynamo's recompile limit hit in layers.residual for SMALL)."""
+    import torch._dynamo
+
+    model = make_model(_cfg(dropout=0.1).model, src_vocab_size=20).train()
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, 20, (4, 6), generator=g), torch.randint(4, 20, (4, 5), generator=g)
+
+    def forward(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return model(s, t)
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(forward)(src, tgt)
+    reasons = [b.reason.splitlines()[0] for b in explained.break_reasons]
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), reasons
+
+
 def test_a_compiled_run_saves_resumes_and_learns_as_a_plain_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,6 +229,29 @@ def test_a_compiled_run_saves_resumes_and_learns_as_a_plain_one(
     assert losses("compiled") == pytest.approx(losses("plain"), rel=1e-5)
     for name, value in plain.model.state_dict().items():
         torch.testing.assert_close(second.model.state_dict()[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_weights_compile_their_bfloat16_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """precision bf16-weights with compile: what is compiled is the working copy that runs
+    forward and backward (training/working_weights.py), and it trains the plain run's steps."""
+    monkeypatch.setattr(compiling, "BACKEND", "eager")
+    monkeypatch.setattr("transduce.kernels.matmul._cpu_vendor", lambda: "GenuineIntel")
+    runs = {}
+    for name, extra in (("plain", {}), ("compiled", {"compile": "default"})):
+        cfg = _cfg(max_steps=2, pad_multiple=8, precision="bf16-weights", **extra)
+        runs[name] = _trainer(tmp_path / name, cfg)
+        runs[name].train()
+    compiled = runs["compiled"]
+    assert compiled.working is not None and compiled.compiled.net is compiled.working.module
+    assert compiled.model._compiled_call_impl is None  # the float32 model is never compiled
+
+    def losses(run: str) -> list[float]:
+        return [r["loss"] for r in _records(tmp_path / run) if "loss" in r and "split" not in r]
+
+    assert len(losses("compiled")) == 2
+    assert losses("compiled") == pytest.approx(losses("plain"), rel=1e-5)
 
 
 @pytest.mark.skipif(

@@ -26,8 +26,10 @@ def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
 
 
 def _use_fast_dropout(x: Tensor, p: float) -> bool:
-    # elsewhere (CUDA) F.dropout is one fused kernel already
-    return x.device.type == "cpu" and p < 1.0
+    # elsewhere (CUDA) F.dropout is one fused kernel already; under torch.compile too (inductor
+    # fuses its own random draws, and Dynamo cannot trace the in-place random_: every dropout
+    # would break the graph)
+    return x.device.type == "cpu" and p < 1.0 and not torch.compiler.is_compiling()
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
