@@ -13,6 +13,7 @@
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
 #                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
+#   recipe_fp16  its model decoded with --precision fp16 (test2016 BLEU against fp32's)
 #   train_eager  `transduce train` at 25k-token batches for ~30 s: steady target tokens/s
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
@@ -196,6 +197,14 @@ if have_multi30k; then
         step recipe_test 180 "${transduce[@]}" evaluate --model "$OUT/recipe/model.pt" \
             --device "$device" --beam 4 --src "$test_src" --ref "$test_ref" --quiet
         figure "recipe ($minutes_recipe min of training, $((SECONDS - t0)) s in all): test2016 $(tail -n 1 "$OUT/recipe_test.log")"
+        if [[ $dry == 1 ]]; then
+            skip recipe_fp16 "fp16 decoding is for CUDA devices (refused on a CPU)"
+        else  # the same model decoded in float16 weights: its BLEU against fp32's above
+            step recipe_fp16 120 "${transduce[@]}" evaluate --model "$OUT/recipe/model.pt" \
+                --device "$device" --beam 4 --precision fp16 --src "$test_src" \
+                --ref "$test_ref" --quiet
+            figure "recipe, decoded in fp16: test2016 $(tail -n 1 "$OUT/recipe_fp16.log")"
+        fi
     fi
 else
     skip recipe "no Multi30k in $data (carry a copy: train, val, test_2016_flickr .en/.de .gz)"

@@ -95,7 +95,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
 }
 # more values of an option to probe besides PROBES' (each its own run)
 MORE_PROBES: dict[str, dict[str, list[list[str]]]] = {
-    command: {"weights": [["--precision", "int8"]]}
+    command: {"weights": [["--precision", "int8"], ["--precision", "fp16"]]}
     for command in ("translate", "evaluate", "score")
 }
 # options the walk leaves out, with the reason

@@ -227,7 +227,7 @@ def test_evaluate_in_bf16_scores_like_fp32(trained, corpus, capsys) -> None:
                 "--ref",
                 str(corpus / "eval.de"),
                 "--precision",
-                "fp16",
+                "fp8",
             ],
             capsys,
         )

@@ -131,8 +131,8 @@ def test_weights_name_a_dtype(model_file) -> None:
     assert next(Translator.load(model_file, weights="bf16").model.parameters()).dtype == (
         torch.bfloat16
     )
-    with pytest.raises(UserError, match="weights must be one of fp32, bf16, int8; got 'fp16'"):
-        Translator.load(model_file, weights="fp16")  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="weights must be one of fp32, bf16, fp16, int8; got 'fp8'"):
+        Translator.load(model_file, weights="fp8")  # type: ignore[arg-type]
 
 
 def test_learned_positions_refuse_a_source_they_cannot_place() -> None:

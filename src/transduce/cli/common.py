@@ -36,11 +36,12 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         dest="weights",
-        choices=("fp32", "bf16", "int8"),
+        choices=("fp32", "bf16", "fp16", "int8"),
         default="fp32",
         help="weights for decoding: fp32 (as trained, the default), bf16 (faster for batches "
         "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
-        "translation may change) or int8 (a Transformer on a CPU with int8 dot-product "
+        "translation may change), fp16 (CUDA GPUs only, for those without bfloat16) or int8 "
+        "(a Transformer on a CPU with int8 dot-product "
         "instructions: its projections' weights in int8, one scale per output channel, faster; "
         "BLEU within a few tenths; TRANSDUCE_FORCE_INT8=1 runs it on other CPUs)",
     )

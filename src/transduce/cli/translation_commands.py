@@ -106,7 +106,7 @@ def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
-    from transduce.inference.weights import weight_dtype
+    from transduce.inference.weights import check_device, weight_dtype
 
     model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
     _refuse_for_kind(args, cfg.task.name == "parsing")
@@ -119,8 +119,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("a parsing model is evaluated alone, not in an ensemble")
         if args.weights == "int8":  # the parser's searches run the float model's own engine
             raise UserError(
-                "--precision int8 is for translation models; a parser takes fp32 or bf16"
+                "--precision int8 is for translation models; a parser takes fp32, bf16 or fp16"
             )
+        check_device(args.weights, resolve_device(args.device))
         parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
         decode = parser.translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens

@@ -30,10 +30,11 @@ decoding, ``inference.scoring``); ``load_ensemble`` decodes several checkpoints 
 (``inference.ensemble``); ``translate(..., prefixes=...)`` forces each translation's start
 (``inference.prefix``); ``DecodeConfig.sampling`` samples (``inference.sampling``).
 
-"Weights" names the dtype a model decodes with (``inference.weights``: "fp32", "bf16" or "int8",
-the CLI's ``--precision``), apart from training's autocast ``train.precision``. "int8" decodes a
-Transformer on the CPU with its inference engine's projections in int8 (``DecodingModel``'s
-``int8``) and everything else in float32.
+"Weights" names the dtype a model decodes with (``inference.weights``: "fp32", "bf16", "fp16"
+or "int8", the CLI's ``--precision``), apart from training's autocast ``train.precision``.
+"fp16" is for CUDA GPUs (refused elsewhere); "int8" decodes a Transformer on the CPU with its
+inference engine's projections in int8 (``DecodingModel``'s ``int8``) and everything else in
+float32.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from transduce import kernels
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
@@ -61,7 +61,12 @@ from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
 from transduce.inference.scoring import PairScore, score_targets
 from transduce.inference.search import generate, searchable
-from transduce.inference.weights import WeightPrecision, check_int8, weight_dtype
+from transduce.inference.weights import (
+    WeightPrecision,
+    check_device,
+    check_int8,
+    weight_dtype,
+)
 from transduce.model.transformer import Transformer
 
 __all__ = ["Translation", "Translator", "length_batches", "resolve_device"]
@@ -127,12 +132,12 @@ class Translator:
 
         ``weights`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
         with bfloat16 instructions and on GPUs, faster), which can change a translation where
-        two candidates are nearly tied; "int8" quantises the projections (``of_model``);
+        two candidates are nearly tied; "fp16" converts them to float16 (CUDA GPUs only: a
+        UserError elsewhere); "int8" quantises the projections (``of_model``);
         "fp32" (the default) decodes as trained."""
-        weight_dtype(weights)  # the name checked before the file is read
+        weight_dtype(weights)  # the name and the device checked before the file is read
         dev = resolve_device(device)
-        if weights == "int8" and (why := kernels.int8_refusal(dev)) is not None:
-            raise UserError(f"precision int8: {why}")
+        check_device(weights, dev)
         model, vocab, cfg = load_model(path, device=dev)
         return cls.of_model(model, vocab, cfg, weights)
 
@@ -145,6 +150,7 @@ class Translator:
         output channel, measured faster on CPUs with int8 dot products and as good in BLEU:
         README) after ``check_int8``."""
         dtype = weight_dtype(weights)
+        check_device(weights, next(model.parameters()).device)
         if weights != "int8":
             return cls(model.to(dtype), vocab, cfg)
         check_int8(model)

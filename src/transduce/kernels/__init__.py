@@ -20,7 +20,13 @@ from transduce.kernels.attention import (
     grouped_queries_path,
 )
 from transduce.kernels.dropout import dropout, dropout_add
-from transduce.kernels.matmul import Linear, linear, stacked_linear, stacked_weights
+from transduce.kernels.matmul import (
+    Linear,
+    fp16_refusal,
+    linear,
+    stacked_linear,
+    stacked_weights,
+)
 from transduce.kernels.options import AttentionPath, KernelOptions, Matmul
 from transduce.kernels.projection import (
     Int8Projection,
@@ -44,6 +50,7 @@ __all__ = [
     "attention_weights",
     "dropout",
     "dropout_add",
+    "fp16_refusal",
     "grouped_queries_path",
     "int8_refusal",
     "linear",

@@ -185,8 +185,22 @@ def stacked_linear(x: Tensor, layers: Sequence[Linear]) -> tuple[Tensor, ...]:
     return out.split([layer.out_features for layer in layers], dim=-1)
 
 
+def fp16_refusal(device: torch.device) -> str | None:
+    """Why decoding in float16 weights should not run on ``device`` (one line), or None where it
+    may: a CUDA GPU. A CPU emulates float16 products (SMALL greedy on 32 sentences took 50 times
+    as long as in float32 on the AMD Zen 5, benchmarks/RESULTS.md); bfloat16 is its half-width
+    type."""
+    if device.type == "cuda":
+        return None
+    return (
+        f"float16 decoding is for CUDA GPUs; a {device.type} emulates float16 products (tens "
+        "of times slower than fp32): use bf16, fp32 or, on a CPU, int8"
+    )
+
+
 __all__ = [
     "ONE_ROW_MKL_MAX_ELEMENTS",
+    "fp16_refusal",
     "Linear",
     "linear",
     "onednn_available",
