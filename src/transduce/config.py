@@ -181,7 +181,7 @@ class TrainConfig(_Section):
     # bf16: autocast to bfloat16 (CPUs with bfloat16 instructions, GPUs); fp16: autocast to
     # float16 with loss scaling (GPUs); fp32 master weights in both. bf16-weights: forward and
     # backward on a bfloat16 copy of the model cast once per update, activations bfloat16
-    # throughout, fp32 master weights (training/working_weights.py; one process). auto: bf16
+    # throughout, fp32 master weights (training/working_weights.py). auto: bf16
     # where the device computes in bfloat16 natively (training.precision.native_bf16), else
     # fp32: faster, with the same val BLEU at equal updates (benchmarks/RESULTS.md)
     precision: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"] = "auto"

@@ -287,3 +287,64 @@ def test_training_checks_its_device() -> None:
             init_from_env("cuda")
     with pytest.raises(UserError, match="unknown device"):
         init_from_env("toaster")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_bf16_weights_on_two_ranks_match_one_process(tmp_path: Path) -> None:
+    """precision bf16-weights under torchrun: no DDP (it would all-reduce the bfloat16 copy's
+    gradients); rank 0's weights are broadcast, then the float32 gradients averaged over the
+    ranks each update. Two ranks take one process's steps with update_freq 2."""
+    config = CONFIG.replace("max_steps: 8", "max_steps: 6, precision: bf16-weights")
+    for name, freq in (("ranks", 1), ("single", 2)):
+        (tmp_path / f"{name}.yaml").write_text(config.replace("UPDATE_FREQ", str(freq)))
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "import transduce.training.trainer as tr\n"
+        "from transduce.cli.main import main\n"
+        "finish = tr.Trainer._finish\n"
+        "def keep_params(self, *args):  # each rank leaves its parameters for the test\n"
+        "    assert self.ddp is None and self.working is not None\n"
+        "    out = finish(self, *args)\n"
+        "    torch.save(self.model.state_dict(),\n"
+        "               os.path.join(sys.argv[2], 'rank%d.pt' % self.world.rank))\n"
+        "    return out\n"
+        "tr.Trainer._finish = keep_params\n"
+        "import transduce.training.distributed as d\n"
+        "broadcast = d.broadcast_parameters\n"
+        "def unequal_first(model, world):  # rank 1 starts elsewhere until rank 0's weights come\n"
+        "    if world.rank == 1:\n"
+        "        with torch.no_grad():\n"
+        "            for p in model.parameters():\n"
+        "                p.add_(0.1)\n"
+        "    broadcast(model, world)\n"
+        "d.broadcast_parameters = unequal_first\n"
+        "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
+    )
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+    ranks = subprocess.run(
+        [*run, str(script), str(tmp_path / "ranks.yaml"), str(tmp_path / "ranks")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    assert "on 2 process(es), device cpu, precision bf16-weights" in ranks.stderr
+    single = subprocess.run(
+        [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml")]
+        + ["--out", str(tmp_path / "single"), "--quiet"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    got, want = _losses(tmp_path / "ranks"), _losses(tmp_path / "single")
+    assert len(got) == len(want) == 6 and got == pytest.approx(want, rel=1e-5)
+    assert got[0] != pytest.approx(got[-1], rel=1e-3)  # it trained
+    rank0, rank1 = (torch.load(tmp_path / "ranks" / f"rank{r}.pt") for r in (0, 1))
+    final = torch.load(tmp_path / "single" / "model.pt", weights_only=True)["model"]
+    for key in rank0:
+        assert torch.equal(rank0[key], rank1[key]), key
+        torch.testing.assert_close(rank0[key], final[key], rtol=1e-4, atol=1e-5)

@@ -523,17 +523,6 @@ def test_bf16_weights_learn_as_autocast_does(tmp_path: Path) -> None:
     assert last["bf16-weights"] == pytest.approx(last["bf16"], abs=0.05)
 
 
-def test_bf16_weights_with_several_processes_are_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    two = trainer_module.distributed.World(rank=0, size=2)
-    monkeypatch.setattr(
-        trainer_module.distributed, "init_from_env", lambda device: (two, torch.device("cpu"))
-    )
-    with pytest.raises(UserError, match="bf16-weights trains in one process, not 2"):
-        _trainer(tmp_path, _cfg(precision="bf16-weights"))
-
-
 @pytest.mark.parametrize(
     "caps,auto",
     [

@@ -3,7 +3,8 @@
 ``torchrun --nproc_per_node N -m transduce train ...`` starts N processes with RANK, WORLD_SIZE,
 LOCAL_RANK and MASTER_ADDR/PORT in the environment; ``init_from_env`` joins them into one process
 group (NCCL on GPUs, gloo on CPUs). Every rank reads its own shard of the same token-bucketed
-batches; gradients are averaged by DistributedDataParallel; only rank 0 writes files.
+batches; gradients are averaged by DistributedDataParallel (under precision bf16-weights by
+``average_gradients``, over the float32 gradients); only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -96,6 +97,36 @@ def wrap(model: torch.nn.Module, world: World) -> DistributedDataParallel | None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return DistributedDataParallel(model, broadcast_buffers=False)
+
+
+def broadcast_parameters(model: torch.nn.Module, world: World) -> None:
+    """Rank 0's parameters on every rank, as DistributedDataParallel makes them when it wraps a
+    model (for a run that averages gradients itself: ``average_gradients``)."""
+    if not world.distributed:
+        return
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
+
+
+def average_gradients(params: Sequence[torch.nn.Parameter], world: World) -> None:
+    """Each parameter's gradient made its mean over the ranks, as DistributedDataParallel's
+    all-reduce makes it, in one all-reduce of the gradients flattened (a parameter without a
+    gradient on this rank counts as zeros). For precision bf16-weights, whose float32 gradients
+    are summed here rather than the bfloat16 ones of the copy that ran backward."""
+    if not world.distributed or not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])  # one buffer: one collective
+    dist.all_reduce(flat)
+    flat /= world.size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def barrier(world: World) -> None:

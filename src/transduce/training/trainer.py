@@ -33,7 +33,6 @@ from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.batching import Batch, Pair
 from transduce.data.vocab import PAD, Vocab
-from transduce.errors import UserError
 from transduce.training import distributed, guard
 from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
@@ -129,21 +128,20 @@ class Trainer:
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
         self.precision = resolve_precision(t.precision, self.device)
-        if self.precision == "bf16-weights" and self.world.distributed:
-            # DDP would all-reduce the bfloat16 copy's gradients, not the float32 sums
-            raise UserError(
-                f"precision bf16-weights trains in one process, not {self.world.size}: use "
-                "precision bf16 under torchrun"
-            )
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self.folder = RunFolder(Path(run_dir), self)  # it saves and restores the above
         # Dropout differs between ranks; rank 0 draws exactly what a single process would.
         seed_all(t.seed + self.world.rank)
         self.progress = self.folder.start(resume=resume, allow_change=tuple(allow_change))
-        self.ddp = distributed.wrap(self.model, self.world)
         # precision bf16-weights: forward and backward on a bfloat16 copy, made after a resume
-        self.working = WorkingWeights(self.model) if self.precision == "bf16-weights" else None
+        # (and, with several ranks, after rank 0's weights reached them all); its float32
+        # gradients are averaged over the ranks (_update), not the copy's bfloat16 ones by DDP
+        self.working: WorkingWeights | None = None
+        if self.precision == "bf16-weights":
+            distributed.broadcast_parameters(self.model, self.world)
+            self.working = WorkingWeights(self.model)
+        self.ddp = distributed.wrap(self.model, self.world) if self.working is None else None
         # train.compile: the DDP wrapper if any, else the model, compiled in place while training
         net = self._net()
         self.compiled = CompiledForward(net, t.compile, self.device, self.precision)
@@ -202,6 +200,8 @@ class Trainer:
         )
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
         sums = self._backward(group, self.world.size / n_tokens)
+        if self.working is not None:  # (DDP averages the others' during backward)
+            distributed.average_gradients(list(self.model.parameters()), self.world)
         self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to measure and clip
         norm = guard.gradient_norm(list(self.model.parameters()), t.clip_norm)
         dtype = torch.promote_types(sums.dtype, norm.dtype)
