@@ -50,6 +50,8 @@ from transduce.inference.topk import chunked_topk
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
 # Below it the extra calls cost more than the smaller copy saves: measured 2-6% slower at 4 and
 # 16 rows for SMALL (under 1% for BASE), 3-4% faster at 128 for both (benchmarks/RESULTS.md).
+# On CPUs only: off them the engine's cache gathers every row anyway (counting the moved rows
+# would wait for the device), so the permutation would be calls for nothing.
 PARENT_SLOTS_MIN_ROWS = 64
 
 
@@ -190,7 +192,7 @@ def _beam_search(
         if keep.numel() == 0:
             break
         live = scores > float("-inf")
-        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS:
+        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS and device.type == "cpu":
             perm = parent_slots(parent, live)  # (n, W)
             parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
         # an ended hypothesis's row is never read again: leave it where it is rather than copy

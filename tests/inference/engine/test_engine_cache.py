@@ -99,3 +99,14 @@ def test_in_place_moves_after_dropped_rows_and_growth() -> None:
         ref_k, ref_v, n = ref_k[index], ref_v[index], index.numel()
         assert torch.equal(layer.self_k, ref_k) and torch.equal(layer.self_v, ref_v)
     assert n == 4 and layer.self_k.size(2) == 40
+
+
+def test_moved_rows_are_counted_on_cpus_only() -> None:
+    """The in-place reorder counts the rows that move (a read of the device: on a GPU a wait for
+    it every step); off a CPU the cache gathers every row instead."""
+    from transduce.inference.engine.cache import _moved_rows
+
+    keys, index = torch.zeros(4, 2, 3, 5), torch.tensor([0, 1, 1, 3])
+    moved = _moved_rows(index, keys)
+    assert moved is not None and (moved[0].tolist(), moved[1].tolist()) == ([2], [1])
+    assert _moved_rows(index.to("meta"), keys.to("meta")) is None

@@ -105,6 +105,8 @@ def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | N
     (copying in place reads and writes a moved row twice, gathering every row once)."""
     if keys is None or index.numel() != keys.size(0):
         return None
+    if index.device.type != "cpu":  # counting the moved rows would wait for a GPU every step;
+        return None  # a gather of every row is one kernel (the rule was measured on CPUs)
     n = index.numel()
     dst = (index != torch.arange(n, device=index.device)).nonzero().squeeze(1)  # (M,)
     if 2 * dst.numel() > n:
