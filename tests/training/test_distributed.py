@@ -38,6 +38,26 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in records if "loss" in r and r.get("split") != "valid"]
 
 
+def _rank_script(path: Path, patches: str = "") -> Path:
+    """A torchrun script at ``path`` that trains ``argv[1]`` into ``argv[2]`` and leaves each
+    rank's parameters there (rank0.pt, rank1.pt), after the Python lines ``patches``."""
+    path.write_text(
+        "import os, sys, torch\n"
+        "import transduce.training.trainer as tr\n"
+        "from transduce.cli.main import main\n"
+        "finish = tr.Trainer._finish\n"
+        "def keep_params(self, *args):  # each rank leaves its parameters for the test\n"
+        "    out = finish(self, *args)\n"
+        "    torch.save(self.model.state_dict(),\n"
+        "               os.path.join(sys.argv[2], 'rank%d.pt' % self.world.rank))\n"
+        "    return out\n"
+        "tr.Trainer._finish = keep_params\n"
+        + patches
+        + "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
+    )
+    return path
+
+
 def test_shard_gives_disjoint_equal_shares() -> None:
     batches = list(range(11))
     shares = [shard(batches, World(rank=r, size=3)) for r in range(3)]
@@ -50,20 +70,7 @@ def test_shard_gives_disjoint_equal_shares() -> None:
 def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path) -> None:
     for name, freq in (("ddp", 1), ("single", 2)):
         (tmp_path / f"{name}.yaml").write_text(CONFIG.replace("UPDATE_FREQ", str(freq)))
-    script = tmp_path / "rank.py"
-    script.write_text(
-        "import os, sys, torch\n"
-        "import transduce.training.trainer as tr\n"
-        "from transduce.cli.main import main\n"
-        "finish = tr.Trainer._finish\n"
-        "def keep_params(self, *args):  # each rank leaves its parameters for the test\n"
-        "    out = finish(self, *args)\n"
-        "    torch.save(self.model.state_dict(),\n"
-        "               os.path.join(sys.argv[2], 'rank%d.pt' % self.world.rank))\n"
-        "    return out\n"
-        "tr.Trainer._finish = keep_params\n"
-        "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
-    )
+    script = _rank_script(tmp_path / "rank.py")
     ddp = subprocess.run(
         [
             sys.executable,
@@ -297,19 +304,7 @@ def test_bf16_weights_on_two_ranks_match_one_process(tmp_path: Path) -> None:
     config = CONFIG.replace("max_steps: 8", "max_steps: 6, precision: bf16-weights")
     for name, freq in (("ranks", 1), ("single", 2)):
         (tmp_path / f"{name}.yaml").write_text(config.replace("UPDATE_FREQ", str(freq)))
-    script = tmp_path / "rank.py"
-    script.write_text(
-        "import os, sys, torch\n"
-        "import transduce.training.trainer as tr\n"
-        "from transduce.cli.main import main\n"
-        "finish = tr.Trainer._finish\n"
-        "def keep_params(self, *args):  # each rank leaves its parameters for the test\n"
-        "    assert self.ddp is None and self.working is not None\n"
-        "    out = finish(self, *args)\n"
-        "    torch.save(self.model.state_dict(),\n"
-        "               os.path.join(sys.argv[2], 'rank%d.pt' % self.world.rank))\n"
-        "    return out\n"
-        "tr.Trainer._finish = keep_params\n"
+    patches = (
         "import transduce.training.distributed as d\n"
         "broadcast = d.broadcast_parameters\n"
         "def unequal_first(model, world):  # rank 1 starts elsewhere until rank 0's weights come\n"
@@ -319,8 +314,11 @@ def test_bf16_weights_on_two_ranks_match_one_process(tmp_path: Path) -> None:
         "                p.add_(0.1)\n"
         "    broadcast(model, world)\n"
         "d.broadcast_parameters = unequal_first\n"
-        "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
+        "def no_ddp(model, world):  # bf16-weights averages its float32 gradients itself\n"
+        "    raise AssertionError('DDP wrapped a bf16-weights run')\n"
+        "d.wrap = no_ddp\n"
     )
+    script = _rank_script(tmp_path / "rank.py", patches)
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
     ranks = subprocess.run(
         [*run, str(script), str(tmp_path / "ranks.yaml"), str(tmp_path / "ranks")],
