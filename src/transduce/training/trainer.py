@@ -194,7 +194,8 @@ class Trainer:
         """
         t = self.cfg.train
         self.model.train()
-        self._net().train()
+        if self.working is not None:
+            self.working.module.train()
         (n_tokens,) = distributed.all_reduce_sum(
             [sum(b.n_tokens for b in group)], self.world, self.device
         )
