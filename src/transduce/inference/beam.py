@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce import kernels
 from transduce.data.vocab import BOS, EOS
 from transduce.inference.common import (
     check_eval_mode,
@@ -50,8 +51,9 @@ from transduce.inference.topk import chunked_topk
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
 # Below it the extra calls cost more than the smaller copy saves: measured 2-6% slower at 4 and
 # 16 rows for SMALL (under 1% for BASE), 3-4% faster at 128 for both (benchmarks/RESULTS.md).
-# On CPUs only: off them the engine's cache gathers every row anyway (counting the moved rows
-# would wait for the device), so the permutation would be calls for nothing.
+# Only where reads of the device are cheap (kernels.reads_are_cheap: CPUs): elsewhere the engine's
+# cache gathers every row anyway (counting the moved rows would wait for the device), so the
+# permutation would be calls for nothing.
 PARENT_SLOTS_MIN_ROWS = 64
 
 
@@ -155,6 +157,7 @@ def _beam_search(
     slot = torch.arange(width, device=device)  # (W,)
     lp_max_len = length_penalty(max_lens + 1, alpha)  # (B,) lp of the longest possible output
     forced_from = first_forced_step(max_lens)  # no EOS to force before this step
+    cheap_reads = kernels.reads_are_cheap(device)  # parent slots: only for the cache's moves
     step = 0  # tokens in every live hypothesis
     while True:
         n = sent.numel()
@@ -192,7 +195,7 @@ def _beam_search(
         if keep.numel() == 0:
             break
         live = scores > float("-inf")
-        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS and device.type == "cpu":
+        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
             perm = parent_slots(parent, live)  # (n, W)
             parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
         # an ended hypothesis's row is never read again: leave it where it is rather than copy

@@ -19,6 +19,7 @@ from transduce.kernels.attention import (
     attention_weights,
     grouped_queries_path,
 )
+from transduce.kernels.device import reads_are_cheap
 from transduce.kernels.dropout import dropout, dropout_add
 from transduce.kernels.matmul import (
     Linear,
@@ -55,6 +56,7 @@ __all__ = [
     "int8_refusal",
     "linear",
     "one_row_is_read_bound",
+    "reads_are_cheap",
     "stacked_linear",
     "stacked_weights",
 ]

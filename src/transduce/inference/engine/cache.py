@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from transduce import kernels
 from transduce.model.cache import DecoderCache, LayerCache
 
 
@@ -105,8 +106,8 @@ def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | N
     (copying in place reads and writes a moved row twice, gathering every row once)."""
     if keys is None or index.numel() != keys.size(0):
         return None
-    if index.device.type != "cpu":  # counting the moved rows would wait for a GPU every step;
-        return None  # a gather of every row is one kernel (the rule was measured on CPUs)
+    if not kernels.reads_are_cheap(index.device):  # counting the moved rows would wait
+        return None
     n = index.numel()
     dst = (index != torch.arange(n, device=index.device)).nonzero().squeeze(1)  # (M,)
     if 2 * dst.numel() > n:

@@ -1,0 +1,18 @@
+"""Rules that depend only on the kind of device that computes: the rest of the package asks these
+rather than branching on ``device.type`` (tests/kernels/test_vendor_rules_live_in_kernels.py)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reads_are_cheap(device: torch.device) -> bool:
+    """Whether reading a small tensor's values back into Python costs no more than the work that
+    made it: on a CPU every operator has finished when it returns; on a GPU a read waits for every
+    kernel queued before it. Where reads are cheap, decoding may count rows and skip work by the
+    count (the engine cache's in-place reorder, measured faster on CPUs: benchmarks/RESULTS.md);
+    elsewhere one kernel over every row avoids the wait (not measured on a GPU)."""
+    return device.type == "cpu"
+
+
+__all__ = ["reads_are_cheap"]
