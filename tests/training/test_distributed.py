@@ -33,6 +33,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TRANSDUCE_MALLOC_TUNING": "0"}
 
 
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in a process of its own (one OpenMP thread, no malloc tuning), its output kept."""
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+
+
 def _losses(run: Path) -> list[float]:
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records if "loss" in r and r.get("split") != "valid"]
@@ -71,7 +76,7 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     for name, freq in (("ddp", 1), ("single", 2)):
         (tmp_path / f"{name}.yaml").write_text(CONFIG.replace("UPDATE_FREQ", str(freq)))
     script = _rank_script(tmp_path / "rank.py")
-    ddp = subprocess.run(
+    ddp = _run(
         [
             sys.executable,
             "-m",
@@ -83,14 +88,10 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
             str(tmp_path / "ddp.yaml"),
             str(tmp_path / "ddp"),
         ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "on 2 process(es)" in ddp.stderr and "x 2 = 400 tokens per update" in ddp.stderr
-    single = subprocess.run(
+    single = _run(
         [
             sys.executable,
             "-m",
@@ -102,10 +103,6 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
             str(tmp_path / "single"),
             "--quiet",
         ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
 
@@ -133,7 +130,7 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
     shutil.copytree(tmp_path / "ddp", moved)
     (moved / "checkpoints" / "step_00000008.pt").unlink()
     (moved / "model.pt").unlink()
-    resumed = subprocess.run(
+    resumed = _run(
         [
             sys.executable,
             "-m",
@@ -146,10 +143,6 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(tmp_path: Path)
             "--resume",
             "--quiet",
         ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming a run of 2 process(es) on 1: epoch 0 continues at batch 8" in resumed.stderr
@@ -263,7 +256,7 @@ def test_translation_vocabulary_learned_by_rank_0_only(tmp_path: Path) -> None:
         "sys.exit(main(['train', '--config', sys.argv[1], '--out', sys.argv[2], '--quiet']))\n"
     )
     out = tmp_path / "run"
-    ddp = subprocess.run(
+    ddp = _run(
         [
             sys.executable,
             "-m",
@@ -275,10 +268,6 @@ def test_translation_vocabulary_learned_by_rank_0_only(tmp_path: Path) -> None:
             str(tmp_path / "run.yaml"),
             str(out),
         ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert ddp.stderr.count("transduce: vocabulary: 50 shared BPE pieces") == 1, ddp.stderr
@@ -320,22 +309,14 @@ def test_bf16_weights_on_two_ranks_match_one_process(tmp_path: Path) -> None:
     )
     script = _rank_script(tmp_path / "rank.py", patches)
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
-    ranks = subprocess.run(
+    ranks = _run(
         [*run, str(script), str(tmp_path / "ranks.yaml"), str(tmp_path / "ranks")],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     assert "on 2 process(es), device cpu, precision bf16-weights" in ranks.stderr
-    single = subprocess.run(
+    single = _run(
         [sys.executable, "-m", "transduce", "train", "--config", str(tmp_path / "single.yaml")]
         + ["--out", str(tmp_path / "single"), "--quiet"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
     got, want = _losses(tmp_path / "ranks"), _losses(tmp_path / "single")

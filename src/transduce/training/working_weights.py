@@ -31,7 +31,6 @@ class WorkingWeights:
     resume); ``gradients_to_master`` after every backward pass."""
 
     def __init__(self, master: nn.Module) -> None:
-        self.master = master
         # a deep copy keeps tied weights tied (one tensor for embeddings and generator)
         self.module = copy.deepcopy(master).to(WORKING_DTYPE)
         self._master_params: list[torch.Tensor] = [
@@ -40,11 +39,6 @@ class WorkingWeights:
         self._working_params: list[torch.Tensor] = [
             p for p in self.module.parameters() if p.requires_grad
         ]
-        shapes = [p.shape for p in self._master_params]
-        if shapes != [p.shape for p in self._working_params]:  # pragma: no cover - a deep copy
-            raise RuntimeError("the working copy's parameters do not match the model's")
-        if any(not p.is_floating_point() for p in self._master_params):
-            raise ValueError("bf16-weights trains floating-point parameters only")
 
     def refresh(self) -> None:
         """The working weights cast anew from the master weights (one fused copy)."""
