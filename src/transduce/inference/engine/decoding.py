@@ -28,28 +28,32 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from transduce import kernels
 from transduce.config import ModelConfig
 from transduce.inference.engine.cache import EngineCache, EngineLayerCache
 from transduce.inference.engine.folded_attention import (
-    FoldWeights,
     fold_cross_attention,
     fold_pays,
     folded_cross_attention,
+)
+from transduce.inference.engine.layer_weights import (
+    DecoderLayerWeights,
+    LayerWeights,
+    Norm,
+    decoder_layer_weights,
+    encoder_layer_weights,
+    feed_forward,
 )
 from transduce.kernels import AttentionPath, Matmul, Projection, ProjectionLayout
 from transduce.model.attention import split_heads
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.transformer import Transformer, source_mask
-
-Norm = Callable[[Tensor], Tensor]
 
 # Every ModelConfig field with the values the engine implements (None: every value). Dropout is
 # any value since the engine decodes in eval mode (a model in training mode runs itself).
@@ -92,88 +96,6 @@ def check_implemented(cfg: ModelConfig) -> None:
                 f"DecodingModel does not implement ModelConfig.{f.name} = {value!r} "
                 f"(it implements {', '.join(map(repr, allowed))})"
             )
-
-
-def _layer_norm(norm: nn.LayerNorm) -> Norm:
-    """The layer norm as a closure over the model's own parameters; ``torch.layer_norm``:
-    ``F.layer_norm``'s checks cost a fifth of the call at batch 1."""
-    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
-
-
-@dataclass(frozen=True)
-class _LayerWeights:
-    """An encoder layer's weights: self-attention and the FFN. The projections are copies;
-    ``norms`` (the layer norms' parameters) are the model's own."""
-
-    qkv: Projection  # self-attention W^Q, W^K, W^V stacked: W^T (D, H*K + H*K + H*Dv)
-    self_out: Projection
-    ffn_in: Projection
-    ffn_out: Projection
-    norms: tuple[Norm, ...]
-    n_heads: int
-    d_k: int
-    d_v: int
-    activation: Callable[[Tensor], Tensor] | None  # the FFN's; None: ReLU, in place
-
-
-@dataclass(frozen=True)
-class _DecoderLayerWeights(_LayerWeights):
-    """A decoder layer's weights for a step: an encoder layer's, and encoder-decoder
-    attention's."""
-
-    cross_query: Projection
-    cross_kv: Projection  # W^K, W^V of encoder-decoder attention stacked: W^T (D, H*K + H*Dv)
-    cross_out: Projection
-    fold: FoldWeights | None  # for fold_cross_attention; None = no fold
-
-
-def _layer_fields(
-    layer: EncoderLayer | DecoderLayer, layout: ProjectionLayout, one_row: bool
-) -> dict[str, Any]:
-    """``_LayerWeights``' fields for ``layer``'s self-attention, FFN and norms."""
-    sa, ffn = layer.self_attn, layer.ffn
-
-    def projection(weight: Tensor, bias: Tensor | None) -> Projection:
-        return Projection.of(weight, bias, layout, one_row=one_row)
-
-    return {
-        "qkv": projection(*kernels.stacked_weights((sa.w_q, sa.w_k, sa.w_v))),
-        "self_out": projection(sa.w_o.weight, sa.w_o.bias),
-        "ffn_in": projection(ffn.w_1.weight, ffn.w_1.bias),
-        "ffn_out": projection(ffn.w_2.weight, ffn.w_2.bias),
-        "norms": tuple(_layer_norm(cast(nn.LayerNorm, n)) for n in layer.norms),
-        "n_heads": sa.n_heads,
-        "d_k": sa.d_k,
-        "d_v": sa.d_v,
-        "activation": None if ffn.activation is F.relu else ffn.activation,
-    }
-
-
-def _encoder_layer_weights(layer: EncoderLayer, layout: ProjectionLayout) -> _LayerWeights:
-    # many rows (B*S) at once: no layout for one row
-    return _LayerWeights(**_layer_fields(layer, layout, one_row=False))
-
-
-def _decoder_layer_weights(
-    layer: DecoderLayer, layout: ProjectionLayout, fold: bool
-) -> _DecoderLayerWeights:
-    ca = layer.cross_attn
-    return _DecoderLayerWeights(
-        **_layer_fields(layer, layout, one_row=True),
-        cross_query=Projection.of(ca.w_q.weight, ca.w_q.bias, layout),
-        # the encoder output, once per search (many rows): no layout for one row
-        cross_kv=Projection.of(*kernels.stacked_weights((ca.w_k, ca.w_v)), layout, one_row=False),
-        cross_out=Projection.of(ca.w_o.weight, ca.w_o.bias, layout),
-        fold=FoldWeights.of(ca) if fold else None,
-    )
-
-
-def _feed_forward(w: _LayerWeights, x: Tensor) -> Tensor:
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), or another ``activation``: x (N, D) ->
-    (N, D)."""
-    hidden = w.ffn_in(x)  # (N, F)
-    return w.ffn_out(hidden.relu_() if w.activation is None else w.activation(hidden))
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -226,8 +148,8 @@ class DecodingModel:
     attention: AttentionPath
     layout: ProjectionLayout
     one_row_parts: int
-    encoder_layers: tuple[_LayerWeights, ...]
-    layers: tuple[_DecoderLayerWeights, ...]
+    encoder_layers: tuple[LayerWeights, ...]
+    layers: tuple[DecoderLayerWeights, ...]
     generator: Projection
     pre_norm: bool
 
@@ -255,11 +177,11 @@ class DecodingModel:
             fold_one_sentence = kernels.one_row_is_read_bound(weight)
         with torch.no_grad():
             self.encoder_layers = tuple(
-                _encoder_layer_weights(cast(EncoderLayer, layer), layout)
+                encoder_layer_weights(cast(EncoderLayer, layer), layout)
                 for layer in model.encoder.layers  # a ModuleList: typed as Module
             )
             self.layers = tuple(
-                _decoder_layer_weights(cast(DecoderLayer, layer), layout, fold_one_sentence)
+                decoder_layer_weights(cast(DecoderLayer, layer), layout, fold_one_sentence)
                 for layer in model.decoder.layers
             )
             self.generator = Projection.of(  # D -> V; the bias of output_bias
@@ -354,7 +276,7 @@ class DecodingModel:
         return norm(x + sublayer(x))
 
     def _encoder_layer(
-        self, x: Tensor, w: _LayerWeights, b: int, s: int, mask: Tensor | None
+        self, x: Tensor, w: LayerWeights, b: int, s: int, mask: Tensor | None
     ) -> Tensor:
         """x (B*S, D) -> (B*S, D): one encoder layer (``EncoderLayer.forward``), B sentences."""
         h, dtype, path = w.n_heads, x.dtype, self.attention
@@ -368,12 +290,12 @@ class DecodingModel:
             return w.self_out(_as_dtype(out, dtype))
 
         x = self._sublayer(x, w.norms[0], self_attention)
-        return self._sublayer(x, w.norms[1], lambda y: _feed_forward(w, y))
+        return self._sublayer(x, w.norms[1], lambda y: feed_forward(w, y))
 
     def _layer(
         self,
         x: Tensor,
-        w: _DecoderLayerWeights,
+        w: DecoderLayerWeights,
         cache: EngineLayerCache,
         memory: Tensor,
         mask: Tensor | None,
@@ -397,12 +319,12 @@ class DecodingModel:
         x = self._sublayer(
             x, w.norms[1], lambda y: self._cross_attention(y, w, cache, memory, mask)
         )
-        return self._sublayer(x, w.norms[2], lambda y: _feed_forward(w, y))
+        return self._sublayer(x, w.norms[2], lambda y: feed_forward(w, y))
 
     def _cross_attention(
         self,
         y: Tensor,
-        w: _DecoderLayerWeights,
+        w: DecoderLayerWeights,
         cache: EngineLayerCache,
         memory: Tensor,
         mask: Tensor | None,
