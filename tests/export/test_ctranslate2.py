@@ -102,6 +102,20 @@ def test_beam_search_runs(exported, trained) -> None:
     assert len(out) == 5 and all(isinstance(o, str) and o for o in out)
 
 
+@pytest.mark.parametrize("intra_threads", [0, 2])
+def test_torchs_thread_count_is_left_as_it_was(exported, intra_threads) -> None:
+    """CTranslate2 sets OpenMP's thread count for the calling thread, which is torch's too: a
+    later torch product would run on its threads (and round differently from the same product
+    elsewhere in the process)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        translate_with_ctranslate2(exported, corpus(3, seed=5)[0], intra_threads=intra_threads)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_int8_export(trained, tmp_path) -> None:
     info = export_checkpoint(trained, tmp_path / "int8", quantization="int8")
     assert info["quantization"] == "int8" and "model.bin" in info["files"]

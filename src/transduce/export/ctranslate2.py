@@ -395,31 +395,37 @@ def translate_with_ctranslate2(
     target = (
         spm.SentencePieceProcessor(model_file=str(target_file)) if target_file.is_file() else None
     )
-    translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
-    if max_len_offset is None and "max_decoding_length" not in options:
-        info_path = model_dir / INFO_FILE
-        if info_path.is_file():
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            max_len_offset = info.get("decode", {}).get("max_len_offset")
-    texts = [s.strip() for s in sentences]
-    out = [""] * len(texts)
-    pieces = {i: sp.encode(t, out_type=str) for i, t in enumerate(texts) if t}
-    groups: dict[int | None, list[int]] = {}
-    for i, p in pieces.items():  # one call per output cap
-        groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
-    options.setdefault("suppress_sequences", [[SPECIALS[PAD]], [SPECIALS[BOS]]])
-    for length, todo in groups.items():
-        if length is not None and max_len_offset is not None:  # grouped by length: an offset
-            options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
-        results = translator.translate_batch(
-            [pieces[i] for i in todo], beam_size=beam_size, **options
-        )
-        for i, r in zip(todo, results, strict=True):
-            kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
-            # a target model: as MarianVocab.decode joins them
-            out[i] = (
-                sp.decode(kept)
-                if target is None
-                else target.decode_pieces(kept).replace("▁", " ").strip()
+    # CTranslate2 sets OpenMP's thread count for the calling thread, which torch's products use
+    # too: torch's count is put back (tests/export/test_ctranslate2.py)
+    threads = torch.get_num_threads()
+    try:
+        translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
+        if max_len_offset is None and "max_decoding_length" not in options:
+            info_path = model_dir / INFO_FILE
+            if info_path.is_file():
+                info = json.loads(info_path.read_text(encoding="utf-8"))
+                max_len_offset = info.get("decode", {}).get("max_len_offset")
+        texts = [s.strip() for s in sentences]
+        out = [""] * len(texts)
+        pieces = {i: sp.encode(t, out_type=str) for i, t in enumerate(texts) if t}
+        groups: dict[int | None, list[int]] = {}
+        for i, p in pieces.items():  # one call per output cap
+            groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
+        options.setdefault("suppress_sequences", [[SPECIALS[PAD]], [SPECIALS[BOS]]])
+        for length, todo in groups.items():
+            if length is not None and max_len_offset is not None:  # grouped by length: an offset
+                options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
+            results = translator.translate_batch(
+                [pieces[i] for i in todo], beam_size=beam_size, **options
             )
-    return out
+            for i, r in zip(todo, results, strict=True):
+                kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
+                # a target model: as MarianVocab.decode joins them
+                out[i] = (
+                    sp.decode(kept)
+                    if target is None
+                    else target.decode_pieces(kept).replace("▁", " ").strip()
+                )
+        return out
+    finally:
+        torch.set_num_threads(threads)
