@@ -5,33 +5,20 @@ on a hand case. No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import types
-from pathlib import Path
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _module() -> types.ModuleType:
-    path = ROOT / "benchmarks" / "decode_gpu.py"
-    spec = importlib.util.spec_from_file_location("decode_gpu", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decode_gpu"] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["decode_gpu"]
-    return module
+    return load_benchmark("decode_gpu")
 
 
 def test_agreement_counts_equal_positions_after_mapping_ids() -> None:

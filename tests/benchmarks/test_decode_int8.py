@@ -4,30 +4,23 @@ int8 JSON keys) and the direction of the int8 ratios. No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import types
-from pathlib import Path
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ff": 128, "vocab": 300}
 
 
 def _module() -> types.ModuleType:
-    """The benchmark script as a module."""
-    path = ROOT / "benchmarks" / "decode.py"
-    spec = importlib.util.spec_from_file_location("decode_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark script as a module (not named ``decode``: see ``load_benchmark``)."""
+    return load_benchmark("decode", "decode_bench")
 
 
 def test_quick_int8_run_prints_the_int8_ratios(

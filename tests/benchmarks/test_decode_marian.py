@@ -4,14 +4,13 @@ and on unmapped ids, and the direction of the ratios. No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
 pytest.importorskip("transformers")
@@ -20,23 +19,13 @@ pytest.importorskip("sentencepiece")
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("beam4_b32", "greedy_b32", "beam4_b1_latency", "greedy_b1_latency")
 KEYS = [f"opus_{figure}_vs_{other}" for other in ("hf", "ct2") for figure in FIGURES]
 
 
 def _module() -> types.ModuleType:
     """The benchmark script as a module."""
-    path = ROOT / "benchmarks" / "decode_marian.py"
-    spec = importlib.util.spec_from_file_location("decode_marian", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decode_marian"] = module  # dataclasses look the module up while it loads
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["decode_marian"]
-    return module
+    return load_benchmark("decode_marian")
 
 
 def test_quick_run_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,26 +3,17 @@ the vocabulary, then reusing it as the 5M-pair measurement does) and the loading
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 import transduce.config
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench() -> types.ModuleType:
-    path = ROOT / "benchmarks/prepare_scale.py"
-    spec = importlib.util.spec_from_file_location("prepare_scale", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["prepare_scale"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("prepare_scale", keep=True)
 
 
 def test_generate_prepare_reuse_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

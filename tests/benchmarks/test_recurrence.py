@@ -4,25 +4,17 @@ metrics.jsonl files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_testkit import load_benchmark
 
 
 def _recurrence() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("recurrence", ROOT / "benchmarks/recurrence.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["recurrence"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("recurrence", keep=True)
 
 
 def _run(folder: Path, bleu: list[float], seconds_per_step: float) -> Path:

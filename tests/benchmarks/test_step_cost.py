@@ -4,29 +4,20 @@ No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import types
-from pathlib import Path
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 pytest.importorskip("ctranslate2")
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ff": 128, "vocab": 300}
 
 
 def _module() -> types.ModuleType:
-    """The benchmark script as a module (its sibling decode.py importable, as when run)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    path = ROOT / "benchmarks" / "step_cost.py"
-    spec = importlib.util.spec_from_file_location("step_cost_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark script as a module (it imports decode.py from beside itself)."""
+    return load_benchmark("step_cost", "step_cost_bench")
 
 
 def test_a_tiny_run_prints_both_systems_and_the_ratios(

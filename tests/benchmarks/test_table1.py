@@ -4,43 +4,27 @@ run prints its JSON and draws its figure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_testkit import load_benchmark
 
 from transduce import kernels
 from transduce.kernels import AttentionPath
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _table1() -> types.ModuleType:
     """The benchmark script as a module (it imports table1_layers.py from beside itself)."""
-    spec = importlib.util.spec_from_file_location("table1", ROOT / "benchmarks" / "table1.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["table1"] = module  # dataclasses look the module up while it loads
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["table1"]
-    return module
+    return load_benchmark("table1")
 
 
 def _layers() -> types.ModuleType:
     """benchmarks/table1_layers.py as a module."""
-    path = ROOT / "benchmarks" / "table1_layers.py"
-    spec = importlib.util.spec_from_file_location("table1_layers_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("table1_layers", "table1_layers_under_test")
 
 
 def _band(n: int, half: int) -> torch.Tensor:

@@ -4,21 +4,16 @@ paper's relative changes, and the Markdown table holds one line of real figures 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_testkit import load_benchmark
 
 
 def _table3():  # noqa: ANN202 - the benchmark script as a module
-    spec = importlib.util.spec_from_file_location("table3", ROOT / "benchmarks" / "table3.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("table3")
 
 
 def test_rows_scale_like_the_paper() -> None:

@@ -4,7 +4,6 @@ per-round ratios)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_testkit import load_benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from transduce.config import ModelConfig
@@ -24,16 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _train_step() -> types.ModuleType:
     """The benchmark script as a module."""
-    spec = importlib.util.spec_from_file_location(
-        "train_step", ROOT / "benchmarks" / "train_step.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_step"] = module  # dataclasses look the module up while it loads
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["train_step"]
-    return module
+    return load_benchmark("train_step")
 
 
 @pytest.mark.parametrize("d_k,d_v", [(16, 16), (16, 8)])

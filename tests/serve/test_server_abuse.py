@@ -6,12 +6,11 @@ abusive connections, short timeouts and the toy model. Everything on 127.0.0.1, 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
+from benchmark_testkit import load_benchmark
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -20,16 +19,11 @@ from inference_testkit import save_toy_translation_model, toy_sentences  # noqa:
 
 from transduce.serve.guard import raise_open_file_limit  # noqa: E402
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 CONNECTIONS = 200
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str) -> ModuleType:
+    return load_benchmark(name, keep=True)
 
 
 EXPECTED = {  # kind -> what the server does to it
