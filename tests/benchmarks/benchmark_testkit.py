@@ -9,6 +9,8 @@ import types
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# A model size small enough for a benchmark's end-to-end test (in place of decode.SIZES' SMALL)
+TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ff": 128, "vocab": 300}
 
 
 def load_benchmark(script: str, name: str | None = None, *, keep: bool = False) -> types.ModuleType:
@@ -31,4 +33,4 @@ def load_benchmark(script: str, name: str | None = None, *, keep: bool = False) 
     return module
 
 
-__all__ = ["BENCHMARKS", "load_benchmark"]
+__all__ = ["BENCHMARKS", "TINY", "load_benchmark"]

@@ -9,13 +9,11 @@ import os
 import types
 
 import pytest
-from benchmark_testkit import load_benchmark
+from benchmark_testkit import TINY, load_benchmark
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing from a hub
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
-
-TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ff": 128, "vocab": 300}
 
 
 def _module() -> types.ModuleType:

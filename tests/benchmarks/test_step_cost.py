@@ -8,11 +8,9 @@ import json
 import types
 
 import pytest
-from benchmark_testkit import load_benchmark
+from benchmark_testkit import TINY, load_benchmark
 
 pytest.importorskip("ctranslate2")
-
-TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ff": 128, "vocab": 300}
 
 
 def _module() -> types.ModuleType:
