@@ -29,6 +29,7 @@ from the batch and the cache, so they cost nothing more.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,119 @@ def beam_search(
     return _beam_search(model, src, max_lens=max_lens, beam=beam, alpha=alpha, nbest=nbest)
 
 
+class _Finished:
+    """The finished hypotheses of a batch, kept on the search's device until the search ends.
+
+    Row ``s * W + r`` holds the r-th hypothesis that sentence s (its index in the batch) finished:
+    its tokens (the first ``length`` entries of ``tokens``), normalised score and log-probability.
+    A step adds its finished hypotheses with a few tensor operations whatever their number, so
+    it needs no read of the device: a read waits for every queued kernel on a GPU. The last row
+    (``sink``) takes the writes of the candidates that did not finish."""
+
+    def __init__(self, batch: int, width: int, max_tokens: int, device: torch.device) -> None:
+        rows = batch * width + 1
+        self.width, self.sink = width, batch * width
+        self.tokens = torch.zeros(rows, max(max_tokens, 1), dtype=torch.long, device=device)
+        self.length = torch.full((rows,), -1, dtype=torch.long, device=device)  # -1: empty
+        self.values = torch.zeros(rows, 2, device=device)  # (score, log_prob)
+
+    def add(
+        self,
+        ended: Tensor,
+        n_finished: Tensor,
+        sent: Tensor,
+        prefixes: Tensor,
+        parent: Tensor,
+        normalised: Tensor,
+        log_prob: Tensor,
+    ) -> None:
+        """ended (n, W) bool: the candidates that finish, in order; n_finished (n,) what each
+        sentence had finished before; sent (n,) their batch indices; prefixes (n*W, t) the live
+        hypotheses' tokens, row i*W + w; parent (n, W) the slot each candidate extends;
+        normalised, log_prob (n, W) the candidates' scores."""
+        n, w = ended.shape
+        rank = n_finished[:, None] + ended.cumsum(1) - 1  # (n, W): < W for every ended one
+        dest = torch.where(ended, sent[:, None] * w + rank, self.sink).view(-1)  # (n*W,)
+        t = prefixes.size(1)
+        if t:
+            rows = (torch.arange(n, device=ended.device)[:, None] * w + parent).view(-1)
+            self.tokens.narrow(1, 0, t).index_copy_(0, dest, prefixes.index_select(0, rows))
+        self.length.index_fill_(0, dest, t)
+        scores = torch.stack((normalised, log_prob), -1).view(-1, 2)  # (n, W, 2) -> (n*W, 2)
+        self.values.index_copy_(0, dest, scores)
+
+    def best(self, nbest: int) -> list[list[Hypothesis]]:
+        """Each sentence's ``nbest`` best hypotheses, best score first (of equal scores, the
+        first finished), read from the device once."""
+        w = self.width
+        values = self.values[:-1].view(-1, w, 2)  # (B*W, 2) -> (B, W, 2)
+        scores = values[..., 0].masked_fill(self.length[:-1].view(-1, w) < 0, float("-inf"))
+        order = scores.sort(dim=1, descending=True, stable=True).indices[:, :nbest]  # (B, n)
+        length = self.length[:-1].view(-1, w).gather(1, order).tolist()
+        picked = values.gather(1, order[..., None].expand(-1, -1, 2)).tolist()  # (B, n, 2)
+        stored = self.tokens[:-1].view(-1, w, self.tokens.size(1))  # (B*W, T) -> (B, W, T)
+        tokens = stored.gather(1, order[..., None].expand(-1, -1, stored.size(2))).tolist()
+        return [
+            [
+                Hypothesis(tokens=toks[:n], score=score, log_prob=lp)
+                for n, (score, lp), toks in zip(lens, vals, rows, strict=True)
+                if n >= 0
+            ]
+            for lens, vals, rows in zip(length, picked, tokens, strict=True)
+        ]
+
+
+@dataclass
+class _Sentences:
+    """What beam search keeps per sentence still searched: their encoder output and mask, batch
+    indices, finished counts and best finished scores, and length limits."""
+
+    memory: Tensor  # (n, S, D)
+    src_valid: Tensor  # (n, S)
+    sent: Tensor  # (n,) index of each in the batch
+    n_finished: Tensor  # (n,)
+    finished_scores: Tensor  # (n, W) normalised, best first, -inf where none
+    max_lens: Tensor  # (n,)
+    lp_max_len: Tensor  # (n,) lp of the longest possible output
+
+    def keep(self, index: Tensor) -> _Sentences:
+        """The sentences ``index`` (n',) of these."""
+        fields = dataclasses.fields(self)  # (not astuple: it deep-copies the tensors first)
+        return _Sentences(*(getattr(self, f.name).index_select(0, index) for f in fields))
+
+
+def _first_step(model: DecodableModel[Any], sents: _Sentences, cache: Any, width: int) -> Tensor:
+    """Step 0 on B rows -> log-probs (B*W, V), the cache expanded to B*W rows.
+
+    Every beam of a sentence starts from the same BOS, and the cache projects the encoder
+    output for cross-attention once per sentence. Then the hypothesis rows of the cache are
+    expanded to B*W (row i*W + w is beam w of sentence i) once; memory, mask and cross-attention
+    cache stay at one row per sentence (``decode`` groups the W)."""
+    batch = sents.sent.numel()
+    bos = sents.sent.new_full((batch, 1), BOS)
+    logits = model.decode(bos, sents.memory, sents.src_valid, cache)[:, -1]  # (B, V)
+    lprobs = next_token_log_probs(logits, sents.max_lens <= 0)
+    expand = sents.sent.repeat_interleave(width)  # (B*W,)
+    cache.reorder(expand)
+    return lprobs.index_select(0, expand)  # (B*W, V)
+
+
+def _candidates(lprobs: Tensor, scores: Tensor, per_row: int) -> tuple[Tensor, Tensor, Tensor]:
+    """lprobs (n*W, V), scores (n, W) live log-probs -> the W best one-token extensions of each
+    sentence, best first: their log-probs, parent slots and tokens, (n, W) each.
+
+    They are among the ``per_row`` best extensions of each hypothesis (a candidate with fewer
+    than W better ones overall has fewer than W in its own row): two small topk calls instead of
+    adding the scores to all W*V. The first through chunk maxima (inference/topk.py):
+    torch.topk sorts within every row."""
+    n, width = scores.shape
+    row_top, row_tok = chunked_topk(lprobs, per_row)  # (n*W, per_row) each
+    cand = (scores.view(-1, 1) + row_top).view(n, width * per_row)
+    top, pick = cand.topk(width, dim=1)  # (n, W), best first
+    parent = torch.div(pick, per_row, rounding_mode="floor")  # beam each candidate extends
+    return top, parent, row_tok.view(n, width * per_row).gather(1, pick)
+
+
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
     model: DecodableModel[Any],
@@ -126,75 +240,56 @@ def _beam_search(
 ) -> list[list[Hypothesis]]:
     check_eval_mode(model)
     batch, width, device = src.size(0), beam, src.device
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     if batch == 0:
-        return finished
+        return []
     memory, src_valid = model.encode(src)  # (B, S, D), (B, S)
+    ninf = float("-inf")
+    sents = _Sentences(
+        memory,
+        src_valid,
+        torch.arange(batch, device=device),
+        torch.zeros(batch, dtype=torch.long, device=device),
+        torch.full((batch, width), ninf, device=device),
+        max_lens,
+        length_penalty(max_lens + 1, alpha),
+    )
     cache = model.new_cache()
-
-    # Step 0 runs on B rows: every beam of a sentence starts from the same BOS, and the cache
-    # projects the encoder output for cross-attention once per sentence. Then the hypothesis
-    # rows of the cache are expanded to B*W (row i*W + w is beam w of sentence i) once; memory,
-    # mask and cross-attention cache stay at one row per sentence (``decode`` groups the W).
-    bos = src.new_full((batch, 1), BOS)
-    logits = model.decode(bos, memory, src_valid, cache)[:, -1]  # (B, V)
-    lprobs = next_token_log_probs(logits, max_lens <= 0)
+    lprobs = _first_step(model, sents, cache, width)  # (B*W, V)
     per_row = min(width, lprobs.size(-1))  # candidates kept per hypothesis
-    expand = torch.arange(batch, device=device).repeat_interleave(width)  # (B*W,)
-    cache.reorder(expand)
-    lprobs = lprobs.index_select(0, expand)  # (B*W, V)
     # The W beams are identical at step 0: only beam 0 may expand, or the beam would fill with
     # copies of the same hypothesis.
-    scores = torch.full((batch, width), float("-inf"), device=device)  # (B, W) live log-probs
+    scores = torch.full((batch, width), ninf, device=device)  # (B, W) live log-probs
     scores[:, 0] = 0.0
-
     tokens = src.new_empty((batch * width, 0))  # (B*W, t) tokens of each live hypothesis
-    sent = torch.arange(batch, device=device)  # original index of each active sentence
-    n_finished = torch.zeros(batch, dtype=torch.long, device=device)
-    # Normalised scores of the finished hypotheses, best first, -inf where none (at most W are
-    # ever finished, one per slot).
-    finished_scores = torch.full((batch, width), float("-inf"), device=device)
+    finished = _Finished(batch, width, int(max_lens.max()), device)
     slot = torch.arange(width, device=device)  # (W,)
-    lp_max_len = length_penalty(max_lens + 1, alpha)  # (B,) lp of the longest possible output
     forced_from = first_forced_step(max_lens)  # no EOS to force before this step
-    cheap_reads = kernels.reads_are_cheap(device)  # parent slots: only for the cache's moves
+    cheap_reads = kernels.reads_are_cheap(device)  # CPUs: reads that skip work pay
     step = 0  # tokens in every live hypothesis
     while True:
-        n = sent.numel()
-        # The W best of a sentence's W*V extensions are among the `per_row` best extensions of
-        # each hypothesis (a candidate with fewer than W better ones overall has fewer than W in
-        # its own row): two small topk calls instead of adding the scores to all W*V. The
-        # first through chunk maxima (inference/topk.py): torch.topk sorts within every row.
-        row_top, row_tok = chunked_topk(lprobs, per_row)  # (n*W, per_row) each
-        cand = (scores.view(-1, 1) + row_top).view(n, width * per_row)
-        top, pick = cand.topk(width, dim=1)  # (n, W), best first
-        parent = torch.div(pick, per_row, rounding_mode="floor")  # beam each candidate extends
-        tok = row_tok.view(n, width * per_row).gather(1, pick)
-        entered = (slot < (width - n_finished)[:, None]) & (top > float("-inf"))
+        n = sents.sent.numel()
+        top, parent, tok = _candidates(lprobs, scores, per_row)  # (n, W) each
+        entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
         is_eos = tok == EOS
         ended = entered & is_eos
-        if bool(ended.any()):
+        # where reads are cheap (CPUs), one costs less than the writes it skips on most steps
+        if not cheap_reads or bool(ended.any()):
             normalised = top / length_penalty(step + 1, alpha)  # |Y| = step tokens + EOS
-            i, k = ended.nonzero(as_tuple=True)
-            toks = tokens.index_select(0, i * width + parent[i, k]).tolist()
-            for s, t, sc, lp in zip(
-                sent[i].tolist(), toks, normalised[i, k].tolist(), top[i, k].tolist(), strict=True
-            ):
-                finished[s].append(Hypothesis(tokens=t, score=sc, log_prob=lp))
-            new = normalised.masked_fill(~ended, float("-inf"))
-            finished_scores = torch.cat([finished_scores, new], 1).topk(width, dim=1).values
-            n_finished = n_finished + ended.sum(1)
-        scores = top.masked_fill(~(entered & ~is_eos), float("-inf"))  # live hypotheses
+            finished.add(ended, sents.n_finished, sents.sent, tokens, parent, normalised, top)
+            new = normalised.masked_fill(~ended, ninf)
+            sents.finished_scores = torch.cat([sents.finished_scores, new], 1).topk(width).values
+            sents.n_finished = sents.n_finished + ended.sum(1)
+        scores = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
 
         # Done when the best live hypothesis cannot reach the n-th best finished score (see the
         # module docstring); this covers "no live hypothesis left" and the forced-EOS step.
-        lp_bound = lp_max_len.clamp(min=length_penalty(step + 2, alpha))
+        lp_bound = sents.lp_max_len.clamp(min=length_penalty(step + 2, alpha))
         bound = scores.max(dim=1).values / lp_bound
-        done = (bound <= finished_scores[:, nbest - 1]) | (max_lens <= step)
-        keep = (~done).nonzero().squeeze(1)
+        done = (bound <= sents.finished_scores[:, nbest - 1]) | (sents.max_lens <= step)
+        keep = (~done).nonzero().squeeze(1)  # the step's one read of the device
         if keep.numel() == 0:
             break
-        live = scores > float("-inf")
+        live = scores > ninf
         if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
             perm = parent_slots(parent, live)  # (n, W)
             parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
@@ -206,20 +301,14 @@ def _beam_search(
         scores = scores.index_select(0, keep)
         if keep.numel() < n:  # drop the sentences that are done
             cache.select_sources(keep)
-            memory, src_valid = memory.index_select(0, keep), src_valid.index_select(0, keep)
-            sent, n_finished = sent[keep], n_finished[keep]
-            finished_scores, max_lens, lp_max_len = (
-                finished_scores[keep],
-                max_lens[keep],
-                lp_max_len[keep],
-            )
-            forced_from = first_forced_step(max_lens)
+            sents = sents.keep(keep)
+            forced_from = first_forced_step(sents.max_lens)
         step += 1
-        logits = model.decode(tokens[:, -1:], memory, src_valid, cache)[:, -1]  # (n'*W, V)
-        force = (max_lens <= step).repeat_interleave(width) if step >= forced_from else None
-        lprobs = next_token_log_probs(logits, force)
+        logits = model.decode(tokens[:, -1:], sents.memory, sents.src_valid, cache)[:, -1]
+        force = (sents.max_lens <= step).repeat_interleave(width) if step >= forced_from else None
+        lprobs = next_token_log_probs(logits, force)  # (n'*W, V)
 
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+    return finished.best(nbest)
 
 
 __all__ = ["PARENT_SLOTS_MIN_ROWS", "Hypothesis", "beam_search", "parent_slots"]
