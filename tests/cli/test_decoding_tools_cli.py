@@ -155,6 +155,11 @@ def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
         ["translate", "--model", files["tf"], "--input", files["src"], "--sampling"], capsys
     )
     assert code == 2 and "--seed" in err
+    sample = ["translate", "--model", files["tf"], "--input", files["src"], "--sampling"]
+    code, _, err = run([*sample, "--seed", "1", "--beam", "3"], capsys)
+    assert code == 2 and "--beam goes with search, not --sampling" in err
+    code, _, err = run([*sample, "--seed", "1", "--beam", "3", "--alpha", "1"], capsys)
+    assert code == 2 and "--beam, --alpha go with search" in err
     code, _, err = run(
         [
             "translate",

@@ -79,6 +79,10 @@ def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfi
         return decode
     if args.seed is None:
         raise UserError("--sampling needs --seed N (samples are reproducible for a seed)")
+    searched = [f"--{k}" for k in ("beam", "alpha") if getattr(args, k, None) is not None]
+    if searched:  # a sample is drawn, not searched: no beam, no length penalty
+        verb = "goes" if len(searched) == 1 else "go"
+        raise UserError(f"{', '.join(searched)} {verb} with search, not --sampling")
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(decode, sampling=True, sampling_seed=args.seed, **changes)
 
