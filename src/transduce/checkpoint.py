@@ -343,6 +343,7 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
         raise UserError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}
     last: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     keys: set[str] | None = None
     for p in paths:
         last = load(p)
@@ -351,9 +352,11 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
         ):
             raise UserError(f"{p}: its model is not a mapping of names to tensors")
         if keys is None:
-            keys = set(last["model"])
+            keys, first = set(last["model"]), last
         elif set(last["model"]) != keys:
             raise UserError(f"{p}: holds different parameters from {paths[0]}")
+        else:
+            _check_same_model(p, last, first, paths[0])
         for k, v in last["model"].items():
             if k in sums and v.shape != sums[k].shape:
                 raise UserError(
@@ -369,6 +372,26 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     out["model"] = model
     out["averaged"] = [str(p) for p in paths]
     return out
+
+
+def _check_same_model(
+    path: str | Path, data: dict[str, Any], first: dict[str, Any], first_path: str | Path
+) -> None:
+    """A UserError unless checkpoint ``data`` has the model architecture and vocabulary of
+    ``first``: tensors of equal shapes from models of other vocabularies (or of another norm or
+    activation) would average into nonsense in silence."""
+    if data.get("vocab") != first.get("vocab"):
+        raise UserError(
+            f"{path}: its vocabulary is not that of {first_path}; average checkpoints of one run"
+        )
+    model, first_model = (d.get("config", {}).get("model") for d in (data, first))
+    if model != first_model:
+        keys = sorted(set(model or {}) | set(first_model or {}))
+        differ = [k for k in keys if (model or {}).get(k) != (first_model or {}).get(k)]
+        raise UserError(
+            f"{path}: its model config differs from {first_path}'s "
+            f"({', '.join(differ) or 'model'}); average checkpoints of one run"
+        )
 
 
 def last_checkpoints(run_dir: str | Path, last: int) -> list[Path]:

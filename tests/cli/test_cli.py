@@ -99,6 +99,12 @@ def test_missing_checkpoint(tmp_path: Path, capsys) -> None:
     assert not out_file.exists()
     code, _, err = _run(["average", "--run", str(tmp_path), "--output", str(out_file)], capsys)
     _assert_user_error(code, err, str(tmp_path))
+    # --last counts a run's checkpoints: with named files it would do nothing
+    code, _, err = _run(
+        ["average", "--checkpoints", "/nonexistent.pt", "--last", "3", "--output", str(out_file)],
+        capsys,
+    )
+    _assert_user_error(code, err, "--last goes with --run")
 
 
 def test_missing_config_file(tmp_path: Path, capsys) -> None:

@@ -182,7 +182,7 @@ def test_average_is_mean_of_state_dicts(tmp_path: Path) -> None:
         c = _ckpt(seed)
         c["model"]["counter"] = torch.tensor([seed, 10 * seed], dtype=torch.long)  # an int buffer
         c["model"]["half"] = torch.randn(4).to(torch.bfloat16)
-        c["vocab"] = {"kind": "char", "symbols": "abcde"[: 3 + seed]}
+        c["vocab"] = {"kind": "char", "symbols": "abcde"}
         ckpts.append(c)
     paths = []
     for i, c in enumerate(ckpts):
@@ -242,6 +242,27 @@ def test_average_errors(tmp_path: Path) -> None:
         checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
     with pytest.raises(UserError, match="not found"):
         checkpoint.average([tmp_path / "a.pt", tmp_path / "missing.pt"])
+
+
+def test_average_refuses_models_of_other_vocabularies_or_configs(tmp_path: Path) -> None:
+    # equal shapes, other models: averaging them would give nonsense in silence
+    a, b = _ckpt(0), _ckpt(1)
+    a["vocab"], b["vocab"] = (
+        {"kind": "char", "symbols": s} for s in ("abcdefghijklmnop", "ponmlkjihgfedcba")
+    )
+    for name, c in (("a.pt", a), ("b.pt", b)):
+        checkpoint.save(c, tmp_path / name)
+    with pytest.raises(UserError, match="b.pt: its vocabulary is not that of"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+    b["vocab"] = a["vocab"]
+    b["config"] = {**b["config"], "model": {**b["config"]["model"], "norm": "pre"}}
+    checkpoint.save(b, tmp_path / "b.pt")
+    with pytest.raises(UserError, match=r"b.pt: its model config differs .*\(norm\)"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+    b["config"] = {**b["config"], "train": {**b["config"]["train"], "max_steps": 7}}
+    b["config"]["model"] = a["config"]["model"]
+    checkpoint.save(b, tmp_path / "b.pt")  # training settings may differ (a resumed run)
+    assert checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])["averaged"]
 
 
 def test_load_model_round_trip(tmp_path: Path) -> None:

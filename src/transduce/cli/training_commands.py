@@ -79,9 +79,11 @@ def _cmd_average(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
     if args.checkpoints:
+        if args.last is not None:
+            raise UserError("--last goes with --run (--checkpoints names the files to average)")
         paths = [Path(p) for p in args.checkpoints]
     else:
-        paths = checkpoint.last_checkpoints(args.run, args.last)
+        paths = checkpoint.last_checkpoints(args.run, 5 if args.last is None else args.last)
     averaged = checkpoint.average(paths)
     try:
         checkpoint.save(averaged, args.output)
@@ -135,7 +137,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", help="run folder whose checkpoints/ to average")
     src.add_argument("--checkpoints", nargs="+", help="explicit checkpoint files")
-    p.add_argument("--last", type=int, default=5, help="how many of the run's last (default 5)")
+    p.add_argument(
+        "--last", type=int, default=None, help="with --run: how many of its last (default 5)"
+    )
     p.add_argument("--output", required=True, help="file to write the averaged model to")
     p.set_defaults(func=_cmd_average)
 
