@@ -261,3 +261,17 @@ def test_plot_curves_command(tmp_path: Path, capsys) -> None:
         ]
     )
     assert code == 2 and "nope" in capsys.readouterr().err
+    for empty in (",", " , "):  # an empty list would reach the figure's layout (ZeroDivisionError)
+        code = main(
+            [
+                "--no-malloc-tuning",
+                "plot",
+                "curves",
+                str(run),
+                "--metrics",
+                empty,
+                "--output",
+                str(out),
+            ]
+        )
+        assert code == 2 and "names no metric" in capsys.readouterr().err

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from transduce.errors import UserError
+
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
@@ -30,7 +32,11 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 def _cmd_plot_curves(args: argparse.Namespace) -> int:
     from transduce.plotting.curves import plot_curves
 
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    metrics = None
+    if args.metrics is not None:
+        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+        if not metrics:
+            raise UserError(f"--metrics {args.metrics!r} names no metric (e.g. loss,bleu)")
     path = plot_curves([Path(r) for r in args.runs], Path(args.output), x=args.x, metrics=metrics)
     print(json.dumps({"output": str(path)}))
     return 0
