@@ -60,6 +60,18 @@ def test_an_addition_model_says_once_what_it_could_not_read(
         ["translate", "--model", str(model_kinds["synthetic"]), "--quiet"], capsys, stdin="12+34\n"
     )
     assert code == 0 and err == ""
+    # line by line, each line's warning as it is answered
+    code, out, err = _run(
+        ["translate", "--model", str(model_kinds["synthetic"]), "--unbuffered"],
+        capsys,
+        stdin="12+34\nthe dog\n\nab+1\n",
+    )
+    assert code == 0 and len(out.splitlines()) == 4
+    assert err.splitlines() == [
+        f"transduce: warning: line {n}: {k} input characters not in the model's vocabulary "
+        "(0123456789+), read as <unk>"
+        for n, k in ((2, 7), (4, 2))
+    ]
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("1+1\nab+1\n", encoding="utf-8")
     ref.write_text("2\n2\n", encoding="utf-8")

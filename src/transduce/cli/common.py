@@ -151,10 +151,10 @@ def refuse_parser(task_name: str, model: str, command: str) -> None:
         )
 
 
-def unknown_warning(vocab: Any, sentences: Sequence[str]) -> str | None:
+def unknown_warning(vocab: Any, sentences: Sequence[str], where: str = "") -> str | None:
     """A warning line when ``sentences`` hold characters (a character vocabulary) or pieces the
     model's source vocabulary lacks (read as <unk>), or None: a model of digits given English
-    would otherwise answer without a word."""
+    would otherwise answer without a word. ``where`` (e.g. "line 3: ") goes before the count."""
     from transduce.data.vocab import UNK, CharVocab, VocabPair
 
     source = vocab.source if isinstance(vocab, VocabPair) else vocab
@@ -164,7 +164,7 @@ def unknown_warning(vocab: Any, sentences: Sequence[str]) -> str | None:
     what = "characters" if isinstance(source, CharVocab) else "pieces"
     alphabet = f" ({''.join(source.symbols)})" if isinstance(source, CharVocab) else ""
     return (
-        f"transduce: warning: {n} input {what} not in the model's vocabulary{alphabet}, "
+        f"transduce: warning: {where}{n} input {what} not in the model's vocabulary{alphabet}, "
         "read as <unk>"
     )
 

@@ -78,7 +78,14 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         if args.prefix_file is not None:
             raise UserError("--prefix-file goes with a whole input, not line by line")
         show_progress = False
-        tools.answer_lines(answer)
+
+        def answer_warned(sentences: list[str], first: int) -> list[str]:
+            warning = unknown_warning(translator.vocab, sentences, f"line {first + 1}: ")
+            if warning:  # as the line is answered: the whole input is never seen at once
+                print(warning, file=sys.stderr, flush=True)
+            return answer(sentences, first)
+
+        tools.answer_lines(answer_warned)
         return 0
     sentences = read_input(args.input)
     prefixes = tools.read_prefixes(args.prefix_file, len(sentences))
