@@ -79,6 +79,13 @@ def test_evaluate_names_the_blank_line_before_decoding(models, tmp_path, capsys)
         err == f"transduce: error: {src}: line 2 is empty: every line of a parser's "
         "evaluation needs a sentence (and its gold tree)\n"
     )
+    empty = _write(tmp_path / "empty.txt", [])
+    code, out, err = _run(
+        ["evaluate", "--model", str(models["parser"]), "--src", empty, "--ref", empty, "--quiet"],
+        capsys,
+    )
+    assert code == 2 and not out  # not an F1 of 0 over no sentence
+    assert err == f"transduce: error: {empty}: no sentences to parse\n"
 
 
 def test_a_parsers_evaluate_writes_its_trees(models, tmp_path, capsys) -> None:

@@ -133,6 +133,8 @@ def evaluate_parser(
     evaluate``). ``decode``, ``constrained``: as ``Parser.parse`` takes them. Returns (scores,
     the parses in order), as ``evaluate_files`` returns a translation model's."""
     sentences = [line.split() for line in read_lines(words_path)]
+    if not sentences:  # an F1 of no sentence would read as a score of 0
+        raise UserError(f"{words_path}: no sentences to parse")
     empty = next((i for i, words in enumerate(sentences) if not words), None)
     if empty is not None:  # before any decoding; EVALB scores a tree for every sentence
         raise UserError(
