@@ -181,6 +181,33 @@ def test_learned_positions_refuse_a_source_they_cannot_place() -> None:
             translator.translate(["", too_long, fits], decode)
 
 
+def test_an_ensemble_takes_the_position_limit_of_its_tightest_member(tmp_path) -> None:
+    # a sinusoidal model first and a learned-position one second: the second's table bounds
+    # the search (the first's config alone let the member fail with a traceback)
+    from transduce import checkpoint
+    from transduce.config import from_dict
+    from transduce.data.subword import train_sentencepiece
+    from transduce.model.transformer import make_model
+
+    vocab = train_sentencepiece(toy_sentences(300), 60)
+    paths = []
+    for positional in ("sinusoidal", "learned"):
+        small = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
+        model_cfg = {**small, "positional": positional, "max_positions": 16}
+        cfg = from_dict({"model": model_cfg, "decode": {"max_len_offset": 3}})
+        model = make_model(cfg.model, src_vocab_size=len(vocab)).eval()
+        paths.append(tmp_path / f"{positional}.pt")
+        state = {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}
+        checkpoint.save(state, paths[-1])
+    word = next(w for w in " ".join(toy_sentences(50)).split() if len(vocab.encode(w)) == 1)
+    ensemble = Translator.load_ensemble(paths)
+    assert ensemble.max_positions == 16
+    assert len(ensemble.translate([" ".join([word] * 11)])) == 1
+    with pytest.raises(UserError, match="sentence 1 has 12 subword tokens.*at most 11"):
+        ensemble.translate([" ".join([word] * 12)])
+    assert Translator.load_ensemble(paths[:1] * 2).max_positions is None
+
+
 def test_length_batches() -> None:
     lengths = [3, 9, 1, 4, 4, 12, 2, 7]
     batches = length_batches(lengths, 10)

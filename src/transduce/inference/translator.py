@@ -102,6 +102,12 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
     return batches
 
 
+def _max_positions(cfg: Config) -> int | None:
+    """The positions a model of ``cfg`` can place: its learned table's size, or None (the
+    sinusoidal table grows)."""
+    return cfg.model.max_positions if cfg.model.positional == "learned" else None
+
+
 class Translator:
     """A trained model with its vocabulary and decoding defaults (the checkpoint's ``decode``
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
@@ -122,6 +128,9 @@ class Translator:
         self.vocab = vocab
         self.cfg = cfg
         self.decoding = searchable(model) if decoding is None else decoding
+        # the fewest positions a model of the search can place (learned positions; None: no
+        # limit): an ensemble's is its members' least (load_ensemble)
+        self.max_positions = _max_positions(cfg)
 
     @classmethod
     def load(
@@ -178,7 +187,10 @@ class Translator:
                     f"{path}: its vocabulary is not that of {paths[0]}; an ensemble's models "
                     "must share one"
                 )
-        return cls(first.model, first.vocab, first.cfg, Ensemble([m.decoding for m in members]))
+        ensemble = cls(first.model, first.vocab, first.cfg, Ensemble([m.decoding for m in members]))
+        limits = [m.max_positions for m in members if m.max_positions is not None]
+        ensemble.max_positions = min(limits) if limits else None
+        return ensemble
 
     @property
     def device(self) -> torch.device:
@@ -388,14 +400,14 @@ class Translator:
         n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
         max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
         ``inference.common``). The sinusoidal table has no such limit (it grows)."""
-        m = self.cfg.model
-        if m.positional != "learned":
+        limit = self.max_positions
+        if limit is None:
             return
-        longest = m.max_positions - 2 - cfg.max_len_offset  # source tokens, EOS not counted
+        longest = limit - 2 - cfg.max_len_offset  # source tokens, EOS not counted
         for j, x in enumerate(ids):
             if len(x) > longest:
                 raise UserError(
                     f"sentence {todo[j] + 1} has {len(x)} subword tokens; this model's learned "
-                    f"positions (max_positions={m.max_positions}) take at most {max(longest, 0)} "
+                    f"positions (max_positions={limit}) take at most {max(longest, 0)} "
                     f"with max_len_offset={cfg.max_len_offset}"
                 )
