@@ -17,8 +17,9 @@ import torch
 
 from transduce.architectures import Seq2Seq, build_model
 from transduce.config import Config
-from transduce.data.batching import Pair
+from transduce.data.batching import Pair, model_lengths
 from transduce.data.vocab import Vocab, vocab_sizes
+from transduce.errors import UserError
 from transduce.training.distributed import World
 from transduce.training.feed import Resegment
 from transduce.training.trainer import StepCallback, Trainer
@@ -73,6 +74,41 @@ class TaskData:
     counts: dict[str, Any] = field(default_factory=dict)
 
 
+def _placeable_valid_pairs(cfg: Config, data: TaskData, log: Log | None) -> Sequence[Pair]:
+    """``data.valid_pairs`` less those a Transformer of learned positions (``max_positions``
+    of them) cannot place, reported to ``log``; a UserError, before any training, where its
+    training pairs (up to ``max_len``) or the validator's decoding of a validation source
+    (BOS, then up to source + ``decode.max_len_offset`` tokens) would run past the table.
+    Sinusoidal positions and recurrent models place any length."""
+    m, pairs = cfg.model, data.valid_pairs
+    if m.positional != "learned" or m.architecture != "transformer":
+        return pairs
+    table = m.max_positions
+    if cfg.train.max_len > table:
+        raise UserError(
+            f"train.max_len={cfg.train.max_len} is more than the {table} learned positions "
+            f"(model.max_positions): set max_len at most {table}"
+        )
+    lengths = model_lengths(pairs)  # (source + EOS, BOS + target)
+    if data.validator is not None and lengths:
+        longest = max(s for s, _ in lengths)
+        offset = cfg.decode.max_len_offset
+        if longest + offset + 1 > table:
+            raise UserError(
+                f"validation decodes a source of {longest - 1} tokens into up to "
+                f"{longest - 1 + offset} (decode.max_len_offset={offset}), which needs "
+                f"{longest + offset + 1} learned positions; model.max_positions is {table}: "
+                "raise it or lower max_len_offset"
+            )
+    kept = [pair for pair, (s, t) in zip(pairs, lengths, strict=True) if max(s, t) <= table]
+    if len(kept) < len(pairs) and log is not None:
+        log(
+            f"valid: {len(pairs) - len(kept)} pairs longer than max_positions={table} tokens "
+            "left out of the validation loss"
+        )
+    return kept
+
+
 def fit(
     cfg: Config,
     out_dir: str | Path,
@@ -85,6 +121,7 @@ def fit(
     """Train the model of ``cfg.model`` on ``data`` into ``out_dir``: seeded by
     ``train.seed``, ``adapt`` applied to it once built. ``log``, when given, hears how many
     training pairs were longer than max_len. The Trainer's summary plus ``data.counts``."""
+    valid_pairs = _placeable_valid_pairs(cfg, data, log)
     torch.manual_seed(cfg.train.seed)
     src_size, tgt_size = vocab_sizes(data.vocab)
     model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
@@ -96,7 +133,7 @@ def fit(
         data.vocab,
         data.train_pairs,
         run_dir=Path(out_dir),
-        valid_pairs=data.valid_pairs,
+        valid_pairs=valid_pairs,
         validator=data.validator,
         score_key=data.score_key,
         resume=options.resume,
