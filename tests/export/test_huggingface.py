@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,40 @@ def test_refusals_name_the_field(tmp_path: Path) -> None:
         with pytest.raises(UserError, match=key) as e:
             import_marian(folder, tmp_path / "x.pt")
         assert "\n" not in str(e.value)
+
+
+def test_damaged_folders_are_one_line(tmp_path: Path) -> None:
+    """Damaged weights or config values: one line naming the folder or field, never a
+    traceback, and never weights transformers made up (it fills a missing tensor at random)."""
+    from safetensors.torch import load_file, save_file
+
+    base = marian_folder(tmp_path / "base")
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+
+    def damaged(name: str, **values: Any) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(base, folder)
+        (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
+        return folder
+
+    weights = load_file(str(base / "model.safetensors"))
+    missing = damaged("missing")
+    del weights["model.encoder.layers.0.fc1.weight"]
+    save_file(weights, str(missing / "model.safetensors"), metadata={"format": "pt"})
+    truncated = damaged("truncated")
+    (truncated / "model.safetensors").write_bytes((base / "model.safetensors").read_bytes()[:3000])
+    for folder, needle in (
+        (missing, "missing tensors: model.encoder.layers.0.fc1.weight"),
+        (truncated, "cannot load the Marian weights"),
+        (damaged("dropout", dropout=None), "dropout must be a number"),
+        (damaged("tie", tie_word_embeddings="no"), "tie_word_embeddings must be true or false"),
+        (damaged("start", decoder_start_token_id=500), "no id 500, the decoder's start"),
+        (damaged("width", d_model=64), "shapes are not those config.json gives"),
+    ):
+        with pytest.raises(UserError, match=needle) as e:
+            import_marian(folder, tmp_path / "x.pt")
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "x.pt").exists()
 
 
 def test_export_then_generate_and_reimport(marian: dict[str, Any], tmp_path: Path) -> None:

@@ -96,16 +96,42 @@ def test_export_separate_vocabularies(tmp_path: Path) -> None:
     _greedy_equal(path, tmp_path / "hf")
 
 
-def test_round_trip_gives_the_same_translations(shared: Vocab, tmp_path: Path) -> None:
-    path = _model_file(tmp_path / "m.pt", shared, activation="swish")
+@pytest.mark.parametrize(
+    ("pair", "tie"),
+    [(False, True), (False, False), (True, True), (True, False)],
+    ids=["shared-tied", "shared-untied", "pair-tied", "pair-untied"],
+)
+def test_round_trip_gives_the_same_translations(
+    shared: Vocab, tmp_path: Path, pair: bool, tie: bool
+) -> None:
+    # every kind of embedding sharing comes back (a pair's source vocab.json holds <s> too),
+    # with the model's beam and alpha as its decoding defaults
+    vocab = VocabPair(shared, train_sentencepiece(TARGETS, 50)) if pair else shared
+    path = _model_file(tmp_path / "m.pt", vocab, activation="swish", tie_embeddings=tie)
     export_marian(path, tmp_path / "hf")
     summary = import_marian(tmp_path / "hf", tmp_path / "back.pt")
     assert not summary["added_bos"]  # the export starts from <s>: ids unchanged
+    assert (summary["beam"], summary["alpha"]) == (3, 0.8)
     before, after = Translator.load(path), Translator.load(tmp_path / "back.pt")
+    assert after.cfg.decode == before.cfg.decode
     for beam in (1, 4):
         assert after.translate(TEXTS, after.decode_config(beam=beam)) == before.translate(
             TEXTS, before.decode_config(beam=beam)
         )
+
+
+def test_tokens_in_their_object_form_import(tmp_path: Path) -> None:
+    # older transformers wrote {"__type": "AddedToken", "content": ...} for the special tokens
+    pair = VocabPair(train_sentencepiece(SOURCES, 40), train_sentencepiece(TARGETS, 50))
+    export_marian(_model_file(tmp_path / "pair.pt", pair), tmp_path / "hf")
+    config = tmp_path / "hf" / "tokenizer_config.json"
+    tok = json.loads(config.read_text(encoding="utf-8"))
+    for key in ("unk_token", "eos_token", "pad_token"):
+        tok[key] = {"__type": "AddedToken", "content": tok[key], "normalized": True}
+    config.write_text(json.dumps(tok), encoding="utf-8")
+    import_marian(tmp_path / "hf", tmp_path / "back.pt")
+    before, after = Translator.load(tmp_path / "pair.pt"), Translator.load(tmp_path / "back.pt")
+    assert after.translate(TEXTS) == before.translate(TEXTS)
 
 
 def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Path) -> None:

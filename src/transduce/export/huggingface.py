@@ -29,7 +29,8 @@ What maps onto what (configurations: ``marian_config``; weights: ``marian_weight
 Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
 BOS are never generated (``bad_words_ids``), as in transduce's searches. Their
 ``generation_config.json`` holds the model's beam as ``num_beams`` and its alpha as
-``length_penalty``, which Hugging Face applies as ``log P / |Y| ** length_penalty`` where
+``transduce_alpha`` (which an import reads back; a folder without it gets transduce's default)
+and as ``length_penalty``, which Hugging Face applies as ``log P / |Y| ** length_penalty`` where
 transduce applies the GNMT ``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy
 outputs are the same. Beams can differ even then: transduce's shrinks as hypotheses finish
 (Marian's way), Hugging Face's keeps W live ones, and a forced EOS (at the length limit) counts
@@ -54,7 +55,7 @@ from typing import Any
 import torch
 
 from transduce.checkpoint import load_model, save
-from transduce.config import Config, DecodeConfig, TranslationTaskConfig
+from transduce.config import MAX_ALPHA, Config, DecodeConfig, TranslationTaskConfig
 from transduce.data.marian_vocab import MarianVocab
 from transduce.data.vocab import (
     BOS,
@@ -68,11 +69,13 @@ from transduce.data.vocab import (
 )
 from transduce.errors import UserError
 from transduce.export.marian_config import (
+    ALPHA_KEY,
     check_exportable,
     check_marian_config,
     generation_config,
     marian_config,
     model_config,
+    quiet_transformers,
     transformers_module,
 )
 from transduce.export.marian_weights import from_marian_state, to_marian_state
@@ -120,6 +123,8 @@ def _vocab_order(
     for label, i in (("pad", pad), ("eos", eos), ("unk", unk)):
         if i not in by_id:
             raise UserError(f"{name} has no {label} id {i}")
+    if start is not None and start not in by_id:
+        raise UserError(f"{name} has no id {start}, the decoder's start (decoder_start_token_id)")
     real_bos = start is not None and start not in (pad, eos, unk) and by_id[start] == "<s>"
     bos = start if real_bos else None
     specials = [pad, bos, eos, unk]
@@ -134,25 +139,45 @@ def _vocab_order(
 
 
 def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of ``folder``'s ``MarianMTModel``; a UserError where they cannot be read or
+    miss a tensor (transformers would fill it with random numbers and go on)."""
     transformers = transformers_module()
     try:
-        model = transformers.MarianMTModel.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+        with quiet_transformers():
+            model, info = transformers.MarianMTModel.from_pretrained(
+                str(folder), local_files_only=True, output_loading_info=True
+            )
+    except Exception as e:  # noqa: BLE001 (safetensors' and transformers' own errors too)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if "ignore_mismatched_sizes" in first:  # transformers' hint, not the cause
+            first = "their shapes are not those config.json gives"
         raise UserError(f"{folder}: cannot load the Marian weights ({first})") from None
+    for kind in ("missing_keys", "mismatched_keys"):
+        # Marian's sinusoids are made, not stored
+        keys = [k for k in info.get(kind) or () if "embed_positions" not in str(k)]
+        if keys:
+            what = kind.replace("_keys", "")
+            more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+            raise UserError(f"{folder}: the weights file has {what} tensors: {keys[0]}{more}")
     return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+def _token(tok: dict[str, Any], key: str, default: str) -> Any:
+    """tokenizer_config.json's ``key`` token: a string, or the {"content": ...} object older
+    transformers wrote."""
+    piece = tok.get(key, default)
+    return piece.get("content") if isinstance(piece, dict) else piece
 
 
 def _special_ids(tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
     """The pad, eos and unk ids of the source vocabulary (the tokenizer's tokens)."""
     names = {
-        "pad": tok.get("pad_token", "<pad>"),
-        "eos": tok.get("eos_token", "</s>"),
-        "unk": tok.get("unk_token", "<unk>"),
+        "pad": _token(tok, "pad_token", "<pad>"),
+        "eos": _token(tok, "eos_token", "</s>"),
+        "unk": _token(tok, "unk_token", "<unk>"),
     }
     ids = {}
     for label, piece in names.items():
-        piece = piece.get("content") if isinstance(piece, dict) else piece
         if piece not in vocab:
             raise UserError(f"vocab.json has no {label} token {piece!r}")
         ids[label] = vocab[piece]
@@ -192,7 +217,9 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
             f"{folder}/config.json: pad_token_id, eos_token_id and "
             "decoder_start_token_id must be ids"
         )
-    tgt_unk = tgt_json.get(tok.get("unk_token", "<unk>"), ids["unk"]) if separate else ids["unk"]
+    tgt_unk = (
+        tgt_json.get(_token(tok, "unk_token", "<unk>"), ids["unk"]) if separate else ids["unk"]
+    )
     tgt_order, tgt_pieces = _vocab_order(
         tgt_json,
         tgt_size,
@@ -212,12 +239,27 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
             )
         vocab = MarianVocab(tgt_pieces, source_spm, target_spm)
         return _Vocabularies(vocab, tgt_order, tgt_order, start, share)
-    src_order, src_pieces = _vocab_order(src_json, src_size, **ids, start=None, name="vocab.json")
+    # an export's source side holds transduce's <s> (BOS); an OPUS-MT one has none
+    src_bos = src_json.get("<s>")
+    src_order, src_pieces = _vocab_order(
+        src_json,
+        src_size,
+        **ids,
+        start=src_bos if isinstance(src_bos, int) else None,
+        name="vocab.json",
+    )
     pair = VocabPair(
         MarianVocab(src_pieces, source_spm, source_spm),
         MarianVocab(tgt_pieces, target_spm, target_spm),
     )
     return _Vocabularies(pair, src_order, tgt_order, start, share)
+
+
+def _alpha(value: object) -> float:
+    """An export's alpha as written, or transduce's default where it is missing or not one."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_ALPHA:
+        return float(value)
+    return DecodeConfig.alpha
 
 
 def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
@@ -242,10 +284,16 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
     model.load_state_dict(state)
     generation = _optional_json(folder / "generation_config.json")
     beam = generation.get("num_beams", c.get("num_beams", 4))
+    # transduce's GNMT alpha, which an export writes beside Hugging Face's length_penalty (not
+    # the same penalty: a folder of another tool keeps transduce's default)
+    alpha = generation.get(ALPHA_KEY)
     cfg = Config(
         model=model_cfg,
         task=TranslationTaskConfig(shared_vocab=v.share),
-        decode=DecodeConfig(beam=beam if isinstance(beam, int) and beam > 0 else 4),
+        decode=DecodeConfig(
+            beam=beam if isinstance(beam, int) and beam > 0 else 4,
+            alpha=_alpha(alpha),
+        ),
     )
     save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)
     return {
@@ -260,6 +308,7 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
         "vocab_size": len(v.vocab),
         "added_bos": v.tgt_order[BOS] is None,
         "beam": cfg.decode.beam,
+        "alpha": cfg.decode.alpha,
     }
 
 
@@ -348,14 +397,8 @@ def export_marian(
         raise AssertionError(f"Marian weights left out {left}, unknown {unexpected}")
     hf_model.generation_config = generation_config(cfg)
     _prepare_folder(folder, force)
-    hf_logging = transformers.utils.logging
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a bar for one shard: noise on the command's stderr
-    try:
+    with quiet_transformers():  # a bar for one shard: noise on the command's stderr
         hf_model.save_pretrained(str(folder))
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
     _write_tokenizer(folder, files, separate)
     return {
         "input": str(model_path),

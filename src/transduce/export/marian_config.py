@@ -5,6 +5,8 @@ one-line UserError naming the field."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -14,14 +16,19 @@ from transduce.errors import UserError
 from transduce.model.transformer import Transformer
 
 __all__ = [
+    "ALPHA_KEY",
     "check_exportable",
     "check_marian_config",
     "generation_config",
     "marian_config",
     "model_config",
+    "quiet_transformers",
     "transformers_module",
 ]
 
+# generation_config.json's key for transduce's GNMT alpha, which Hugging Face's length_penalty
+# is not (transduce.export.huggingface): an export writes it, an import reads it back
+ALPHA_KEY = "transduce_alpha"
 Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
 # Marian's activation_function -> ModelConfig.activation, and back
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
@@ -44,6 +51,22 @@ def transformers_module() -> Any:
             "Hugging Face models need the transformers package: pip install 'transduce[hf]'"
         ) from None
     return transformers
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars and log below errors off (a load report or a bar for one
+    shard is noise on a command's stderr, where an error must be one line), then as before."""
+    hf_logging = transformers_module().utils.logging
+    shown, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def check_marian_config(c: dict[str, Any], where: Path) -> None:
@@ -96,6 +119,13 @@ def check_marian_config(c: dict[str, Any], where: Path) -> None:
         )
     if isinstance(c.get("eos_token_id"), list):
         raise UserError(f"{where}: eos_token_id is a list; transduce has one EOS")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = c.get(key, 0.0)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise UserError(f"{where}: {key} must be a number; got {value!r}")
+    for key in ("tie_word_embeddings", "share_encoder_decoder_embeddings"):
+        if not isinstance(c.get(key, True), bool):
+            raise UserError(f"{where}: {key} must be true or false; got {c.get(key)!r}")
 
 
 def model_config(c: dict[str, Any]) -> ModelConfig:
@@ -187,6 +217,7 @@ def generation_config(cfg: Config) -> Any:
         "bad_words_ids": [[PAD], [BOS]],  # never generated
         "max_length": cfg.model.max_positions,
         "num_beams": d.beam,
+        ALPHA_KEY: d.alpha,  # unread by Hugging Face; transduce's import takes it back
     }
     if d.beam > 1:  # Hugging Face warns of a length penalty without a beam
         options["length_penalty"] = d.alpha
