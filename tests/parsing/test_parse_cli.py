@@ -178,3 +178,38 @@ def test_parser_api_names_an_empty_sentence_before_decoding(models, monkeypatch)
     monkeypatch.setattr(parser.translator, "translate", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(UserError, match="sentence 2 is empty"):
         parser.parse([WORDS[0].split(), [], WORDS[1].split()])
+
+
+def test_score_reads_trees_as_the_parser_was_trained(models, tmp_path, capsys) -> None:
+    # each tree linearised (not its brackets split on spaces, which read as <unk>): the
+    # log-probability a teacher-forced forward gives the linearised tokens and EOS
+    from transduce.checkpoint import load_model
+    from transduce.data.batching import collate
+    from transduce.data.linearise import linearise
+    from transduce.data.trees import parse_trees
+
+    words, trees = WORDS[:2], TREES[:2]  # of the toy parser's labels: S, NP, VP
+    src, ref = _write(tmp_path / "w.txt", words), _write(tmp_path / "t.txt", trees)
+    argv = ["score", "--model", str(models["parser"]), "--src", src]
+    code, out, err = _run([*argv, "--tgt", ref], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    model, vocab, cfg = load_model(models["parser"])
+    assert len(rows) == 2
+    for sentence, tree, row in zip(words, parse_trees("\n".join(trees)), rows, strict=True):
+        tokens = linearise(tree, tags=cfg.task.keep_tags)
+        ids = vocab.target.encode(" ".join(tokens))
+        assert 3 not in ids and row["tokens"] == len(ids) + 1  # no <unk>; EOS
+        b = collate([(vocab.source.encode(sentence), ids)])
+        with torch.no_grad():
+            logp = model(b.src, b.tgt_in).log_softmax(-1)  # (1, T, V)
+        expected = logp[0].gather(1, b.tgt_out[0][:, None]).sum().item()
+        assert row["log_prob"] == pytest.approx(expected, abs=1e-4)
+    for bad, needle in (
+        ("(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs)))", "line 1"),  # unbalanced
+        ("(TOP (S (NP (DT the) (NN dog))))", "tree 1 has 2 words, its sentence 3"),
+        ("(TOP (FOO (DT the) (NN dog) (VBZ runs)))", "FOO"),  # a label never seen
+    ):
+        code, out, err = _run([*argv, "--tgt", _write(tmp_path / "b.txt", [bad, trees[1]])], capsys)
+        assert code == 2 and not out and len(err.splitlines()) == 1, err
+        assert "b.txt" in err and needle in err, err

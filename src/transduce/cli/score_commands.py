@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from typing import Any
 
 from transduce.cli.common import add_device, add_models, add_precision, write_output
+from transduce.errors import UserError
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
@@ -23,14 +25,40 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
     translator = load_translator(args)
     decode = translator.decode_config(alpha=args.alpha, batch_tokens=args.batch_tokens)
-    sources, targets = read_aligned(args.src, args.tgt, what="source and target")
+    if translator.cfg.task.name == "parsing":
+        scores = _parser_scores(args, translator, decode)
+    else:
+        sources, targets = read_aligned(args.src, args.tgt, what="source and target")
+        scores = translator.score(sources, targets, decode)
     out = []
-    for pair in translator.score(sources, targets, decode):
+    for pair in scores:
         row = asdict(pair)
         row["score"] = pair.normalized if args.normalize else pair.log_prob
         out.append(json.dumps(row))
     write_output(args.output, out)
     return 0
+
+
+def _parser_scores(args: argparse.Namespace, translator: Any, decode: Any) -> list[Any]:
+    """A parsing model's scores of --tgt's trees (one a line, as ``evaluate --ref``) for
+    --src's sentences (words): each tree linearised as the model was trained."""
+    from transduce.data.parallel import read_lines
+    from transduce.data.trees import read_tree_file
+    from transduce.parsing.parser import Parser
+
+    if len(args.model) > 1:
+        raise UserError("a parsing model is scored alone, not in an ensemble")
+    if args.weights == "int8":  # the parser's own engine is the float model's
+        raise UserError("--precision int8 is for translation models; a parser takes fp32 or bf16")
+    parser = Parser(translator.model, translator.vocab, translator.cfg)
+    sentences = [line.split() for line in read_lines(args.src)]
+    trees = read_tree_file(args.tgt)
+    if len(trees) != len(sentences):
+        raise UserError(f"{args.src} has {len(sentences)} lines but {args.tgt} {len(trees)} trees")
+    try:
+        return parser.score(sentences, trees, decode)
+    except UserError as e:
+        raise UserError(f"{args.tgt}: {e}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

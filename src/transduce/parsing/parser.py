@@ -21,15 +21,17 @@ import torch
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig, ParsingTaskConfig
-from transduce.data.linearise import WORD_SLOT, delinearise, slots_to_placeholders
+from transduce.data.linearise import WORD_SLOT, delinearise, linearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
 from transduce.data.trees import Tree, read_tree_file
-from transduce.data.vocab import EOS, SPECIALS, Vocab, VocabPair
+from transduce.data.vocab import EOS, SPECIALS, UNK, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.evaluation.evalb import score_corpus
+from transduce.inference.scoring import PairScore
 from transduce.inference.translator import Translator
 from transduce.parsing.constrained import ConstrainedTrees
+from transduce.parsing.targets import parsing_targets
 from transduce.parsing.tree_constraint import TreeConstraint
 
 
@@ -86,6 +88,20 @@ class Parser:
         wrapped = ConstrainedTrees(self.translator.decoding, constraint, n_words, max_len_offset)
         return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
 
+    def score(
+        self,
+        sentences: Sequence[Sequence[str]],
+        trees: Sequence[Tree],
+        decode: DecodeConfig | None = None,
+    ) -> list[PairScore]:
+        """Forced decoding: for each sentence (a list of words) the log-probability the model
+        gives its tree (``Translator.score`` of the tree's target text, ``parsing.targets``). A
+        UserError naming the first tree with another number of words than its sentence or a
+        label the model never saw."""
+        _check_scorable(self, sentences, trees)
+        texts = parsing_targets(trees, sentences, self.task, getattr(self.vocab, "source"))
+        return self.translator.score([" ".join(w) for w in sentences], texts, decode)
+
     def parse(
         self,
         sentences: Sequence[Sequence[str]],
@@ -115,6 +131,28 @@ class Parser:
             tree, repairs = delinearise(read, list(words), tags=self.task.keep_tags)
             out.append(Parse(tree, repairs, tokens))
         return out
+
+
+def _check_scorable(
+    parser: Parser, sentences: Sequence[Sequence[str]], trees: Sequence[Tree]
+) -> None:
+    """A UserError naming the first tree that is not its sentence's or holds a label (or tag)
+    the model's target vocabulary lacks: it would be scored as <unk>, a score of nothing."""
+    if len(sentences) != len(trees):
+        raise UserError(f"{len(sentences)} sentences but {len(trees)} trees")
+    target = getattr(parser.vocab, "target")
+    for i, (words, tree) in enumerate(zip(sentences, trees, strict=True)):
+        if len(tree.leaves()) != len(words):
+            raise UserError(
+                f"tree {i + 1} has {len(tree.leaves())} words, its sentence {len(words)}"
+            )
+        tokens = linearise(tree, tags=parser.task.keep_tags)
+        unknown = next((t for t in tokens if t != WORD_SLOT and target.encode(t) == [UNK]), None)
+        if unknown is not None:
+            raise UserError(
+                f"tree {i + 1}: {unknown!r} is not in the model's target vocabulary (the "
+                "labels it was trained on)"
+            )
 
 
 def evaluate_parser(

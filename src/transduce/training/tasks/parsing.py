@@ -10,7 +10,6 @@ from typing import Any
 from transduce.architectures import Seq2Seq
 from transduce.config import Config, ParsingTaskConfig
 from transduce.data.batching import Pair
-from transduce.data.linearise import fill_slots, linearise
 from transduce.data.parallel import read_lines, resolve_data_path
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.data.trees import Tree, read_tree_file
@@ -18,6 +17,7 @@ from transduce.data.vocab import TokenVocab, VocabPair
 from transduce.errors import UserError
 from transduce.model.transformer import Transformer
 from transduce.parsing.parser import Parser, parsing_scores, word_units
+from transduce.parsing.targets import parsing_targets
 from transduce.training import distributed
 from transduce.training.feed import Resegment
 from transduce.training.fit import Log, RunOptions, TaskData, epoch_seed, fit, rank_log
@@ -39,31 +39,6 @@ def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
     if len(sentences) != len(trees):
         raise UserError(f"{words_path}: {len(sentences)} sentences but {len(trees)} trees")
     return sentences, trees
-
-
-def first_pieces(source: SentencePieceVocab, words: Sequence[str]) -> list[str]:
-    """Each word's first source piece (the one that starts with "▁"), in order."""
-    firsts = [p for p in source.pieces(" ".join(words)) if p.startswith("▁")]
-    if len(firsts) != len(words):  # a word that normalises to nothing: word by word
-        firsts = [(source.pieces(w) or ["▁"])[0] for w in words]
-    return firsts
-
-
-def parsing_targets(
-    trees: Sequence[Tree],
-    sentences: Sequence[Sequence[str]],
-    task: ParsingTaskConfig,
-    source: SentencePieceVocab,
-) -> list[str]:
-    """The linearised trees as target text, a word slot ``XX``, the tag (``keep_tags``) or the
-    word's first source piece (``slot_pieces``)."""
-    out = []
-    for tree, words in zip(trees, sentences, strict=True):
-        tokens = linearise(tree, tags=task.keep_tags)
-        if task.slot_pieces:
-            tokens = fill_slots(tokens, first_pieces(source, words))
-        out.append(" ".join(tokens))
-    return out
 
 
 def parsing_vocab(
@@ -174,8 +149,6 @@ def train_parsing(
 
 __all__ = [
     "f1_validator",
-    "first_pieces",
-    "parsing_targets",
     "parsing_vocab",
     "read_split",
     "source_dropout_pairs",
