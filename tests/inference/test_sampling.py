@@ -78,6 +78,21 @@ def test_top_k_and_top_p_cut_exactly() -> None:
     assert set(first_tokens(4, top_k=1)) == {A}  # top-k 1 is greedy
 
 
+@pytest.mark.parametrize("vocab", [6, 40, 100, 1000])
+def test_ties_at_the_cut_are_broken_by_index(vocab: int) -> None:
+    # torch.topk returns any of the tied entries (which ones changed with the row's length)
+    x = torch.zeros(2, vocab)
+    x[:, :2] = float("-inf")
+    x[1, 5] = 1.0  # one above the tie: two places left for it
+    kept = sampling_probs(x, temperature=1.0, top_k=3, top_p=1.0) > 0
+    assert kept[0].nonzero().flatten().tolist() == [2, 3, 4]
+    assert kept[1].nonzero().flatten().tolist() == [2, 3, 5]
+    # the nucleus: of equal probabilities the lower index is kept first
+    flat = torch.zeros(1, vocab).log_softmax(1)
+    kept = sampling_probs(flat, temperature=1.0, top_k=0, top_p=2.5 / vocab) > 0
+    assert kept[0].nonzero().flatten().tolist() == [0, 1, 2]
+
+
 def test_a_seed_reproduces_and_log_probs_are_the_models() -> None:
     script = {4: lambda prefix: {A: 0.6, B: 0.3, EOS: 0.1}, 5: lambda prefix: {B: 0.5, EOS: 0.5}}
     src = torch.tensor([[4, 4], [5, 5]])

@@ -35,14 +35,20 @@ from transduce.inference.length_penalty import length_penalty
 def sampling_probs(lprobs: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
     """lprobs (N, V) log-probabilities -> probabilities (N, V) to draw from: tempered, cut to
     the ``top_k`` best (0: all; ties at the k-th broken by index) and to the nucleus of mass
-    ``top_p``, renormalised. A row needs one finite entry."""
+    ``top_p`` (ties at its edge broken by index), renormalised. A row needs one finite entry."""
     x = lprobs / temperature if temperature != 1.0 else lprobs
     if 0 < top_k < x.size(1):
-        kept = torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.topk(top_k, dim=1).indices, True)
+        # torch.topk returns any of the entries tied at the k-th: keep those above it, then
+        # the tied ones by index until k are kept
+        kth = x.topk(top_k, dim=1).values[:, -1:]  # (N, 1)
+        above, tied = x > kth, x == kth
+        room = top_k - above.sum(1, keepdim=True)  # (N, 1) places left for the tied
+        kept = above | (tied & (tied.cumsum(1) <= room))
         x = x.masked_fill(~kept, float("-inf"))
     probs = torch.softmax(x, dim=1)
     if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=1, descending=True)
+        # stable: of equal probabilities, the lower index first (and kept first)
+        sorted_p, order = probs.sort(dim=1, descending=True, stable=True)
         # a token stays while the tokens before it hold less than top_p: the first always does
         before = sorted_p.cumsum(1) - sorted_p
         cut = before >= top_p
