@@ -160,3 +160,31 @@ def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
         == 2
     )  # allowed by name: printed
     assert refused(moved, Setting(1, None), Setting(1, "fp32")) == ""  # older checkpoints
+
+
+def test_a_resume_cannot_change_the_vocabulary(tmp_path: Path) -> None:
+    # a resumed run reads its run folder's vocabulary files: a new size would change nothing
+    # but config.json, so it is refused even when allowed
+    old = update(Config(), {"name": "translation", "vocab_size": 300})
+    new = update(old, {"vocab_size": 200})
+    with pytest.raises(UserError, match="keeps its checkpoint's vocabulary.*task.vocab_size"):
+        check_resume(old.to_dict(), new, ["vocab_size"], tmp_path / "step.pt")
+
+
+def test_a_resume_refuses_vocabulary_files_that_are_not_the_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transduce import checkpoint
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", max_steps=2, save_every=2)
+    assert cli(capsys, *train_args(config, run))[0] == 0
+    last = checkpoint.step_checkpoints(run / "checkpoints")[-1]
+    state = checkpoint.load(last)
+    vocab = dict(state["vocab"])
+    key = next(k for k, v in vocab.items() if isinstance(v, list | str) and len(v) > 1)
+    vocab[key] = vocab[key][::-1]  # the same symbols, other ids
+    checkpoint.save({**state, "vocab": vocab}, last)
+    longer = write_config(tmp_path / "longer.yaml", max_steps=4, save_every=2)
+    code, err = cli(capsys, *train_args(longer, run, "--resume"))
+    assert code == 2 and "trained with another vocabulary" in _one_error_line(err)

@@ -53,6 +53,17 @@ FREE: frozenset[str] = frozenset(
     }
 )
 
+# Keys a resumed run cannot act on: its vocabulary is its checkpoint's (the run folder's files),
+# so a change would only make config.json lie about the model
+FIXED: frozenset[str] = frozenset(
+    {
+        "task.vocab_size",
+        "task.vocab_sample",
+        "task.shared_vocab",
+        "task.src_vocab_size",
+    }
+)
+
 _ABSENT = "(absent)"  # a key of another task
 _BUDGET = frozenset({"train.max_steps", "train.max_epochs", "train.max_minutes"})
 
@@ -130,6 +141,12 @@ def check_resume(
             f"{source} was trained with another config; resuming would change the model, the "
             f"data order or the updates: {_listed(refused)}. Resume with the run's config "
             "(its config.json), or name each key with --allow-change KEY to change it anyway"
+        )
+    fixed = [c for c in changes if c[0] in FIXED]
+    if fixed:
+        raise UserError(
+            f"{source}: a resumed run keeps its checkpoint's vocabulary, so it cannot change "
+            f"{_listed(fixed)} (--allow-change or not); a new vocabulary needs a new run"
         )
     if not changes:
         return ""

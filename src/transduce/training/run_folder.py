@@ -23,6 +23,7 @@ from transduce import checkpoint
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.vocab import Vocab
+from transduce.errors import UserError
 from transduce.training import config_change, distributed, saving
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.progress import Progress
@@ -75,6 +76,12 @@ class RunFolder:
         state = checkpoint.load(path)
         now = config_change.Setting(self.world.size, run.precision)
         config_change.check_checkpoint(state, path, self.cfg, allow_change, now, self.world.is_main)
+        if "vocab" in state and state["vocab"] != run.vocab.to_dict():
+            raise UserError(
+                f"{path} was trained with another vocabulary than the run folder's vocabulary "
+                "files now hold (changed since it was saved): resuming would read every id "
+                "wrong; a new run needs another folder"
+            )
         load_training_state(state, path, run.model, run.optimizer, run.scaler)
         progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
         if self.world.is_main:
