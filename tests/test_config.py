@@ -180,6 +180,15 @@ def test_literal_values_are_validated(key: str, bad: str) -> None:
         ("lr_factor", "nan"),
         ("alpha", "-inf"),
         ("max_bad_updates", 0),
+        ("adam_beta1", 1.5),
+        ("adam_beta2", -1.0),
+        ("adam_eps", 0.0),
+        ("adam_eps", -1.0),
+        ("lr_factor", 0.0),  # nothing learned
+        ("lr_factor", -1.0),  # gradient ascent
+        ("seed", -1),
+        ("seed", 2**32),
+        ("target_seq_accuracy", 2.0),
     ],
 )
 def test_validate_rejects_out_of_range_values(key: str, value: object) -> None:
@@ -358,6 +367,18 @@ def test_load_config_errors(tmp_path, suffix: str, syntax: str, broken: str, mis
     with pytest.raises(UserError, match="d_modle") as e:
         load_config(wrong)
     assert f"wrong{suffix}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["train: {max_steps: 1, max_steps: 5}\n", "model: {n_layers: 1}\nmodel: {d_model: 32}\n"],
+)
+def test_a_yaml_key_given_twice_is_refused(tmp_path, text: str) -> None:
+    # PyYAML keeps the last in silence; TOML refuses it, and so does transduce for YAML
+    path = tmp_path / "twice.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError, match=r"twice.yaml: not valid YAML: line \d+, .* is given twice"):
+        load_config(path)
 
 
 def test_parsing_word_slots_are_named_once() -> None:

@@ -216,7 +216,14 @@ class TrainConfig(_Section):
             "clip_norm",
             "weight_decay",
         )
-        _fraction(self, "label_smoothing")
+        _fraction(self, "label_smoothing", "adam_beta1", "adam_beta2")
+        _positive(self, "lr_factor", "adam_eps")  # 0 learns nothing; below it, ascent
+        if not 0 <= self.seed < 2**32:  # what every generator the run seeds takes
+            raise UserError(f"seed must be in [0, 2**32); got {self.seed}")
+        if not 0.0 <= self.target_seq_accuracy <= 1.0:
+            raise UserError(
+                f"target_seq_accuracy must be in [0, 1] (0: off); got {self.target_seq_accuracy}"
+            )
         if self.pad_multiple != "auto":
             _positive(self, "pad_multiple")
         if self.compile is True:  # one spelling per choice: a mode, or false
@@ -644,6 +651,26 @@ def _keys_unread_by(architecture: Any) -> set[str]:
     return {k for owner, keys in ARCHITECTURE_KEYS.items() if owner != architecture for k in keys}
 
 
+def _unique_keys_loader() -> Any:
+    """PyYAML's SafeLoader refusing a key written twice in one mapping (it keeps the last in
+    silence; TOML refuses it): a ConstructorError at the second."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
+
+
 def load_config(path: str | Path) -> Config:
     """Read a config file (see ``configs/``): TOML if its name ends in ``.toml``, else YAML.
     Both hold the same sections and keys."""
@@ -665,7 +692,7 @@ def load_config(path: str | Path) -> Config:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_unique_keys_loader())  # a SafeLoader
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             problem = getattr(e, "problem", None)
