@@ -218,6 +218,25 @@ def test_bpe_dropout_segments_the_training_text_anew_each_epoch(tmp_path, monkey
     assert [vocab.decode(t) for _, t in first] == list(text.target)
 
 
+def test_a_resumed_bpe_dropout_run_says_it_segments_otherwise(tmp_path, capsys) -> None:
+    # SentencePiece's samples differ between processes: the resume cannot be exact, and says so
+    paths = write_corpus(tmp_path / "data")
+    plain = tiny_config(paths).to_dict()
+    cfg = from_dict({**plain, "task": {**plain["task"], "bpe_dropout": 0.3}})
+    out = tmp_path / "run"
+    train_translation(cfg, out, show_progress=False, log=lambda _: None)
+    capsys.readouterr()
+    longer = from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "max_steps": 14}})
+    train_translation(longer, out, resume=True, show_progress=False, log=lambda _: None)
+    assert "bpe_dropout: SentencePiece's BPE-dropout samples differ" in capsys.readouterr().err
+    train_translation(from_dict(plain), tmp_path / "plain", show_progress=False, log=print)
+    plain_longer = {**plain, "train": {**plain["train"], "max_steps": 14}}
+    train_translation(
+        from_dict(plain_longer), tmp_path / "plain", resume=True, show_progress=False, log=print
+    )
+    assert "BPE-dropout samples differ" not in capsys.readouterr().err
+
+
 def test_paths_expand_environment_variables(tmp_path, monkeypatch) -> None:
     write_corpus(tmp_path / "data")
     monkeypatch.setenv("TOY_CORPUS", str(tmp_path))

@@ -14,6 +14,7 @@ With ``tensorboard`` on (the default) and the ``tensorboard`` package installed,
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,6 +87,14 @@ class RunFolder:
         progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
         if self.world.is_main:
             self.log.truncate_after(progress.step)
+            if getattr(self.cfg.task, "bpe_dropout", 0.0) > 0:
+                print(
+                    "transduce: note: bpe_dropout: SentencePiece's BPE-dropout samples differ "
+                    "between processes even with one seed, so from here the resumed run "
+                    "segments its text otherwise than the first run would have",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return progress
 
     def record(self, record: dict[str, Any]) -> None:
