@@ -234,6 +234,36 @@ def test_train_and_resume_from_a_prepared_folder(tmp_path: Path) -> None:
     assert main(["train", *base, "--out", str(cut), "--quiet", "--resume", *other]) == 2
 
 
+def test_damaged_ids_or_validation_text_are_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # both failed mid-run: an id past the vocabulary in the embedding (a traceback), validation
+    # text of another length at the first BLEU (after the steps before it)
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    base = ["--config", str(tmp_path / "run.yaml")]
+    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
+    for name, damage in (
+        (
+            "ids",
+            lambda f: (f / "train.000.src.bin").write_bytes(
+                b"\xff" * 8 + (f / "train.000.src.bin").read_bytes()[8:]
+            ),
+        ),
+        ("text", lambda f: (f / "valid.tgt.txt").write_text("one line\n", encoding="utf-8")),
+    ):
+        folder = tmp_path / name
+        shutil.copytree(tmp_path / "p", folder)
+        damage(folder)
+        argv = ["train", *base, "--out", str(tmp_path / f"run_{name}"), "--quiet"]
+        capsys.readouterr()
+        assert main([*argv, "--set", f"prepared={folder}"]) == 2
+        err = capsys.readouterr().err
+        bad = "train.000.src.bin: holds id" if name == "ids" else "valid.tgt.txt: 1 lines"
+        assert bad in err and "Traceback" not in err, err
+        assert not (tmp_path / f"run_{name}" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize(
     "key,value",
     [

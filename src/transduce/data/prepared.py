@@ -134,6 +134,21 @@ class PreparedSplit(Sequence[Pair]):
             )
         return index, sides[0], sides[1]
 
+    def check_ids(self, src_size: int, tgt_size: int) -> None:
+        """A UserError naming the first shard file holding an id outside its vocabulary
+        (``src_size`` / ``tgt_size`` ids): a damaged file would otherwise fail mid-run, in the
+        model's embedding. Reads every shard once."""
+        for info, (_, src, tgt) in zip(
+            self.manifest["splits"][self.split]["shards"], self._shards, strict=True
+        ):
+            for side, ids, size in (("src", src, src_size), ("tgt", tgt, tgt_size)):
+                if len(ids) and int(ids.max()) >= size:
+                    raise UserError(
+                        f"{self.folder / (info['name'] + '.' + side + '.bin')}: holds id "
+                        f"{int(ids.max())}, the vocabulary has {size}; the prepared folder is "
+                        "damaged or changed (prepare it again)"
+                    )
+
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else int(self._starts[-1])
 

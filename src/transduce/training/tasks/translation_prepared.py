@@ -31,7 +31,7 @@ from transduce.data.prepared import (
     vocab_files,
 )
 from transduce.data.subword import SentencePieceVocab
-from transduce.data.vocab import VocabPair
+from transduce.data.vocab import VocabPair, vocab_sizes
 from transduce.errors import UserError
 from transduce.training import distributed
 from transduce.training.fit import Log, TaskData
@@ -127,6 +127,12 @@ def _vocabulary(folder: Path, shared: bool, run_dir: Path, *, is_main: bool) -> 
     return loaded[0] if shared else VocabPair(loaded[0], loaded[1])
 
 
+def _check_ids(split: PreparedSplit, vocab: Any) -> None:
+    """``split``'s ids checked against the vocabulary (one shared, or a pair)."""
+    src, tgt = vocab_sizes(vocab)
+    split.check_ids(src, src if tgt is None else tgt)
+
+
 def _validation(
     cfg: Config,
     folder: Path,
@@ -140,10 +146,18 @@ def _validation(
         return [], None
     assert isinstance(cfg.task, TranslationTaskConfig)
     split = PreparedSplit(folder, "valid", manifest)
+    _check_ids(split, vocab)
     n = cfg.task.max_valid_sentences or len(split)
-    sources = read_lines(folder / "valid.src.txt")[:n]
-    references = read_lines(folder / "valid.tgt.txt")[:n]
-    return list(split[:n]), validator(vocab, sources, references)
+    texts = []
+    for side in ("src", "tgt"):  # line-aligned with the split, or BLEU fails at validation
+        lines = read_lines(folder / f"valid.{side}.txt")
+        if len(lines) != len(split):
+            raise UserError(
+                f"{folder / f'valid.{side}.txt'}: {len(lines)} lines, the validation split "
+                f"{len(split)} pairs; the prepared folder was changed (prepare it again)"
+            )
+        texts.append(lines[:n])
+    return list(split[:n]), validator(vocab, texts[0], texts[1])
 
 
 def from_prepared(
@@ -164,6 +178,7 @@ def from_prepared(
     _run_record(folder, run_dir, resume=resume, is_main=world.is_main)
     vocab = _vocabulary(folder, cfg.task.shared_vocab, run_dir, is_main=world.is_main)
     train = PreparedSplit(folder, "train", manifest)
+    _check_ids(train, vocab)
     info = manifest["splits"]["train"]
     log(
         f"train: {len(train)} prepared pairs ({manifest['dtype']} ids, {len(info['shards'])} "
