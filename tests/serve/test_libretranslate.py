@@ -390,3 +390,71 @@ def test_readme_commands_and_client_example(translators, tmp_path) -> None:
         proc.terminate()
         code = proc.wait(TIMEOUT)
     assert code == 0  # SIGTERM: a graceful shutdown, both models' batchers stopped
+
+
+def _raw(url: str, data: bytes | None, headers: dict[str, str], method: str = "POST"):
+    """(status, headers, body bytes) of one request sent as given."""
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.headers, e.read()
+
+
+def test_forms_as_flask_reads_them(server, translators) -> None:
+    # raw UTF-8 in a form (curl -d sends it so), and fields in the query string, the query's
+    # first (Flask's request.values, which LibreTranslate reads)
+    url = lt_url(server) + "translate"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    text = "Grüße dog"
+    status, _, body = _raw(url, f"q={text}&source=en&target=de".encode(), form)
+    assert status == 200, body
+    assert json.loads(body)["translatedText"] == translators["en-de"].translate([text])[0]
+    query = urllib.parse.urlencode({"q": text, "source": "en", "target": "de"})
+    status, _, body = _raw(f"{url}?{query}", b"", form)
+    assert (
+        status == 200
+        and json.loads(body)["translatedText"] == (translators["en-de"].translate([text])[0])
+    )
+    status, _, body = _raw(f"{url}?target=en", b"q=Hund&source=de&target=xx", form)
+    assert status == 200, body  # the query's target, not the body's
+    status, _, body = _raw(url, b"q=\xff&source=en&target=de", form)
+    assert status == 400 and "not valid URL-encoded UTF-8" in json.loads(body)["error"]
+
+
+def test_browser_apps_on_other_origins_may_call_it(server) -> None:
+    url = lt_url(server)
+    cors = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
+    status, headers, _ = _raw(url + "translate", None, cors, method="OPTIONS")
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "*"
+    assert "Content-Type" in headers["Access-Control-Allow-Headers"]
+    for path, data in (("languages", None), ("translate", b"{}")):
+        method = "GET" if data is None else "POST"
+        json_type = {"Content-Type": "application/json", "Origin": "http://example.com"}
+        status, headers, _ = _raw(url + path, data, json_type, method=method)
+        assert headers["Access-Control-Allow-Origin"] == "*", (path, status)  # errors too
+
+
+def test_frontend_settings_for_libretranslates_page(server, keyed_server) -> None:
+    status, settings = call(lt_url(server) + "frontend/settings", method="GET")
+    assert status == 200
+    assert settings["charLimit"] == LIMITS.max_chars and settings["keyRequired"] is False
+    assert settings["language"] == {
+        "source": {"code": "en", "name": "English"},
+        "target": {"code": "de", "name": "German"},
+    }
+    status, settings = call(lt_url(keyed_server) + "frontend/settings", method="GET")
+    assert status == 200 and settings["keyRequired"] is True  # open, as LibreTranslate's
+
+
+def test_a_wrong_bearer_token_is_a_wrong_key(keyed_server) -> None:
+    url = lt_url(keyed_server) + "translate"
+    body = json.dumps({"q": "a", "source": "en", "target": "de"}).encode()
+    for token, status in ((TOKEN, 200), ("wrong", 403)):
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        assert _raw(url, body, headers)[0] == status
+    query = urllib.parse.urlencode({"api_key": TOKEN})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert _raw(f"{url}?{query}", b"q=a&source=en&target=de", form)[0] == 200

@@ -17,14 +17,20 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
   is translated line by line (the models translate sentences) and joined back with ``\\n``.
 * ``GET /libretranslate/languages``: ``[{"code", "name", "targets"}]``, every served language.
   Open without a key, as LibreTranslate's is.
+* ``GET /libretranslate/frontend/settings``: what LibreTranslate's web page reads first (the
+  character limit, whether a key is needed, the first served pair as the default languages).
 * ``POST /libretranslate/detect``: no language is detected; with a single served source language,
   it is the answer (``[{"confidence": 100.0, "language": CODE}]``, the only candidate), else 400.
 
 Errors are LibreTranslate's: ``{"error": MESSAGE}`` with 400 for a bad request (a missing field,
 an unknown language or pair, a text over the limits, a missing API key), 403 for a wrong API key,
 500 when decoding fails; the server's own transport errors keep their codes (408, 413, 503).
-With ``--api-key-file``, ``api_key`` in the body is the key (``Authorization: Bearer`` works
-too); the body is read, within the server's limits, before the key in it can be checked.
+With ``--api-key-file``, ``api_key`` in the body (or the query string) is the key
+(``Authorization: Bearer`` works too; a wrong one is 403); the body is read, within the server's
+limits, before the key in it can be checked. Form fields may also come in the query string (the
+query's first, as Flask's ``request.values`` gives them), and raw UTF-8 in a form is taken. Every
+answer carries LibreTranslate's CORS headers (``Access-Control-Allow-Origin: *``), and ``OPTIONS``
+preflights are answered, so browser apps on other origins can call it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import urllib.parse
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from transduce.errors import UserError
 from transduce.serve.guard import ApiKey, authorization_header
@@ -85,8 +91,21 @@ _NAMES = {
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
+# LibreTranslate's own (its after_request): browser apps on other origins may call it
+CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type",
+    "Access-Control-Allow-Methods": "GET, POST",
+    "Access-Control-Allow-Credentials": "true",
+}
+
+
+def _answer(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(content, status_code=status, headers={**CORS, **(headers or {})})
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return _answer({"error": message}, status, headers)
 
 
 def _lt_error(e: ApiError) -> JSONResponse:
@@ -103,9 +122,35 @@ def add_libretranslate(
 ) -> None:
     """Add the LibreTranslate endpoints under ``PREFIX`` (see the module docstring)."""
 
+    @app.options(PREFIX + "/{path:path}")
+    async def preflight(path: str) -> Response:
+        return Response(status_code=204, headers=CORS)
+
+    @app.get(PREFIX + "/frontend/settings")
+    async def frontend_settings() -> JSONResponse:
+        sources = models.sources()
+        source = sources[0] if sources else ""
+        targets = models.targets(source) if source else []
+        target = targets[0] if targets else ""
+        return _answer(
+            {
+                "charLimit": limits.max_chars,
+                "frontendTimeout": 500,
+                "apiKeys": api_key is not None,
+                "keyRequired": api_key is not None,
+                "suggestions": False,
+                "filesTranslation": False,
+                "supportedFilesFormat": [],
+                "language": {
+                    "source": {"code": source, "name": _NAMES.get(source.lower(), source)},
+                    "target": {"code": target, "name": _NAMES.get(target.lower(), target)},
+                },
+            }
+        )
+
     @app.get(PREFIX + "/languages")
     async def languages() -> JSONResponse:
-        return JSONResponse(
+        return _answer(
             [
                 {
                     "code": code,
@@ -120,7 +165,7 @@ def add_libretranslate(
     async def translate(request: Request) -> JSONResponse:
         try:
             fields = await _read_fields(request, limits, budget, api_key)
-            return JSONResponse(await _translate(request, fields, models, limits))
+            return _answer(await _translate(request, fields, models, limits))
         except ApiError as e:
             return _lt_error(e)
 
@@ -138,7 +183,7 @@ def add_libretranslate(
                     "language detection is not supported: this server translates "
                     f"from {served}; name the source language",
                 )
-            return JSONResponse([{"confidence": 100.0, "language": sources[0]}])
+            return _answer([{"confidence": 100.0, "language": sources[0]}])
         except ApiError as e:
             return _lt_error(e)
 
@@ -152,6 +197,10 @@ async def _read_fields(
     """The request's fields (a JSON object or a form), its API key checked."""
     body = await read_body(request, limits, budget)
     fields = _parse_fields(body, request.headers.get("content-type", ""))
+    if not _is_json(request.headers.get("content-type", "")):
+        # Flask's request.values, as LibreTranslate reads a form: the query string first
+        query = _form_pairs(request.url.query.encode("latin-1"), "query string")
+        fields = {**fields, **query}
     if api_key is not None:
         _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
     return fields
@@ -161,7 +210,7 @@ def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
     """A JSON body (``application/json`` or ``*+json``) as it is; any other as a URL-encoded form,
     the first value of each field kept (as LibreTranslate's Flask ``request.values`` does)."""
     mime = content_type.split(";")[0].strip().lower()
-    if mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json")):
+    if _is_json(content_type):
         data = load_json(body)
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
@@ -171,12 +220,25 @@ def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
             400,
             "multipart/form-data is not supported: send JSON or application/x-www-form-urlencoded",
         )
+    return _form_pairs(body, "form")
+
+
+def _is_json(content_type: str) -> bool:
+    mime = content_type.split(";")[0].strip().lower()
+    return mime == "application/json" or (
+        mime.startswith("application/") and mime.endswith("+json")
+    )
+
+
+def _form_pairs(data: bytes, what: str) -> dict[str, Any]:
+    """URL-encoded ``data`` as fields, the first value of each kept; raw UTF-8 is taken as
+    well as percent-escapes (as Werkzeug's form parser does: curl's ``-d`` sends it raw)."""
     try:
         pairs = urllib.parse.parse_qsl(
-            body.decode("ascii"), keep_blank_values=True, encoding="utf-8", errors="strict"
+            data.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict"
         )
     except (UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, f"the form is not valid URL-encoded UTF-8: {e}") from None
+        raise ApiError(400, f"the {what} is not valid URL-encoded UTF-8: {e}") from None
     fields: dict[str, Any] = {}
     for name, value in pairs:
         fields.setdefault(name, value)
@@ -188,6 +250,8 @@ def _check_key(key: ApiKey, given: Any, authorization: bytes | None) -> None:
     if given is None or given == "":
         if key.accepts(authorization):
             return
+        if authorization is not None:  # a key was sent, in the header: a wrong one
+            raise ApiError(403, "Invalid API key")
         raise ApiError(400, "this server needs an API key: send api_key (ask its operator)")
     if not isinstance(given, str) or not key.matches(given):
         raise ApiError(403, "Invalid API key")
