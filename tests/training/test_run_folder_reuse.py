@@ -23,3 +23,13 @@ def test_a_second_run_in_a_run_folder_is_refused(tmp_path: Path) -> None:
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
     summary = train(update(cfg, {"max_steps": 6}), tmp_path, resume=True, show_progress=False)
     assert summary["step"] == 6
+
+
+def test_the_demo_twice_in_one_folder_is_refused(tmp_path: Path) -> None:
+    from transduce.demo import run_demo
+
+    small = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
+    overrides = {**small, "max_steps": 2, "save_every": 2, "eval_every": 0}
+    run_demo(tmp_path, overrides, show_progress=False)
+    with pytest.raises(UserError, match="already holds a run"):
+        run_demo(tmp_path, overrides, show_progress=False)

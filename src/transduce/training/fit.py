@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from transduce.architectures import Seq2Seq, build_model
+from transduce.checkpoint import step_checkpoints
 from transduce.config import Config
 from transduce.data.batching import Pair, model_lengths
 from transduce.data.vocab import Vocab, vocab_sizes
@@ -72,6 +73,17 @@ class TaskData:
     score_key: str = "neg_valid_nll"
     resegment: Resegment | None = None
     counts: dict[str, Any] = field(default_factory=dict)
+
+
+def check_new_run(out_dir: str | Path, resume: bool) -> None:
+    """A UserError, before anything is read or written, when a new run (not ``resume``) would
+    start in a folder that holds a run's checkpoints: it would mix with them (its model.pt an
+    average of theirs, its own last checkpoint pruned) and overwrite that run's metrics."""
+    if not resume and step_checkpoints(Path(out_dir) / "checkpoints"):
+        raise UserError(
+            f"{out_dir} already holds a run (checkpoints/step_*.pt): --resume continues it; "
+            "a new run needs another folder (--out)"
+        )
 
 
 def _placeable_valid_pairs(cfg: Config, data: TaskData, log: Log | None) -> Sequence[Pair]:
@@ -150,4 +162,13 @@ def fit(
     return {**trainer.train(), **data.counts}
 
 
-__all__ = ["Log", "RunOptions", "TaskData", "epoch_seed", "fit", "rank_log", "stderr_log"]
+__all__ = [
+    "Log",
+    "RunOptions",
+    "TaskData",
+    "check_new_run",
+    "epoch_seed",
+    "fit",
+    "rank_log",
+    "stderr_log",
+]

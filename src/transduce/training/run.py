@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from transduce.checkpoint import step_checkpoints
 from transduce.config import (
     Config,
     ParsingTaskConfig,
@@ -66,13 +65,6 @@ def train(
     allowed_keys(allow_change)  # a UserError naming a key that does not exist
     if allow_change and not resume:
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
-    if not resume and step_checkpoints(Path(out_dir) / "checkpoints"):
-        # a second run there would mix with the first one's checkpoints (its model.pt an
-        # average of theirs, its own last checkpoint pruned) and overwrite its metrics
-        raise UserError(
-            f"{out_dir} already holds a run (checkpoints/step_*.pt): --resume continues it; "
-            "a new run needs another folder"
-        )
     return TASKS[type(cfg.task)](
         cfg,
         out_dir,

@@ -20,7 +20,15 @@ from transduce.parsing.parser import Parser, parsing_scores, word_units
 from transduce.parsing.targets import parsing_targets
 from transduce.training import distributed
 from transduce.training.feed import Resegment
-from transduce.training.fit import Log, RunOptions, TaskData, epoch_seed, fit, rank_log
+from transduce.training.fit import (
+    Log,
+    RunOptions,
+    TaskData,
+    check_new_run,
+    epoch_seed,
+    fit,
+    rank_log,
+)
 from transduce.training.trainer import StepCallback
 from transduce.training.validation import Validator
 
@@ -108,6 +116,7 @@ def train_parsing(
     task = cfg.task
     if not isinstance(task, ParsingTaskConfig):
         raise UserError(f"task.name is {task.name!r}, not 'parsing'")
+    check_new_run(out_dir, resume)
     world, _ = distributed.init_from_env(cfg.train.device)
     log = rank_log(log, world)
     folder = resolve_data_path(task.parse_data, "parse_data")

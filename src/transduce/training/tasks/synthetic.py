@@ -19,7 +19,7 @@ from transduce.evaluation.accuracy import (
     token_accuracy,
 )
 from transduce.inference.search import predict_ids, searchable
-from transduce.training.fit import RunOptions, TaskData, fit
+from transduce.training.fit import RunOptions, TaskData, check_new_run, fit
 from transduce.training.trainer import StepCallback
 from transduce.training.validation import Validator
 
@@ -63,6 +63,7 @@ def train_synthetic(
     """Train on the synthetic task of ``cfg.task``; returns the Trainer's summary."""
     if not isinstance(cfg.task, SyntheticTaskConfig):
         raise UserError(f"task.name is {cfg.task.name!r}, not a synthetic task")
+    check_new_run(out_dir, resume)
     task = make_task(cfg.task)
     train = encode_pairs(task.vocab, task.train)
     valid = encode_pairs(task.vocab, task.valid)

@@ -18,7 +18,7 @@ from transduce.config import Config, TranslationTaskConfig
 from transduce.data.vocab import Vocab
 from transduce.errors import UserError
 from transduce.training import distributed
-from transduce.training.fit import Log, RunOptions, fit, rank_log
+from transduce.training.fit import Log, RunOptions, check_new_run, fit, rank_log
 from transduce.training.tasks.translation_files import from_files
 from transduce.training.tasks.translation_prepared import from_prepared
 from transduce.training.trainer import StepCallback
@@ -66,6 +66,7 @@ def train_translation(
     log = rank_log(log, world)  # one report, not one per rank
     if not isinstance(cfg.task, TranslationTaskConfig):
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
+    check_new_run(out_dir, resume)
     read = from_prepared if cfg.task.prepared else from_files  # prepared: from transduce prepare
     data = read(
         cfg,
