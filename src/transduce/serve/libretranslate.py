@@ -91,12 +91,12 @@ _NAMES = {
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-# LibreTranslate's own (its after_request): browser apps on other origins may call it
+# as LibreTranslate's after_request: browser apps on other origins may call it (no
+# credentials: the key travels in the request, never in a cookie)
 CORS = {
     "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Headers": "Authorization, Content-Type",
     "Access-Control-Allow-Methods": "GET, POST",
-    "Access-Control-Allow-Credentials": "true",
 }
 
 
@@ -196,10 +196,11 @@ async def _read_fields(
 ) -> dict[str, Any]:
     """The request's fields (a JSON object or a form), its API key checked."""
     body = await read_body(request, limits, budget)
-    fields = _parse_fields(body, request.headers.get("content-type", ""))
-    if not _is_json(request.headers.get("content-type", "")):
+    content_type = request.headers.get("content-type", "")
+    fields = _parse_fields(body, content_type)
+    if not _is_json(content_type):
         # Flask's request.values, as LibreTranslate reads a form: the query string first
-        query = _form_pairs(request.url.query.encode("latin-1"), "query string")
+        query = _form_pairs(request.scope.get("query_string", b""), "query string")
         fields = {**fields, **query}
     if api_key is not None:
         _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
