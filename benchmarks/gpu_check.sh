@@ -6,10 +6,13 @@
 #   env          torch, CUDA, the GPUs (nvidia-smi)
 #   correctness  a tiny model trained on the CPU: its beam-4 outputs on the CPU and on the GPU
 #                equal, sentence for sentence
-#   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32 and bf16, against
-#                nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
-#   step_paper   the same at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16, and
-#                ours in precision bf16-weights (its speed over autocast: bf16_weights_over_bf16)
+#   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32, bf16 and bf16-weights,
+#                against nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
+#   step_paper   BASE at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16 and ours in
+#                bf16-weights, the two-pass reference loss beside (transduce_reference)
+#   profile      benchmarks/profile_step.py: that step's device time by kind of kernel
+#   decode       benchmarks/decode_gpu.py: the engine against transformers generate, bf16,
+#                batches 1, 32 and 128, beam 4 and greedy (OPUS-MT-sized imported model)
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
 #                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
@@ -18,13 +21,14 @@
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
 #   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
-#   decode       benchmarks/decode_gpu.py: the engine against transformers generate, bf16,
-#                batches 32 and 128, beam 4 and greedy (OPUS-MT-sized imported model)
+#   step_compiled  train_step.py's transduce_compiled (inductor) against eager: SMALL 64 x 24 and
+#                BASE at the paper batch, bf16
 #
 # Each step runs under `timeout`, its output in $OUT/<step>.log; a failure is recorded and the
 # next step runs. The summary (each step's status and seconds, then the figures) comes last
-# and is also in $OUT/summary.txt. --device cpu is a dry run at tiny sizes (a minute or two on
-# 2 cores): the same steps and plumbing, figures that mean nothing. The throughput runs train on
+# and is also in $OUT/summary.txt. GPU_CHECK_SECONDS=N skips the steps that cannot start
+# within N seconds of the start (each step's limit shrinks to what is left). --device cpu is a
+# dry run at tiny sizes (a minute or two on 2 cores): the same steps and plumbing, figures that mean nothing. The throughput runs train on
 # Multi30k when it is there, else on the synthetic reverse task (52 symbols: the output layer
 # far smaller than Multi30k's 8,000 pieces, so tokens/s come out higher).
 #
@@ -54,24 +58,33 @@ data=./gpu_data/multi30k
 : > "$OUT/summary.txt"
 : > "$OUT/figures.txt"
 started=$(date +%s)
+deadline="${GPU_CHECK_SECONDS:-0}"
 
 if [[ $device == cpu ]]; then  # the dry run's sizes
     dry=1 train_s=15 tiny_steps=30 tiny_valid=50 minutes_recipe=0.15 fp16_steps=4
     step_flags=(--batch 4 --src-len 6 --tgt-len 6 --rounds 1 --threads 2 --precisions fp32)
     paper_flags=(--batch 16 --src-len 24 --tgt-len 24 --rounds 1 --threads 2)
-    big_tokens=1024
+    big_tokens=1024 paper_size=small profile_flags=(--batch 8 --steps 2)
 else
     dry=0 train_s=30 tiny_steps=600 tiny_valid=200 minutes_recipe="${GPU_RECIPE_MINUTES:-1.5}"
     fp16_steps=30
-    step_flags=(--rounds 3 --precisions fp32 bf16)
+    step_flags=(--rounds 3 --precisions fp32 bf16 bf16-weights)
     paper_flags=(--paper-batch --rounds 3)
-    big_tokens=25000
+    big_tokens=25000 paper_size=base profile_flags=(--paper-batch --steps 5)
 fi
 
 # step NAME SECONDS COMMAND...: run it under timeout, output to $OUT/NAME.log, status recorded
 step() {
     local name="$1" limit="$2"; shift 2
-    local t0=$SECONDS rc status
+    local t0=$SECONDS rc status left
+    if [[ $deadline -gt 0 ]]; then  # GPU_CHECK_SECONDS: what cannot start in time is skipped
+        left=$((deadline - ($(date +%s) - started)))
+        if [[ $left -lt 25 ]]; then
+            skip "$name" "out of time (GPU_CHECK_SECONDS=$deadline)"
+            return 1
+        fi
+        [[ $left -lt $limit ]] && limit=$left
+    fi
     echo "== $name (at most ${limit}s): $*" >&2
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     rc=$?
@@ -174,9 +187,24 @@ systems=(transduce torch hf)
 step step_small 240 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
     --systems "${systems[@]}" "${step_flags[@]}"
 figure "step_small: $(tail -n 1 "$OUT/step_small.log")"
-step step_paper 240 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-    --systems "${systems[@]}" --precisions bf16 bf16-weights "${paper_flags[@]}"
+step step_paper 240 "$PY" benchmarks/train_step.py --sizes "$paper_size" --device "$device" \
+    --malloc on --systems transduce transduce_reference "${systems[@]:1}" \
+    --precisions bf16 bf16-weights "${paper_flags[@]}"
 figure "step_paper: $(tail -n 1 "$OUT/step_paper.log")"
+# where the paper step's device time goes (kernels by kind)
+step profile 120 "$PY" benchmarks/profile_step.py --device "$device" --size "$paper_size" \
+    --precision bf16-weights "${profile_flags[@]}"
+figure "profile: $(tail -n 1 "$OUT/profile.log")"
+
+# --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
+if [[ $dry == 1 ]]; then
+    step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
+        --batches 2 4
+else
+    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
+        --batches 1 32 128 --repeats 3
+fi
+figure "decode: $(tail -n 1 "$OUT/decode.log")"
 
 # --- the GPU recipe: bounded time, then test2016 -----------------------------------------------
 if have_multi30k; then
@@ -282,15 +310,17 @@ else
         --set device=cuda --set max_steps=100 --set compile=default --quiet
 fi
 
-# --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
+# --- train_step.py compiled (inductor): SMALL at 64 x 24 (launch-bound), BASE at the paper batch
 if [[ $dry == 1 ]]; then
-    step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
-        --batches 2 4
+    skip step_compiled "inductor on a CPU: minutes of compiling"
 else
-    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
-        --batches 32 128 --repeats 3
+    step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
+        --systems transduce transduce_compiled --precisions bf16 --rounds 3
+    figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
+    step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
+        --malloc on --systems transduce transduce_compiled --precisions bf16 --paper-batch --rounds 3
+    figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
 fi
-figure "decode: $(tail -n 1 "$OUT/decode.log")"
 
 {
     echo

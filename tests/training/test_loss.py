@@ -294,30 +294,36 @@ def test_liger_on_cuda_matches_reference(dtype: torch.dtype, eps: float) -> None
     torch.testing.assert_close(b.grad.float(), a.grad.float(), **tol)
 
 
-def test_liger_dispatch_and_its_nll_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    # On the CPU, with torch's cross_entropy standing in for Liger's kernel: "auto" with
-    # overwrite_logits takes it (and computes the NLL itself), without overwrite_logits it does not
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_liger_dispatch_and_its_nll_with_a_stand_in(
+    monkeypatch: pytest.MonkeyPatch, eps: float
+) -> None:
+    # On the CPU, with torch's cross_entropy standing in for Liger's kernel (and, like it,
+    # overwriting the logits): "auto" with overwrite_logits takes it and derives the NLL from
+    # its loss; without overwrite_logits, or for float16, it does not
     from transduce.kernels import cross_entropy
 
     calls: list[int] = []
 
     def stand_in(logits: torch.Tensor, target: torch.Tensor, *, epsilon: float, ignore_index: int):
         calls.append(1)
-        return F.cross_entropy(
+        loss = F.cross_entropy(
             logits.float(),
             target,
             ignore_index=ignore_index,
             label_smoothing=epsilon,
             reduction="sum",
         )
+        with torch.no_grad():
+            logits.fill_(123.0)  # Liger writes the gradient into the logits
+        return loss
 
     monkeypatch.setattr(cross_entropy, "liger_available", lambda device: True)
     monkeypatch.setattr(cross_entropy, "liger_smoothed_cross_entropy_sum", stand_in)
-    monkeypatch.setattr("transduce.training.loss._CHUNK_ELEMENTS", 7 * 4)  # 4 rows a chunk
     logits, target = _batch(seed=12)
-    ref = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD, method="reference")
+    ref = label_smoothed_nll(logits, target, epsilon=eps, ignore_index=PAD, method="reference")
     leaf = logits.clone().requires_grad_(True)
-    sums = label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
+    sums = label_smoothed_nll(leaf * 1, target, epsilon=eps, ignore_index=PAD, overwrite_logits=True)
     assert calls == [1]
     torch.testing.assert_close(sums.loss, ref.loss)
     torch.testing.assert_close(sums.nll, ref.nll)
