@@ -85,3 +85,18 @@ def test_the_gradient_is_the_float32_gradient_within_bfloat16_rounding() -> None
     ours = (_flat_gradient(master) - exact).norm() / exact.norm()
     theirs = (_flat_gradient(autocast) - exact).norm() / exact.norm()
     assert ours < 0.03 and ours < theirs, (float(ours), float(theirs))
+
+
+def test_every_gradient_arrives_exactly_in_its_own_float32_tensor() -> None:
+    # the fused copy of the first batch: each master gradient is its working gradient cast, in
+    # a tensor of its own (not a view of another's, not the working one)
+    master = _model()
+    working = WorkingWeights(master)
+    _gradient(working.module)
+    before = [p.grad.clone() for p in working.module.parameters()]
+    working.gradients_to_master()
+    grads = [p.grad for p in master.parameters()]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads)
+    for g, b in zip(grads, before, strict=True):
+        assert torch.equal(g, b.float())
+    assert len({g.data_ptr() for g in grads}) == len(grads)
