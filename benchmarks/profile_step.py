@@ -31,8 +31,8 @@ KINDS = (
     ("matmul", ("gemm", "xmma", "cutlass", "matmul", "cublas", "nvjet", "aten::mm", "addmm", "bmm")),
     ("cast", ("copy_", "to_copy", "direct_copy", "convert", "cast")),
     ("norm", ("layer_norm", "layernorm")),
-    ("optimizer", ("adam", "foreach", "multi_tensor", "fused_")),
-    ("dropout", ("dropout", "bernoulli", "philox", "fused_dropout")),
+    ("dropout", ("dropout", "bernoulli", "philox")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
     ("reduce", ("reduce", "sum_", "norm_kernel")),
 )
 
