@@ -28,7 +28,10 @@ import train_step  # noqa: E402  (the systems, sizes and step of the speed bench
 KINDS = (
     ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
     ("loss", ("cross_entropy", "liger", "log_softmax", "logsumexp", "nll")),
-    ("matmul", ("gemm", "xmma", "cutlass", "matmul", "cublas", "nvjet", "aten::mm", "addmm", "bmm")),
+    (
+        "matmul",
+        ("gemm", "xmma", "cutlass", "matmul", "cublas", "nvjet", "aten::mm", "addmm", "bmm"),
+    ),
     ("cast", ("copy_", "to_copy", "direct_copy", "convert", "cast")),
     ("norm", ("layer_norm", "layernorm")),
     ("dropout", ("dropout", "bernoulli", "philox")),

@@ -323,7 +323,9 @@ def test_liger_dispatch_and_its_nll_with_a_stand_in(
     logits, target = _batch(seed=12)
     ref = label_smoothed_nll(logits, target, epsilon=eps, ignore_index=PAD, method="reference")
     leaf = logits.clone().requires_grad_(True)
-    sums = label_smoothed_nll(leaf * 1, target, epsilon=eps, ignore_index=PAD, overwrite_logits=True)
+    sums = label_smoothed_nll(
+        leaf * 1, target, epsilon=eps, ignore_index=PAD, overwrite_logits=True
+    )
     assert calls == [1]
     torch.testing.assert_close(sums.loss, ref.loss)
     torch.testing.assert_close(sums.nll, ref.nll)
