@@ -11,6 +11,8 @@ d_ff 1024 one, and the pre-softmax matrix for vocabularies of 8000 and 32000, ea
     fp32       ``kernels.Projection`` as the engine lays it out for float32 (the reference)
     fbgemm     ``torch.ops.quantized.linear_dynamic`` on fbgemm-prepacked weights (x quantised
                per tensor to uint8 on every call, inside the operator)
+    fbgemm_rows  what ``Int8Projection`` runs: the same operator with x quantised per row
+               (``fbgemm_linear_rows``: a guard row fixes the range, each row scaled to it)
     onednn     ``torch.ops.onednn.qlinear_pointwise`` on oneDNN-prepacked weights, x quantised per
                tensor to int8 in Python on every call
     int8pack   ``torch._weight_int8pack_mm``: int8 weights, float32 activations
@@ -37,6 +39,7 @@ from transduce.kernels.quantized import (
     QuantizedWeight,
     cpu_int8_flags,
     fbgemm_linear,
+    fbgemm_linear_rows,
     fbgemm_packed,
     quantize_weight,
 )
@@ -54,7 +57,7 @@ SHAPES = {  # name -> (out, in)
 }
 ROWS = (1, 4, 128, 640)
 QUICK_SHAPES = ("qkv512", "vocab8k_256")
-NAMES = ("fp32", "fbgemm", "onednn", "int8pack")
+NAMES = ("fp32", "fbgemm", "fbgemm_rows", "onednn", "int8pack")
 SLOW, SLOW_MAX_ROWS = ("onednn", "int8pack"), 4
 
 
@@ -93,10 +96,13 @@ def candidates(w: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[torch.Te
     q = quantize_weight(w)
     fp32 = Projection.of(w, b, ProjectionLayout.choose(w))
     fbgemm = fbgemm_packed(q, b)
+    fbgemm_no_bias = fbgemm_packed(q, None)
     onednn = torch.ops.onednn.qlinear_prepack(q.weight, None)
     return {
         "fp32": fp32,
         "fbgemm": lambda x: fbgemm_linear(x, fbgemm),
+        # what Int8Projection runs: x quantised per row (a guard row, a scale a row)
+        "fbgemm_rows": lambda x: fbgemm_linear_rows(x, fbgemm_no_bias, b),
         "onednn": lambda x: onednn_qlinear(x, onednn, q.scale, b),
         "int8pack": lambda x: int8pack_linear(x, q, b),
     }

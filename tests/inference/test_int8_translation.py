@@ -61,6 +61,18 @@ def test_int8_translates_like_fp32(trained: Path, held_out, beam: int) -> None:
     assert abs(bleu8 - bleu32) <= 2.0, (bleu32, bleu8)
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_int8_translation_does_not_depend_on_its_batch(trained: Path, held_out, beam) -> None:
+    # each row of x quantised on its own (kernels.quantized.fbgemm_linear_rows): a sentence alone
+    # and among 59 others gives the same output
+    src = held_out[0][:60]
+    int8 = Translator.load(trained, weights="int8")
+    config = int8.decode_config(beam=beam)
+    together = int8.translate(src, config)
+    alone = [int8.translate([s], config)[0] for s in src]
+    assert together == alone, [(a, b) for a, b in zip(alone, together, strict=True) if a != b]
+
+
 def test_int8_scores_are_the_int8_model_s(trained: Path, held_out) -> None:
     src, ref = held_out
     src, ref = src[:20], ref[:20]

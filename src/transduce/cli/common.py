@@ -42,7 +42,8 @@ def add_precision(p: argparse.ArgumentParser) -> None:
         "where the hardware has bfloat16, slower one sentence at a time on CPUs; a nearly tied "
         "translation may change), fp16 (CUDA GPUs only, for those without bfloat16) or int8 "
         "(a Transformer on a CPU with int8 dot-product "
-        "instructions: its projections' weights in int8, one scale per output channel, faster; "
+        "instructions: its projections' weights in int8, one scale per output channel, its "
+        "activations one scale per row, faster; "
         "BLEU within a few tenths; TRANSDUCE_FORCE_INT8=1 runs it on other CPUs)",
     )
 

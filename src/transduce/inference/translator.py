@@ -21,9 +21,9 @@ How sentences are decoded:
   tokens (longest batch first, so an out-of-memory error shows at once, not at the end); outputs
   come back in input order. Padding is masked, so a sentence's translation does not depend on the
   batch it lands in (up to floating-point rounding): ``batch_tokens`` changes speed, not output.
-  Not so with int8 weights: each product quantises its input rows with one scale for them all
-  (``kernels.quantized``), so the other sentences of a batch (and its beams) move a sentence's
-  rounding, and a nearly tied output may change with ``batch_tokens``.
+  With int8 weights too: each product quantises each input row with its own scale
+  (``kernels.quantized.fbgemm_linear_rows``), so the other sentences of a batch do not move a
+  sentence's rounding.
 * Greedy search when ``beam`` is 1, else beam search with the GNMT length penalty ``alpha``
   (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
   tokens.

@@ -10,14 +10,15 @@ model's weights once.
 - for one row, W^T's columns in P blocks multiplied by one ``bmm`` (``split_columns``), so P
   threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
   fast one core reads W;
-- for int8 decoding (``ProjectionLayout.int8``), W quantised per output channel and every row
-  count through one int8 kernel (``Int8Projection``; ``kernels.quantized``), except one row
-  against a small W, which stays float32 (``INT8_ONE_ROW_MIN_ELEMENTS``).
+- for int8 decoding (``ProjectionLayout.int8``), W quantised per output channel, x per row, and
+  every row count through one int8 kernel (``Int8Projection``; ``kernels.quantized``): a row's
+  result is the same whatever the other rows (no float32 path for one row, which would part a
+  sentence decoded alone from the same sentence in a batch).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,12 +31,7 @@ from transduce.kernels.matmul import (
     use_onednn,
 )
 from transduce.kernels.options import Matmul
-from transduce.kernels.quantized import fbgemm_linear, fbgemm_packed, quantize_weight
-
-# One row against a weight with fewer entries than this multiplies faster in float32 than through
-# the int8 kernel, whose per-call work (quantising x) outweighs the product; 2^18 gave the fastest
-# one-sentence decoding of 2^18, 2^19, 2^20 on the AMD Zen 5 (benchmarks/RESULTS.md, int8)
-INT8_ONE_ROW_MIN_ELEMENTS = 1 << 18
+from transduce.kernels.quantized import fbgemm_linear_rows, fbgemm_packed, quantize_weight
 
 
 def one_row_is_read_bound(weight: Tensor) -> bool:
@@ -52,8 +48,8 @@ class ProjectionLayout:
     """How a model's ``Projection``s multiply, chosen once for its weights (``choose``): through
     oneDNN's inner product on W in its own blocked layout (``onednn``) or MKL's ``addmm`` on W^T,
     and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split);
-    with ``int8``, W quantised to int8 for every row count (``Int8Projection``) but one row
-    against a small W, which takes the float32 layout the other fields say."""
+    with ``int8``, W quantised to int8 for every row count (``Int8Projection``; the other
+    fields are then unused)."""
 
     onednn: bool = False
     one_row_parts: int = 1
@@ -141,12 +137,9 @@ class Projection:
         ``layout.one_row_parts`` P > 1, one row multiplies P column blocks at once
         (``split_columns``). ``one_row=False``: no layout kept for one row alone (a projection
         that takes many rows; one row then goes through the layout of many). With
-        ``layout.int8``, an ``Int8Projection`` of W quantised (and for one row against a small W,
-        with ``one_row``, the float32 layout)."""
+        ``layout.int8``, an ``Int8Projection`` of W quantised, for every row count."""
         if layout.int8:
-            small = one_row and weight.numel() < INT8_ONE_ROW_MIN_ELEMENTS
-            float_one_row = cls.of(weight, bias, replace(layout, int8=False)) if small else None
-            return Int8Projection.quantized(weight, bias, float_one_row)
+            return Int8Projection.quantized(weight, bias)
         bias = None if bias is None else bias.clone()
         parts = layout.one_row_parts
         split = parts > 1 and one_row
@@ -184,34 +177,28 @@ class Projection:
 
 @dataclass(frozen=True)
 class Int8Projection(Projection):
-    """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per
-    tensor on every call (``kernels.quantized``): one kernel for every row count, the fastest
-    measured (benchmarks/int8_kernels.py), except one row where ``float_one_row`` (a float32
-    ``Projection``) is given: a small W (``INT8_ONE_ROW_MIN_ELEMENTS``). ``bias`` is b as given
-    (float32); ``packed`` holds W's int8 copy with its scales and b. Made by ``quantized`` (or
-    ``Projection.of`` with an int8 layout)."""
+    """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per row
+    on every call (``kernels.quantized.fbgemm_linear_rows``): one kernel for every row count, the
+    fastest measured (benchmarks/int8_kernels.py), and a row's result independent of the others.
+    ``bias`` is b as given (float32, added after the product); ``packed`` holds W's int8 copy
+    with its scales. Made by ``quantized`` (or ``Projection.of`` with an int8 layout)."""
 
     packed: Any = None
-    float_one_row: Projection | None = None
 
     @classmethod
-    def quantized(
-        cls, weight: Tensor, bias: Tensor | None, float_one_row: Projection | None = None
-    ) -> Int8Projection:
-        """W (out, in) and b (out,), float, quantised and packed; ``float_one_row``: what one
-        row goes through instead (None: the int8 kernel)."""
+    def quantized(cls, weight: Tensor, bias: Tensor | None) -> Int8Projection:
+        """W (out, in), in >= 2, and b (out,), float, quantised and packed."""
+        if weight.size(1) < 2:
+            raise ValueError(f"int8 projections need 2 or more inputs, not {weight.size(1)}")
         bias = None if bias is None else bias.detach().float().clone()
-        packed = fbgemm_packed(quantize_weight(weight), bias)
-        return cls(weight.size(0), bias, None, None, None, None, packed, float_one_row)
+        packed = fbgemm_packed(quantize_weight(weight), None)
+        return cls(weight.size(0), bias, None, None, None, None, packed)
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.float_one_row is not None and x.size(0) == 1:
-            return self.float_one_row(x)
-        return fbgemm_linear(x, self.packed)
+        return fbgemm_linear_rows(x, self.packed, self.bias)
 
 
 __all__ = [
-    "INT8_ONE_ROW_MIN_ELEMENTS",
     "Int8Projection",
     "Projection",
     "ProjectionLayout",

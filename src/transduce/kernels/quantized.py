@@ -1,12 +1,11 @@
 """int8 products for decoding on the CPU: x W^T + b with W stored as int8 with one float scale
 per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and x quantised per
-tensor on every call (dynamic quantisation), the sums in int32, the result float32.
+row on every call (dynamic quantisation: ``fbgemm_linear_rows``), the sums in int32, the result
+float32.
 
 The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
 fbgemm-prepacked weights), the fastest of three that benchmarks/int8_kernels.py measures at the
-engine's row counts and weights (benchmarks/RESULTS.md): faster than the float32 ``Projection``
-at every shape but one row against a small weight, which stays float32
-(``projection.INT8_ONE_ROW_MIN_ELEMENTS``). oneDNN's int8 inner product
+engine's row counts and weights (benchmarks/RESULTS.md). oneDNN's int8 inner product
 (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its kernel,
 so dynamic activations build a new kernel every call; ``torch._weight_int8pack_mm`` (int8
 weights, float activations) has no fast CPU kernel. Not measured on Intel CPUs with AMX, where
@@ -117,8 +116,38 @@ def fbgemm_packed(q: QuantizedWeight, bias: Tensor | None) -> Any:
 
 
 def fbgemm_linear(x: Tensor, packed: Any) -> Tensor:
-    """x (N, in) float32 -> x W^T + b (N, out) float32, x quantised per tensor on the way."""
+    """x (N, in) float32 -> x W^T + b (N, out) float32, x quantised per tensor on the way (one
+    scale and zero point from the whole batch's smallest and largest entries)."""
     return torch.ops.quantized.linear_dynamic(x, packed, _reduce_range())
+
+
+# fbgemm's dynamic quantisation maps [min(x), max(x)] (0 included) onto 0..255; a first row
+# holding -128/127 and 1 fixes that range, so scale 1/127 and zero point 128: x / max|x| on the
+# grid k / 127, k in [-128, 127], as CTranslate2 quantises a row
+_GUARD_LOW, _GUARD_HIGH = -128 / 127, 1.0
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@functools.cache
+def _guard_row(width: int) -> Tensor:
+    """(1, width): the guard row, made once per width (its values are never written)."""
+    row = torch.full((1, width), _GUARD_HIGH)
+    row[0, 0] = _GUARD_LOW
+    return row
+
+
+def fbgemm_linear_rows(x: Tensor, packed: Any, bias: Tensor | None) -> Tensor:
+    """x (N, in) float32 -> x W^T + b (N, out) float32 with each row of x quantised on its own
+    (scale max_j |x_ij| / 127), so a row's result does not depend on the other rows: a
+    sentence's int8 translation is the same in any batch. ``packed`` without a bias
+    (``fbgemm_packed(q, None)``): each row's scale multiplies the product before b is added.
+    Each row is divided by its largest magnitude and the range fixed by a guard row (above); in
+    is at least 2. Without int8 dot products (``_reduce_range``) 7 bits: a grid half as fine."""
+    top = x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY)  # (N, 1)
+    rows = torch.cat((_guard_row(x.size(1)), x / top))  # (1 + N, in)
+    y = fbgemm_linear(rows, packed)[1:]  # (N, out): the guard row's product dropped
+    # in place: a new (N, out) tensor costs more than the pass (640 x 8000: 3.8 ms against 3.2)
+    return y.mul_(top) if bias is None else torch.addcmul(bias, y, top, out=y)
 
 
 @functools.lru_cache(maxsize=1)
@@ -136,6 +165,7 @@ __all__ = [
     "cpu_int8_flags",
     "fbgemm_available",
     "fbgemm_linear",
+    "fbgemm_linear_rows",
     "fbgemm_packed",
     "int8_refusal",
     "int8_supported",

@@ -127,15 +127,15 @@ class DecodingModel:
     (``kernels.one_row_is_read_bound``: float32 on the CPU); float32 only.
 
     ``int8``: every projection (the encoder's, the decoder's and the pre-softmax matrix) with
-    its weights quantised to int8 per output channel and its input per call
-    (``kernels.Int8Projection``; one row against a small weight stays float32, where that
-    measured faster), float32 CPU weights only. Embeddings, layer norms, softmax, attention over
+    its weights quantised to int8 per output channel and its input per row on every call
+    (``kernels.Int8Projection``: a row's result the same whatever the other rows), float32 CPU
+    weights only. Embeddings, layer norms, softmax, attention over
     the cache and the fold's per-sentence products stay float32 (the fold on the float32 W^Q,
     W^O: ``FoldWeights``; with int8 it still paid: a batch-1 greedy search of
     benchmarks/decode.py's SMALL took 0.94 of the time without it, 1 thread). Decoding several
     positions at once (scoring) then runs one position at a time through the same int8 steps,
     so that every output of this model comes from the int8 weights. Memory: the int8 copies (a
-    quarter of the float32 ones) in place of the float32 copies, but for small weights' one row.
+    quarter of the float32 ones) in place of the float32 copies.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
