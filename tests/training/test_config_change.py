@@ -108,6 +108,9 @@ def test_differences_and_the_free_keys() -> None:
     assert "model.d_model" not in str(e.value) and "task.name" in str(e.value)
     assert "train.max_steps" not in str(e.value) and "decode.beam" not in str(e.value)
     assert check_resume(old.to_dict(), old, [], Path("ck.pt")) == ""
+    # allowing a key that did not change is refused, the key and its value named
+    with pytest.raises(UserError, match=r"--allow-change train.lr_factor: not changed .*= 1.0"):
+        check_resume(old.to_dict(), new, ["d_model", "name", "lr_factor"], Path("ck.pt"))
     # every free key exists; none of them shapes the model or the data
     assert allowed_keys(sorted(FREE)) == FREE
     assert not {k for k in FREE if k.startswith("model.")}

@@ -399,3 +399,28 @@ def test_separate_vocabularies_per_side(tmp_path) -> None:
     resumed = replace(cfg, train=replace(cfg.train, max_steps=9))
     summary = train_translation(resumed, out, resume=True, show_progress=False, log=lambda m: None)
     assert summary["step"] == 9
+
+
+@pytest.mark.parametrize("shared_first", [True, False])
+def test_resume_refuses_the_other_vocabulary_layout_before_learning_one(
+    tmp_path, monkeypatch, shared_first: bool
+) -> None:
+    # a run of one shared vocabulary resumed with shared_vocab false (or the reverse): refused
+    # in one line before any vocabulary is learned, and nothing written into the run folder
+    paths = write_corpus(tmp_path / "data")
+    out = tmp_path / "run"
+    first = update(tiny_config(paths, max_steps=6), {"shared_vocab": shared_first})
+    train_translation(first, out, show_progress=False, log=lambda _: None)
+    files = sorted(p.name for p in out.iterdir())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a refused resume must not learn a vocabulary")
+
+    monkeypatch.setattr("transduce.data.subword.train_sentencepiece", refuse)
+    other = update(first, {"shared_vocab": not shared_first, "max_steps": 12})
+    with pytest.raises(UserError, match="keeps its checkpoint's vocabulary") as e:
+        train_translation(other, out, resume=True, show_progress=False, log=lambda _: None)
+    assert "\n" not in str(
+        e.value
+    ) and f"shared_vocab is now {str(not shared_first).lower()}" in str(e.value)
+    assert sorted(p.name for p in out.iterdir()) == files

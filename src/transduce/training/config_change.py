@@ -5,7 +5,8 @@ with. So ``--resume`` compares the config given with the one stored in the check
 ``FREE`` change none of those (the budget and the stopping rules, how often things happen, the
 device, logging, validation and decoding) and may change: the changes are printed. Any other
 change is refused (a ``UserError``: exit code 2, each key with its old and new value) unless
-every such key is named in ``allow_change`` (``--allow-change KEY``). That includes ``precision``
+every such key is named in ``allow_change`` (``--allow-change KEY``; naming one that did not
+change is refused too: it allows nothing, so it is a mistake). That includes ``precision``
 (other numerics; fp16 keeps a loss scale the others lack). The number of processes, not part of
 the config, may change (training/resume.py); ``update_freq`` may change freely only to keep
 the tokens per update (processes x update_freq) as they were. Three free keys are free only
@@ -122,14 +123,22 @@ def check_resume(
 ) -> str:
     """The changes from the config ``stored`` in checkpoint ``source`` (``Config.to_dict``) to
     ``new``, as a line to print ('' when none); a UserError listing those not free (``FREE``,
-    with the conditions of ``_free``) and not in ``allow_change``. ``before``/``now``: the
-    saving run's and this run's processes and resolved precision."""
+    with the conditions of ``_free``) and not in ``allow_change``, or naming a key of
+    ``allow_change`` that did not change. ``before``/``now``: the saving run's and this run's
+    processes and resolved precision."""
     allowed = allowed_keys(allow_change)
     old = from_dict(stored, source=str(source), stored=True)
     changes = differences(old, new)
     if before.precision is not None and before.precision != now.precision:
         changes.append(
             ("train.precision (as resolved on the device)", before.precision, now.precision)
+        )
+    idle = sorted(allowed - {c[0].split(" ")[0] for c in changes})
+    if idle:  # an --allow-change that allows nothing is a mistake (a typo'd value, a wrong run)
+        raise UserError(
+            f"--allow-change {', '.join(idle)}: not changed from the config of {source} "
+            f"({', '.join(f'{k} = {_flat(old).get(k, _ABSENT)!r}' for k in idle)}); "
+            "name only keys whose new value differs"
         )
     refused = [
         c

@@ -85,6 +85,17 @@ def _vocabulary(
         raise UserError(f"{run_dir}: cannot create the run folder ({e.strerror or e})") from None
     names = ["vocab.model"] if task.shared_vocab else ["vocab.src.model", "vocab.tgt.model"]
     paths = [run_dir / name for name in names]
+    kept = ["vocab.src.model", "vocab.tgt.model"] if task.shared_vocab else ["vocab.model"]
+    if (
+        resume
+        and not all(p.is_file() for p in paths)
+        and all((run_dir / name).is_file() for name in kept)
+    ):  # the run's other layout: refused before a vocabulary is learned and written beside it
+        raise UserError(
+            f"{run_dir} holds {' and '.join(kept)}, but task.shared_vocab is now "
+            f"{str(task.shared_vocab).lower()}: a resumed run keeps its checkpoint's vocabulary "
+            "(--allow-change or not); a new vocabulary needs a new run"
+        )
     if resume and all(p.is_file() for p in paths):
         loaded = [SentencePieceVocab.load(p) for p in paths]
         log(
