@@ -1,6 +1,7 @@
 """The README's one-GPU block as written: the GPU recipe's train and evaluate commands parse and
 make the config the README describes, and benchmarks/gpu_check.sh is there, well-formed bash,
-and refuses what it does not know. (Its 40 BLEU in 5 minutes needs a GPU: measured only in part, benchmarks/RESULTS.md.)"""
+and refuses what it does not know. (Its 40 BLEU in 5 minutes needs a GPU: measured only in part,
+benchmarks/RESULTS.md.)"""
 
 from __future__ import annotations
 
