@@ -228,3 +228,61 @@ def test_unsupported_shapes_are_user_errors() -> None:
     with pytest.raises(UserError, match="counts them in words"):
         cfg = dataclasses.replace(random_model().config, position_unit="word")
         build_spec(make_model(cfg, src_vocab_size=len(TOKENS)), TOKENS)
+
+
+@pytest.mark.parametrize("eos_boost", [0.0, 60.0])
+def test_a_characters_model_translates_as_ours_even_when_eos_comes_first(
+    tmp_path: Path, eos_boost: float
+) -> None:
+    # a synthetic task's model (one token per character, no SentencePiece model in the folder)
+    # through translate_with_ctranslate2, against our greedy search; with </s> boosted to the
+    # most probable first token both give "" (CTranslate2's min_decoding_length 1 would not)
+    from transduce.inference.greedy import greedy_search
+
+    symbols = "0123456789+"
+    tokens = [*SPECIALS, *symbols]
+    cfg = from_dict(
+        {
+            "model": {
+                "n_layers": 1,
+                "d_model": 32,
+                "d_ff": 64,
+                "n_heads": 2,
+                "d_k": 16,
+                "d_v": 16,
+                "dropout": 0.0,
+                "output_bias": True,
+            }
+        }
+    )
+    torch.manual_seed(3)
+    model = make_model(cfg.model, src_vocab_size=len(tokens)).eval()
+    with torch.no_grad():
+        model.generator.bias.copy_(torch.randn(len(tokens)))
+        model.generator.bias[EOS] += eos_boost
+    export_model(model, tokens, tmp_path / "m")
+    info = json.loads((tmp_path / "m" / "transduce.json").read_text())
+    assert info["tokenizer"] == "characters"
+    sentences = ["12+34", "7", "999+1", ""]
+    theirs = translate_with_ctranslate2(
+        tmp_path / "m", sentences, beam_size=1, intra_threads=1, max_len_offset=4
+    )
+    index = {s: i for i, s in enumerate(tokens)}
+    ours = [""]
+    for s in sentences[:-1]:
+        src = torch.tensor([[index[c] for c in s] + [EOS]])
+        with torch.no_grad():
+            out = greedy_search(model, src, max_len_offset=4)[0]
+        ours.insert(-1, "".join(tokens[i] for i in out))
+    assert theirs == ours
+    if eos_boost:
+        assert theirs == ["", "", "", ""]
+    else:
+        assert any(theirs)  # not all empty: the comparison means something
+
+
+def test_a_folder_without_tokenizer_or_record_is_refused(tmp_path: Path) -> None:
+    export_model(random_model(), TOKENS, tmp_path / "m")
+    (tmp_path / "m" / "transduce.json").unlink()
+    with pytest.raises(UserError, match="no sentencepiece.model and no transduce.json"):
+        translate_with_ctranslate2(tmp_path / "m", ["w4 w5"])

@@ -79,6 +79,7 @@ SENTENCEPIECE_FILE = "sentencepiece.model"
 # a model imported from Marian joins target pieces with its own SentencePiece model
 TARGET_SENTENCEPIECE_FILE = "target_sentencepiece.model"
 INFO_FILE = "transduce.json"
+CHARACTERS = "characters"  # transduce.json's tokenizer of a model of one token per character
 DEFAULT_MAX_POSITIONS = 1024
 
 
@@ -294,7 +295,8 @@ def export_model(
         "ctranslate2_version": ct2.__version__,
         "quantization": quantization or "none",
         "vocab_size": len(tokens),
-        "tokenizer": SENTENCEPIECE_FILE if sentencepiece_model is not None else None,
+        # without a SentencePiece model the tokens are characters (the synthetic tasks)
+        "tokenizer": SENTENCEPIECE_FILE if sentencepiece_model is not None else CHARACTERS,
         "n_layers": cfg.n_layers,
         "d_model": cfg.d_model,
         "n_heads": cfg.n_heads,
@@ -377,9 +379,11 @@ def translate_with_ctranslate2(
     intra_threads: int = 0,
     **options: Any,
 ) -> list[str]:
-    """Translate raw sentences with an exported folder: SentencePiece pieces in, CTranslate2's
-    ``translate_batch`` (``<pad>`` and ``<s>`` never generated, like ours), pieces joined back.
-    Empty sentences give ``""``. ``options`` go to ``translate_batch``.
+    """Translate raw sentences with an exported folder: SentencePiece pieces in (characters for
+    a synthetic task's model, whose folder has no SentencePiece model), CTranslate2's
+    ``translate_batch`` (``<pad>`` and ``<s>`` never generated, and ``</s>`` allowed first, as
+    in ours: ``min_decoding_length`` 0), pieces joined back. Empty sentences give ``""``.
+    ``options`` go to ``translate_batch``.
 
     Outputs are capped as ``Translator`` caps them, at (source pieces + EOS + ``max_len_offset``)
     pieces, by one ``translate_batch`` call per source length; ``max_len_offset`` None takes the
@@ -390,7 +394,13 @@ def translate_with_ctranslate2(
     import sentencepiece as spm
 
     model_dir = Path(model_dir)
-    sp = spm.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE_FILE))
+    info_path = model_dir / INFO_FILE
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    sp_file = model_dir / SENTENCEPIECE_FILE
+    characters = not sp_file.is_file() and info.get("tokenizer", CHARACTERS) in (CHARACTERS, None)
+    if not sp_file.is_file() and not (characters and info):
+        raise UserError(f"{model_dir}: no {SENTENCEPIECE_FILE} and no {INFO_FILE}: not an export")
+    sp = None if characters else spm.SentencePieceProcessor(model_file=str(sp_file))
     target_file = model_dir / TARGET_SENTENCEPIECE_FILE
     target = (
         spm.SentencePieceProcessor(model_file=str(target_file)) if target_file.is_file() else None
@@ -401,17 +411,19 @@ def translate_with_ctranslate2(
     try:
         translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
         if max_len_offset is None and "max_decoding_length" not in options:
-            info_path = model_dir / INFO_FILE
-            if info_path.is_file():
-                info = json.loads(info_path.read_text(encoding="utf-8"))
-                max_len_offset = info.get("decode", {}).get("max_len_offset")
+            max_len_offset = info.get("decode", {}).get("max_len_offset")
         texts = [s.strip() for s in sentences]
         out = [""] * len(texts)
-        pieces = {i: sp.encode(t, out_type=str) for i, t in enumerate(texts) if t}
+        pieces = {
+            i: list(t) if sp is None else sp.encode(t, out_type=str)
+            for i, t in enumerate(texts)
+            if t
+        }
         groups: dict[int | None, list[int]] = {}
         for i, p in pieces.items():  # one call per output cap
             groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
         options.setdefault("suppress_sequences", [[SPECIALS[PAD]], [SPECIALS[BOS]]])
+        options.setdefault("min_decoding_length", 0)  # CTranslate2's 1 forbids </s> first
         for length, todo in groups.items():
             if length is not None and max_len_offset is not None:  # grouped by length: an offset
                 options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
@@ -421,11 +433,12 @@ def translate_with_ctranslate2(
             for i, r in zip(todo, results, strict=True):
                 kept = [p for p in r.hypotheses[0] if p not in SPECIALS]
                 # a target model: as MarianVocab.decode joins them
-                out[i] = (
-                    sp.decode(kept)
-                    if target is None
-                    else target.decode_pieces(kept).replace("▁", " ").strip()
-                )
+                if sp is None:
+                    out[i] = "".join(kept)
+                elif target is None:
+                    out[i] = sp.decode(kept)
+                else:
+                    out[i] = target.decode_pieces(kept).replace("▁", " ").strip()
         return out
     finally:
         torch.set_num_threads(threads)
