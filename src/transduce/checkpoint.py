@@ -351,6 +351,8 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
             isinstance(v, torch.Tensor) for v in last["model"].values()
         ):
             raise UserError(f"{p}: its model is not a mapping of names to tensors")
+        _parts(Path(p), last)  # a damaged config or vocabulary: one line naming the file
+        check_finite(p, last["model"])
         if keys is None:
             keys, first = set(last["model"]), last
         elif set(last["model"]) != keys:
@@ -372,6 +374,19 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     out["model"] = model
     out["averaged"] = [str(p) for p in paths]
     return out
+
+
+def check_finite(path: str | Path, weights: dict[str, Any]) -> None:
+    """A UserError naming ``path`` when a floating tensor of ``weights`` holds NaN or infinity:
+    such a model decodes garbage or fails deep inside a search (training never saves one)."""
+    bad = [
+        k
+        for k, v in weights.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(v.isfinite().all())
+    ]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise UserError(f"{path}: weights hold NaN or infinity ({shown}); not a usable model")
 
 
 def _check_same_model(
@@ -535,4 +550,5 @@ def load_model(
     except (RuntimeError, TypeError, AttributeError) as e:
         first = (str(e).strip().splitlines() or [""])[-1].strip()[:200]
         raise UserError(f"{p}: its weights do not fit its own config ({first})") from None
+    check_finite(p, data["model"])
     return model.to(device).eval(), vocab, cfg

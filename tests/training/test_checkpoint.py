@@ -334,3 +334,33 @@ def test_a_full_disk_inside_torch_save_is_the_oserror(
         checkpoint.save({"model": {"w": torch.zeros(100_000)}}, tmp_path / "step_00000001.pt")
     assert e.value.errno == errno.ENOSPC
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_with_nan_or_infinity_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    # load_model (every command's --model) and average refuse them, naming the file and tensors
+    from transduce.cli.main import main
+
+    good, bad = _ckpt(0), _ckpt(1)
+    bad["model"] = dict(bad["model"])
+    key = next(k for k, v in bad["model"].items() if v.is_floating_point())
+    bad["model"][key] = bad["model"][key].clone().fill_(float("nan"))
+    checkpoint.save(good, tmp_path / "good.pt")
+    checkpoint.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match=rf"bad.pt: weights hold NaN or infinity \({key}\)"):
+        checkpoint.load_model(tmp_path / "bad.pt")
+    with pytest.raises(UserError, match="bad.pt: weights hold NaN or infinity"):
+        checkpoint.average([tmp_path / "good.pt", tmp_path / "bad.pt"])
+    (tmp_path / "in.txt").write_text("abc\n")
+    argv = ["translate", "--model", str(tmp_path / "bad.pt"), "--input", str(tmp_path / "in.txt")]
+    assert main(["--no-malloc-tuning", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "NaN or infinity" in err
+
+
+def test_average_refuses_a_damaged_config_in_one_line(tmp_path: Path) -> None:
+    a, b = _ckpt(0), _ckpt(1)
+    b["config"] = 5
+    checkpoint.save(a, tmp_path / "a.pt")
+    checkpoint.save(b, tmp_path / "b.pt")
+    with pytest.raises(UserError, match="b.pt"):
+        checkpoint.average([tmp_path / "a.pt", tmp_path / "b.pt"])
