@@ -492,3 +492,21 @@ def test_convert_to_safetensors(files, tmp_path: Path, capsys) -> None:
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(UserError, match="bad.safetensors"):
         checkpoint.load_model(tmp_path / "bad.safetensors")
+
+
+def test_convert_refuses_a_file_that_holds_no_usable_model(files, tmp_path: Path, capsys) -> None:
+    # a broken vocabulary, weights of another shape, or NaN weights: one line, nothing written
+    data = torch.load(files["good"], weights_only=True)
+    del data["format"]
+    key = next(k for k, v in data["model"].items() if v.is_floating_point())
+    broken = {
+        "vocab": {**data, "vocab": None},
+        "shape": {**data, "model": {**data["model"], key: torch.zeros(3)}},
+        "nan": {**data, "model": {**data["model"], key: data["model"][key] * float("nan")}},
+    }
+    for name, bad in broken.items():
+        old = tmp_path / f"{name}.pt"
+        torch.save(bad, old)
+        code, _, err = _run(["convert", str(old), str(tmp_path / f"{name}_new.pt")], capsys)
+        assert code == 2 and str(old) in err and err.count("\n") == 1, (name, err)
+        assert not (tmp_path / f"{name}_new.pt").exists()

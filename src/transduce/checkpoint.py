@@ -280,6 +280,7 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[st
         plain = to_plain({k: v for k, v in data.items() if k != "format"})
     except TypeError as e:
         raise UserError(f"{p}: cannot convert: {e}") from None
+    _model_of(p, plain)  # a file that holds no usable model is not converted into one
     try:
         if out.suffix == ".safetensors":
             save_safetensors(plain, out)
@@ -542,6 +543,13 @@ def load_model(
     ``model.pt``) or a ``.safetensors`` file of ``save_safetensors``."""
     p = Path(path)
     data = load_safetensors(p) if p.suffix == ".safetensors" else load(p)
+    model, vocab, cfg = _model_of(p, data)
+    return model.to(device).eval(), vocab, cfg
+
+
+def _model_of(p: Path, data: dict[str, Any]) -> tuple[Seq2Seq, Vocab, Config]:
+    """(model, vocabulary, Config) that the loaded file ``p`` holds; a UserError naming it if its
+    config, vocabulary or weights are damaged, do not fit together or are not finite."""
     cfg, vocab = _parts(p, data)
     src_size, tgt_size = vocab_sizes(vocab)
     model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
@@ -551,4 +559,4 @@ def load_model(
         first = (str(e).strip().splitlines() or [""])[-1].strip()[:200]
         raise UserError(f"{p}: its weights do not fit its own config ({first})") from None
     check_finite(p, data["model"])
-    return model.to(device).eval(), vocab, cfg
+    return model, vocab, cfg
