@@ -44,7 +44,7 @@ def _model_file(path: Path, vocab: Vocab, seed: int = 0, **model: Any) -> Path:
     cfg = Config(
         model=ModelConfig(**{**sizes, "dropout": 0.0, **model}),
         task=TranslationTaskConfig(shared_vocab=not isinstance(vocab, VocabPair)),
-        decode=DecodeConfig(beam=3, alpha=0.8),
+        decode=DecodeConfig(beam=3, alpha=0.8, max_len_offset=7),
     )
     src, tgt = vocab_sizes(vocab)
     torch.manual_seed(seed)

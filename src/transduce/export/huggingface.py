@@ -28,12 +28,13 @@ What maps onto what (configurations: ``marian_config``; weights: ``marian_weight
 
 Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
 BOS are never generated (``bad_words_ids``), as in transduce's searches. Their
-``generation_config.json`` holds the model's beam as ``num_beams`` and its alpha as
-``transduce_alpha`` (which an import reads back; a folder without it gets transduce's default)
-and as ``length_penalty``, which Hugging Face applies as ``log P / |Y| ** length_penalty`` where
-transduce applies the GNMT ``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy
-outputs are the same. Beams can differ even then: transduce's shrinks as hypotheses finish
-(Marian's way), Hugging Face's keeps W live ones, and a forced EOS (at the length limit) counts
+``generation_config.json`` holds the model's beam as ``num_beams``, its output length cap as
+``transduce_max_len_offset`` and its alpha as ``transduce_alpha`` (both of which an import reads
+back; a folder without them gets transduce's defaults) and as ``length_penalty``, which
+Hugging Face applies as ``log P / |Y| ** length_penalty`` where transduce applies the GNMT
+``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy outputs are the same. Beams
+can differ even then: transduce's shrinks as hypotheses finish (Marian's way), Hugging Face's
+keeps W live ones, and a forced EOS (at the length limit) counts
 its log-probability here and 0 there (tests/export/test_huggingface*.py: 39 of 40 lines alike
 on a trained model, the other one a choice of the search).
 
@@ -70,6 +71,7 @@ from transduce.data.vocab import (
 from transduce.errors import UserError
 from transduce.export.marian_config import (
     ALPHA_KEY,
+    OFFSET_KEY,
     check_exportable,
     check_marian_config,
     generation_config,
@@ -287,12 +289,18 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
     # transduce's GNMT alpha, which an export writes beside Hugging Face's length_penalty (not
     # the same penalty: a folder of another tool keeps transduce's default)
     alpha = generation.get(ALPHA_KEY)
+    offset = generation.get(OFFSET_KEY)  # likewise; a folder of another tool: the default
     cfg = Config(
         model=model_cfg,
         task=TranslationTaskConfig(shared_vocab=v.share),
         decode=DecodeConfig(
             beam=beam if isinstance(beam, int) and beam > 0 else 4,
             alpha=_alpha(alpha),
+            max_len_offset=(
+                offset
+                if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+                else DecodeConfig.max_len_offset
+            ),
         ),
     )
     save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)

@@ -17,6 +17,7 @@ from transduce.model.transformer import Transformer
 
 __all__ = [
     "ALPHA_KEY",
+    "OFFSET_KEY",
     "check_exportable",
     "check_marian_config",
     "generation_config",
@@ -29,6 +30,7 @@ __all__ = [
 # generation_config.json's key for transduce's GNMT alpha, which Hugging Face's length_penalty
 # is not (transduce.export.huggingface): an export writes it, an import reads it back
 ALPHA_KEY = "transduce_alpha"
+OFFSET_KEY = "transduce_max_len_offset"  # the output length cap past the source's
 Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
 # Marian's activation_function -> ModelConfig.activation, and back
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
@@ -218,6 +220,7 @@ def generation_config(cfg: Config) -> Any:
         "max_length": cfg.model.max_positions,
         "num_beams": d.beam,
         ALPHA_KEY: d.alpha,  # unread by Hugging Face; transduce's import takes it back
+        OFFSET_KEY: d.max_len_offset,  # likewise
     }
     if d.beam > 1:  # Hugging Face warns of a length penalty without a beam
         options["length_penalty"] = d.alpha
