@@ -166,7 +166,7 @@ def test_existing_output_needs_force(exported, trained, capsys) -> None:
 TOKENS = [*SPECIALS, *(f"w{i}" for i in range(46))]  # 50
 
 
-def random_model(**model_overrides):
+def random_model(n_tokens: int = len(TOKENS), **model_overrides):
     cfg = from_dict(
         {
             "model": {
@@ -182,7 +182,7 @@ def random_model(**model_overrides):
         }
     )
     torch.manual_seed(0)
-    model = make_model(cfg.model, src_vocab_size=len(TOKENS)).eval()
+    model = make_model(cfg.model, src_vocab_size=n_tokens).eval()
     with torch.no_grad():  # non-trivial layer norms, so that a mixed-up norm shows
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -241,22 +241,7 @@ def test_a_characters_model_translates_as_ours_even_when_eos_comes_first(
 
     symbols = "0123456789+"
     tokens = [*SPECIALS, *symbols]
-    cfg = from_dict(
-        {
-            "model": {
-                "n_layers": 1,
-                "d_model": 32,
-                "d_ff": 64,
-                "n_heads": 2,
-                "d_k": 16,
-                "d_v": 16,
-                "dropout": 0.0,
-                "output_bias": True,
-            }
-        }
-    )
-    torch.manual_seed(3)
-    model = make_model(cfg.model, src_vocab_size=len(tokens)).eval()
+    model = random_model(len(tokens), output_bias=True)
     with torch.no_grad():
         model.generator.bias.copy_(torch.randn(len(tokens)))
         model.generator.bias[EOS] += eos_boost
