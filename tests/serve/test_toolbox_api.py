@@ -322,3 +322,27 @@ def test_readme_page_command_and_screenshot() -> None:
     (image,) = re.findall(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", section)
     png = README.parent / image
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 150_000
+
+
+def test_attention_counts_the_translation_in_the_target_vocabulary(tmp_path) -> None:
+    # two vocabularies and learned positions: the translation's length in its own (target)
+    # pieces decides, a one-line UserError (the server's 422), not a failure deep in the model
+    from inference_testkit import save_toy_pair_translator
+
+    from transduce.errors import UserError
+    from transduce.inference.attention_maps import sides
+    from transduce.serve.work import attention
+
+    path = save_toy_pair_translator(
+        tmp_path / "pair.pt",
+        {"max_len_offset": 4, "beam": 2},
+        {"positional": "learned", "max_positions": 12},
+    )
+    translator = Translator.load(path)
+    src_vocab, tgt_vocab = sides(translator.vocab)
+    words = toy_sentences(50)[0].split() * 10
+    n = next(k for k in range(1, len(words)) if len(tgt_vocab.encode(" ".join(words[:k]))) >= 12)
+    long = " ".join(words[:n])
+    assert len(src_vocab.encode(long)) < len(tgt_vocab.encode(long))  # the two counts differ
+    with pytest.raises(UserError, match=rf"'translation' has {len(tgt_vocab.encode(long))} sub"):
+        attention(translator, "a dog", long)

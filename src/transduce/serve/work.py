@@ -81,13 +81,14 @@ def attention(translator: Any, source: str, target: str) -> dict[str, Any]:
     teacher-forced on (source, target): ``source`` pieces and EOS (S), ``target`` pieces and
     EOS (T), ``weights`` (T x S) rounded to 4 decimals. A UserError for a model that is not a
     Transformer, an empty source, or a side longer than the learned positions reach."""
-    from transduce.inference.attention_maps import attention_maps
+    from transduce.inference.attention_maps import attention_maps, sides
 
     vocab = translator.vocab
     m = translator.cfg.model
     if m.positional == "learned":  # encoder and decoder each take the pieces and one more
-        for name, text in (("text", source), ("translation", target)):
-            n = len(vocab.encode(text.strip()))
+        # each side in its own vocabulary (a VocabPair's target pieces are not its source's)
+        for name, text, side in zip(("text", "translation"), (source, target), sides(vocab)):
+            n = len(side.encode(text.strip()))
             if n + 1 > m.max_positions:
                 raise UserError(
                     f"'{name}' has {n} subword tokens; this model's learned positions "
