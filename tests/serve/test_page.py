@@ -155,3 +155,30 @@ def test_with_an_api_key_the_page_sends_it(translator, page) -> None:
         )
         sync_api.expect(page.locator("#error")).to_be_empty()
         sync_api.expect(page.locator("#heatmap tbody tr").first).to_be_visible()
+
+
+def test_the_recurrent_model_and_a_small_max_beam_translate_without_an_error(
+    translator, page, tmp_path
+) -> None:
+    # no attention request for the recurrent baseline (it has no maps: a 422 each time), and the
+    # model's beam 3 opens as 2 where the server's max_beam is 2
+    from dataclasses import replace
+
+    from transduce.serve.server import ServerLimits
+
+    rnn = Translator.load(
+        save_toy_translation_model(
+            tmp_path / "rnn.pt", {"max_len_offset": 4, "beam": 3}, {"architecture": "rnn"}
+        )
+    )
+    for model, limits in ((rnn, ServerLimits()), (translator, replace(ServerLimits(), max_beam=2))):
+        with ServerThread(create_app(model, limits=limits)) as srv:
+            page.goto(srv.url + "/")
+            expected_beam = str(min(3, limits.max_beam))
+            sync_api.expect(page.locator("#beam")).to_have_value(expected_beam)
+            page.fill("#source", "a dog")
+            page.click("#translate")
+            sync_api.expect(page.locator("ol.nbest li").first).to_be_visible()
+            page.wait_for_timeout(300)  # an attention answer, if any, would be in by then
+            sync_api.expect(page.locator("#error")).to_be_empty()
+            assert page.locator("#attention").is_hidden() == (model is rnn)

@@ -346,3 +346,32 @@ def test_attention_counts_the_translation_in_the_target_vocabulary(tmp_path) -> 
     assert len(src_vocab.encode(long)) < len(tgt_vocab.encode(long))  # the two counts differ
     with pytest.raises(UserError, match=rf"'translation' has {len(tgt_vocab.encode(long))} sub"):
         attention(translator, "a dog", long)
+
+
+def test_search_settings_with_sampling_and_every_field_of_an_empty_request_are_checked(
+    server,
+) -> None:
+    for extra in ({"beam": 2}, {"alpha": 1.0}):
+        status, out = post(server, "/translate", {"text": ["a"], "sampling": {"seed": 1}, **extra})
+        assert status == 422 and f"'{next(iter(extra))}' goes with search" in out["error"]
+    status, out = post(server, "/translate", {"text": [], "beam": 2, "nbest": 3})
+    assert status == 422 and "'nbest' (3) must not exceed the beam (2)" in out["error"]
+    assert post(server, "/translate", {"text": [], "beam": 2, "nbest": 2}) == (
+        200,
+        {"translations": [], "nbest": []},
+    )
+
+
+def test_the_models_beam_is_capped_by_max_beam(translator) -> None:
+    # the model decodes with beam 3; a server of max_beam 2 decodes with 2 when none is asked
+    limits = replace(LIMITS, max_beam=2)
+    with ServerThread(create_app(translator, limits=limits)) as srv:
+        texts = toy_sentences(6, seed=4)
+        status, out = post(srv, "/translate", {"text": texts})
+        assert status == 200
+        assert out["translations"] == translator.translate(texts, translator.decode_config(beam=2))
+        assert post(srv, "/translate", {"text": texts[:1], "nbest": 2})[0] == 200
+        status, out = post(srv, "/translate", {"text": texts[:1], "nbest": 3})
+        assert status == 422
+        with urllib.request.urlopen(srv.url + "/health", timeout=TIMEOUT) as resp:
+            assert json.loads(resp.read())["model"]["architecture"] == "transformer"

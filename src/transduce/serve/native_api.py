@@ -72,10 +72,19 @@ def add_native_api(
         asked = parse_translate_request(body, limits)
         options = parse_options(asked.options, limits, len(asked.sentences))
         index = _pick(models, asked.source, asked.target)
-        if not asked.sentences:
-            return JSONResponse(answer_json([], options))
+        if options.sampling is not None:  # as the CLI refuses --beam / --alpha with --sampling
+            given = [name for name in ("beam", "alpha") if getattr(asked, name) is not None]
+            if given:
+                raise ApiError(
+                    422, f"'{given[0]}' goes with search, not 'sampling' (a sample is drawn)"
+                )
         translator = models.models[index].translator
-        decode = _decode(translator, beam=asked.beam, alpha=asked.alpha)
+        # without 'beam', the model's own, at most the server's max_beam
+        cfg = getattr(translator, "cfg", None)
+        beam = asked.beam
+        if beam is None and cfg is not None and cfg.decode.beam > limits.max_beam:
+            beam = limits.max_beam
+        decode = _decode(translator, beam=beam, alpha=asked.alpha)
         try:
             decode = options.decode(decode)
         except UserError as e:  # DecodeConfig's own checks, past those of the fields
@@ -84,6 +93,8 @@ def add_native_api(
             raise ApiError(
                 422, f"'nbest' ({options.nbest}) must not exceed the beam ({decode.beam})"
             )
+        if not asked.sentences:  # every field checked all the same
+            return JSONResponse(answer_json([], options))
         items = options.items(asked.sentences)
         work = options.work()
         out = await translate_on(request, models.batchers[index], items, decode, work=work)

@@ -110,6 +110,7 @@ def _model_info(translator: Any) -> dict[str, Any]:
     if cfg is not None:
         m = cfg.model
         info.update(
+            architecture=m.architecture,  # the page draws attention of a Transformer only
             n_layers=m.n_layers,
             d_model=m.d_model,
             d_ff=m.d_ff,
