@@ -458,3 +458,23 @@ def test_a_wrong_bearer_token_is_a_wrong_key(keyed_server) -> None:
     query = urllib.parse.urlencode({"api_key": TOKEN})
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     assert _raw(f"{url}?{query}", b"q=a&source=en&target=de", form)[0] == 200
+
+
+def test_the_models_beam_is_capped_by_max_beam_here_too(translators) -> None:
+    # the models decode with beam 3; under max_beam 2 LibreTranslate's translation is beam 2's
+    # and its alternatives at most 1, as on the native API
+    from dataclasses import replace
+
+    models = [ServedModel(translators["en-de"], "en", "de", name="en-de.pt")]
+    app = create_app(models, limits=replace(LIMITS, max_beam=2))
+    sentences = toy_sentences(6, seed=4)
+    en_de = translators["en-de"]
+    with ServerThread(app) as srv:
+        status, out = call(
+            lt_url(srv) + "translate", {"q": sentences, "source": "en", "target": "de"}
+        )
+        assert status == 200
+        assert out["translatedText"] == en_de.translate(sentences, en_de.decode_config(beam=2))
+        body = {"q": sentences[0], "source": "en", "target": "de", "alternatives": 2}
+        status, out = call(lt_url(srv) + "translate", body)
+        assert status == 400 and "alternatives parameter must be <= 1" in out["error"]

@@ -10,11 +10,12 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
 * ``POST /libretranslate/translate``: ``q`` (a string, or in JSON a list of strings), ``source``
   (a served source language, or ``auto`` when the target has a single one), ``target``,
   ``format`` (``text``; ``html`` is refused), ``alternatives`` (how many more translations to
-  give, at most the model's beam less 1), ``api_key``. The body is JSON or a form
-  (``application/x-www-form-urlencoded``, what ``libretranslatepy`` sends); multipart forms are
-  refused. Answers ``{"translatedText": ...}`` (a string, or a list for a list), with
-  ``alternatives`` when asked for and ``detectedLanguage`` for ``auto``. A text of several lines
-  is translated line by line (the models translate sentences) and joined back with ``\\n``.
+  give, at most the beam less 1: the model's, capped at ``max_beam``), ``api_key``. The body is
+  JSON or a form (``application/x-www-form-urlencoded``, what ``libretranslatepy`` sends);
+  multipart forms are refused. Answers ``{"translatedText": ...}`` (a string, or a list for a
+  list), with ``alternatives`` when asked for and ``detectedLanguage`` for ``auto``. A text of
+  several lines is translated line by line (the models translate sentences) and joined back
+  with ``\\n``.
 * ``GET /libretranslate/languages``: ``[{"code", "name", "targets"}]``, every served language.
   Open without a key, as LibreTranslate's is.
 * ``GET /libretranslate/frontend/settings``: what LibreTranslate's web page reads first (the
@@ -51,6 +52,7 @@ from transduce.serve.requests import (
     ServerLimits,
     load_json,
     read_body,
+    served_decode,
     translate_on,
 )
 
@@ -343,14 +345,14 @@ async def _translate(
     index, source, detected = _pick(models, source, target)
     translator, batcher = models.models[index].translator, models.batchers[index]
     try:
-        decode = translator.decode_config()
+        decode = served_decode(translator, limits)
     except UserError as e:
         raise ApiError(400, str(e)) from None
     if n_alternatives and n_alternatives + 1 > decode.beam:
         raise ApiError(
             400,
             f"Invalid request: alternatives parameter must be <= "
-            f"{decode.beam - 1} (the model's beam less 1)",
+            f"{decode.beam - 1} (the beam less 1: the model's, at most --max-beam)",
         )
     lines = [_LINE_BREAK.split(text) for text in texts]  # the models translate sentences
     flat = [line for text_lines in lines for line in text_lines]

@@ -37,6 +37,7 @@ from transduce.serve.requests import (
     ServerLimits,
     parse_translate_request,
     read_body,
+    served_decode,
     translate_on,
 )
 from transduce.serve.work import Work
@@ -53,9 +54,9 @@ def _pick(models: ServedModels, source: str | None, target: str | None) -> int:
         raise ApiError(422, str(e)) from None
 
 
-def _decode(translator: Any, **settings: Any) -> DecodeConfig:
+def _decode(translator: Any, limits: ServerLimits, **settings: Any) -> DecodeConfig:
     try:  # the model's settings with the request's: one DecodeConfig from here down
-        decode: DecodeConfig = translator.decode_config(**settings)
+        decode = served_decode(translator, limits, **settings)
     except UserError as e:  # a beam larger than this model's vocabulary
         raise ApiError(422, str(e)) from None
     return decode
@@ -79,12 +80,7 @@ def add_native_api(
                     422, f"'{given[0]}' goes with search, not 'sampling' (a sample is drawn)"
                 )
         translator = models.models[index].translator
-        # without 'beam', the model's own, at most the server's max_beam
-        cfg = getattr(translator, "cfg", None)
-        beam = asked.beam
-        if beam is None and cfg is not None and cfg.decode.beam > limits.max_beam:
-            beam = limits.max_beam
-        decode = _decode(translator, beam=beam, alpha=asked.alpha)
+        decode = _decode(translator, limits, beam=asked.beam, alpha=asked.alpha)
         try:
             decode = options.decode(decode)
         except UserError as e:  # DecodeConfig's own checks, past those of the fields
@@ -107,7 +103,7 @@ def add_native_api(
         index = _pick(models, asked.source, asked.target)
         if not asked.pairs:
             return JSONResponse({"scores": []})
-        decode = _decode(models.models[index].translator, alpha=asked.alpha)
+        decode = _decode(models.models[index].translator, limits, alpha=asked.alpha)
         work = Work(kind="score")
         out = await translate_on(request, models.batchers[index], asked.pairs, decode, work=work)
         return JSONResponse({"scores": [asdict(pair) for pair in out]})
@@ -117,7 +113,7 @@ def add_native_api(
         body = await read_body(request, limits, budget)
         asked = parse_attention_request(body, limits)
         index = _pick(models, asked.source, asked.target)
-        decode = _decode(models.models[index].translator)
+        decode = _decode(models.models[index].translator, limits)
         work = Work(kind="attention")
         items = [(asked.text, asked.translation)]
         (out,) = await translate_on(request, models.batchers[index], items, decode, work=work)

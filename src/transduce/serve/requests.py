@@ -40,6 +40,7 @@ __all__ = [
     "load_json",
     "parse_translate_request",
     "read_body",
+    "served_decode",
     "translate_on",
     "type_name",
     "wait_for_disconnect",
@@ -78,6 +79,17 @@ class ServerLimits:
                 f"max_body_buffer ({self.max_body_buffer}) must be at least max_body_bytes "
                 f"({self.max_body_bytes}), or a body at the limit could never be read"
             )
+
+
+def served_decode(translator: Any, limits: ServerLimits, **settings: Any) -> DecodeConfig:
+    """The model's decoding settings with a request's (``translator.decode_config``), the
+    model's beam capped at ``limits.max_beam`` where the request gives none (every API decodes
+    within the server's limit); a UserError as the translator raises it."""
+    cfg = getattr(translator, "cfg", None)
+    if settings.get("beam") is None and cfg is not None and cfg.decode.beam > limits.max_beam:
+        settings["beam"] = limits.max_beam
+    decode: DecodeConfig = translator.decode_config(**settings)
+    return decode
 
 
 class ApiError(Exception):
