@@ -23,8 +23,10 @@
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
 #   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
-#   step_compiled  train_step.py's transduce_compiled (inductor) against eager: SMALL 64 x 24 and
-#                BASE at the paper batch, bf16
+#   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
+#   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
+#                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
+#                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights
 #
 # Each step runs under `timeout`, its output in $OUT/<step>.log; a failure is recorded and the
 # next step runs. The summary (each step's status and seconds, then the figures) comes last
@@ -198,6 +200,9 @@ figure "step_paper: $(tail -n 1 "$OUT/step_paper.log")"
 step profile 120 "$PY" benchmarks/profile_step.py --device "$device" --size "$paper_size" \
     --precision bf16-weights "${profile_flags[@]}"
 figure "profile: $(tail -n 1 "$OUT/profile.log")"
+# the step's pieces alone, each against its alternatives
+step probe 90 "$PY" benchmarks/gpu_probe.py --device "$device"
+figure "probe: $(tail -n 1 "$OUT/probe.log")"
 
 # --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
 if [[ $dry == 1 ]]; then
@@ -322,10 +327,11 @@ if [[ $dry == 1 ]]; then
     skip step_compiled "inductor on a CPU: minutes of compiling"
 else
     step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-        --systems transduce transduce_compiled --precisions bf16 --rounds 3
+        --systems transduce transduce_cudagraphs --precisions fp32 bf16-weights --rounds 3
     figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
     step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
-        --malloc on --systems transduce transduce_compiled --precisions bf16 --paper-batch --rounds 3
+        --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \
+        --rounds 3
     figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
 fi
 

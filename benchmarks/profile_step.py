@@ -58,6 +58,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=train_step.BATCH)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument(
+        "--shapes",
+        action="store_true",
+        help="also the operators of most device time with their input shapes",
+    )
     args = p.parse_args()
     batch = train_step.PAPER_BATCH if args.paper_batch else args.batch
     device = torch.device(args.device)
@@ -73,7 +78,7 @@ def main() -> None:
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=args.shapes) as prof:
         t0 = time.perf_counter()
         for _ in range(args.steps):
             runner.step(src, tgt_in, tgt_out, args.precision)
@@ -98,6 +103,16 @@ def main() -> None:
     for e in sorted(events, key=dev_us, reverse=True)[: args.top]:
         share = dev_us(e) / total
         print(f"{share:6.1%} {e.count // args.steps:5d}/step  {kind_of(e.key):18s} {e.key[:90]}")
+    if args.shapes:  # which operators (and tensors) the kernels came from
+        ops = [
+            e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")
+        ]
+        ops.sort(key=dev_us, reverse=True)
+        print("operators by their own device time, with input shapes:")
+        for e in ops[: args.top]:
+            us = dev_us(e) / args.steps
+            shapes = str(e.input_shapes)[:80]
+            print(f"{us / 1e3:8.3f} ms {e.count // args.steps:5d}/step  {e.key:28s} {shapes}")
     print(
         json.dumps(
             {

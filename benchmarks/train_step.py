@@ -25,7 +25,12 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
     transduce_compiled
                ``transduce`` with the model compiled in place (``nn.Module.compile``, inductor's
                default mode: what ``train.compile: default`` does); its warm-up steps compile
-               (tens of seconds on a CPU), the timed ones run the compiled graphs
+               (tens of seconds on a CPU), the timed ones run the compiled graphs; in
+               bf16-weights the bfloat16 working copy is what is compiled, as in the Trainer
+    transduce_cudagraphs
+               the same in inductor's ``reduce-overhead`` mode (``train.compile:
+               reduce-overhead``: the forward and backward graphs replayed as CUDA graphs,
+               one launch each; CUDA only)
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
@@ -113,7 +118,14 @@ PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
 
 SIZES: dict[str, dict[str, int]] = decode.SIZES  # SMALL and BASE, as decode.py times them
-SYSTEMS = ("transduce", "transduce_reference", "transduce_compiled", "torch", "hf")
+SYSTEMS = (
+    "transduce",
+    "transduce_reference",
+    "transduce_compiled",
+    "transduce_cudagraphs",
+    "torch",
+    "hf",
+)
 DEFAULT_SYSTEMS = ("transduce", "transduce_reference", "torch", "hf")  # compiling takes minutes
 PRECISIONS = ("fp32", "bf16", "bf16-weights")
 DEFAULT_PRECISIONS = ("fp32", "bf16")
@@ -361,6 +373,7 @@ BUILDERS = {
     "transduce": build_transduce,
     "transduce_reference": build_transduce,
     "transduce_compiled": build_transduce,
+    "transduce_cudagraphs": build_transduce,
     "torch": build_torch,
     "hf": build_hf,
 }
@@ -369,6 +382,12 @@ TRAINER_SYSTEMS = {
     "transduce": "auto",
     "transduce_reference": "reference",
     "transduce_compiled": "auto",
+    "transduce_cudagraphs": "auto",
+}
+# the systems compiled, and inductor's mode for each (None: the default mode)
+COMPILE_MODES: dict[str, str | None] = {
+    "transduce_compiled": None,
+    "transduce_cudagraphs": "reduce-overhead",
 }
 
 
@@ -400,6 +419,14 @@ class TrainerRunner(Runner):
 
     loss_method: str = "auto"
     working: Any = None  # the bfloat16 copy of bf16-weights (training.working_weights)
+    compiles: bool = False  # the compiled systems: the module that runs compiled in place
+    compile_mode: str | None = None  # inductor's mode (None: its default)
+
+    def _compile(self, net: nn.Module) -> None:
+        """``net`` (the master model, or the working copy in bf16-weights) compiled in place at
+        its first step, as ``training.compiling`` compiles the module that runs."""
+        if getattr(net, "_compiled_call_impl", None) is None:
+            net.compile(mode=self.compile_mode)
 
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.data.batching import Batch
@@ -412,12 +439,16 @@ class TrainerRunner(Runner):
         scaler = grad_scaler(precision, src.device)  # disabled but for fp16, as in Trainer
         net = self.model
         if precision == "bf16-weights":
-            if self.working is None:
+            if self.working is None:  # (a copy of a compiled module is not compiled)
                 self.working = WorkingWeights(self.model)
             # once per update, as the Trainer does after its step (the other precisions' steps
             # changed the master weights since)
             self.working.refresh()
             net = self.working.module.train()
+        if self.compiles:
+            self._compile(net)
+            if self.compile_mode == "reduce-overhead":  # a new step: the graphs' outputs free
+                torch.compiler.cudagraph_mark_step_begin()
         forward_backward(
             net,
             Batch(src, tgt_in, tgt_out, n_tokens),
@@ -442,14 +473,19 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
     torch.manual_seed(0)
     model, forward = BUILDERS[system](size)
     model.to(device).train()
-    if system == "transduce_compiled":
-        model.compile()  # in place, as training.compiling does; compiles at the first step
     # the Trainer's optimizer (Adam, fused where torch has it) for every system
     opt = make_optimizer(model, betas=(0.9, 0.98), eps=1e-9)
     for group in opt.param_groups:
         group["lr"] = 1e-4
     if system in TRAINER_SYSTEMS:
-        return TrainerRunner(model, forward, opt, loss_method=TRAINER_SYSTEMS[system])
+        return TrainerRunner(
+            model,
+            forward,
+            opt,
+            loss_method=TRAINER_SYSTEMS[system],
+            compiles=system in COMPILE_MODES,
+            compile_mode=COMPILE_MODES.get(system),
+        )
     return Runner(model, forward, opt)
 
 
@@ -503,7 +539,7 @@ def run_worker(args: argparse.Namespace) -> dict:
             (s, p)
             for s in args.systems
             for p in args.precisions
-            if p != "bf16-weights" or s in ("transduce", "transduce_reference")
+            if p != "bf16-weights" or s in TRAINER_SYSTEMS
         ]
         for s, p in keys:
             for _ in range(warmup):

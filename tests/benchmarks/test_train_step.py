@@ -205,3 +205,37 @@ def test_summary_of_bf16_weights_against_autocast() -> None:
     assert out["small_bf16_weights_mfu"] == 0.5 and out["small_bf16_mfu"] == 0.4167  # 2/1.2/4
     assert [r[1] for r in rows] == ["bf16", "bf16-weights"]
     assert "peak_bf16-weights_gflops" not in out
+
+
+@pytest.mark.parametrize(
+    "system,mode", [("transduce_compiled", None), ("transduce_cudagraphs", "reduce-overhead")]
+)
+def test_the_compiled_systems_compile_the_module_that_runs(
+    system: str, mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled systems compile, in their mode, the module that runs the step: the model in
+    fp32, the bfloat16 working copy in bf16-weights (a copy of a compiled module is not compiled:
+    it is compiled in turn), as the Trainer compiles what it runs.
+    Compiling is recorded, not done."""
+    ts = _train_step()
+    compiled: list[tuple[torch.nn.Module, str | None]] = []
+
+    def record(self: torch.nn.Module, *args: object, mode: str | None = None) -> None:
+        compiled.append((self, mode))
+        self._compiled_call_impl = self._call_impl  # "compiled": the plain call, marked
+
+    monkeypatch.setattr(torch.nn.Module, "compile", record)
+    size = {**ts.SIZES["small"], "n_layers": 1, "d_model": 16, "d_ff": 32, "vocab": 40}
+    size.update(n_heads=2, d_k=8, d_v=8)
+    runner = ts.make_runner(system, size, torch.device("cpu"))
+    src = torch.randint(4, 40, (2, 5))
+    tgt = torch.randint(4, 40, (2, 6))
+    runner.step(src, tgt[:, :-1], tgt[:, 1:], "fp32")
+    runner.step(src, tgt[:, :-1], tgt[:, 1:], "bf16-weights")
+    runner.step(src, tgt[:, :-1], tgt[:, 1:], "bf16-weights")
+    assert [(m, md) for m, md in compiled] == [(runner.model, mode), (runner.working.module, mode)]
+    assert next(runner.working.module.parameters()).dtype == torch.bfloat16
+    # the reference systems compile nothing
+    plain = ts.make_runner("transduce", size, torch.device("cpu"))
+    plain.step(src, tgt[:, :-1], tgt[:, 1:], "bf16-weights")
+    assert len(compiled) == 2

@@ -1,0 +1,54 @@
+"""benchmarks/gpu_probe.py: each shape's measurements run on that shape's tensors (a probe whose
+calls all ran on the last shape's once reported the small model's figures as the paper batch's),
+every backend that cannot take a case is reported as such, and the dry run's JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from benchmark_testkit import BENCHMARKS, load_benchmark
+
+
+def test_each_shape_is_timed_on_its_own_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = load_benchmark("gpu_probe")
+    seen: list[tuple[int, ...]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(tuple(q.shape))
+        return real(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    shapes = {"a": (2, 2, 5, 8), "b": (3, 1, 4, 8)}
+    calls = probe.attention_cases(torch.device("cpu"), shapes, torch.float32)
+    assert {name.split("/")[2] for name in calls} == {"none", "causal", "padding"}
+    timed = 0
+    for name, call in calls.items():
+        if call is None or name.endswith("formula"):  # the formula takes no fused kernel
+            continue
+        seen.clear()
+        call()
+        assert seen == [shapes[name.split("/")[1]]], name
+        timed += 1
+    assert timed >= 6  # at least math and the CPU's flash kernel, for both shapes and 3 cases
+
+
+def test_the_dry_run_reports_every_measurement() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_probe.py"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    ms = result["ms"]
+    assert result["benchmark"] == "gpu_probe" and result["device"] == "cpu"
+    assert ms["attention/tiny/padding/formula"] > 0 and ms["cast/flat"] > 0
+    # what a CPU cannot run is there as None, named in the lines above it
+    assert ms["attention/tiny/none/cudnn"] is None and ms["norm/layernorm/liger"] is None
+    assert "attention/tiny/none/cudnn" in out and "not available here" in out
