@@ -115,3 +115,19 @@ def test_the_live_server_keeps_to_its_schema(live, mode) -> None:
     assert len(sent) >= 20, sent  # the time limit left most examples their requests
     if mode == GenerationMode.POSITIVE:
         assert 200 in sent  # valid requests were translated, not only refused
+
+
+def test_the_schema_states_every_answer_of_health_and_the_json_content_type(live) -> None:
+    """/health answers 503 once a batcher stops, and a body not sent as JSON is a 415: both
+    stated, with their bodies, so that a client generated from the schema expects them."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(live.url + "/openapi.json", timeout=30) as resp:
+        schema = json.loads(resp.read())
+    health = schema["paths"]["/health"]["get"]["responses"]
+    assert {"200", "503"} <= set(health)
+    status = health["503"]["content"]["application/json"]["schema"]["properties"]["status"]
+    assert status["enum"] == ["ok", "stopped"]
+    for path in ("/translate", "/score", "/attention"):
+        assert "415" in schema["paths"][path]["post"]["responses"]

@@ -6,6 +6,7 @@ and the batcher keeping each kind of work with its own kind."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import urllib.error
@@ -169,7 +170,9 @@ def test_attention_is_the_models_last_layer_mean_over_heads(server, translator) 
         ("/translate", {"text": ["a"], "sampling": {"seed": -1}}, "'sampling.seed' must be"),
         ("/translate", {"text": ["a"], "sampling": {"temperature": 0}}, "'sampling.temperature'"),
         ("/translate", {"text": ["a"], "sampling": {"top_p": 1.5}}, "'sampling.top_p' must be"),
-        ("/translate", {"text": ["a"], "sampling": {"top_k": 1.0}}, "'sampling.top_k' must be"),
+        ("/translate", {"text": ["a"], "sampling": {"top_k": 1.5}}, "'sampling.top_k' must be"),
+        ("/translate", {"text": ["a"], "nbest": 2.5}, "'nbest' must be an integer, not 2.5"),
+        ("/translate", {"text": ["a"], "nbest": 9.0}, "'nbest' must be between 1 and 8; got 9"),
         ("/translate", {"text": ["a"], "prefix": "x"}, "'prefix' must be a list"),
         ("/translate", {"text": ["a"], "prefix": [1]}, "'prefix[0]' must be a string"),
         ("/translate", {"text": ["a"], "prefix": []}, "'prefix' must have one string"),
@@ -188,6 +191,38 @@ def test_a_bad_field_is_a_422_naming_it(server, path, body, names) -> None:
     status, out = post(server, path, body)
     assert status == 422, out
     assert names in out["error"] and out["status"] == 422
+
+
+def test_an_integer_written_with_a_zero_fraction_is_that_integer(server) -> None:
+    """JSON has one kind of number and JSON Schema's "integer" (what /openapi.json says of
+    these fields) admits 4.0: the server takes it as 4, with the same answer."""
+    sampling = {"seed": 7, "top_k": 20}
+    whole = ok(server, "/translate", {"text": ["a b"], "beam": 3, "nbest": 2})
+    assert ok(server, "/translate", {"text": ["a b"], "beam": 3.0, "nbest": 2.0}) == whole
+    drawn = ok(server, "/translate", {"text": ["a b"], "sampling": sampling})
+    floats = {"seed": 7.0, "top_k": 20.0}
+    assert ok(server, "/translate", {"text": ["a b"], "sampling": floats}) == drawn
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_a_415(server, content_type) -> None:
+    """A web page may POST these types (or none) to any server without asking it first (CORS
+    "simple requests"): the native API decodes nothing for them."""
+    host, port = server.url.removeprefix("http://").split(":")
+    for path in ("/translate", "/score", "/attention"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        conn.request("POST", path, body=b'{"text": ["a"]}', headers=headers)
+        answer = conn.getresponse()
+        out = json.loads(answer.read())
+        conn.close()
+        assert answer.status == 415, out
+        assert "Content-Type: application/json" in out["error"] and out["status"] == 415
+    # a JSON type with parameters is JSON
+    req = urllib.request.Request(server.url + "/translate", data=b'{"text": ["a"]}', method="POST")
+    req.add_header("Content-Type", "application/json; charset=utf-8")
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+        assert resp.status == 200
 
 
 def test_too_much_is_a_413(server) -> None:

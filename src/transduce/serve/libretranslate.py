@@ -50,6 +50,7 @@ from transduce.serve.requests import (
     ApiError,
     BodyBudget,
     ServerLimits,
+    is_json_type,
     load_json,
     read_body,
     served_decode,
@@ -200,7 +201,7 @@ async def _read_fields(
     body = await read_body(request, limits, budget)
     content_type = request.headers.get("content-type", "")
     fields = _parse_fields(body, content_type)
-    if not _is_json(content_type):
+    if not is_json_type(content_type):
         # Flask's request.values, as LibreTranslate reads a form: the query string first
         query = _form_pairs(request.scope.get("query_string", b""), "query string")
         fields = {**fields, **query}
@@ -213,7 +214,7 @@ def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
     """A JSON body (``application/json`` or ``*+json``) as it is; any other as a URL-encoded form,
     the first value of each field kept (as LibreTranslate's Flask ``request.values`` does)."""
     mime = content_type.split(";")[0].strip().lower()
-    if _is_json(content_type):
+    if is_json_type(content_type):
         data = load_json(body)
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
@@ -224,13 +225,6 @@ def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
             "multipart/form-data is not supported: send JSON or application/x-www-form-urlencoded",
         )
     return _form_pairs(body, "form")
-
-
-def _is_json(content_type: str) -> bool:
-    mime = content_type.split(";")[0].strip().lower()
-    return mime == "application/json" or (
-        mime.startswith("application/") and mime.endswith("+json")
-    )
 
 
 def _form_pairs(data: bytes, what: str) -> dict[str, Any]:

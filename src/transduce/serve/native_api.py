@@ -10,7 +10,9 @@
   "target": pieces + EOS, "weights": T x S}``: the last layer's encoder-decoder attention,
   averaged over its heads (a Transformer's; 422 for the rnn).
 
-``source`` and ``target`` pick a model of a server of several (422 when none has them).
+``source`` and ``target`` pick a model of a server of several (422 when none has them). Each
+takes a body sent as ``Content-Type: application/json`` only (415 otherwise:
+``requests.require_json``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from transduce.serve.requests import (
     ServerLimits,
     parse_translate_request,
     read_body,
+    require_json,
     served_decode,
     translate_on,
 )
@@ -69,6 +72,7 @@ def add_native_api(
 
     @app.post("/translate", **route_docs("/translate", limits))
     async def translate(request: Request) -> JSONResponse:
+        require_json(request)
         body = await read_body(request, limits, budget)
         asked = parse_translate_request(body, limits)
         options = parse_options(asked.options, limits, len(asked.sentences))
@@ -98,6 +102,7 @@ def add_native_api(
 
     @app.post("/score", **route_docs("/score", limits))
     async def score(request: Request) -> JSONResponse:
+        require_json(request)
         body = await read_body(request, limits, budget)
         asked = parse_score_request(body, limits)
         index = _pick(models, asked.source, asked.target)
@@ -110,6 +115,7 @@ def add_native_api(
 
     @app.post("/attention", **route_docs("/attention", limits))
     async def attention(request: Request) -> JSONResponse:
+        require_json(request)
         body = await read_body(request, limits, budget)
         asked = parse_attention_request(body, limits)
         index = _pick(models, asked.source, asked.target)

@@ -12,7 +12,7 @@ from typing import Any
 from transduce.serve.options import MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K, MIN_TEMPERATURE
 from transduce.serve.requests import ServerLimits
 
-__all__ = ["route_docs"]
+__all__ = ["health_docs", "route_docs"]
 
 _ERROR = {
     "type": "object",
@@ -24,6 +24,7 @@ _ERRORS = {
     "401": "the API key is missing or wrong (with --api-key-file)",
     "408": "the body took too long to arrive",
     "413": "the body, or its sentences or characters, over the limits",
+    "415": "the body not sent as Content-Type: application/json",
     "422": "a field of the wrong type or out of range, named in the message",
     "500": "decoding failed",
     "503": "the server is busy; try again later",
@@ -179,6 +180,26 @@ def _attention(limits: ServerLimits) -> dict[str, Any]:
         },
     }
     return {"openapi_extra": {"requestBody": request}, "responses": _answers(ok)}
+
+
+def health_docs() -> dict[str, Any]:
+    """Keyword arguments for ``app.get("/health")``: 200 while every model's batcher runs, 503
+    with ``"status": "stopped"`` once one has stopped; the model, decoding settings, limits
+    and statistics besides for a caller with the API key (or when the server has none)."""
+    status = {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["ok", "stopped"]}},
+    }
+    return {
+        "responses": {
+            "200": {"description": "serving", "content": {"application/json": {"schema": status}}},
+            "503": {
+                "description": "a model's batcher has stopped: the server no longer translates",
+                "content": {"application/json": {"schema": status}},
+            },
+        }
+    }
 
 
 def route_docs(path: str, limits: ServerLimits) -> dict[str, Any]:

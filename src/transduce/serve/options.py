@@ -15,6 +15,7 @@ from transduce.serve.requests import (
     ApiError,
     ServerLimits,
     check_alpha,
+    check_integer,
     check_language,
     check_texts,
     load_json,
@@ -81,7 +82,7 @@ def parse_options(raw: dict[str, Any], limits: ServerLimits, n_sentences: int) -
     """The toolbox's fields of a ``/translate`` body (``TranslateRequest.options``)."""
     nbest = raw.get("nbest")
     if nbest is not None:
-        nbest = _check_int("nbest", nbest, 1, limits.max_beam)
+        nbest = check_integer("nbest", nbest, 1, limits.max_beam)
     scores, alignments = (_check_bool(raw, name) for name in ("scores", "alignments"))
     sampling = raw.get("sampling")
     if sampling is not None:
@@ -107,14 +108,6 @@ def _check_bool(raw: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(422, f"'{name}' must be an integer, not {type_name(value)}")
-    if not low <= value <= high:
-        raise ApiError(422, f"'{name}' must be between {low} and {high}; got {value}")
-    return value
-
-
 def _check_number(name: str, value: Any, low: float, high: float, *, open_low: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ApiError(422, f"'{name}' must be a number, not {type_name(value)}")
@@ -137,7 +130,7 @@ def _check_sampling(value: Any) -> dict[str, Any]:
         )
     out: dict[str, Any] = {}
     if value.get("seed") is not None:
-        out["sampling_seed"] = _check_int("sampling.seed", value["seed"], 0, MAX_SEED)
+        out["sampling_seed"] = check_integer("sampling.seed", value["seed"], 0, MAX_SEED)
     if value.get("temperature") is not None:
         out["temperature"] = _check_number(
             "sampling.temperature",
@@ -147,7 +140,7 @@ def _check_sampling(value: Any) -> dict[str, Any]:
             open_low=False,
         )
     if value.get("top_k") is not None:
-        out["top_k"] = _check_int("sampling.top_k", value["top_k"], 0, MAX_TOP_K)
+        out["top_k"] = check_integer("sampling.top_k", value["top_k"], 0, MAX_TOP_K)
     if value.get("top_p") is not None:
         out["top_p"] = _check_number("sampling.top_p", value["top_p"], 0.0, 1.0, open_low=True)
     return out

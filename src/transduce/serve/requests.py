@@ -35,11 +35,14 @@ __all__ = [
     "answer_unless_gone",
     "check_alpha",
     "check_beam",
+    "check_integer",
     "check_language",
     "check_texts",
+    "is_json_type",
     "load_json",
     "parse_translate_request",
     "read_body",
+    "require_json",
     "served_decode",
     "translate_on",
     "type_name",
@@ -100,6 +103,28 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers
+
+
+def is_json_type(content_type: str) -> bool:
+    """Whether a Content-Type header names JSON (``application/json``, ``application/*+json``,
+    parameters such as ``charset`` aside)."""
+    mime = content_type.split(";")[0].strip().lower()
+    return mime == "application/json" or (
+        mime.startswith("application/") and mime.endswith("+json")
+    )
+
+
+def require_json(request: Request) -> None:
+    """ApiError 415 unless the request declares a JSON body. A web page may POST text/plain,
+    a form or a typeless body to any address without asking it first (a CORS "simple
+    request"); a JSON body needs the server's consent, which the native API never gives, so no
+    page the server's users visit can make it decode."""
+    content_type = request.headers.get("content-type")
+    if content_type is None or not is_json_type(content_type):
+        got = "none" if content_type is None else repr(content_type)
+        raise ApiError(
+            415, f"the body must be sent as Content-Type: application/json (got {got})", CLOSE
+        )
 
 
 class ClientGone(Exception):
@@ -339,14 +364,24 @@ def check_texts(text: Any, limits: ServerLimits, name: str = "text") -> list[str
     return text
 
 
+def check_integer(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int in [low, high], else ApiError 422 naming ``name``. A number with no
+    fraction, such as 4.0, is the integer 4: JSON has one kind of number, and JSON Schema's
+    "integer" (what /openapi.json says) admits it."""
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        what = f"{value:g}" if isinstance(value, float) else type_name(value)
+        raise ApiError(422, f"'{name}' must be an integer, not {what}")
+    else:
+        number = value
+    if not low <= number <= high:
+        raise ApiError(422, f"'{name}' must be between {low} and {high}; got {value:g}")
+    return number
+
+
 def check_beam(beam: Any, limits: ServerLimits) -> int | None:
-    if beam is None:
-        return None
-    if isinstance(beam, bool) or not isinstance(beam, int):
-        raise ApiError(422, f"'beam' must be an integer, not {type_name(beam)}")
-    if not 1 <= beam <= limits.max_beam:
-        raise ApiError(422, f"'beam' must be between 1 and {limits.max_beam}; got {beam}")
-    return beam
+    return None if beam is None else check_integer("beam", beam, 1, limits.max_beam)
 
 
 def check_alpha(alpha: Any, limits: ServerLimits) -> float | None:

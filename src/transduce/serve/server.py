@@ -70,6 +70,7 @@ from transduce.serve.libretranslate import PREFIX as LIBRETRANSLATE_PREFIX
 from transduce.serve.libretranslate import add_libretranslate
 from transduce.serve.models import ServedModel, ServedModels
 from transduce.serve.native_api import add_native_api
+from transduce.serve.openapi import health_docs
 from transduce.serve.page import add_page
 from transduce.serve.requests import (
     ApiError,
@@ -227,7 +228,7 @@ def _add_health(
 ) -> None:
     started = time.time()
 
-    @app.get("/health")
+    @app.get("/health", **health_docs())
     async def health(request: Request) -> JSONResponse:
         ok = all(batcher.alive for batcher in models.batchers)
         out: dict[str, Any] = {"status": "ok" if ok else "stopped"}
