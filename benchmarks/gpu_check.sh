@@ -17,6 +17,8 @@
 #                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
 #   recipe_fp16  its model decoded with --precision fp16 (test2016 BLEU against fp32's)
+#   recipe_graphs  the recipe again with train.compile reduce-overhead (CUDA graphs: the small
+#                model's update is bound by kernel launches), its updates and test2016 BLEU
 #   train_eager  `transduce train` of the base model at 25k-token batches (bf16-weights) for
 #                ~30 s: steady target tokens/s (Multi30k: 8,000 pieces, ~13 tokens a sentence;
 #                step_paper: 37,000, 24)
@@ -241,6 +243,17 @@ if have_multi30k; then
                 --ref "$test_ref" --quiet
             figure "recipe, decoded in fp16: test2016 $(tail -n 1 "$OUT/recipe_fp16.log")"
         fi
+    fi
+    graphs=(--set compile=reduce-overhead)  # the recipe's vocabulary, not learned again
+    [[ -f $OUT/recipe/vocab.model ]] && graphs+=(--set "vocab_model=$OUT/recipe/vocab.model")
+    if [[ $dry == 1 ]]; then
+        skip recipe_graphs "CUDA graphs (compile: reduce-overhead) are refused on a CPU"
+    elif step recipe_graphs "$(awk "BEGIN {print int($minutes_recipe * 60 + 210)}")" \
+        "${transduce[@]}" train "${recipe[@]}" "${graphs[@]}" --out "$OUT/recipe_graphs"; then
+        step recipe_graphs_test 180 "${transduce[@]}" evaluate \
+            --model "$OUT/recipe_graphs/model.pt" --device "$device" --beam 4 --src "$test_src" \
+            --ref "$test_ref" --quiet
+        figure "recipe_graphs (CUDA graphs, $minutes_recipe min): $(tail -n 2 "$OUT/recipe_graphs.log" | head -c 300); test2016 $(tail -n 1 "$OUT/recipe_graphs_test.log")"
     fi
 else
     skip recipe "no Multi30k in $data (carry a copy: train, val, test_2016_flickr .en/.de .gz)"
