@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 40 and 41 in one go, about 6 minutes on one H100 / H200:
+# The GPU checks of issues 40 and 41 in one go, on one H100 / H200, in at most 6 minutes unless
+# GPU_CHECK_SECONDS says otherwise (all of them take 12-15 minutes):
 #
 #   benchmarks/gpu_check.sh [--device cuda|cpu] [--out DIR]
 #
@@ -10,7 +11,11 @@
 #                against nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
 #   step_paper   BASE at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16 and ours in
 #                bf16-weights, the two-pass reference loss beside (transduce_reference)
-#   profile      benchmarks/profile_step.py: that step's device time by kind of kernel
+#   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
+#                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
+#                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights
+#   profile      benchmarks/profile_step.py: the paper step's device time by kind of kernel
+#   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
 #   decode       benchmarks/decode_gpu.py: the engine against transformers generate, bf16,
 #                batches 1, 32 and 128, beam 4 and greedy (OPUS-MT-sized imported model)
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
@@ -25,15 +30,12 @@
 #   train_compile  the same with train.compile default: its compile time and tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
 #   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
-#   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
-#   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
-#                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
-#                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights
 #
 # Each step runs under `timeout`, its output in $OUT/<step>.log; a failure is recorded and the
 # next step runs. The summary (each step's status and seconds, then the figures) comes last
-# and is also in $OUT/summary.txt. GPU_CHECK_SECONDS=N skips the steps that cannot start
-# within N seconds of the start (each step's limit shrinks to what is left). --device cpu is a
+# and is also in $OUT/summary.txt. GPU_CHECK_SECONDS=N (default 360; 0: no limit) skips the
+# steps that cannot start within N seconds of the start (each step's limit shrinks to what is
+# left); the steps run in the order above, the issues' open targets first. --device cpu is a
 # dry run at tiny sizes (a minute or two on 2 cores): the same steps and plumbing, figures
 # that mean nothing. The throughput runs train on Multi30k when it is there, else on the
 # synthetic reverse task (52 symbols: the output layer far smaller than Multi30k's 8,000
@@ -65,7 +67,8 @@ data=./gpu_data/multi30k
 : > "$OUT/summary.txt"
 : > "$OUT/figures.txt"
 started=$(date +%s)
-deadline="${GPU_CHECK_SECONDS:-0}"
+deadline="${GPU_CHECK_SECONDS:-360}"
+[[ $device == cpu && -z ${GPU_CHECK_SECONDS:-} ]] && deadline=0  # a dry run runs every step
 
 if [[ $device == cpu ]]; then  # the dry run's sizes
     dry=1 train_s=15 tiny_steps=30 tiny_valid=50 minutes_recipe=0.15 fp16_steps=4
@@ -122,7 +125,8 @@ records = [json.loads(x) for x in (Path(sys.argv[1]) / "metrics.jsonl").read_tex
 rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and "split" not in r]
 steady = rates[2:] or rates
 compiled = [r for r in records if r.get("split") == "compile"]
-out = {"windows": len(rates), "steady_tokens_per_s": round(statistics.median(steady)) if steady else None}
+out = {"windows": len(rates), "steady_tokens_per_s": round(statistics.median(steady)) if steady else None,
+       "updates": max((r.get("step", 0) for r in records), default=0)}
 if compiled:
     out.update({k: compiled[0][k] for k in ("first_update_s", "compile_s", "compiled_graphs")})
 print(json.dumps(out))
@@ -198,6 +202,19 @@ step step_paper 240 "$PY" benchmarks/train_step.py --sizes "$paper_size" --devic
     --malloc on --systems transduce transduce_reference "${systems[@]:1}" \
     --precisions bf16 bf16-weights "${paper_flags[@]}"
 figure "step_paper: $(tail -n 1 "$OUT/step_paper.log")"
+# --- train_step.py compiled (inductor): SMALL at 64 x 24 (launch-bound), BASE at the paper batch
+if [[ $dry == 1 ]]; then
+    skip step_compiled "inductor on a CPU: minutes of compiling"
+else
+    step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
+        --systems transduce transduce_cudagraphs --precisions fp32 bf16-weights --rounds 3
+    figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
+    step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
+        --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \
+        --rounds 3
+    figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
+fi
+
 # where the paper step's device time goes (kernels by kind)
 step profile 120 "$PY" benchmarks/profile_step.py --device "$device" --size "$paper_size" \
     --precision bf16-weights "${profile_flags[@]}"
@@ -253,7 +270,7 @@ if have_multi30k; then
         step recipe_graphs_test 180 "${transduce[@]}" evaluate \
             --model "$OUT/recipe_graphs/model.pt" --device "$device" --beam 4 --src "$test_src" \
             --ref "$test_ref" --quiet
-        figure "recipe_graphs (CUDA graphs, $minutes_recipe min): $(tail -n 2 "$OUT/recipe_graphs.log" | head -c 300); test2016 $(tail -n 1 "$OUT/recipe_graphs_test.log")"
+        figure "recipe_graphs (CUDA graphs, $minutes_recipe min): $(tokens_per_s "$OUT/recipe_graphs"); test2016 $(tail -n 1 "$OUT/recipe_graphs_test.log")"
     fi
 else
     skip recipe "no Multi30k in $data (carry a copy: train, val, test_2016_flickr .en/.de .gz)"
@@ -333,19 +350,6 @@ else
     step torchrun_compile 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
         -m transduce train --config "$OUT/tiny.yaml" --out "$OUT/torchrun_compile" \
         --set device=cuda --set max_steps=100 --set compile=default --quiet
-fi
-
-# --- train_step.py compiled (inductor): SMALL at 64 x 24 (launch-bound), BASE at the paper batch
-if [[ $dry == 1 ]]; then
-    skip step_compiled "inductor on a CPU: minutes of compiling"
-else
-    step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-        --systems transduce transduce_cudagraphs --precisions fp32 bf16-weights --rounds 3
-    figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
-    step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
-        --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \
-        --rounds 3
-    figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
 fi
 
 {

@@ -95,7 +95,7 @@ def attention_cases(
                         out = F.scaled_dot_product_attention(
                             *qkv[:3], attn_mask=mask, is_causal=causal
                         )
-                    out.backward(qkv[3])
+                    torch.autograd.grad(out, qkv[:3], qkv[3])  # no .grad to accumulate into
 
                 try:
                     call()
@@ -109,7 +109,7 @@ def attention_cases(
                 qkv: tuple[Tensor, ...] = (q, key, v, grad),
             ) -> None:
                 out = kernels.attention(*qkv[:3], mask, is_causal=causal, path="formula")
-                out.backward(qkv[3])
+                torch.autograd.grad(out, qkv[:3], qkv[3])
 
             calls[f"attention/{shape_name}/{case}/formula"] = formula
     return calls
@@ -128,13 +128,18 @@ def norm_cases(
     def post_norm(x: Tensor, y: Tensor, w: Tensor, b: Tensor) -> Tensor:
         return F.layer_norm(x + F.dropout(y, 0.1, True), (d,), w, b, 1e-5)
 
+    inputs = (x, y, w, b)
+
+    def backward(out: Tensor) -> None:  # gradients returned, none accumulated in .grad
+        torch.autograd.grad(out, inputs, grad, allow_unused=True)
+
     calls: dict[str, Callable[[], object] | None] = {
-        "norm/add_dropout_layernorm/torch": lambda: post_norm(x, y, w, b).backward(grad),
-        "norm/layernorm/torch": lambda: F.layer_norm(x, (d,), w, b, 1e-5).backward(grad),
+        "norm/add_dropout_layernorm/torch": lambda: backward(post_norm(x, y, w, b)),
+        "norm/layernorm/torch": lambda: backward(F.layer_norm(x, (d,), w, b, 1e-5)),
     }
     if compile_ok:
         fused = torch.compile(post_norm, dynamic=False)
-        calls["norm/add_dropout_layernorm/compiled"] = lambda: fused(x, y, w, b).backward(grad)
+        calls["norm/add_dropout_layernorm/compiled"] = lambda: backward(fused(x, y, w, b))
     else:
         calls["norm/add_dropout_layernorm/compiled"] = None
     try:
@@ -143,10 +148,10 @@ def norm_cases(
         def liger(x: Tensor) -> Tensor:
             return LigerLayerNormFunction.apply(x, w, b, 1e-5)
 
-        calls["norm/layernorm/liger"] = lambda: liger(x).backward(grad)
-        calls["norm/add_dropout_layernorm/liger"] = lambda: liger(
-            x + F.dropout(y, 0.1, True)
-        ).backward(grad)
+        calls["norm/layernorm/liger"] = lambda: backward(liger(x))
+        calls["norm/add_dropout_layernorm/liger"] = lambda: backward(
+            liger(x + F.dropout(y, 0.1, True))
+        )
     except ImportError:
         calls["norm/layernorm/liger"] = None
         calls["norm/add_dropout_layernorm/liger"] = None

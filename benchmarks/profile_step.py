@@ -108,7 +108,8 @@ def main() -> None:
             e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")
         ]
         ops.sort(key=dev_us, reverse=True)
-        print("operators by their own device time, with input shapes:")
+        own = "device" if device.type == "cuda" else "CPU"
+        print(f"operators by their own {own} time, with input shapes:")
         for e in ops[: args.top]:
             us = dev_us(e) / args.steps
             shapes = str(e.input_shapes)[:80]

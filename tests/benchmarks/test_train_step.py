@@ -227,6 +227,14 @@ def test_the_compiled_systems_compile_the_module_that_runs(
     monkeypatch.setattr(torch.nn.Module, "compile", record)
     size = {**ts.SIZES["small"], "n_layers": 1, "d_model": 16, "d_ff": 32, "vocab": 40}
     size.update(n_heads=2, d_k=8, d_v=8)
+    if mode == "reduce-overhead":  # CUDA graphs on a CPU are refused, as train.compile does
+        from transduce.errors import UserError
+
+        with pytest.raises(UserError, match="reduce-overhead captures CUDA graphs"):
+            ts.make_runner(system, size, torch.device("cpu"))
+        import transduce.training.compiling
+
+        monkeypatch.setattr(transduce.training.compiling, "check_mode", lambda *a: None)
     runner = ts.make_runner(system, size, torch.device("cpu"))
     src = torch.randint(4, 40, (2, 5))
     tgt = torch.randint(4, 40, (2, 6))

@@ -6,20 +6,16 @@ product). The fused kernel is the default; training on the CPU with short keys t
 which is faster there: PyTorch's CPU flash-attention pays per (batch x head) block, and batches of
 many short sentences have thousands of them. On the CPU the fused kernel runs in float32 for
 bfloat16/float16 inputs too, its low-precision backward being several times slower, and a
-low-precision softmax runs in float32 (benchmarks/RESULTS.md). Training on a CUDA device with
-short keys and a padding mask asks PyTorch for its memory-efficient kernel first
-(``cuda_training_backends``).
+low-precision softmax runs in float32 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transduce.kernels.options import AttentionPath
 
@@ -28,20 +24,6 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # Training on the CPU with keys at most this long takes the formula ("auto"); about where the two
 # paths were even in float32 on 2 cores (benchmarks/attention_paths.py)
 FORMULA_MAX_KEYS_CPU_TRAINING = 128
-
-# Training on a CUDA device with a mask tensor and keys at most CUDA_SHORT_KEYS long: the fused
-# kernels in this order of preference, the memory-efficient one first. PyTorch's own order puts
-# cuDNN's first, whose forward and backward with a padding mask took 0.66 ms against 0.55 at
-# the paper batch's 1024 x 8 x 24 x 64 on an H200 (without a mask 0.49 against 0.52, causal
-# 0.53 against 0.51: those keep PyTorch's order; benchmarks/gpu_probe.py, RESULTS.md). None:
-# PyTorch's order always. Longer keys keep it too (measured at 24 positions only).
-CUDA_TRAINING_PRIORITY: tuple[SDPBackend, ...] | None = (
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.MATH,
-)
-CUDA_SHORT_KEYS = 64
 
 
 def _fp32_on_cpu(x: Tensor) -> bool:
@@ -130,24 +112,6 @@ def _causal(n_queries: int, n_keys: int, device: torch.device) -> Tensor:
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
 
 
-def cuda_training_backends(
-    query: Tensor, key: Tensor, mask: Tensor | None
-) -> tuple[SDPBackend, ...] | None:
-    """The fused kernels to ask for, in order, or None for PyTorch's own choice: the order of
-    ``CUDA_TRAINING_PRIORITY`` when training on a CUDA device with a ``mask`` and short keys,
-    outside torch.compile (inductor picks its own kernel)."""
-    if (
-        CUDA_TRAINING_PRIORITY is None
-        or mask is None
-        or query.device.type != "cuda"
-        or not torch.is_grad_enabled()
-        or key.size(-2) > CUDA_SHORT_KEYS
-        or torch.compiler.is_compiling()
-    ):
-        return None
-    return CUDA_TRAINING_PRIORITY
-
-
 def _fused(
     query: Tensor,
     key: Tensor,
@@ -158,16 +122,9 @@ def _fused(
 ) -> Tensor:
     """The fused kernel; on the CPU in float32 for low-precision inputs and outside autocast."""
     if query.device.type != "cpu":
-        backends = cuda_training_backends(query, key, mask)
-        chosen = (
-            contextlib.nullcontext()
-            if backends is None
-            else sdpa_kernel(list(backends), set_priority=True)
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
-        with chosen:
-            return F.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )
     dtype = query.dtype
     if dtype in _LOW_PRECISION:
         query, key, value = query.float(), key.float(), value.float()
@@ -216,13 +173,10 @@ def attention(
 
 
 __all__ = [
-    "CUDA_SHORT_KEYS",
-    "CUDA_TRAINING_PRIORITY",
     "FORMULA_MAX_KEYS_CPU_TRAINING",
     "all_attendable",
     "attention",
     "attention_input",
     "attention_weights",
-    "cuda_training_backends",
     "grouped_queries_path",
 ]

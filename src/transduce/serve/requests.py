@@ -118,7 +118,7 @@ def require_json(request: Request) -> None:
     """ApiError 415 unless the request declares a JSON body. A web page may POST text/plain,
     a form or a typeless body to any address without asking it first (a CORS "simple
     request"); a JSON body needs the server's consent, which the native API never gives, so no
-    page the server's users visit can make it decode."""
+    page the server's users visit can make the native API decode."""
     content_type = request.headers.get("content-type")
     if content_type is None or not is_json_type(content_type):
         got = "none" if content_type is None else repr(content_type)
@@ -376,7 +376,10 @@ def check_integer(name: str, value: Any, low: int, high: int) -> int:
     else:
         number = value
     if not low <= number <= high:
-        raise ApiError(422, f"'{name}' must be between {low} and {high}; got {value:g}")
+        shown = f"{value:g}" if isinstance(value, float) else f"{value}"
+        if len(shown) > 40:  # a 400-digit integer is no message
+            shown = f"{shown[:20]}... ({len(shown)} digits)"
+        raise ApiError(422, f"'{name}' must be between {low} and {high}; got {shown}")
     return number
 
 
