@@ -338,3 +338,23 @@ def test_vocab_command_and_reuse(tmp_path: Path) -> None:
         )
         == 2
     )
+
+
+def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(tmp_path: Path) -> None:
+    """Scanning the inputs met zlib's own error (a .gz whose deflate stream is damaged inside,
+    not truncated) as a traceback; and --workers -3 ran with one process in silence."""
+    import gzip
+
+    from transduce.data.prepare import scan_input
+
+    text = "".join(f"line {i} of a sentence with words\n" for i in range(3000)).encode()
+    damaged = bytearray(gzip.compress(text))
+    damaged[300:340] = bytes(b ^ 0xFF for b in damaged[300:340])
+    path = tmp_path / "bad.en.gz"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(UserError, match="bad.en.gz: corrupt gzip file"):
+        scan_input(path)
+    folder = tmp_path / "corpus"
+    write_corpus(folder, n=50)
+    with pytest.raises(UserError, match="workers must be 0"):
+        prepare(config(folder), tmp_path / "out", workers=-3)

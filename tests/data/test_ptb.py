@@ -182,3 +182,23 @@ def test_malformed_member_names_zip_member_and_line(tmp_path):
         z.writestr("wsj_0002.mrg", "\n( (S (NN caf\xe9)) )\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"wsj_0002\.mrg: line 2: invalid UTF-8"):
         read_treebank(zip_path)
+
+
+def test_a_zip_without_one_of_the_splits_is_refused_naming_the_file_it_came_from(tmp_path):
+    """A treebank.zip holding no file of a split (here only wsj_0500, beyond the sample's 199)
+    would write six empty files and say so with exit 0: refused, before anything is written,
+    naming the mirror's zip (not the temporary copy it was read from)."""
+    (tmp_path / "mirror").mkdir()
+    zipped = make_zip(
+        tmp_path / "mirror" / "treebank.zip",
+        {"combined/wsj_0500.mrg": FAKE["treebank/combined/wsj_0001.mrg"]},
+    )
+    with pytest.raises(UserError, match="no trees of the train split") as caught:
+        prepare_ptb_sample(tmp_path / "out", tmp_path / "mirror")
+    assert str(zipped) in str(caught.value) and ".part" not in str(caught.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+    # a corrupt mirror is named as the user's file too
+    zipped.write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="corrupt or not a zip") as caught:
+        prepare_ptb_sample(tmp_path / "out", tmp_path / "mirror")
+    assert str(caught.value).startswith(str(zipped))

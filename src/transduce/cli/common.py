@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transduce.data.parallel import check_no_nul
 from transduce.errors import UserError
 
 
@@ -101,6 +102,8 @@ def _read_stdin() -> list[str]:
         lines = sys.stdin.read().split("\n")
         if lines and lines[-1] == "":
             lines.pop()  # after the final newline
+        for lineno, line in enumerate(lines, start=1):
+            check_no_nul(line, "<stdin>", lineno)
         return [line.strip() for line in lines]
     lines = []
     for lineno, raw in enumerate(buffer, start=1):
@@ -110,6 +113,7 @@ def _read_stdin() -> list[str]:
             raise UserError(
                 f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
             ) from None
+        check_no_nul(text, "<stdin>", lineno)
         if lineno == 1 and text.startswith("\ufeff"):
             text = text[1:]
         lines.append(text.strip())

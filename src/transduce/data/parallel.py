@@ -27,6 +27,7 @@ from transduce.errors import UserError
 __all__ = [
     "LineStats",
     "ParallelText",
+    "check_no_nul",
     "iter_lines",
     "read_aligned",
     "read_lines",
@@ -90,6 +91,17 @@ def _open_binary(path: Path, name: str, compressed: bool) -> BinaryIO:
         raise UserError(f"{name}: cannot open ({e.strerror or e})") from e
 
 
+def check_no_nul(text: str, name: str, lineno: int) -> None:
+    """A UserError naming line ``lineno`` of ``name`` if ``text`` holds a NUL character: a binary
+    file, or UTF-16 read as UTF-8. Every reader of text lines asks it (files and stdin)."""
+    nul = text.find("\0")
+    if nul >= 0:
+        raise UserError(
+            f"{name}: line {lineno}: NUL byte at character {nul + 1} of the line "
+            "(a binary file, or text in UTF-16 rather than UTF-8?)"
+        )
+
+
 def iter_lines(
     path: str | Path,
     *,
@@ -122,12 +134,7 @@ def iter_lines(
                         f"(byte offset {offset + e.start} in the "
                         f"{'decompressed ' if compressed else ''}file)"
                     ) from None
-                nul = text.find("\0")
-                if nul >= 0:
-                    raise UserError(
-                        f"{name}: line {lineno}: NUL byte at character {nul + 1} of the line "
-                        "(a binary file, or text in UTF-16 rather than UTF-8?)"
-                    )
+                check_no_nul(text, name, lineno)
                 if lineno == 1 and text.startswith(_BOM):
                     text = text[1:]
                     if stats is not None:

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,10 @@ def scan_input(path: Path) -> dict[str, Any]:
             while block := f.read(1 << 20):
                 lines += block.count(b"\n")
                 last = block[-1:]
-    except (OSError, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # as parallel.iter_lines says it
+        detail = "truncated" if isinstance(e, EOFError) else str(e)
+        raise UserError(f"{path}: corrupt gzip file ({detail})") from None
+    except OSError as e:
         raise UserError(f"{path}: cannot read ({e})") from None
     return {
         "path": str(path),
@@ -340,6 +344,8 @@ def prepare(
     task = _translation(cfg)
     if shard_pairs <= 0:
         raise UserError(f"shard_pairs must be positive; got {shard_pairs}")
+    if workers < 0:
+        raise UserError(f"workers must be 0 (one per CPU core) or more; got {workers}")
     inputs = _inputs(task)
     folder = _out_folder(out_dir)
     vocabs = vocabulary(cfg, inputs, log)

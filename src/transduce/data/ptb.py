@@ -75,7 +75,8 @@ def _decode(data: bytes, name: str) -> str:
         raise UserError(f"{name}: line {line}: invalid UTF-8 (byte offset {e.start})") from None
 
 
-def _read_zip(path: Path) -> list[MrgFile]:
+def _read_zip(path: Path, shown: str) -> list[MrgFile]:
+    """The .mrg files of the zip at ``path``; errors call it ``shown``."""
     try:
         with zipfile.ZipFile(path) as z:
             members = sorted(
@@ -84,15 +85,15 @@ def _read_zip(path: Path) -> list[MrgFile]:
             )
             out = []
             for m in members:
-                name = f"{path}:{m.filename}"
+                name = f"{shown}:{m.filename}"
                 text = _decode(z.read(m), name)
                 trees = tuple(parse_trees(text, name=name, clean=True))
                 out.append(MrgFile(Path(m.filename).name, trees))
             return out
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as e:
-        raise UserError(f"{path}: corrupt or not a zip file ({e})") from None
+        raise UserError(f"{shown}: corrupt or not a zip file ({e})") from None
     except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise UserError(f"{shown}: cannot read ({e.strerror or e})") from None
 
 
 def _read_folder(folder: Path) -> list[MrgFile]:
@@ -100,23 +101,23 @@ def _read_folder(folder: Path) -> list[MrgFile]:
     return [MrgFile(p.name, tuple(read_tree_file(p, clean=True))) for p in paths if p.is_file()]
 
 
-def read_treebank(source: str | Path) -> list[MrgFile]:
+def read_treebank(source: str | Path, shown: str | None = None) -> list[MrgFile]:
     """The cleaned trees of every ``.mrg`` file in ``source``, a zip file (``treebank.zip``) or
     a folder (searched recursively), sorted by file name.
 
     ``UserError`` for a missing source, a corrupt zip, a file that is not UTF-8 or holds
-    malformed brackets (naming the file and line), or a source without ``.mrg`` files.
+    malformed brackets (naming the file and line), or a source without ``.mrg`` files; errors
+    call the source ``shown`` (default: its path), e.g. the file it was copied from.
     """
     source = Path(source)
+    shown = shown or str(source)
     if not source.exists():
         raise UserError(
             f"{source}: no such file or folder (expected treebank.zip or a folder of .mrg files)"
         )
-    files = _read_folder(source) if source.is_dir() else _read_zip(source)
+    files = _read_folder(source) if source.is_dir() else _read_zip(source, shown)
     if not files:
-        raise UserError(
-            f"{source}: no .mrg files (expected the Penn Treebank's combined/wsj_*.mrg)"
-        )
+        raise UserError(f"{shown}: no .mrg files (expected the Penn Treebank's combined/wsj_*.mrg)")
     return files
 
 
@@ -157,11 +158,13 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
     try:
         if from_folder is not None:
             source = _mirror_zip(from_folder)
+            shown = str(source)
             try:
                 shutil.copyfile(source, tmp)
             except OSError as e:
                 raise UserError(f"cannot copy {source} to {dest}: {e.strerror or e}") from None
         else:
+            shown = url
             download(
                 url,
                 tmp,
@@ -170,7 +173,14 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
                 offline_hint="without network, copy treebank.zip from a local mirror with "
                 "from_folder",
             )
-        files = read_treebank(tmp)  # every member decompresses (CRC-checked) and parses
+        files = read_treebank(tmp, shown)  # every member decompresses (CRC-checked), parses
+        empty = [split for split, trees in split_treebank(files).items() if not trees]
+        if empty:  # a zip of other files: refused before anything is kept or written
+            first, last = SPLITS[empty[0]]
+            raise UserError(
+                f"{shown}: no trees of the {empty[0]} split (its wsj_{first:04d}-"
+                f"wsj_{last:04d}.mrg files)"
+            )
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
