@@ -218,3 +218,28 @@ def test_length_batches() -> None:
     assert firsts == sorted(firsts, reverse=True)  # longest batch first
     assert batches[0] == [5]  # 12 tokens > budget: a batch of its own
     assert length_batches([], 10) == []
+
+
+@pytest.mark.parametrize("architecture", ["transformer", "rnn"])
+def test_a_sentence_past_the_cap_is_refused_where_positions_set_no_limit(
+    tmp_path, monkeypatch, architecture
+) -> None:
+    """Sinusoidal positions and the rnn set no length limit: a whole text on one line (600,000
+    tokens) ran for minutes without an end. Past MAX_SENTENCE_TOKENS a sentence is refused,
+    naming it, before anything is decoded; translate, score and evaluate alike."""
+    import transduce.inference.translator as translator_module
+
+    monkeypatch.setattr(translator_module, "MAX_SENTENCE_TOKENS", 12)  # a short cap, same code
+    path = save_toy_translation_model(
+        tmp_path / "model.pt", {"max_len_offset": 2}, {"architecture": architecture}
+    )
+    translator = Translator.load(path)
+    assert translator.max_positions is None
+    short = "der hund"
+    long = " ".join(["der hund rennt"] * 6)
+    assert len(translator.vocab.encode(long)) > 12 >= len(translator.vocab.encode(short))
+    translator.translate([short])  # under the cap: decoded
+    with pytest.raises(UserError, match=r"sentence 2 has \d+ subword tokens; at most 12"):
+        translator.translate([short, long])
+    with pytest.raises(UserError, match=r"sentence 1 has \d+ subword tokens; at most 12"):
+        translator.score([long], [short])

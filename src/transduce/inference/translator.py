@@ -72,7 +72,13 @@ from transduce.inference.weights import (
 )
 from transduce.model.transformer import Transformer
 
-__all__ = ["Translation", "Translator", "length_batches", "resolve_device"]
+__all__ = ["MAX_SENTENCE_TOKENS", "Translation", "Translator", "length_batches", "resolve_device"]
+
+# The most subword tokens a sentence may have where the model sets no limit (sinusoidal
+# positions, the rnn): 16 times training's default max_len. A longer "sentence" is likely a
+# whole text on one line, and attention's work grows with its square (600,000 tokens ran for
+# minutes without an end).
+MAX_SENTENCE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -402,9 +408,17 @@ class Translator:
         """A UserError naming the first sentence longer than learned positions can place. With
         n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
         max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
-        ``inference.common``). The sinusoidal table has no such limit (it grows)."""
+        ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
+        rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused."""
         limit = self.max_positions
         if limit is None:
+            for j, x in enumerate(ids):
+                if len(x) > MAX_SENTENCE_TOKENS:
+                    raise UserError(
+                        f"sentence {todo[j] + 1} has {len(x)} subword tokens; at most "
+                        f"{MAX_SENTENCE_TOKENS} are decoded (a whole text on one line? split "
+                        "it into sentences)"
+                    )
             return
         longest = limit - 2 - cfg.max_len_offset  # source tokens, EOS not counted
         for j, x in enumerate(ids):
