@@ -103,3 +103,34 @@ def test_iter_lines_custom_name(tmp_path):
     p = write(tmp_path / "a.txt", b"\xc3\n")
     with pytest.raises(UserError, match=r"^https://example/a\.txt: line 1:"):
         list(iter_lines(p, name="https://example/a.txt"))
+
+
+def test_gzip_data_is_read_under_any_case_of_gz_and_named_when_misnamed(tmp_path):
+    """A .GZ file is gzip as a .gz is; gzip data under another name was "invalid UTF-8 at byte
+    1", now the message says what it is."""
+    data = gzip.compress(b"ein hund\nzwei katzen\n")
+    (tmp_path / "upper.en.GZ").write_bytes(data)
+    assert read_lines(tmp_path / "upper.en.GZ") == ["ein hund", "zwei katzen"]
+    (tmp_path / "plain.en").write_bytes(data)
+    with pytest.raises(UserError, match=r"plain\.en: gzip data in a file not named \.gz"):
+        read_lines(tmp_path / "plain.en")
+
+
+def test_offline_hints_name_the_command_line_flag(tmp_path, monkeypatch):
+    """Without network the data commands point at --from, the flag a user types (they said
+    from_dir / from_folder, the Python parameters)."""
+    from transduce.data import multi30k, ptb
+
+    hints: list[str] = []
+
+    def offline(url, dest, *, offline_hint, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        hints.append(offline_hint)
+        raise UserError(f"cannot download {url}: no network; {offline_hint}")
+
+    monkeypatch.setattr(multi30k, "download", offline)
+    monkeypatch.setattr(ptb, "download", offline)
+    with pytest.raises(UserError):
+        multi30k.fetch_multi30k(tmp_path / "m", src="en", tgt="de", progress=False)
+    with pytest.raises(UserError):
+        ptb.prepare_ptb_sample(tmp_path / "p")
+    assert len(hints) == 2 and all("--from DIR" in hint for hint in hints)

@@ -185,7 +185,7 @@ def fetch_multi30k(
                         timeout=timeout,
                         progress=progress,
                         offline_hint="without network, copy the files from a local mirror "
-                        "with from_dir",
+                        "with --from DIR (from_dir in Python)",
                     )
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)

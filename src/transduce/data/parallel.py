@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 _BOM = "\ufeff"
+_GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 
 
 @dataclass
@@ -119,7 +120,7 @@ def iter_lines(
     path = Path(path)
     name = name or str(path)
     if compressed is None:
-        compressed = path.suffix == ".gz"
+        compressed = path.suffix.lower() == ".gz"
     offset = 0  # byte offset of the current line in the (decompressed) file
     lineno = 0
     with _open_binary(path, name, compressed) as f:
@@ -129,6 +130,11 @@ def iter_lines(
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
+                    if lineno == 1 and raw.startswith(_GZIP_MAGIC) and not compressed:
+                        raise UserError(
+                            f"{name}: gzip data in a file not named .gz (name it so, or "
+                            "decompress it)"
+                        ) from None
                     raise UserError(
                         f"{name}: line {lineno}: invalid UTF-8 at byte {e.start} of the line "
                         f"(byte offset {offset + e.start} in the "

@@ -82,7 +82,7 @@ def scan_input(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: no such file")
     lines, last = 0, b"\n"
     try:
-        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+        with gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb") as f:
             while block := f.read(1 << 20):
                 lines += block.count(b"\n")
                 last = block[-1:]

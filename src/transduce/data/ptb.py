@@ -171,7 +171,7 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
                 timeout=timeout,
                 progress=False,
                 offline_hint="without network, copy treebank.zip from a local mirror with "
-                "from_folder",
+                "--from DIR (from_folder in Python)",
             )
         files = read_treebank(tmp, shown)  # every member decompresses (CRC-checked), parses
         empty = [split for split, trees in split_treebank(files).items() if not trees]
