@@ -95,29 +95,30 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def stdin_line(raw: bytes | str, lineno: int) -> str:
+    """Line ``lineno`` (1-based) of stdin as text, with a named file's checks: UTF-8 (for bytes),
+    no NUL byte, the byte order mark of line 1 dropped. A UserError names the line."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(
+                f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
+            ) from None
+    check_no_nul(raw, "<stdin>", lineno)
+    return raw[1:] if lineno == 1 and raw.startswith("\ufeff") else raw
+
+
 def _read_stdin() -> list[str]:
-    """Lines of stdin, stripped, decoded as UTF-8 (an invalid line is a UserError naming it)."""
+    """Lines of stdin, stripped, each checked by ``stdin_line``."""
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a text stream without bytes underneath (an embedding application)
         lines = sys.stdin.read().split("\n")
         if lines and lines[-1] == "":
             lines.pop()  # after the final newline
-        for lineno, line in enumerate(lines, start=1):
-            check_no_nul(line, "<stdin>", lineno)
-        return [line.strip() for line in lines]
-    lines = []
-    for lineno, raw in enumerate(buffer, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(
-                f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
-            ) from None
-        check_no_nul(text, "<stdin>", lineno)
-        if lineno == 1 and text.startswith("\ufeff"):
-            text = text[1:]
-        lines.append(text.strip())
-    return lines
+    else:
+        lines = list(buffer)
+    return [stdin_line(line, lineno).strip() for lineno, line in enumerate(lines, start=1)]
 
 
 def read_input(path: str | None) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, TextIO
 
-from transduce.data.parallel import check_no_nul
+from transduce.cli.common import stdin_line
 from transduce.errors import UserError
 
 if TYPE_CHECKING:
@@ -161,13 +161,7 @@ def answer_lines(
         raw: bytes | str = stdin.readline() if buffer is None else buffer.readline()
         if not raw:
             return
-        try:
-            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        except UnicodeDecodeError as e:  # as a whole input's (cli.common): one line, named
-            raise UserError(f"<stdin>: line {index + 1}: invalid UTF-8 ({e.reason})") from None
-        check_no_nul(line, "<stdin>", index + 1)
-        if index == 0 and line.startswith("\ufeff"):
-            line = line[1:]  # a byte order mark
+        line = stdin_line(raw, index + 1)  # as a whole input's: UTF-8, no NUL, no BOM
         for out in answer([line.strip()], index):
             stdout.write(out + "\n")
         stdout.flush()
