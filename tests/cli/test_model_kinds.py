@@ -269,3 +269,42 @@ def test_a_binary_input_is_one_line_and_writes_nothing(
     code, stdout, err = _run([*argv, "--model", str(model), "--output", str(out)], capsys)
     _one_error(code, stdout, err, str(binary), "line 2")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["translate", "parse", "evaluate", "score"])
+@pytest.mark.parametrize("where", ["a folder", "in no folder"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(
+    model_kinds, tmp_path, capsys, command: str, where: str
+) -> None:
+    """--output naming a folder, or a file in a folder that does not exist, is refused before
+    the model is loaded or the input read (it failed only after decoding everything)."""
+    words = tmp_path / "words.txt"
+    words.write_text("the dog runs\n", encoding="utf-8")
+    output = tmp_path if where == "a folder" else tmp_path / "nowhere" / "out.txt"
+    model = tmp_path / "no-such-model.pt"  # never reached: the output is checked first
+    argv = {
+        "translate": ["translate", "--input", str(words)],
+        "parse": ["parse", "--input", str(words)],
+        "evaluate": ["evaluate", "--src", str(words), "--ref", str(words)],
+        "score": ["score", "--src", str(words), "--tgt", str(words)],
+    }[command]
+    code, out, err = _run([*argv, "--model", str(model), "--output", str(output)], capsys)
+    _one_error(code, out, err, str(output), "is a folder" if where == "a folder" else "no such")
+    assert "no-such-model" not in err
+
+
+def test_score_of_empty_files_says_so(model_kinds, tmp_path, capsys) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    argv = [
+        "score",
+        "--model",
+        str(model_kinds["shared"]),
+        "--src",
+        str(empty),
+        "--tgt",
+        str(empty),
+    ]
+    code, out, err = _run(argv, capsys)
+    assert code == 0 and out == ""
+    assert err.strip() == f"transduce: warning: {empty}: no lines to score"

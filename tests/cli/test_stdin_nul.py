@@ -32,3 +32,13 @@ def test_a_nul_byte_is_refused_line_by_line_too() -> None:
     with pytest.raises(UserError, match=r"<stdin>: line 2: NUL byte"):
         answer_lines(lambda lines, i: [lines[0].upper()], stdin=_stdin(b"ok\na\x00\n"), stdout=out)
     assert out.getvalue() == "OK\n"  # the line before it was answered
+
+
+def test_bare_carriage_returns_on_stdin_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # lines ending in \r alone (classic Mac OS) would be read as one line
+    monkeypatch.setattr(sys, "stdin", _stdin(b"one\rtwo\rthree\r"))
+    with pytest.raises(UserError, match=r"<stdin>: line 1: carriage return .* at character 4"):
+        read_input(None)
+    # CRLF line ends, and a stray \r after line 1, are read as before
+    monkeypatch.setattr(sys, "stdin", _stdin(b"one\r\ntw\ro\r\n"))
+    assert read_input(None) == ["one", "tw\ro"]

@@ -57,6 +57,8 @@ BAD: dict[str, Case] = {
         ("differ in length", f"{len(LINES) - 3} lines", f"{len(LINES)} lines"),
     ),
     "more lines": ("a.en", text(LINES + ["extra"]), ("differ in length",)),
+    # classic Mac OS line ends: the whole file would be one line
+    "bare CR line ends": ("a.en", text(LINES, end="\r"), ("line 1", "carriage return")),
 }
 
 

@@ -168,3 +168,16 @@ def test_without_a_terminal_each_file_fetched_is_a_line(release, tmp_path, capsy
     assert all(line.startswith("transduce: ") and line.endswith("lines, checked") for line in lines)
     fetch_multi30k(tmp_path / "quiet", from_dir=release, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_copy_from_a_mirror_is_a_line_on_a_terminal_too(release, tmp_path, capsys, monkeypatch):
+    """On a terminal a download shows its bar; a copy from a mirror shows none, so each file
+    copied is a line there too, and --quiet (progress=False) silences it."""
+    import transduce.data.multi30k as multi30k
+
+    monkeypatch.setattr(multi30k, "is_terminal", lambda *a: True)
+    m = fetch_multi30k(tmp_path / "loud", from_dir=release, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == sum(len(f) for f in m.files.values())
+    fetch_multi30k(tmp_path / "quiet", from_dir=release, progress=False)
+    assert capsys.readouterr().err == ""

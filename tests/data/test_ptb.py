@@ -202,3 +202,19 @@ def test_a_zip_without_one_of_the_splits_is_refused_naming_the_file_it_came_from
     with pytest.raises(UserError, match="corrupt or not a zip") as caught:
         prepare_ptb_sample(tmp_path / "out", tmp_path / "mirror")
     assert str(caught.value).startswith(str(zipped))
+
+
+def test_a_good_zip_already_in_dest_is_kept_and_force_fetches_again(tmp_path):
+    """A second run finds treebank.zip in DEST and uses it (it downloaded it again), a broken
+    one there is fetched again, and force fetches a good one again."""
+    src = make_zip(tmp_path / "served.zip", FAKE)
+    out = tmp_path / "out"
+    assert prepare_ptb_sample(out, url=src.as_uri()) == {"train": 1, "dev": 2, "test": 1}
+    gone = (tmp_path / "missing.zip").as_uri()
+    assert prepare_ptb_sample(out, url=gone) == {"train": 1, "dev": 2, "test": 1}  # no fetch
+    with pytest.raises(UserError, match="cannot download"):
+        prepare_ptb_sample(out, url=gone, force=True)
+    (out / "treebank.zip").write_bytes(b"damaged")
+    with pytest.raises(UserError, match="cannot download"):  # a broken zip is not kept
+        prepare_ptb_sample(out, url=gone)
+    assert prepare_ptb_sample(out, url=src.as_uri()) == {"train": 1, "dev": 2, "test": 1}

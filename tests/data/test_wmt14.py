@@ -138,3 +138,13 @@ def test_cli_and_missing_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_public_urls_are_statmt() -> None:
     assert all(url.startswith("https://www.statmt.org/") for url in wmt14.ARCHIVES.values())
+
+
+def test_a_missing_mirror_or_archive_is_named_before_anything_is_created(tmp_path: Path) -> None:
+    md5 = mirror(tmp_path / "mirror")
+    with pytest.raises(UserError, match="nowhere: no such folder"):
+        fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "nowhere", checksums=md5, progress=False)
+    (tmp_path / "mirror" / "test.tgz").unlink()
+    with pytest.raises(UserError, match=r"mirror: no test\.tgz \(--from holds"):
+        fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5, progress=False)
+    assert not (tmp_path / "wmt").exists()

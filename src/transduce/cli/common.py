@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transduce.data.parallel import check_no_nul
+from transduce.data.parallel import check_line
 from transduce.errors import UserError
 
 
@@ -105,7 +105,7 @@ def stdin_line(raw: bytes | str, lineno: int) -> str:
             raise UserError(
                 f"<stdin>: line {lineno}: invalid UTF-8 at byte {e.start} of the line"
             ) from None
-    check_no_nul(raw, "<stdin>", lineno)
+    check_line(raw, "<stdin>", lineno)
     return raw[1:] if lineno == 1 and raw.startswith("\ufeff") else raw
 
 
@@ -128,6 +128,19 @@ def read_input(path: str | None) -> list[str]:
     if path is None or path == "-":
         return _read_stdin()
     return read_lines(path)
+
+
+def check_output(path: str | None) -> None:
+    """A UserError when ``--output`` ``path`` cannot be written as a file: a folder, or in a
+    folder that does not exist. Asked before any work, so that a wrong path does not cost a
+    whole run's work first (stdout, None or '-', always can)."""
+    if path is None or path == "-":
+        return
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{out}: is a folder; --output names the file to write")
+    if not out.parent.is_dir():
+        raise UserError(f"{out}: no such folder {out.parent} (--output names the file to write)")
 
 
 def write_output(path: str | None, lines: Sequence[str]) -> None:

@@ -89,7 +89,7 @@ def _cmd_data_multi30k(args: argparse.Namespace) -> int:
 def _cmd_data_ptb(args: argparse.Namespace) -> int:
     from transduce.data.ptb import prepare_ptb_sample
 
-    counts = prepare_ptb_sample(args.dest, args.from_dir)
+    counts = prepare_ptb_sample(args.dest, args.from_dir, force=args.force)
     print(json.dumps({"dest": str(args.dest), "sentences": counts}))
     return 0
 
@@ -129,9 +129,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = data_sub.add_parser(
         "ptb-sample",
         help="NLTK's Penn Treebank sample (WSJ 0001-0199) split for parsing",
-        description="Put treebank.zip into DEST (downloaded, or copied from --from FOLDER) and "
-        "write {train,dev,test}.words and .trees: wsj_0001-0159 train, 0160-0179 dev, "
-        "0180-0199 test.",
+        description="Put treebank.zip into DEST (downloaded, or copied from --from FOLDER; one "
+        "already there that reads is kept unless --force) and write {train,dev,test}.words "
+        "and .trees: wsj_0001-0159 train, 0160-0179 dev, 0180-0199 test.",
     )
     d.add_argument("--dest", required=True, help="folder to write (e.g. data/ptb-sample)")
     d.add_argument(
@@ -140,6 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FOLDER",
         help="a folder holding treebank.zip, instead of downloading it",
+    )
+    d.add_argument(
+        "--force", action="store_true", help="fetch again a treebank.zip already in DEST"
     )
     d.set_defaults(func=_cmd_data_ptb)
 

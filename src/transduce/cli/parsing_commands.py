@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transduce.cli.common import add_device, read_input, write_output
+from transduce.cli.common import add_device, check_output, read_input, write_output
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
     from transduce.data.trees import to_brackets
     from transduce.parsing.parser import Parser
 
+    check_output(args.output)
     parser = Parser.load(args.model, device=args.device)  # a bad --model: before stdin
     sentences = [line.split() for line in read_input(args.input)]
     decode = parser.translator.decode_config(

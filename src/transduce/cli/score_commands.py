@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from typing import Any
 
-from transduce.cli.common import add_device, add_models, add_precision, write_output
+from transduce.cli.common import (
+    add_device,
+    add_models,
+    add_precision,
+    check_output,
+    write_output,
+)
 from transduce.errors import UserError
 
 
@@ -23,6 +30,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     from transduce.cli.decoding_tools import load_translator
     from transduce.data.parallel import read_aligned
 
+    check_output(args.output)
     translator = load_translator(args)
     decode = translator.decode_config(alpha=args.alpha, batch_tokens=args.batch_tokens)
     if translator.cfg.task.name == "parsing":
@@ -30,6 +38,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
     else:
         sources, targets = read_aligned(args.src, args.tgt, what="source and target")
         scores = translator.score(sources, targets, decode)
+    if not scores:  # as translate answers an empty input: nothing, but said
+        print(f"transduce: warning: {args.src}: no lines to score", file=sys.stderr)
     out = []
     for pair in scores:
         row = asdict(pair)

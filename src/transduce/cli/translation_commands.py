@@ -24,6 +24,7 @@ import sys
 from transduce.cli import decoding_tools as tools
 from transduce.cli.common import (
     add_decoding,
+    check_output,
     models_shown,
     one_output_line,
     read_input,
@@ -37,6 +38,7 @@ from transduce.errors import UserError
 def _cmd_translate(args: argparse.Namespace) -> int:
     if args.nbest < 1:
         raise UserError(f"--nbest must be at least 1; got {args.nbest}")
+    check_output(args.output)
     # a bad --model: before reading stdin
     translator = tools.load_translator(args)
     refuse_parser(translator.cfg.task.name, args.model[0], "translate")
@@ -115,6 +117,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.device import resolve_device
     from transduce.inference.weights import check_device, weight_dtype
 
+    check_output(args.output)
     model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
     _refuse_for_kind(args, cfg.task.name == "parsing")
     show_progress = None if not args.quiet else False

@@ -189,7 +189,8 @@ def fetch_multi30k(
                     )
                 _verify(tmp, expected, name)
                 os.replace(tmp, target)
-                if progress and not is_terminal():  # the bar's news, where no bar shows
+                # the bar's news, where no bar shows: off a terminal, and for a copy
+                if progress and (mirror is not None or not is_terminal()):
                     print(
                         f"transduce: {target}: {expected} lines, checked",
                         file=sys.stderr,

@@ -5,8 +5,9 @@ a missing or unreadable file, a folder, a corrupt or truncated gzip stream, inva
 number and byte offset), a NUL byte (a binary or UTF-16 file), parallel files whose line counts
 differ, and for a corpus (``read_parallel``) an empty file or one of only empty lines.
 
-Lines are split on ``\\n`` only (a U+2028 inside a sentence does not break it), a UTF-8 byte order
-mark at the start of a file is dropped, and each line is stripped of surrounding whitespace
+Lines are split on ``\\n`` only (a U+2028 inside a sentence does not break it; a first line
+holding a bare ``\\r``, the line end of classic Mac OS files, is refused), a UTF-8 byte order mark
+at the start of a file is dropped, and each line is stripped of surrounding whitespace
 (``str.strip``, which also removes a ``\\r`` left by Windows line ends). Byte order marks and
 CRLF line ends are counted (``LineStats``) so that a run can say what it normalised.
 """
@@ -27,7 +28,7 @@ from transduce.errors import UserError
 __all__ = [
     "LineStats",
     "ParallelText",
-    "check_no_nul",
+    "check_line",
     "iter_lines",
     "read_aligned",
     "read_lines",
@@ -92,15 +93,26 @@ def _open_binary(path: Path, name: str, compressed: bool) -> BinaryIO:
         raise UserError(f"{name}: cannot open ({e.strerror or e})") from e
 
 
-def check_no_nul(text: str, name: str, lineno: int) -> None:
-    """A UserError naming line ``lineno`` of ``name`` if ``text`` holds a NUL character: a binary
-    file, or UTF-16 read as UTF-8. Every reader of text lines asks it (files and stdin)."""
+def check_line(text: str, name: str, lineno: int) -> None:
+    """A UserError naming line ``lineno`` of ``name`` if ``text`` (the line as read, its line end
+    included) holds a NUL character (a binary file, or UTF-16 read as UTF-8) or, on line 1, a
+    carriage return followed by more text: lines end in ``\\n``, so a file whose lines end in a
+    bare ``\\r`` (classic Mac OS) would be one line. Every reader of text lines asks it (files
+    and stdin). A stray ``\\r`` on a later line is left to ``str.strip`` or the tokenizer."""
     nul = text.find("\0")
     if nul >= 0:
         raise UserError(
             f"{name}: line {lineno}: NUL byte at character {nul + 1} of the line "
             "(a binary file, or text in UTF-16 rather than UTF-8?)"
         )
+    if lineno == 1:
+        cr = text.rstrip("\r\n").find("\r")
+        if cr >= 0:
+            raise UserError(
+                f"{name}: line 1: carriage return (\\r) at character {cr + 1}, followed by more "
+                "text: lines must end in \\n or \\r\\n, and a file whose lines end in \\r alone "
+                "would be read as one line (convert it: tr '\\r' '\\n' < IN > OUT)"
+            )
 
 
 def iter_lines(
@@ -140,7 +152,7 @@ def iter_lines(
                         f"(byte offset {offset + e.start} in the "
                         f"{'decompressed ' if compressed else ''}file)"
                     ) from None
-                check_no_nul(text, name, lineno)
+                check_line(text, name, lineno)
                 if lineno == 1 and text.startswith(_BOM):
                     text = text[1:]
                     if stats is not None:

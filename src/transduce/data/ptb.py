@@ -150,10 +150,31 @@ def _write_lines(path: Path, lines: Sequence[str]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -> list[MrgFile]:
+def _checked_trees(path: Path, shown: str) -> list[MrgFile]:
+    """The trees of the zip at ``path``, each split holding some; a UserError naming ``shown``
+    otherwise."""
+    files = read_treebank(path, shown)  # every member decompresses (CRC-checked), parses
+    empty = [split for split, trees in split_treebank(files).items() if not trees]
+    if empty:  # a zip of other files
+        first, last = SPLITS[empty[0]]
+        raise UserError(
+            f"{shown}: no trees of the {empty[0]} split (its wsj_{first:04d}-"
+            f"wsj_{last:04d}.mrg files)"
+        )
+    return files
+
+
+def _fetch_zip(
+    dest: Path, from_folder: Path | None, url: str, timeout: float, force: bool
+) -> list[MrgFile]:
     """Put ``treebank.zip`` into ``dest`` (copied or downloaded, read, then renamed); returns
-    what it holds."""
+    what it holds. A zip already there that reads and splits is kept, unless ``force``."""
     target = dest / "treebank.zip"
+    if not force and target.is_file():
+        try:
+            return _checked_trees(target, str(target))
+        except UserError:
+            pass  # broken or not the sample: fetched again below
     tmp = dest / f".treebank.zip.{os.getpid()}.part"
     try:
         if from_folder is not None:
@@ -173,14 +194,7 @@ def _fetch_zip(dest: Path, from_folder: Path | None, url: str, timeout: float) -
                 offline_hint="without network, copy treebank.zip from a local mirror with "
                 "--from DIR (from_folder in Python)",
             )
-        files = read_treebank(tmp, shown)  # every member decompresses (CRC-checked), parses
-        empty = [split for split, trees in split_treebank(files).items() if not trees]
-        if empty:  # a zip of other files: refused before anything is kept or written
-            first, last = SPLITS[empty[0]]
-            raise UserError(
-                f"{shown}: no trees of the {empty[0]} split (its wsj_{first:04d}-"
-                f"wsj_{last:04d}.mrg files)"
-            )
+        files = _checked_trees(tmp, shown)  # refused before anything is kept or written
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -193,12 +207,14 @@ def prepare_ptb_sample(
     *,
     url: str = PTB_SAMPLE_URL,
     timeout: float = 60.0,
+    force: bool = False,
 ) -> dict[str, int]:
     """Fetch ``treebank.zip`` into ``dest`` and write the split files there.
 
     With ``from_folder`` the zip is copied from ``from_folder/treebank.zip`` (or
     ``from_folder/ptb-sample/treebank.zip``); otherwise it is downloaded from ``url`` (any URL
-    urllib opens, ``file://`` included). Writes ``{train,dev,test}.words`` and
+    urllib opens, ``file://`` included); a ``treebank.zip`` already in ``dest`` that reads and
+    splits is used as it is, unless ``force``. Writes ``{train,dev,test}.words`` and
     ``{train,dev,test}.trees`` (module docstring). Returns the number of sentences per split.
     """
     dest = Path(dest)
@@ -209,7 +225,7 @@ def prepare_ptb_sample(
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{dest}: cannot create folder ({e.strerror or e})") from None
-    splits = split_treebank(_fetch_zip(dest, folder, url, timeout))
+    splits = split_treebank(_fetch_zip(dest, folder, url, timeout, force))
     for split, trees in splits.items():
         _write_lines(dest / f"{split}.words", [" ".join(t.words()) for t in trees])
         _write_lines(dest / f"{split}.trees", [to_brackets(t) for t in trees])

@@ -213,6 +213,18 @@ def _sgm_text(sgm: Path, out: Path) -> int:
     return n
 
 
+def _check_mirror(folder: Path, names: list[str]) -> None:
+    """A UserError when ``folder`` is not a folder or lacks one of the archives ``names``."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder (--from, holding the WMT14 archives)")
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise UserError(
+            f"{folder}: no {', '.join(missing)} (--from holds the WMT14 archives under their "
+            "public names)"
+        )
+
+
 def fetch_wmt14(
     dest: str | Path,
     *,
@@ -232,8 +244,13 @@ def fetch_wmt14(
     src, tgt = pair.split("-")
     dest = Path(dest)
     downloads, raw = dest / "downloads", dest / "downloads" / "extracted"
-    raw.mkdir(parents=True, exist_ok=True)
     needed = dict.fromkeys([a for a, _ in _TRAIN[pair]] + [t[1] for t in _TEST[pair]])
+    if from_dir is not None:  # before anything is created
+        _check_mirror(Path(from_dir), [n for n in needed if not (downloads / n).is_file()])
+    try:
+        raw.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{raw}: cannot create folder ({e.strerror or e})") from None
     archives = {}
     for name in needed:
         source = (Path(from_dir) / name).resolve().as_uri() if from_dir else ARCHIVES[name]
