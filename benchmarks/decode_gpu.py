@@ -10,6 +10,9 @@ Needs ``pip install -e '.[bench]'`` (transformers, sentencepiece). On a machine 
 
     transduce  ``import_marian`` of the folder, its weights in ``--dtype`` on ``--device``, then
                ``greedy_search`` / ``beam_search`` (alpha 0.6) on a ``DecodingModel`` of it
+    transduce_static  the same engine through ``StaticDecoder``: every step after the first on
+               static buffers, captured once as a CUDA graph and replayed (on a CPU the same
+               static steps run eagerly)
     hf         the folder's ``MarianMTModel`` in ``--dtype`` on ``--device``, ``generate``
                (greedy, num_beams=4)
 
@@ -20,9 +23,12 @@ on each batch of ``--batches``. Before timing, both are checked to compute the s
 float32 on the CPU (decode_marian.py's check, 1e-3), and on the device the share of equal greedy
 tokens at the first batch is reported (bf16/fp16 rounding may part them).
 
-Ends with one JSON line: the times, peak device memory per system (CUDA), and the ratios
+Ends with one JSON line: the times, peak device memory per system (CUDA), the ratios
 ``gpu_beam4_b{N}_vs_hf`` and ``gpu_greedy_b{N}_vs_hf`` (their time over ours: > 1 means transduce
-is faster).
+is faster), the same of the static steps (``gpu_*_b{N}_static_vs_hf``) and the static steps over
+the engine's (``gpu_*_b{N}_static_vs_eager``), and ``static_agreement``: the share of tokens the
+static steps choose as the engine does at the first batch, greedy and beam 4 (1.0 in float32;
+bf16 rounding in attention over masked positions may part a few).
 """
 
 from __future__ import annotations
@@ -69,12 +75,19 @@ def _synchronised(fn: Callable[[], Any], device: Any) -> Callable[[], None]:
     return go
 
 
-def ours_runner(systems: decode_marian.Systems, device: Any) -> Callable[[Any, int], list]:
-    """``run(src, beam)`` -> token lists, on a ``DecodingModel`` of the model as it is now."""
+def ours_runner(
+    systems: decode_marian.Systems, device: Any, static: bool = False
+) -> Callable[[Any, int], list]:
+    """``run(src, beam)`` -> token lists, on a ``DecodingModel`` of the model as it is now;
+    ``static``: through a ``StaticDecoder`` of it (CUDA graphs on CUDA)."""
     from transduce.inference import beam_search, greedy_search
     from transduce.inference.engine import DecodingModel
+    from transduce.inference.engine.static import StaticDecoder
 
-    wrapped = decode.SuppressEarlyEOS(DecodingModel(systems.ours), STEPS - 1)
+    engine: Any = DecodingModel(systems.ours)
+    if static:
+        engine = StaticDecoder(engine)
+    wrapped = decode.SuppressEarlyEOS(engine, STEPS - 1)
 
     def run(src: Any, beam: int) -> list:
         if beam == 1:
@@ -154,22 +167,35 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     hf_src = {n: x.to(device) for n, x in hf_src.items()}
 
     ours, hf = ours_runner(systems, device), hf_runner(systems)
+    graphed = ours_runner(systems, device, static=True)
     first = args.batches[0]
     marian_to_ours = {
         systems.marian_ids[p]: i for p, i in systems.our_ids.items() if p in systems.marian_ids
     }
     ours_tokens = [list(t) for t in ours(ours_src[first], 1)]
+    static_tokens = [list(t) for t in graphed(ours_src[first], 1)]
     hf_tokens = hf(hf_src[first], 1)
-    for name, tokens in (("transduce", ours_tokens), ("hf", hf_tokens)):
-        lengths = {len(t) + (name == "transduce") for t in tokens}  # ours: + the final EOS
+    for name, tokens in (("transduce", ours_tokens), ("static", static_tokens), ("hf", hf_tokens)):
+        lengths = {len(t) + (name != "hf") for t in tokens}  # ours: + the final EOS
         if lengths != {STEPS}:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {sorted(lengths)}")
     same = agreement(
         [t[: STEPS - 1] for t in ours_tokens], [t[: STEPS - 1] for t in hf_tokens], marian_to_ours
     )
+    identity = {i: i for i in range(len(systems.our_ids) + 8)}
+    beams = [graphed(ours_src[first], BEAM), ours(ours_src[first], BEAM)]
+    static_same = {
+        "greedy": agreement(static_tokens, ours_tokens, identity),
+        "beam4": agreement(*beams, identity),
+    }
 
     results: dict[str, dict] = {}
-    for name, run, src in (("transduce", ours, ours_src), ("hf", hf, hf_src)):
+    systems_timed = (
+        ("transduce", ours, ours_src),
+        ("transduce_static", graphed, ours_src),
+        ("hf", hf, hf_src),
+    )
+    for name, run, src in systems_timed:
         print(f"timing {name} on {device} in {args.dtype} ...", file=sys.stderr, flush=True)
         results[name] = _time(run, src, args, device)
     return {
@@ -181,6 +207,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "systems": results,
         "check_max_abs_diff_fp32_cpu": hf_diff,
         "greedy_agreement": same,
+        "static_agreement": static_same,
     }
 
 
@@ -189,6 +216,7 @@ def summary(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
     ours, hf = res["systems"]["transduce"], res["systems"]["hf"]
+    static = res["systems"]["transduce_static"]
     out: dict[str, Any] = {
         "benchmark": "decode_gpu",
         "device": res["device"],
@@ -199,11 +227,14 @@ def summary(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     for n in args.batches:
         for name in ("beam4", "greedy"):
             out[f"gpu_{name}_b{n}_vs_hf"] = hf[f"{name}_b{n}"] / ours[f"{name}_b{n}"]
+            out[f"gpu_{name}_b{n}_static_vs_hf"] = hf[f"{name}_b{n}"] / static[f"{name}_b{n}"]
+            out[f"gpu_{name}_b{n}_static_vs_eager"] = ours[f"{name}_b{n}"] / static[f"{name}_b{n}"]
     out["seconds"] = {
         k: {f: v for f, v in r.items() if f != "peak_memory_gb"} for k, r in res["systems"].items()
     }
     out["peak_memory_gb"] = {k: r.get("peak_memory_gb") for k, r in res["systems"].items()}
     out["greedy_agreement"] = res["greedy_agreement"]
+    out["static_agreement"] = res["static_agreement"]
     out["check_max_abs_diff_fp32_cpu"] = res["check_max_abs_diff_fp32_cpu"]
     out["size"] = res["size"]
     out.update(
@@ -238,7 +269,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for n in args.batches:
         print(
             f"batch {n}: beam 4 {out[f'gpu_beam4_b{n}_vs_hf']}x, greedy "
-            f"{out[f'gpu_greedy_b{n}_vs_hf']}x Hugging Face generate "
+            f"{out[f'gpu_greedy_b{n}_vs_hf']}x Hugging Face generate; static steps "
+            f"{out[f'gpu_beam4_b{n}_static_vs_hf']}x, {out[f'gpu_greedy_b{n}_static_vs_hf']}x "
             f"({args.dtype}, {res['device']})",
             file=sys.stderr,
         )

@@ -7,6 +7,10 @@
 #   env          torch, CUDA, the GPUs (nvidia-smi)
 #   correctness  a tiny model trained on the CPU: its beam-4 outputs on the CPU and on the GPU
 #                equal, sentence for sentence
+#   decode       benchmarks/decode_gpu.py: the engine, and its static steps replayed as CUDA
+#                graphs (StaticDecoder), against transformers generate, bf16, batches 1, 32 and
+#                128, beam 4 and greedy (OPUS-MT-sized imported model)
+#   static_tests tests/inference/engine/test_static_decoder.py, its CUDA-graph tests included
 #   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32, bf16 and bf16-weights,
 #                against nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
 #   step_paper   BASE at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16 and ours in
@@ -16,8 +20,6 @@
 #                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights
 #   profile      benchmarks/profile_step.py: the paper step's device time by kind of kernel
 #   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
-#   decode       benchmarks/decode_gpu.py: the engine against transformers generate, bf16,
-#                batches 1, 32 and 128, beam 4 and greedy (OPUS-MT-sized imported model)
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
 #                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
@@ -191,6 +193,20 @@ else
     skip correctness "the tiny model did not train (tiny_train.log)"
 fi
 
+# --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
+if [[ $dry == 1 ]]; then
+    step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
+        --batches 2 4
+else
+    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
+        --batches 1 32 128 --repeats 3
+fi
+figure "decode: $(tail -n 1 "$OUT/decode.log")"
+# the static steps' CUDA graphs against their eager run and the engine (tests that skip off CUDA)
+step static_tests 90 "$PY" -m pytest -q -p no:cacheprovider \
+    tests/inference/engine/test_static_decoder.py
+figure "static_tests: $(tail -n 1 "$OUT/static_tests.log")"
+
 # --- train_step.py: small batch and paper batch ------------------------------------------------
 systems=(transduce torch hf)
 "$PY" -c 'import transformers' 2>/dev/null || systems=(transduce torch)
@@ -222,16 +238,6 @@ figure "profile: $(tail -n 1 "$OUT/profile.log")"
 # the step's pieces alone, each against its alternatives
 step probe 90 "$PY" benchmarks/gpu_probe.py --device "$device"
 figure "probe: $(tail -n 1 "$OUT/probe.log")"
-
-# --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
-if [[ $dry == 1 ]]; then
-    step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
-        --batches 2 4
-else
-    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
-        --batches 1 32 128 --repeats 3
-fi
-figure "decode: $(tail -n 1 "$OUT/decode.log")"
 
 # --- the GPU recipe: bounded time, then test2016 -----------------------------------------------
 if have_multi30k; then

@@ -1,6 +1,7 @@
 """benchmarks/decode_gpu.py, dry-run on the CPU (CI has no GPU): the --quick run end to end in
 float32, where transduce's engine and Hugging Face generate must choose the same greedy tokens
-(agreement 1.0: a wrong weight or id map parts them), the ratio keys, and the agreement measure
+(agreement 1.0: a wrong weight or id map parts them), and the engine's static steps the engine's
+tokens, the ratio keys, and the agreement measure
 on a hand case. No timing is asserted."""
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def test_cpu_dry_run_agrees_with_hugging_face(capsys: pytest.CaptureFixture[str]
     assert out["device"] == "cpu" and out["dtype"] == "fp32"
     assert out["greedy_agreement"] == 1.0
     assert out["check_max_abs_diff_fp32_cpu"] <= 1e-3
+    # the static steps (eagerly on a CPU) choose the engine's tokens, greedy and beam 4
+    assert out["static_agreement"] == {"greedy": 1.0, "beam4": 1.0}
     for n in (2, 3):
         for name in ("beam4", "greedy"):
-            assert out[f"gpu_{name}_b{n}_vs_hf"] > 0
-    assert out["peak_memory_gb"] == {"transduce": None, "hf": None}
+            for key in ("vs_hf", "static_vs_hf", "static_vs_eager"):
+                assert out[f"gpu_{name}_b{n}_{key}"] > 0
+    assert out["peak_memory_gb"] == {"transduce": None, "transduce_static": None, "hf": None}

@@ -188,7 +188,7 @@ class DecodingModel:
                 weight, model.generator.bias, layout
             )
         self.pre_norm = model.config.norm == "pre"
-        # (src_valid, its version counter, its source_mask): see _source_mask
+        # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
     @property
@@ -235,7 +235,7 @@ class DecodingModel:
             x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
         else:  # positions counted in word slots: one per row
             x = decoder.inputs(tgt, cache).view(tgt.size(0), -1)  # (N, 1, D) -> (N, D)
-        mask = self._source_mask(src_valid)  # (B, 1, 1, S) or None
+        mask = self.memo_source_mask(src_valid)  # (B, 1, 1, S) or None
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = self._layer(x, weights, layer_cache, memory, mask)
         decoder.advance(cache, tgt)
@@ -256,7 +256,7 @@ class DecodingModel:
         ]
         return torch.cat(logits, dim=1)  # T x (N, 1, V) -> (N, T, V)
 
-    def _source_mask(self, src_valid: Tensor) -> Tensor | None:
+    def memo_source_mask(self, src_valid: Tensor) -> Tensor | None:
         """``source_mask(src_valid)``, made once per ``src_valid`` rather than every step (a
         search passes the same tensor until it drops sentences)."""
         # Tensors made under torch.inference_mode (the searches') have no version counter; the
@@ -267,7 +267,7 @@ class DecodingModel:
             memo = self._mask_memo = (src_valid, version, source_mask(src_valid))
         return memo[2]
 
-    def _sublayer(self, x: Tensor, norm: Norm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+    def sublayer(self, x: Tensor, norm: Norm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """``model.layers.residual`` without dropout, written out: at batch 1 a step is mostly
         Python between small products, and every call more lets the thread pool fall asleep
         between them (benchmarks/RESULTS.md, 2026-11-25)."""
@@ -289,8 +289,8 @@ class DecodingModel:
             out = out.transpose(1, 2).reshape(b * s, h * w.d_v)  # (B, S, H, Dv) -> (B*S, H*Dv)
             return w.self_out(_as_dtype(out, dtype))
 
-        x = self._sublayer(x, w.norms[0], self_attention)
-        return self._sublayer(x, w.norms[1], lambda y: feed_forward(w, y))
+        x = self.sublayer(x, w.norms[0], self_attention)
+        return self.sublayer(x, w.norms[1], lambda y: feed_forward(w, y))
 
     def _layer(
         self,
@@ -315,11 +315,9 @@ class DecodingModel:
             out = kernels.attention(q, keys, values, path=path)  # (N, H, 1, Dv)
             return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
-        x = self._sublayer(x, w.norms[0], self_attention)
-        x = self._sublayer(
-            x, w.norms[1], lambda y: self._cross_attention(y, w, cache, memory, mask)
-        )
-        return self._sublayer(x, w.norms[2], lambda y: feed_forward(w, y))
+        x = self.sublayer(x, w.norms[0], self_attention)
+        x = self.sublayer(x, w.norms[1], lambda y: self._cross_attention(y, w, cache, memory, mask))
+        return self.sublayer(x, w.norms[2], lambda y: feed_forward(w, y))
 
     def _cross_attention(
         self,
@@ -344,12 +342,24 @@ class DecodingModel:
         keys, values = cache.cross_k, cache.cross_v
         assert values is not None
         b, _, s, _ = keys.shape  # (B, H, S, K)
-        n = y.size(0)
         if b == 1 and w.fold is not None and fold_pays(s, y.size(1), w.d_k, w.d_v):
             valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
             cache.cross_folded = fold_cross_attention(w.fold, keys, values, valid)
             if cache.cross_folded is not None:  # None: no valid source position
                 return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
+        return self.grouped_cross_attention(y, w, keys, values, mask)
+
+    def grouped_cross_attention(
+        self,
+        y: Tensor,
+        w: DecoderLayerWeights,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | None,
+    ) -> Tensor:
+        """y (N, D) -> (N, D): encoder-decoder attention of N = B*G rows, G per sentence, on the
+        projected keys (B, H, S, K) and values (B, H, S, Dv), unfolded."""
+        b, n, path = keys.size(0), y.size(0), self.attention
         if n % b:
             raise ValueError(f"{n} target rows are not a multiple of {b} source rows")
         # The G = N / B hypotheses of a sentence query its keys together as G positions

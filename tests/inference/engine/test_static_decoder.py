@@ -1,0 +1,138 @@
+"""StaticDecoder: the engine's steps on static buffers (what a CUDA graph replays) give the
+engine's outputs, for the model variants, beams that drop sentences, buffers that grow and
+sources with padding; on CUDA (where there is one) also captured and replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_testkit import tiny_batch, tiny_model
+
+from transduce.inference import beam_search, greedy_search
+from transduce.inference.engine import DecodingModel
+from transduce.inference.engine.static import StaticDecoder
+
+VARIANTS = [
+    {},
+    {"norm": "pre"},
+    {"positional": "learned"},
+    {"tgt_vocab": 11, "tie_embeddings": False, "output_bias": True},
+    {"activation": "swish", "d_k": 5, "d_v": 7, "n_heads": 3},
+]
+
+
+def _sources(seed: int = 0) -> torch.Tensor:
+    """Five right-padded sources of different lengths: sentences finish at different steps."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 13, (5, 9), generator=g)  # model_testkit.V = 13
+    for row, length in ((1, 6), (3, 3), (4, 8)):
+        src[row, length:] = 0
+    return src
+
+
+def _engine(kw: dict) -> DecodingModel:
+    # no fold of one sentence's encoder-decoder attention: the static step has none
+    return DecodingModel(tiny_model(**kw), fold_one_sentence=False)
+
+
+def _tokens(results) -> list:
+    return [[h.tokens for h in hs] for hs in results]
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(kw) or "base")
+def test_searches_give_the_engine_s_outputs(kw: dict) -> None:
+    engine = _engine(kw)
+    static = StaticDecoder(engine, capacity=2)  # grows three times in 12 steps
+    src = _sources()
+    assert greedy_search(static, src, max_len=12) == greedy_search(engine, src, max_len=12)
+    mine = beam_search(static, src, beam=3, max_len=12, nbest=2)
+    ref = beam_search(engine, src, beam=3, max_len=12, nbest=2)
+    assert _tokens(mine) == _tokens(ref)
+    torch.testing.assert_close(
+        torch.tensor([[h.score for h in hs] for hs in mine]),
+        torch.tensor([[h.score for h in hs] for hs in ref]),
+    )
+
+
+def test_sentences_drop_and_hypotheses_move_in_the_buffers() -> None:
+    """Outputs of different lengths (so that beam search drops sentences while others go on)
+    and several beams (so that hypotheses change slots): the rows map must follow both."""
+    engine = _engine({})
+    src = _sources(3)
+    ref = beam_search(engine, src, beam=4, max_len_offset=20)
+    lengths = {len(hs[0].tokens) for hs in ref}
+    assert len(lengths) > 2  # the case is what it claims
+    for capacity in (1, 5, 64):
+        got = beam_search(StaticDecoder(engine, capacity=capacity), src, beam=4, max_len_offset=20)
+        assert _tokens(got) == _tokens(ref), capacity
+
+
+def test_logits_and_length_of_every_step_equal_the_engine_s() -> None:
+    """Step by step against the engine's cache, with a reorder and a dropped sentence between:
+    the contract's calls, and ``length`` (which a logits processor may read), one by one."""
+    engine = _engine({})
+    src, tgt = tiny_batch()
+    tgt = tgt[:, :4].repeat_interleave(2, 0)  # (B*G, 4), G = 2
+    static = StaticDecoder(engine, capacity=2)
+    with torch.no_grad():
+        memory, valid = engine.encode(src)
+        caches = [engine.new_cache(), static.new_cache()]
+        models = [engine, static]
+        outs: list[list[torch.Tensor]] = [[], []]
+        for i, (model, cache) in enumerate(zip(models, caches, strict=True)):
+            outs[i].append(model.decode(tgt[:, :1], memory, valid, cache))
+            outs[i].append(model.decode(tgt[:, 1:2], memory, valid, cache))
+            cache.reorder(torch.tensor([1, 1, 2, 3, 5, 4]))  # hypotheses move within a sentence
+            outs[i].append(model.decode(tgt[:, 2:3], memory, valid, cache))
+            keep = torch.tensor([0, 2])
+            cache.reorder(torch.tensor([0, 1, 5, 4]))  # sentence 1 dropped, then
+            cache.select_sources(keep)
+            outs[i].append(model.decode(tgt[[0, 1, 4, 5], 3:4], memory[keep], valid[keep], cache))
+            assert cache.length == 4
+    for mine, ref in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(mine, ref)
+
+
+def test_learned_positions_stop_where_the_engine_stops() -> None:
+    engine = _engine({"positional": "learned", "max_positions": 10})
+    static = StaticDecoder(engine, capacity=4)  # 4, then 8, then the 10 there are
+    src = _sources()
+    assert greedy_search(static, src, max_len=9) == greedy_search(engine, src, max_len=9)
+    for model in (engine, static):
+        with pytest.raises(ValueError, match="max_positions=10"):
+            greedy_search(model, src, max_len=12)
+
+
+def test_refusals() -> None:
+    with pytest.raises(ValueError, match="word slots"):
+        StaticDecoder(_engine({"position_unit": "word"}))
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device"):
+        StaticDecoder(_engine({}), graphs=True)
+    with pytest.raises(ValueError, match="capacity"):
+        StaticDecoder(_engine({}), capacity=0)
+    static = StaticDecoder(_engine({}))
+    src, tgt = tiny_batch()
+    with torch.no_grad():
+        memory, valid = static.encode(src)
+        cache = static.new_cache()
+        static.decode(tgt[:, :1], memory, valid, cache)
+        static.decode(tgt[:, 1:2], memory, valid, cache)
+        with pytest.raises(ValueError, match="one position a step"):
+            static.decode(tgt[:, 2:4], memory, valid, cache)
+        with pytest.raises(ValueError, match="2 target rows for 3 sentences"):
+            static.decode(tgt[:2, 2:3], memory, valid, cache)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_replay_the_static_steps(dtype: torch.dtype) -> None:
+    engine = DecodingModel(tiny_model().to("cuda", dtype))
+    src = _sources().cuda()
+    graphed = StaticDecoder(engine, capacity=4)
+    assert graphed.graphs
+    eager = StaticDecoder(engine, graphs=False, capacity=4)
+    assert greedy_search(graphed, src, max_len=12) == greedy_search(eager, src, max_len=12)
+    mine = beam_search(graphed, src, beam=3, max_len=12)
+    assert _tokens(mine) == _tokens(beam_search(eager, src, beam=3, max_len=12))
+    if dtype == torch.float32:
+        assert _tokens(mine) == _tokens(beam_search(engine, src, beam=3, max_len=12))
