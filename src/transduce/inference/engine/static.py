@@ -160,7 +160,8 @@ class _StaticSteps:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: Tensor | None = None  # (N, V): the graph's output
         self.capacity = 0
-        self.keys: list[Tensor] = []  # per layer (N, H, C, K)
+        self.all_keys = self.all_values = torch.empty(0)  # (L, N, H, C, K), (L, N, H, C, Dv)
+        self.keys: list[Tensor] = []  # per layer (N, H, C, K): views of all_keys
         self.values: list[Tensor] = []  # per layer (N, H, C, Dv)
         cached = [(layer.self_k, layer.self_v) for layer in eager.layers]  # (N, H, t, .)
         self._allocate(max(owner.capacity, 2 * self.t), cached)  # type: ignore[arg-type]
@@ -176,25 +177,26 @@ class _StaticSteps:
         # PE[0 : C] in the embeddings' dtype, as the engine adds it (grows a sinusoidal table)
         self.table = positions.encoding(0, capacity).to(embed.dtype)  # (C, D)
         self.range = torch.arange(capacity, device=embed.device)  # (C,)
-        self.keys, self.values = [], []
-        for k, v in cached:
-            n, h, t, _ = k.shape
-            kb = k.new_zeros(n, h, capacity, k.size(3))  # (N, H, C, K)
-            vb = v.new_zeros(n, h, capacity, v.size(3))  # (N, H, C, Dv)
-            kb.narrow(2, 0, t).copy_(k)
-            vb.narrow(2, 0, t).copy_(v)
-            self.keys.append(kb)
-            self.values.append(vb)
+        k0, v0 = cached[0]
+        n, h, t, _ = k0.shape
+        # every layer's in one tensor, so that a reorder moves them all in two calls
+        self.all_keys = k0.new_zeros(len(cached), n, h, capacity, k0.size(3))  # (L, N, H, C, K)
+        self.all_values = v0.new_zeros(len(cached), n, h, capacity, v0.size(3))  # (.., Dv)
+        for i, (k, v) in enumerate(cached):
+            self.all_keys[i].narrow(2, 0, t).copy_(k)
+            self.all_values[i].narrow(2, 0, t).copy_(v)
+        self.keys = list(self.all_keys.unbind(0))  # per layer (N, H, C, K), views
+        self.values = list(self.all_values.unbind(0))
         self.capacity = capacity
         self.graph, self.logits = None, None  # captured again on these buffers
 
     def _grow(self) -> None:
         """Twice the capacity (the learned positions' limit refuses a position past it)."""
-        cached = [(k.narrow(2, 0, self.t), v.narrow(2, 0, self.t)) for k, v in self._buffers()]
+        cached = [
+            (k.narrow(2, 0, self.t), v.narrow(2, 0, self.t))
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
         self._allocate(2 * self.capacity, cached)
-
-    def _buffers(self) -> list[tuple[Tensor, Tensor]]:
-        return list(zip(self.keys, self.values, strict=True))
 
     def _current_rows(self) -> Tensor:
         """(n,) the static row of each of the search's rows: sentence-major, G a sentence."""
@@ -238,10 +240,9 @@ class _StaticSteps:
         src = self._current_rows().index_select(0, index)  # (n',) static rows read
         j = torch.arange(index.numel(), device=index.device)
         dst = self.sents.index_select(0, index // self.group) * self.group + j % self.group
-        for k, v in self._buffers():
-            for buffer in (k, v):
-                cached = buffer.narrow(2, 0, self.t)  # (N, H, t, .)
-                cached.index_copy_(0, dst, cached.index_select(0, src))  # read, then written
+        for buffer in (self.all_keys, self.all_values):
+            cached = buffer.narrow(3, 0, self.t)  # (L, N, H, t, .)
+            cached.index_copy_(1, dst, cached.index_select(1, src))  # read, then written
 
     def select_sources(self, index: Tensor) -> None:
         """Keep the search's sentences ``index`` (B_new,) (``DecodingCache.select_sources``)."""
