@@ -504,6 +504,23 @@ def save_safetensors(state: dict[str, Any], path: str | Path) -> None:
     _write_atomic(p, lambda f: f.write(st.save(tensors, metadata=metadata)))
 
 
+def save_model_file(state: dict[str, Any], path: str | Path) -> None:
+    """``state`` (a model file's config, vocab and model) written as ``path`` names it:
+    safetensors for a name ending ``.safetensors`` (``save_safetensors``: what ``load_model``
+    reads by that name), transduce's archive otherwise (``save``). A folder, or a write that
+    fails, is a UserError naming ``path`` (not the temporary file beside it)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a folder; name the model file to write")
+    try:
+        if p.suffix == ".safetensors":
+            save_safetensors(state, p)
+        else:
+            save(state, p)
+    except OSError as e:
+        raise UserError(f"{p}: cannot write ({e.strerror or e})") from None
+
+
 def load_safetensors(path: str | Path) -> dict[str, Any]:
     """A ``save_safetensors`` file as a model file's dict (format, config, vocab, model)."""
     st = _safetensors()

@@ -234,6 +234,16 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     assert sum(not torch.equal(a[k], b[k]) for k in a) > len(a) / 2  # 200 updates apart
     for name, value in model.state_dict().items():
         assert torch.equal(value, ((a[name].double() + b[name].double()) / 2).to(value.dtype)), name
+    # an output named .safetensors is written in that format (it was a torch archive so named)
+    safe = tmp_path / "avg.safetensors"
+    code, out, err = _run(
+        ["average", "--run", str(run), "--last", "2", "--output", str(safe)], capsys
+    )
+    assert code == 0, err
+    assert safe.read_bytes()[:2] != b"PK"
+    same, _, _ = load_model(safe)
+    for name, value in model.state_dict().items():
+        assert torch.equal(same.state_dict()[name], value), name
 
 
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

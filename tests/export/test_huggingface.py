@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -285,3 +286,67 @@ def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path:
     kept = [k for k, text in enumerate(ours) if text]
     assert len(kept) > len(SOURCES) // 2
     assert [theirs[k] for k in kept] == [ours[k] for k in kept]
+
+
+def test_more_damaged_folders_are_one_line(tmp_path: Path) -> None:
+    """What an audit found: a decoder_vocab_size or a tokenizer token of the wrong type (a
+    traceback), tensors beyond what config.json describes or NaN weights (imported without a
+    word), a bad target.spm called the source model, and files unnamed in the messages."""
+    from safetensors.torch import load_file, save_file
+
+    base = marian_folder(tmp_path / "base")
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    tok = json.loads((base / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+    def damaged(name: str, **values: Any) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(base, folder)
+        (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
+        return folder
+
+    extra = damaged("extra")
+    weights = load_file(str(base / "model.safetensors"))
+    weights["model.encoder.layers.2.fc1.weight"] = weights[
+        "model.encoder.layers.0.fc1.weight"
+    ].clone()
+    save_file(weights, str(extra / "model.safetensors"), metadata={"format": "pt"})
+    nan = damaged("nan")
+    weights = load_file(str(base / "model.safetensors"))
+    weights["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(weights, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    listed = damaged("listed")
+    (listed / "tokenizer_config.json").write_text(
+        json.dumps({**tok, "pad_token": ["<pad>"]}), encoding="utf-8"
+    )
+    spm = damaged("spm")
+    (spm / "target.spm").write_bytes(b"garbage")
+    split = {"share_encoder_decoder_embeddings": False}
+    for folder, needle in (
+        (damaged("size", **split, decoder_vocab_size="77"), "decoder_vocab_size must be a pos"),
+        (listed, "tokenizer_config.json: pad_token must be a token"),
+        (extra, "unexpected tensors: model.encoder.layers.2.fc1.weight"),
+        (nan, "weights hold NaN or infinity"),
+        (spm, f"{spm / 'target.spm'}: not a SentencePiece model"),
+        (damaged("positions", max_position_embeddings=None), "config.json: model.max_positions"),
+    ):
+        with pytest.raises(UserError, match=re.escape(needle)) as e:
+            import_marian(folder, tmp_path / "x.pt")
+        assert "\n" not in str(e.value)
+        assert str(folder) in str(e.value), str(e.value)  # the folder or its file named
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_output_is_new_unless_forced_and_safetensors_by_its_name(tmp_path: Path) -> None:
+    folder = marian_folder(tmp_path / "m")
+    (tmp_path / "taken.pt").write_text("mine", encoding="utf-8")
+    with pytest.raises(UserError, match="taken.pt exists; --force replaces it"):
+        import_marian(folder, tmp_path / "taken.pt")
+    assert (tmp_path / "taken.pt").read_text(encoding="utf-8") == "mine"
+    import_marian(folder, tmp_path / "taken.pt", force=True)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError, match=r"d: is a folder"):
+        import_marian(folder, tmp_path / "d", force=True)
+    import_marian(folder, tmp_path / "m.safetensors")
+    assert (tmp_path / "m.safetensors").read_bytes()[:2] != b"PK"  # not a torch archive
+    one, other = Translator.load(tmp_path / "taken.pt"), Translator.load(tmp_path / "m.safetensors")
+    assert one.translate(SOURCES) == other.translate(SOURCES)

@@ -40,7 +40,7 @@ def _cmd_import_huggingface(args: argparse.Namespace) -> int:
     require(("transformers",), "hf", "transduce import huggingface")
     from transduce.export.huggingface import import_marian
 
-    print(json.dumps(import_marian(args.folder, args.output)), flush=True)
+    print(json.dumps(import_marian(args.folder, args.output, force=args.force)), flush=True)
     return 0
 
 
@@ -99,5 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and export take. Nothing is downloaded: fetch the folder first.",
     )
     i.add_argument("folder", help="the Marian model folder")
-    i.add_argument("--output", required=True, help="the transduce model file to write")
+    i.add_argument(
+        "--output",
+        required=True,
+        help="the transduce model file to write (new unless --force; .safetensors: that format)",
+    )
+    i.add_argument("--force", action="store_true", help="replace an existing --output file")
     i.set_defaults(func=_cmd_import_huggingface)

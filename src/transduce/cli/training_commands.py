@@ -85,10 +85,7 @@ def _cmd_average(args: argparse.Namespace) -> int:
     else:
         paths = checkpoint.last_checkpoints(args.run, 5 if args.last is None else args.last)
     averaged = checkpoint.average(paths)
-    try:
-        checkpoint.save(averaged, args.output)
-    except OSError as e:
-        raise UserError(f"{args.output}: cannot write ({e.strerror or e})") from None
+    checkpoint.save_model_file(averaged, args.output)  # .safetensors: that format
     print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
     return 0
 

@@ -26,7 +26,8 @@ __all__ = ["MarianVocab"]
 _N_SPECIAL = len(SPECIALS)
 
 
-def _processor(proto: bytes, name: str) -> spm.SentencePieceProcessor:
+def sentencepiece_processor(proto: bytes, name: str) -> spm.SentencePieceProcessor:
+    """The SentencePiece model serialized in ``proto``; a UserError naming it ``name``."""
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(proto)
@@ -56,11 +57,13 @@ class MarianVocab:
         self.pieces = pieces
         self._index = {p: i for i, p in enumerate(pieces)}
         self.encoder_model, self.decoder_model = bytes(encoder_model), bytes(decoder_model)
-        self._encoder = _processor(self.encoder_model, "the source SentencePiece model")
+        self._encoder = sentencepiece_processor(
+            self.encoder_model, "the source SentencePiece model"
+        )
         self._decoder = (
             self._encoder
             if self.decoder_model == self.encoder_model
-            else _processor(self.decoder_model, "the target SentencePiece model")
+            else sentencepiece_processor(self.decoder_model, "the target SentencePiece model")
         )
 
     def __len__(self) -> int:

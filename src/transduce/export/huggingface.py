@@ -49,15 +49,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transduce.checkpoint import load_model, save
+from transduce.checkpoint import check_finite, load_model, save_model_file
 from transduce.config import MAX_ALPHA, Config, DecodeConfig, TranslationTaskConfig
-from transduce.data.marian_vocab import MarianVocab
+from transduce.data.marian_vocab import MarianVocab, sentencepiece_processor
 from transduce.data.vocab import (
     BOS,
     EOS,
@@ -154,34 +155,43 @@ def _load_marian_state(folder: Path) -> dict[str, torch.Tensor]:
         if "ignore_mismatched_sizes" in first:  # transformers' hint, not the cause
             first = "their shapes are not those config.json gives"
         raise UserError(f"{folder}: cannot load the Marian weights ({first})") from None
-    for kind in ("missing_keys", "mismatched_keys"):
+    for kind in ("missing_keys", "mismatched_keys", "unexpected_keys"):
         # Marian's sinusoids are made, not stored
         keys = [k for k in info.get(kind) or () if "embed_positions" not in str(k)]
         if keys:
             what = kind.replace("_keys", "")
             more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
-            raise UserError(f"{folder}: the weights file has {what} tensors: {keys[0]}{more}")
-    return {k: v.detach().float() for k, v in model.state_dict().items()}
+            hint = " (config.json says fewer layers?)" if what == "unexpected" else ""
+            raise UserError(f"{folder}: the weights file has {what} tensors: {keys[0]}{more}{hint}")
+    state = {k: v.detach().float() for k, v in model.state_dict().items()}
+    check_finite(folder, state)  # a model of NaN would be refused by every later command
+    return state
 
 
-def _token(tok: dict[str, Any], key: str, default: str) -> Any:
+def _token(tok: dict[str, Any], key: str, default: str, folder: Path) -> str:
     """tokenizer_config.json's ``key`` token: a string, or the {"content": ...} object older
-    transformers wrote."""
+    transformers wrote; anything else a UserError naming the file and key."""
     piece = tok.get(key, default)
-    return piece.get("content") if isinstance(piece, dict) else piece
+    piece = piece.get("content") if isinstance(piece, dict) else piece
+    if not isinstance(piece, str):
+        raise UserError(
+            f"{folder / 'tokenizer_config.json'}: {key} must be a token (a string); "
+            f"got {tok.get(key)!r}"
+        )
+    return piece
 
 
-def _special_ids(tok: dict[str, Any], vocab: dict[str, int]) -> dict[str, int]:
+def _special_ids(tok: dict[str, Any], vocab: dict[str, int], folder: Path) -> dict[str, int]:
     """The pad, eos and unk ids of the source vocabulary (the tokenizer's tokens)."""
     names = {
-        "pad": _token(tok, "pad_token", "<pad>"),
-        "eos": _token(tok, "eos_token", "</s>"),
-        "unk": _token(tok, "unk_token", "<unk>"),
+        "pad": _token(tok, "pad_token", "<pad>", folder),
+        "eos": _token(tok, "eos_token", "</s>", folder),
+        "unk": _token(tok, "unk_token", "<unk>", folder),
     }
     ids = {}
     for label, piece in names.items():
         if piece not in vocab:
-            raise UserError(f"vocab.json has no {label} token {piece!r}")
+            raise UserError(f"{folder / 'vocab.json'} has no {label} token {piece!r}")
         ids[label] = vocab[piece]
     return ids
 
@@ -211,7 +221,7 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
     share = bool(c.get("share_encoder_decoder_embeddings", True))
     src_size = c["vocab_size"]
     tgt_size = src_size if share else c.get("decoder_vocab_size") or src_size
-    ids = _special_ids(tok, src_json)
+    ids = _special_ids(tok, src_json, folder)
     pad, eos = c.get("pad_token_id"), c.get("eos_token_id")
     start = c.get("decoder_start_token_id", pad)
     if not (isinstance(pad, int) and isinstance(eos, int) and isinstance(start, int)):
@@ -220,7 +230,9 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
             "decoder_start_token_id must be ids"
         )
     tgt_unk = (
-        tgt_json.get(_token(tok, "unk_token", "<unk>"), ids["unk"]) if separate else ids["unk"]
+        tgt_json.get(_token(tok, "unk_token", "<unk>", folder), ids["unk"])
+        if separate
+        else ids["unk"]
     )
     tgt_order, tgt_pieces = _vocab_order(
         tgt_json,
@@ -232,6 +244,8 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
         name="target_vocab.json" if separate else "vocab.json",
     )
     source_spm, target_spm = ((folder / f).read_bytes() for f in SPM_FILES)
+    for f, proto in zip(SPM_FILES, (source_spm, target_spm), strict=True):
+        sentencepiece_processor(proto, str(folder / f))  # each named by its file
     if share:  # one vocabulary, one layout: the target's (the source never holds BOS)
         if separate or (ids["pad"], ids["eos"]) != (pad, eos):
             raise UserError(
@@ -264,15 +278,20 @@ def _alpha(value: object) -> float:
     return DecodeConfig.alpha
 
 
-def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
+def import_marian(folder: str | Path, output: str | Path, *, force: bool = False) -> dict[str, Any]:
     """Write the Marian model of ``folder`` (what ``MarianMTModel.save_pretrained`` and
-    ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output``; returns a
+    ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output`` (a name
+    ending ``.safetensors``: in that format), which must not exist unless ``force``; returns a
     summary. What transduce cannot represent is a one-line UserError naming the config field."""
     folder, output = Path(folder), Path(output)
+    if output.is_dir():
+        raise UserError(f"{output}: is a folder; --output names the model file to write")
+    if output.exists() and not force:
+        raise UserError(f"{output} exists; --force replaces it")
     c = _read_json(folder / "config.json")
     check_marian_config(c, folder / "config.json")
     v = _read_vocabularies(folder, c)
-    model_cfg = model_config(c)
+    model_cfg = model_config(c, folder / "config.json")
     state = from_marian_state(
         _load_marian_state(folder),
         n_layers=model_cfg.n_layers,
@@ -290,20 +309,21 @@ def import_marian(folder: str | Path, output: str | Path) -> dict[str, Any]:
     # the same penalty: a folder of another tool keeps transduce's default)
     alpha = generation.get(ALPHA_KEY)
     offset = generation.get(OFFSET_KEY)  # likewise; a folder of another tool: the default
-    cfg = Config(
-        model=model_cfg,
-        task=TranslationTaskConfig(shared_vocab=v.share),
-        decode=DecodeConfig(
-            beam=beam if isinstance(beam, int) and beam > 0 else 4,
+    try:
+        decode = DecodeConfig(
+            beam=beam if isinstance(beam, int) and not isinstance(beam, bool) and beam > 0 else 4,
             alpha=_alpha(alpha),
             max_len_offset=(
                 offset
                 if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
                 else DecodeConfig.max_len_offset
             ),
-        ),
-    )
-    save({"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}, output)
+        )
+    except UserError as e:  # a value out of transduce's range
+        raise UserError(f"{folder / 'generation_config.json'}: {e}") from None
+    cfg = Config(model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share), decode=decode)
+    state = {"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}
+    save_model_file(state, output)
     return {
         "input": str(folder),
         "output": str(output),
@@ -358,16 +378,9 @@ def _prepare_folder(folder: Path, force: bool) -> None:
         shutil.rmtree(folder)
 
 
-def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> None:
-    (folder / SPM_FILES[0]).write_bytes(files["source_spm"])
-    (folder / SPM_FILES[1]).write_bytes(files["target_spm"])
-    vocab_files = {"vocab.json": files["src"]}
-    if separate:
-        vocab_files["target_vocab.json"] = files["tgt"]
-    for name, pieces in vocab_files.items():
-        text = json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=1)
-        (folder / name).write_text(text + "\n", encoding="utf-8")
-    tokenizer = transformers_module().MarianTokenizer(
+def _marian_tokenizer(folder: Path, separate: bool) -> Any:
+    """transformers' MarianTokenizer of the files ``_write_tokenizer`` wrote in ``folder``."""
+    return transformers_module().MarianTokenizer(
         str(folder / SPM_FILES[0]),
         str(folder / SPM_FILES[1]),
         str(folder / "vocab.json"),
@@ -377,7 +390,20 @@ def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> Non
         eos_token=SPECIALS[EOS],
         pad_token=SPECIALS[PAD],
     )
-    tokenizer.save_pretrained(str(folder))
+
+
+def _write_tokenizer(folder: Path, files: dict[str, Any], separate: bool) -> None:
+    (folder / SPM_FILES[0]).write_bytes(files["source_spm"])
+    (folder / SPM_FILES[1]).write_bytes(files["target_spm"])
+    vocab_files = {"vocab.json": files["src"]}
+    if separate:
+        vocab_files["target_vocab.json"] = files["tgt"]
+    for name, pieces in vocab_files.items():
+        text = json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=1)
+        (folder / name).write_text(text + "\n", encoding="utf-8")
+    with warnings.catch_warnings():  # "Recommended: pip install sacremoses": not used here
+        warnings.filterwarnings("ignore", message=".*sacremoses")
+        _marian_tokenizer(folder, separate).save_pretrained(str(folder))
 
 
 def export_marian(

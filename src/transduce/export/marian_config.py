@@ -128,9 +128,15 @@ def check_marian_config(c: dict[str, Any], where: Path) -> None:
     for key in ("tie_word_embeddings", "share_encoder_decoder_embeddings"):
         if not isinstance(c.get(key, True), bool):
             raise UserError(f"{where}: {key} must be true or false; got {c.get(key)!r}")
+    # two vocabularies: the decoder's size (None or absent: vocab_size's)
+    size = c.get("decoder_vocab_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+        raise UserError(f"{where}: decoder_vocab_size must be a positive integer; got {size!r}")
 
 
-def model_config(c: dict[str, Any]) -> ModelConfig:
+def model_config(c: dict[str, Any], where: Path | str = "config.json") -> ModelConfig:
+    """transduce's ModelConfig of Marian's config.json ``c`` (checked first by
+    ``check_marian_config``); a value ModelConfig refuses is a UserError naming ``where``."""
     d_model, heads = c["d_model"], c["encoder_attention_heads"]
     try:
         return ModelConfig(
@@ -151,7 +157,7 @@ def model_config(c: dict[str, Any]) -> ModelConfig:
             output_bias=True,
         )
     except UserError as e:
-        raise UserError(f"config.json: {e}") from None
+        raise UserError(f"{where}: {e}") from None
 
 
 def check_exportable(model: object, cfg: Config, path: Path) -> Transformer:
