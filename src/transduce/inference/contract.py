@@ -26,7 +26,10 @@ class DecodingCache(Protocol):
         ...
 
     def select_sources(self, index: Tensor) -> None:
-        """Keep source-sentence rows ``index`` (B_new,) (dropping finished sentences)."""
+        """Keep source-sentence rows ``index`` (B_new,) (dropping finished sentences). A search
+        that drops sentences calls ``reorder`` first (its index in the rows before the drop,
+        keeping each sentence's hypotheses together), then this, as every search here does: a
+        cache may map its rows to sentences by that order (``engine.static``)."""
         ...
 
 

@@ -121,6 +121,12 @@ def test_refusals() -> None:
             static.decode(tgt[:, 2:4], memory, valid, cache)
         with pytest.raises(ValueError, match="2 target rows for 3 sentences"):
             static.decode(tgt[:2, 2:3], memory, valid, cache)
+        # the engine's own buffers are let go once copied into the static ones
+        assert all(layer.self_k is None for layer in cache.eager.layers)
+        other = static.new_cache()  # rows that the first step's cache does not hold
+        static.decode(tgt[:, :1], memory, valid, other)
+        with pytest.raises(ValueError, match="6 target rows against a cache of 3 rows"):
+            static.decode(tgt[:, 1:2].repeat_interleave(2, 0), memory, valid, other)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

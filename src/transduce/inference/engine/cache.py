@@ -93,6 +93,12 @@ class EngineLayerCache(LayerCache):
                 rows = t.transpose(1, 2) if self._buffers else t
                 rows.index_copy_(0, dst, rows.index_select(0, src))
 
+    def drop_self_attention(self) -> None:
+        """Forget the self-attention keys and values and free their buffers (a cache that moved
+        them elsewhere: ``static.StaticDecoder``)."""
+        self.self_k = self.self_v = None
+        self._buffers = []
+
     def select_sources(self, index: Tensor) -> None:
         """Keep source-sentence rows ``index`` (B_new,); the fold is of one sentence (B = 1)."""
         super().select_sources(index)

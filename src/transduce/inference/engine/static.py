@@ -102,6 +102,9 @@ class StaticDecoder:
         if graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not on {device}")
         self.engine, self.graphs, self.capacity = engine, graphs, capacity
+        self.device = device
+        # the stream every capture runs on, made at the first; warmed up there once
+        self.capture_stream: torch.cuda.Stream | None = None
 
     @property
     def training(self) -> bool:
@@ -141,12 +144,15 @@ class _StaticSteps:
 
     def __init__(self, owner: StaticDecoder, eager: EngineCache, src_valid: Tensor, rows: int):
         engine = self.engine = owner.engine
-        self.graphs = owner.graphs
+        self.owner, self.graphs = owner, owner.graphs
         first = eager.layers[0]
         assert first.cross_k is not None and first.self_k is not None  # one step decoded
         sentences = first.cross_k.size(0)  # B
-        if rows % sentences:
-            raise ValueError(f"{rows} target rows are not a multiple of {sentences} sentences")
+        if rows % sentences or rows != first.self_k.size(0):
+            raise ValueError(
+                f"{rows} target rows against a cache of {first.self_k.size(0)} rows and "
+                f"{sentences} sentences"
+            )
         self.rows, self.group = rows, rows // sentences  # N, G
         device = first.cross_k.device
         self.t = eager.length  # positions cached
@@ -165,6 +171,8 @@ class _StaticSteps:
         self.values: list[Tensor] = []  # per layer (N, H, C, Dv)
         cached = [(layer.self_k, layer.self_v) for layer in eager.layers]  # (N, H, t, .)
         self._allocate(max(owner.capacity, 2 * self.t), cached)  # type: ignore[arg-type]
+        for layer in eager.layers:  # copied: the engine's buffers are not needed any more
+            layer.drop_self_attention()
 
     def _allocate(self, capacity: int, cached: list[tuple[Tensor, Tensor]]) -> None:
         """Buffers of ``capacity`` positions holding the t cached ones of ``cached``; zeros
@@ -218,10 +226,11 @@ class _StaticSteps:
             self.tokens.index_copy_(0, rows, tgt.view(-1))
         self.position.fill_(self.t)
         if self.graphs:
-            if self.graph is None:
-                self._capture()
-            assert self.graph is not None and self.logits is not None
-            self.graph.replay()
+            with torch.cuda.device(self.tokens.device):  # the model's GPU, not the current one
+                if self.graph is None:
+                    self._capture()
+                assert self.graph is not None and self.logits is not None
+                self.graph.replay()
             logits = self.logits if rows is not None else self.logits.clone()  # not overwritten
         else:
             logits = self._compute()
@@ -250,17 +259,30 @@ class _StaticSteps:
         self.whole = False
 
     def _capture(self) -> None:
-        """The step as a CUDA graph on the current buffers, after warm-up steps on a side
-        stream (they write the position being decoded, which the step writes again)."""
-        side = torch.cuda.Stream()
+        """The step as a CUDA graph on the current buffers, captured on the decoder's capture
+        stream after warm-up steps there (they write the position being decoded, which the
+        step writes again): _WARMUP_STEPS at the decoder's first capture, one after.
+
+        ``capture_begin`` / ``capture_end`` rather than the ``torch.cuda.graph`` context, which
+        also synchronises the device and empties the caching allocator: once a search here, so
+        every search would give its memory back and allocate it again. Errors are those of this
+        thread only ("thread_local"): the server decodes while its other threads serve."""
+        owner = self.owner
+        first = owner.capture_stream is None
+        if owner.capture_stream is None:
+            owner.capture_stream = torch.cuda.Stream(device=self.tokens.device)
+        side = owner.capture_stream
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP_STEPS):
-                self._compute()
-        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.logits = self._compute()
+        with torch.cuda.stream(side):
+            for _ in range(_WARMUP_STEPS if first else 1):
+                self._compute()
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self.logits = self._compute()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
         self.graph = graph
 
     def _compute(self) -> Tensor:
