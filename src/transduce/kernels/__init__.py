@@ -19,7 +19,7 @@ from transduce.kernels.attention import (
     attention_weights,
     grouped_queries_path,
 )
-from transduce.kernels.device import reads_are_cheap
+from transduce.kernels.device import graphs_capture, reads_are_cheap
 from transduce.kernels.dropout import dropout, dropout_add
 from transduce.kernels.matmul import (
     Linear,
@@ -38,6 +38,7 @@ from transduce.kernels.projection import (
 from transduce.kernels.quantized import int8_refusal
 
 __all__ = [
+    "graphs_capture",
     "AttentionPath",
     "Int8Projection",
     "KernelOptions",

@@ -15,4 +15,11 @@ def reads_are_cheap(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-__all__ = ["reads_are_cheap"]
+def graphs_capture(device: torch.device) -> bool:
+    """Whether work on ``device`` can be captured once as a CUDA graph and replayed with one
+    launch (``torch.cuda.CUDAGraph``): CUDA devices (not measured on ROCm, whose HIP graphs
+    PyTorch drives through the same API)."""
+    return device.type == "cuda"
+
+
+__all__ = ["graphs_capture", "reads_are_cheap"]

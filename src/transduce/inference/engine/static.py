@@ -98,8 +98,8 @@ class StaticDecoder:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
         device = engine.model.generator.weight.device
         if graphs is None:
-            graphs = device.type == "cuda"
-        if graphs and device.type != "cuda":
+            graphs = kernels.graphs_capture(device)
+        if graphs and not kernels.graphs_capture(device):
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not on {device}")
         self.engine, self.graphs, self.capacity = engine, graphs, capacity
         self.device = device

@@ -1,31 +1,14 @@
-"""Configuration as frozen, typed dataclasses, checked on construction; presets are data.
-
-A run's configuration has four sections, ``model``, ``train``, ``task`` and ``decode``. The task
-section is the dataclass of the task named: ``SyntheticTaskConfig`` (copy, reverse, addition) or
-``TranslationTaskConfig``, each with its own keys only. Every key name is unique across sections,
-so a command-line override can name a key alone (``--set d_model=256``) or with its section
-(``--set model.d_model=256``). Unknown keys, a key of another task, a key of the other
-architecture off its default (``ARCHITECTURE_KEYS``), values of the wrong type or out of range
-are ``UserError``s naming the key, whether the config comes from a file, the command line or
-Python (``ModelConfig(n_heads=0)``).
-"""
+"""The config sections as frozen, typed dataclasses, checked on construction: ``ModelConfig``,
+``TrainConfig``, one task dataclass per task, ``DecodeConfig``, and ``Config`` of the four."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, get_args
 
+from transduce.config.values import _hints, _typed
 from transduce.errors import UserError
-from transduce.presets import PRESETS
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 
 class _Section:
@@ -359,15 +342,23 @@ class ParsingTaskConfig(_Section):
 
 
 TaskConfig = SyntheticTaskConfig | TranslationTaskConfig | ParsingTaskConfig
+
+
 # task.name -> the dataclass of that task
 _TASK_CLASSES = (SyntheticTaskConfig, TranslationTaskConfig, ParsingTaskConfig)
+
+
 TASKS: dict[str, type[TaskConfig]] = {
     name: cls for cls in _TASK_CLASSES for name in get_args(_hints(cls)["name"])
 }
 
 
 MAX_ALPHA = 10.0  # the length penalty's alpha; ((5 + |Y|) / 6) ** alpha stays finite below it
+
+
 MAX_LEN_OFFSET = 10_000  # output tokens beyond the source's: more is no translation
+
+
 # a temperature near 0 overflows the division of the log-probabilities (inf, then NaN): greedy
 # search is the limit that such a temperature means
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
@@ -442,260 +433,3 @@ class Config:
 
 def _type_names(cls: type | tuple[type, ...]) -> str:
     return " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
-
-
-_SECTION_TYPES: dict[str, tuple[type, ...]] = {
-    "model": (ModelConfig,),
-    "train": (TrainConfig,),
-    "task": _TASK_CLASSES,
-    "decode": (DecodeConfig,),
-}
-# Key name -> section; names are unique across sections (a test checks it).
-KEY_SECTION: dict[str, str] = {
-    f.name: section
-    for section, classes in _SECTION_TYPES.items()
-    for cls in classes
-    for f in fields(cls)
-}
-
-
-def _typed(where: str, hint: Any, value: Any, *, from_text: bool) -> Any:
-    """``value`` checked against the type ``hint`` of key ``where``; an int is taken for a float,
-    and with ``from_text`` strings are converted (command-line values). A UserError otherwise."""
-    origin = get_origin(hint)
-    if origin is Literal:
-        allowed = get_args(hint)
-        if value not in allowed:
-            raise UserError(f"{where} must be one of {', '.join(map(str, allowed))}; got {value!r}")
-        return value
-    if origin in (types.UnionType, typing.Union):  # the first alternative that takes it
-        choices = sorted(get_args(hint), key=lambda h: get_origin(h) is not Literal)
-        for choice in choices:  # a Literal first: "auto" is no integer, "false" no mode
-            try:
-                return _typed(where, choice, value, from_text=from_text)
-            except UserError:
-                pass
-        wanted = " or ".join(_described(choice) for choice in choices)
-        raise UserError(f"{where} must be {wanted}; got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if from_text and isinstance(value, str):
-            if value.lower() in ("true", "false", "1", "0", "yes", "no"):
-                return value.lower() in ("true", "1", "yes")
-        raise UserError(f"{where} must be true or false; got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer() and from_text:
-            return int(value)
-        if from_text and isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise UserError(f"{where} must be an integer; got {value!r}")
-    if hint is float:
-        number: float | None = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value) if type(value) is not float else value
-        elif from_text and isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise UserError(f"{where} must be a number; got {value!r}")
-        if not math.isfinite(number):  # no key has a use for nan or inf
-            raise UserError(f"{where} must be a finite number; got {value!r}")
-        return number
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise UserError(f"{where} must be a string; got {value!r}")
-    raise AssertionError(f"unsupported config type {hint} for {where}")
-
-
-def _described(hint: Any) -> str:
-    """What a value of type ``hint`` must be, in words (for a union's UserError)."""
-    if get_origin(hint) is Literal:
-        return "one of " + ", ".join(map(str, get_args(hint)))
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return words[hint]
-
-
-def _key_class(section: str, key: str) -> type:
-    """The dataclass of ``section`` that has ``key`` (for task keys: the task that has it)."""
-    return next(cls for cls in _SECTION_TYPES[section] if key in _hints(cls))
-
-
-def coerce(section: str, key: str, value: Any) -> Any:
-    """Check, and for strings from the command line or whole floats from a file convert,
-    ``value`` for ``section.key``."""
-    if (section, key) == ("task", "name"):  # every task's name
-        return _typed("task.name", Literal[tuple(TASKS)], value, from_text=True)
-    return _typed(f"{section}.{key}", _hints(_key_class(section, key))[key], value, from_text=True)
-
-
-def resolve_key(key: str) -> tuple[str, str]:
-    """'d_model' or 'model.d_model' -> ('model', 'd_model'); unknown keys are UserErrors."""
-    if "." in key:
-        section, name = key.split(".", 1)
-        if section not in _SECTION_TYPES:
-            raise UserError(
-                f"unknown config section {section!r} in {key!r}; "
-                f"sections are {', '.join(_SECTION_TYPES)}"
-            )
-        if KEY_SECTION.get(name) != section:
-            raise UserError(f"unknown config key {key!r}")
-        return section, name
-    if key not in KEY_SECTION:
-        raise UserError(f"unknown config key {key!r}")
-    return KEY_SECTION[key], key
-
-
-def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
-    """``task`` with ``changes``; a new ``name`` of another task starts from that task's
-    defaults. A key the (new) task does not have is a UserError naming it."""
-    cls = TASKS[changes.get("name", task.name)]
-    for key in changes:
-        if key not in _hints(cls):
-            keys = ", ".join(f.name for f in fields(cls))
-            raise UserError(f"task.{key} is not a key of task {cls.__name__} (its keys: {keys})")
-    return replace(task, **changes) if isinstance(task, cls) else cls(**changes)
-
-
-def _updated_model(model: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
-    """``model`` with ``changes``; a new ``architecture`` starts the keys only the old one reads
-    from their defaults (a Transformer's config trained with ``--set architecture=rnn``), as a
-    new task starts from its own. Such a key given with the change is refused by the check."""
-    if changes.get("architecture", model.architecture) != model.architecture:
-        defaults = {f.name: f.default for f in fields(ModelConfig)}
-        changes = {**{k: defaults[k] for k in ARCHITECTURE_KEYS[model.architecture]}, **changes}
-    return replace(model, **changes)
-
-
-def update(cfg: Config, values: dict[str, Any]) -> Config:
-    """Return ``cfg`` with flat or dotted keys replaced; values are type-checked."""
-    by_section: dict[str, dict[str, Any]] = {}
-    for key, value in values.items():
-        section, name = resolve_key(key)
-        by_section.setdefault(section, {})[name] = coerce(section, name, value)
-    sections: dict[str, Any] = {}
-    for section, changes in by_section.items():
-        if section == "task":
-            sections[section] = _updated_task(cfg.task, changes)
-        elif section == "model":
-            sections[section] = _updated_model(cfg.model, changes)
-        else:
-            sections[section] = replace(getattr(cfg, section), **changes)
-    return replace(cfg, **sections)  # one Config: its checks across sections see every change
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """['d_model=256', ...] -> {'d_model': '256'}."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UserError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = value.strip()
-    return out
-
-
-def preset_config(name: str) -> Config:
-    """The Config of preset ``name`` (``transduce.presets``); an unknown name is a UserError
-    listing the known ones."""
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-    return update(Config(), PRESETS[name])
-
-
-def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = False) -> Config:
-    """Build a Config from nested sections (a parsed YAML file); ``preset`` names a base.
-
-    ``stored``: a config kept inside a checkpoint. Those written before the task section was
-    split by task hold every task's keys, and those written before the keys of the other
-    architecture were refused may hold some off their defaults (unread by the model); the keys
-    of other tasks and of the other architecture are dropped there."""
-    if not isinstance(data, dict):
-        raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
-    data = dict(data)
-    preset = data.pop("preset", None)
-    try:
-        cfg = preset_config(preset) if preset is not None else Config()
-        flat: dict[str, Any] = {}
-        for section, values in data.items():
-            if section not in _SECTION_TYPES:
-                raise UserError(
-                    f"unknown section {section!r}; sections are preset, {', '.join(_SECTION_TYPES)}"
-                )
-            if not isinstance(values, dict):
-                raise UserError(f"section {section!r} must be a mapping")
-            if stored and section == "task":
-                keys = _hints(TASKS[values.get("name", cfg.task.name)])
-                values = {k: v for k, v in values.items() if k in keys}
-            if stored and section == "model":
-                unread = _keys_unread_by(values.get("architecture", cfg.model.architecture))
-                values = {k: v for k, v in values.items() if k not in unread}
-            for key, value in values.items():
-                flat[f"{section}.{key}"] = value
-        return update(cfg, flat)
-    except UserError as e:
-        raise UserError(f"{source}: {e}") from None
-
-
-def _keys_unread_by(architecture: Any) -> set[str]:
-    """The keys of the architectures other than ``architecture`` (all of them for a name no
-    architecture has: the check of ``architecture`` names that)."""
-    return {k for owner, keys in ARCHITECTURE_KEYS.items() if owner != architecture for k in keys}
-
-
-def _unique_keys_loader() -> Any:
-    """PyYAML's SafeLoader refusing a key written twice in one mapping (it keeps the last in
-    silence; TOML refuses it): a ConstructorError at the second."""
-    import yaml
-
-    class UniqueKeys(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"{key!r} is given twice", key_node.start_mark
-                    )
-                seen.add(key)
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeys
-
-
-def load_config(path: str | Path) -> Config:
-    """Read a config file (see ``configs/``): TOML if its name ends in ``.toml``, else YAML.
-    Both hold the same sections and keys."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read ({e})") from None
-    if p.suffix.lower() == ".toml":
-        import tomllib
-
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"{p}: not valid TOML: {e}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.load(text, Loader=_unique_keys_loader())  # a SafeLoader
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            problem = getattr(e, "problem", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            raise UserError(f"{p}: not valid YAML: {where}{problem or e}") from None
-    return from_dict(data or {}, source=str(p))

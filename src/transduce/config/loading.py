@@ -1,0 +1,215 @@
+"""Configs from files, presets and ``--set`` overrides: every key resolved to its section,
+every value typed (``values``), the result built as the frozen dataclasses of ``sections``."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from transduce.config.sections import (
+    _TASK_CLASSES,
+    ARCHITECTURE_KEYS,
+    TASKS,
+    Config,
+    DecodeConfig,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+)
+from transduce.config.values import _hints, _typed
+from transduce.errors import UserError
+from transduce.presets import PRESETS
+
+_SECTION_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (ModelConfig,),
+    "train": (TrainConfig,),
+    "task": _TASK_CLASSES,
+    "decode": (DecodeConfig,),
+}
+
+
+# Key name -> section; names are unique across sections (a test checks it).
+KEY_SECTION: dict[str, str] = {
+    f.name: section
+    for section, classes in _SECTION_TYPES.items()
+    for cls in classes
+    for f in fields(cls)
+}
+
+
+def _key_class(section: str, key: str) -> type:
+    """The dataclass of ``section`` that has ``key`` (for task keys: the task that has it)."""
+    return next(cls for cls in _SECTION_TYPES[section] if key in _hints(cls))
+
+
+def coerce(section: str, key: str, value: Any) -> Any:
+    """Check, and for strings from the command line or whole floats from a file convert,
+    ``value`` for ``section.key``."""
+    if (section, key) == ("task", "name"):  # every task's name
+        return _typed("task.name", Literal[tuple(TASKS)], value, from_text=True)
+    return _typed(f"{section}.{key}", _hints(_key_class(section, key))[key], value, from_text=True)
+
+
+def resolve_key(key: str) -> tuple[str, str]:
+    """'d_model' or 'model.d_model' -> ('model', 'd_model'); unknown keys are UserErrors."""
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in _SECTION_TYPES:
+            raise UserError(
+                f"unknown config section {section!r} in {key!r}; "
+                f"sections are {', '.join(_SECTION_TYPES)}"
+            )
+        if KEY_SECTION.get(name) != section:
+            raise UserError(f"unknown config key {key!r}")
+        return section, name
+    if key not in KEY_SECTION:
+        raise UserError(f"unknown config key {key!r}")
+    return KEY_SECTION[key], key
+
+
+def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
+    """``task`` with ``changes``; a new ``name`` of another task starts from that task's
+    defaults. A key the (new) task does not have is a UserError naming it."""
+    cls = TASKS[changes.get("name", task.name)]
+    for key in changes:
+        if key not in _hints(cls):
+            keys = ", ".join(f.name for f in fields(cls))
+            raise UserError(f"task.{key} is not a key of task {cls.__name__} (its keys: {keys})")
+    return replace(task, **changes) if isinstance(task, cls) else cls(**changes)
+
+
+def _updated_model(model: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
+    """``model`` with ``changes``; a new ``architecture`` starts the keys only the old one reads
+    from their defaults (a Transformer's config trained with ``--set architecture=rnn``), as a
+    new task starts from its own. Such a key given with the change is refused by the check."""
+    if changes.get("architecture", model.architecture) != model.architecture:
+        defaults = {f.name: f.default for f in fields(ModelConfig)}
+        changes = {**{k: defaults[k] for k in ARCHITECTURE_KEYS[model.architecture]}, **changes}
+    return replace(model, **changes)
+
+
+def update(cfg: Config, values: dict[str, Any]) -> Config:
+    """Return ``cfg`` with flat or dotted keys replaced; values are type-checked."""
+    by_section: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        section, name = resolve_key(key)
+        by_section.setdefault(section, {})[name] = coerce(section, name, value)
+    sections: dict[str, Any] = {}
+    for section, changes in by_section.items():
+        if section == "task":
+            sections[section] = _updated_task(cfg.task, changes)
+        elif section == "model":
+            sections[section] = _updated_model(cfg.model, changes)
+        else:
+            sections[section] = replace(getattr(cfg, section), **changes)
+    return replace(cfg, **sections)  # one Config: its checks across sections see every change
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """['d_model=256', ...] -> {'d_model': '256'}."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def preset_config(name: str) -> Config:
+    """The Config of preset ``name`` (``transduce.presets``); an unknown name is a UserError
+    listing the known ones."""
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return update(Config(), PRESETS[name])
+
+
+def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = False) -> Config:
+    """Build a Config from nested sections (a parsed YAML file); ``preset`` names a base.
+
+    ``stored``: a config kept inside a checkpoint. Those written before the task section was
+    split by task hold every task's keys, and those written before the keys of the other
+    architecture were refused may hold some off their defaults (unread by the model); the keys
+    of other tasks and of the other architecture are dropped there."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
+    data = dict(data)
+    preset = data.pop("preset", None)
+    try:
+        cfg = preset_config(preset) if preset is not None else Config()
+        flat: dict[str, Any] = {}
+        for section, values in data.items():
+            if section not in _SECTION_TYPES:
+                raise UserError(
+                    f"unknown section {section!r}; sections are preset, {', '.join(_SECTION_TYPES)}"
+                )
+            if not isinstance(values, dict):
+                raise UserError(f"section {section!r} must be a mapping")
+            if stored and section == "task":
+                keys = _hints(TASKS[values.get("name", cfg.task.name)])
+                values = {k: v for k, v in values.items() if k in keys}
+            if stored and section == "model":
+                unread = _keys_unread_by(values.get("architecture", cfg.model.architecture))
+                values = {k: v for k, v in values.items() if k not in unread}
+            for key, value in values.items():
+                flat[f"{section}.{key}"] = value
+        return update(cfg, flat)
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
+
+
+def _keys_unread_by(architecture: Any) -> set[str]:
+    """The keys of the architectures other than ``architecture`` (all of them for a name no
+    architecture has: the check of ``architecture`` names that)."""
+    return {k for owner, keys in ARCHITECTURE_KEYS.items() if owner != architecture for k in keys}
+
+
+def _unique_keys_loader() -> Any:
+    """PyYAML's SafeLoader refusing a key written twice in one mapping (it keeps the last in
+    silence; TOML refuses it): a ConstructorError at the second."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
+
+
+def load_config(path: str | Path) -> Config:
+    """Read a config file (see ``configs/``): TOML if its name ends in ``.toml``, else YAML.
+    Both hold the same sections and keys."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read ({e})") from None
+    if p.suffix.lower() == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise UserError(f"{p}: not valid TOML: {e}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.load(text, Loader=_unique_keys_loader())  # a SafeLoader
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            problem = getattr(e, "problem", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            raise UserError(f"{p}: not valid YAML: {where}{problem or e}") from None
+    return from_dict(data or {}, source=str(p))
