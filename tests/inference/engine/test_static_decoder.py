@@ -10,7 +10,7 @@ from model_testkit import tiny_batch, tiny_model
 
 from transduce.inference import beam_search, greedy_search
 from transduce.inference.engine import DecodingModel
-from transduce.inference.engine.static import StaticDecoder
+from transduce.inference.engine.static import MAX_SLOTS, StaticDecoder
 
 VARIANTS = [
     {},
@@ -93,6 +93,52 @@ def test_logits_and_length_of_every_step_equal_the_engine_s() -> None:
         torch.testing.assert_close(mine, ref)
 
 
+def test_later_searches_of_a_shape_reuse_its_slot_with_their_own_values() -> None:
+    """A second batch of the same shapes runs on the first one's static tensors (on CUDA its
+    graph): its own sources, keys and mask copied in, nothing of the first batch left over."""
+    engine = _engine({})
+    static = StaticDecoder(engine, capacity=4)
+    first, second = _sources(1), _sources(2)
+    assert first.shape == second.shape and not torch.equal(first, second)
+    ref = [beam_search(engine, src, beam=3, max_len=10) for src in (first, second)]
+    assert _tokens(beam_search(static, first, beam=3, max_len=10)) == _tokens(ref[0])
+    kept = dict(static.slots)  # 4, 8 and 16 positions
+    assert len(kept) == 3 and not any(slot.in_use() for slot in kept.values())
+    assert _tokens(beam_search(static, second, beam=3, max_len=10)) == _tokens(ref[1])
+    assert static.slots == kept and all(static.slots[k] is kept[k] for k in kept)  # reused
+    assert greedy_search(static, second, max_len=10) == greedy_search(engine, second, max_len=10)
+
+
+def test_searches_at_once_do_not_share_a_slot() -> None:
+    """Two searches of one shape stepped in turn (two threads, say): the second gets a slot of
+    its own while the first holds the kept one, and each gives the engine's logits."""
+    engine = _engine({})
+    static = StaticDecoder(engine, capacity=8)
+    src, tgt = tiny_batch()
+    with torch.no_grad():
+        memory, valid = engine.encode(src)
+        ours = [static.new_cache(), static.new_cache()]
+        theirs = [engine.new_cache(), engine.new_cache()]
+        shifted = [tgt, tgt.roll(1, dims=0)]  # other tokens in each search
+        for t in range(4):
+            for mine, ref, tokens in zip(ours, theirs, shifted, strict=True):
+                got = static.decode(tokens[:, t : t + 1], memory, valid, mine)
+                want = engine.decode(tokens[:, t : t + 1], memory, valid, ref)
+                torch.testing.assert_close(got, want)
+        assert ours[0].steps is not None and ours[1].steps is not None
+        assert ours[0].steps.slot is not ours[1].steps.slot
+        assert len(static.slots) == 1  # the second's own slot is not kept
+
+
+def test_slots_kept_are_bounded() -> None:
+    engine = _engine({})
+    static = StaticDecoder(engine, capacity=16)
+    for n in range(1, 8):  # seven batch sizes: seven shapes
+        src = _sources(n)[:, : 3 + n]
+        assert greedy_search(static, src, max_len=4) == greedy_search(engine, src, max_len=4)
+    assert len(static.slots) == MAX_SLOTS
+
+
 def test_learned_positions_stop_where_the_engine_stops() -> None:
     engine = _engine({"positional": "learned", "max_positions": 10})
     static = StaticDecoder(engine, capacity=4)  # 4, then 8, then the 10 there are
@@ -142,3 +188,8 @@ def test_cuda_graphs_replay_the_static_steps(dtype: torch.dtype) -> None:
     assert _tokens(mine) == _tokens(beam_search(eager, src, beam=3, max_len=12))
     if dtype == torch.float32:
         assert _tokens(mine) == _tokens(beam_search(engine, src, beam=3, max_len=12))
+    other = _sources(5).cuda()  # the same shapes: the graphs captured above replayed
+    graphs = {key: slot.graph for key, slot in graphed.slots.items()}
+    again = beam_search(graphed, other, beam=3, max_len=12)
+    assert _tokens(again) == _tokens(beam_search(eager, other, beam=3, max_len=12))
+    assert all(graphed.slots[key].graph is graph for key, graph in graphs.items())

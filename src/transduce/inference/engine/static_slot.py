@@ -1,0 +1,201 @@
+"""The static tensors of one shape of search and the decoding step on them (``static.py``): on
+CUDA captured once as a CUDA graph and replayed, by this search and by later searches of the
+same shape, which copy their own values into the same tensors.
+
+Shapes: N target rows = B sentences x G hypotheses, rows sentence-major; L layers; H heads; K, Dv
+the key and value sizes; S source positions; C the capacity (target positions); V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce import kernels
+from transduce.inference.engine.cache import EngineCache
+from transduce.inference.engine.decoding import DecodingModel
+from transduce.inference.engine.layer_weights import DecoderLayerWeights, feed_forward
+from transduce.model.attention import split_heads
+from transduce.model.positions import LearnedPositions
+
+if TYPE_CHECKING:
+    from transduce.inference.engine.static import StaticDecoder
+
+# un-captured steps before the decoder's first capture: CUDA libraries set up handles and
+# workspaces on first use, which a capture may not do (later captures: one)
+WARMUP_STEPS = 2
+
+# (N rows, B sentences, S source positions, C capacity, masked, cache dtype)
+SlotKey = tuple[int, int, int, int, bool, torch.dtype]
+
+
+def slot_capacity(engine: DecodingModel, wanted: int, t: int) -> int:
+    """The capacity of a slot for ``wanted`` positions with ``t`` decoded: at most the learned
+    positions' max_positions, and room for position t (past that limit the positions' own
+    check refuses it, as the engine's does)."""
+    positions = engine.model.decoder.positions
+    if isinstance(positions, LearnedPositions):
+        wanted = min(wanted, positions.weight.size(0))
+    return max(wanted, t + 1)
+
+
+class Slot:
+    """Static tensors for searches of one ``SlotKey`` and the step on them.
+
+    Step inputs ``tokens`` (N,) and ``position`` (1,) (t); the self-attention cache of every
+    layer in ``all_keys`` (L, N, H, C, K) and ``all_values`` (L, N, H, C, Dv), zeros where never
+    written (finite: a masked position's weight is 0, and 0 x NaN would not be); the
+    encoder-decoder keys ``cross_keys`` (L, B, H, S, K) and values, the source ``mask``
+    (B, 1, 1, S) or None; the graph and its output ``logits`` (N, V) on CUDA. ``user``: the
+    search now using it (a weak reference: a search that ended lets it go)."""
+
+    def __init__(
+        self, engine: DecodingModel, key: SlotKey, eager: EngineCache | None, like: Slot | None
+    ) -> None:
+        """Zeroed tensors of ``key``'s shapes, the other sizes those of the engine's cache
+        ``eager`` after a step, or of the slot ``like``."""
+        rows, sentences, source, capacity, masked, dtype = key
+        self.engine, self.key, self.capacity = engine, key, capacity
+        if like is not None:
+            n_layers, _, h, _, k_size = like.all_keys.shape
+            v_size = like.all_values.size(4)
+            cross_k, cross_v = like.cross_keys[0], like.cross_values[0]
+        else:
+            assert eager is not None
+            first = eager.layers[0]
+            assert first.self_k is not None and first.self_v is not None
+            assert first.cross_k is not None and first.cross_v is not None
+            n_layers, h = len(eager.layers), first.self_k.size(1)
+            k_size, v_size = first.self_k.size(3), first.self_v.size(3)
+            cross_k, cross_v = first.cross_k, first.cross_v  # (B, H, S, .)
+        device = cross_k.device
+        embed = engine.model.decoder.embed.weight
+        # PE[0 : C] in the embeddings' dtype, as the engine adds it (grows a sinusoidal table)
+        self.table = engine.model.decoder.positions.encoding(0, capacity).to(embed.dtype)
+        self.range = torch.arange(capacity, device=device)  # (C,)
+        # every layer's in one tensor, so that a reorder moves them all in two calls
+        self.all_keys = torch.zeros(n_layers, rows, h, capacity, k_size, dtype=dtype, device=device)
+        self.all_values = torch.zeros(
+            n_layers, rows, h, capacity, v_size, dtype=dtype, device=device
+        )
+        self.keys = list(self.all_keys.unbind(0))  # per layer (N, H, C, K), views
+        self.values = list(self.all_values.unbind(0))
+        self.cross_keys = cross_k.new_zeros(n_layers, *cross_k.shape)  # (L, B, H, S, K)
+        self.cross_values = cross_v.new_zeros(n_layers, *cross_v.shape)
+        shape = (sentences, 1, 1, source)
+        self.mask = torch.zeros(shape, dtype=torch.bool, device=device) if masked else None
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)  # (N,)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
+        self.graph: Any = None  # a torch.cuda.CUDAGraph once captured
+        self.logits: Tensor | None = None  # (N, V): the graph's output
+        self.user: weakref.ref[Any] | None = None
+
+    def in_use(self) -> bool:
+        """Whether a search that has not ended holds this slot."""
+        return self.user is not None and self.user() is not None
+
+    def load(self, eager: EngineCache, mask: Tensor | None, t: int) -> None:
+        """Copy in a search's state from the engine's cache after its first t steps: the
+        self-attention keys and values (N, H, t, .) and the encoder-decoder ones, and ``mask``."""
+        for i, layer in enumerate(eager.layers):
+            assert layer.self_k is not None and layer.self_v is not None
+            assert layer.cross_k is not None and layer.cross_v is not None
+            self.keys[i].narrow(2, 0, t).copy_(layer.self_k)
+            self.values[i].narrow(2, 0, t).copy_(layer.self_v)
+            self.cross_keys[i].copy_(layer.cross_k)
+            self.cross_values[i].copy_(layer.cross_v)
+        if self.mask is not None and mask is not None:
+            self.mask.copy_(mask)
+
+    def load_slot(self, other: Slot, t: int) -> None:
+        """Copy in the state of ``other`` (a slot of the same search, smaller) after t steps."""
+        self.all_keys.narrow(3, 0, t).copy_(other.all_keys.narrow(3, 0, t))
+        self.all_values.narrow(3, 0, t).copy_(other.all_values.narrow(3, 0, t))
+        self.cross_keys.copy_(other.cross_keys)
+        self.cross_values.copy_(other.cross_values)
+        if self.mask is not None and other.mask is not None:
+            self.mask.copy_(other.mask)
+
+    def run(self, owner: StaticDecoder) -> Tensor:
+        """The step on the inputs written into ``tokens`` and ``position`` -> logits (N, V): on
+        CUDA the graph's output (captured at the first call; overwritten by the next), else a
+        new tensor."""
+        if not owner.graphs:
+            return self.compute()
+        with torch.cuda.device(self.tokens.device):  # the model's GPU, not the current one
+            if self.graph is None:
+                self._capture(owner)
+            assert self.logits is not None
+            self.graph.replay()
+        return self.logits
+
+    def _capture(self, owner: StaticDecoder) -> None:
+        """The step as a CUDA graph, captured on the decoder's capture stream after warm-up
+        steps there (they write the position being decoded, which the step writes again).
+
+        ``capture_begin`` / ``capture_end`` rather than the ``torch.cuda.graph`` context, which
+        also synchronises the device and empties the caching allocator: at every capture, every
+        search's memory would go back and be allocated again. Errors are those of this thread
+        only ("thread_local"): the server decodes while its other threads serve."""
+        first = owner.capture_stream is None
+        if owner.capture_stream is None:
+            owner.capture_stream = torch.cuda.Stream(device=self.tokens.device)
+        side = owner.capture_stream
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS if first else 1):
+                self.compute()
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self.logits = self.compute()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = graph
+
+    def compute(self) -> Tensor:
+        """One step of all N rows: ``tokens`` at position ``position`` -> (N, V)."""
+        engine = self.engine
+        decoder = engine.model.decoder
+        embed = decoder.embed.weight  # (V, D)
+        position = self.table.index_select(0, self.position)  # (1, D)
+        # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5), as DecodingModel.decode
+        x = torch.add(position, F.embedding(self.tokens, embed), alpha=decoder.embed.scale)
+        visible = (self.range <= self.position).view(1, 1, 1, -1)  # (1, 1, 1, C): keys <= t
+        for i, weights in enumerate(engine.layers):
+            x = self._layer(x, weights, i, visible)
+        if engine.pre_norm:
+            x = decoder.final_norm(x)
+        return engine.generator(x)  # (N, V)
+
+    def _layer(self, x: Tensor, w: DecoderLayerWeights, i: int, visible: Tensor) -> Tensor:
+        """x (N, D) -> (N, D): decoder layer i at position t (``DecodingModel._layer``)."""
+        engine, h, n = self.engine, w.n_heads, x.size(0)
+        path = engine.attention
+        keys, values = self.keys[i], self.values[i]
+
+        def self_attention(y: Tensor) -> Tensor:
+            qkv = kernels.attention_input(w.qkv(y), path)  # (N, H*K + H*K + H*Dv)
+            sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
+            q, k, v = (split_heads(t, h, 1) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
+            keys.index_copy_(2, self.position, k.to(keys.dtype))  # position t of every row
+            values.index_copy_(2, self.position, v.to(values.dtype))
+            out = kernels.attention(q, keys, values, visible, path=path)  # (N, H, 1, Dv)
+            return w.self_out(out.reshape(n, h * w.d_v).to(y.dtype))  # -> (N, H*Dv)
+
+        cross_k, cross_v = self.cross_keys[i], self.cross_values[i]  # (B, H, S, .)
+        x = engine.sublayer(x, w.norms[0], self_attention)
+        x = engine.sublayer(
+            x,
+            w.norms[1],
+            lambda y: engine.grouped_cross_attention(y, w, cross_k, cross_v, self.mask),
+        )
+        return engine.sublayer(x, w.norms[2], lambda y: feed_forward(w, y))
+
+
+__all__ = ["WARMUP_STEPS", "Slot", "SlotKey", "slot_capacity"]
