@@ -198,7 +198,7 @@ if [[ $dry == 1 ]]; then
     step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
         --batches 2 4
 else
-    step decode 150 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
+    step decode 210 "$PY" benchmarks/decode_gpu.py --device "$device" --dtype bf16 \
         --batches 1 32 128 --repeats 3
 fi
 figure "decode: $(tail -n 1 "$OUT/decode.log")"
