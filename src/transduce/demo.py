@@ -13,6 +13,7 @@ from typing import Any
 from transduce.checkpoint import load_model
 from transduce.config import Config, SyntheticTaskConfig, from_dict, update
 from transduce.data.synthetic import make_task
+from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference.search import predict_ids, searchable
 from transduce.training.run import train_synthetic
@@ -68,6 +69,11 @@ def run_demo(
     is what ``seq_accuracy`` and ``token_accuracy`` report.
     """
     cfg = update(demo_config(), overrides or {})
+    if cfg.decode.beam != 1 or cfg.decode.sampling:  # its test below is greedy search
+        raise UserError(
+            "the demo scores greedy outputs (decode.beam 1, no sampling); for other decoding "
+            "train with `transduce train --config configs/addition.yaml` and decode the model"
+        )
     started = time.monotonic()
     summary = train_synthetic(cfg, out_dir, show_progress=show_progress)
     out = Path(out_dir)

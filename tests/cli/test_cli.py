@@ -273,3 +273,36 @@ def test_subprocess_user_error(tiny_config: Path, tmp_path: Path) -> None:
     assert "max_steps" in bad.stderr and "'many'" in bad.stderr and "Traceback" not in bad.stderr
     assert bad.stdout == ""
     assert not (tmp_path / "r").exists()
+
+
+def test_what_an_audit_found_is_one_line(tmp_path: Path, capsys) -> None:
+    """An option given "--" as its value (argparse makes it an empty list, which commands then
+    failed on), the demo asked for beams or sampling (its test is greedy: they did nothing),
+    and a seed past what torch takes (a traceback)."""
+    for argv, words in (
+        (["experiment", "reversal", "--minutes=--"], "--minutes=--: give --minutes a value"),
+        (["attention", "--layer=--"], "--layer=--: give --layer a value"),
+        (["demo", "--out", str(tmp_path / "d"), "--set", "decode.beam=3"], "greedy outputs"),
+        (["demo", "--out", str(tmp_path / "d"), "--set", "decode.sampling=true"], "greedy"),
+    ):
+        code, _, err = _run(argv, capsys)
+        _assert_user_error(code, err, words)
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_sampling_seed_past_64_bits_is_refused() -> None:
+    from transduce.config import DecodeConfig
+    from transduce.errors import UserError
+
+    DecodeConfig(sampling_seed=2**63 - 1)
+    with pytest.raises(UserError, match="sampling_seed must be below 2\\*\\*63"):
+        DecodeConfig(sampling_seed=2**63)
+
+
+def test_addition_with_operands_past_a_float_builds() -> None:
+    # the held-out share of a class of 400-digit sums overflowed a float (a traceback)
+    from transduce.config import SyntheticTaskConfig
+    from transduce.data.synthetic import make_task
+
+    task = make_task(SyntheticTaskConfig(max_digits=400, train_size=60, valid_size=5))
+    assert len(task.train) == 60 and len(task.valid) == 5

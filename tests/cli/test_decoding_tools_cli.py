@@ -28,10 +28,13 @@ TARGETS = ["a cat", "", "the dog", "small"]
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("toolbox")
+    # the README's sentences in the vocabulary: its prefix "Ein Mann" is refused unless the
+    # target side can write it
+    readme = ["A man is riding a bike.", "Ein Mann fährt Fahrrad."] * 20
     paths = {
-        "tf": save_toy_translation_model(d / "tf.pt", {"max_len_offset": 4}),
+        "tf": save_toy_translation_model(d / "tf.pt", {"max_len_offset": 4}, text=readme),
         "rnn": save_toy_translation_model(
-            d / "rnn.pt", {"max_len_offset": 4}, model={"architecture": "rnn"}
+            d / "rnn.pt", {"max_len_offset": 4}, model={"architecture": "rnn"}, text=readme
         ),
     }
     (d / "src.txt").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")

@@ -308,3 +308,22 @@ def test_score_of_empty_files_says_so(model_kinds, tmp_path, capsys) -> None:
     code, out, err = _run(argv, capsys)
     assert code == 0 and out == ""
     assert err.strip() == f"transduce: warning: {empty}: no lines to score"
+
+
+def test_parse_names_the_input_line_past_blank_lines(model_kinds, tmp_path, capsys) -> None:
+    """Blank lines are not parsed (they stay blank), so the parser's "sentence K" was not the
+    input's line K; and a word holding a bracket failed only after all the decoding, unnamed."""
+    words = tmp_path / "words.txt"
+    words.write_text("the dog\n\n\nx ( y\n", encoding="utf-8")
+    argv = ["parse", "--model", str(model_kinds["parser"]), "--input", str(words), "--quiet"]
+    code, out, err = _run(argv, capsys)
+    _one_error(code, out, err, f"{words}: line 4: word '('")
+    words.write_text("the dog\n\n\n" + "dog " * 5000 + "\n", encoding="utf-8")
+    code, out, err = _run(argv, capsys)
+    _one_error(code, out, err, f"{words}: line 4 has 10000 subword tokens")  # 2 a word
+    ref = tmp_path / "ref.txt"
+    ref.write_text("(TOP (NP (DT the) (NN dog)))\n(TOP (NP (NN x) (NN y)))\n", encoding="utf-8")
+    words.write_text("the dog\nx )\n", encoding="utf-8")
+    argv = ["evaluate", "--model", str(model_kinds["parser"]), "--src", str(words)]
+    code, out, err = _run([*argv, "--ref", str(ref), "--quiet"], capsys)
+    _one_error(code, out, err, f"{words}: line 2: word ')'")

@@ -181,16 +181,21 @@ def toy_sentences(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(TOY_WORDS) for _ in range(rng.randint(1, 9))) for _ in range(n)]
 
 
-def save_toy_translation_model(path, decode: dict, model: dict | None = None):  # noqa: ANN001, ANN201
+def save_toy_translation_model(  # noqa: ANN201
+    path,  # noqa: ANN001
+    decode: dict,
+    model: dict | None = None,
+    text: list[str] | None = None,
+):
     """Write a checkpoint holding an untrained tiny model (``model``: changes to its section,
     e.g. the rnn architecture) and a 60-piece SentencePiece vocabulary learned on
-    ``toy_sentences(300)`` (the checkpoint alone is enough to translate)."""
+    ``toy_sentences(300)`` and ``text`` (the checkpoint alone is enough to translate)."""
     from transduce import checkpoint
     from transduce.architectures import build_model
     from transduce.config import from_dict
     from transduce.data.subword import train_sentencepiece
 
-    vocab = train_sentencepiece(toy_sentences(300), 60)
+    vocab = train_sentencepiece(toy_sentences(300) + (text or []), 60)
     sizes = {"n_layers": 1, "d_model": 32}
     if (model or {}).get("architecture", "transformer") == "transformer":  # the rnn refuses them
         sizes |= {"d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}

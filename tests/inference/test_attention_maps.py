@@ -15,9 +15,11 @@ from transduce import checkpoint
 from transduce.cli.main import main
 from transduce.config import Config, update
 from transduce.data.vocab import SPECIALS, CharVocab, VocabPair
+from transduce.errors import UserError
 from transduce.inference.attention_maps import (
     AttentionMaps,
     attention_maps,
+    draw_attention,
     pharaoh,
     word_alignment,
     word_index,
@@ -285,3 +287,39 @@ def test_attention_command_draws_a_file(
         ]
     )
     assert code == 2 and "layer" in capsys.readouterr().err
+
+
+def test_lengths_past_what_the_model_places_or_a_map_shows_are_refused_in_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    """What an audit found: a learned-position model given a source or target longer than its
+    positions failed with a traceback, and its own output ran to 50 tokens past the source
+    whatever the model's limit; a source of hundreds of words ran for minutes to draw."""
+    cfg = update(
+        Config(),
+        {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8},
+    )
+    cfg = update(cfg, {"name": "copy", "positional": "learned", "max_positions": 16})
+    vocab = CharVocab(list("abcdefgh"))
+    torch.manual_seed(0)
+    model = make_model(cfg.model, src_vocab_size=len(vocab))
+    path = tmp_path / "learned.pt"
+    checkpoint.save(
+        {"config": cfg.to_dict(), "vocab": vocab.to_dict(), "model": model.state_dict()}, path
+    )
+    model, vocab, _ = checkpoint.load_model(path)
+    maps = attention_maps(model, vocab, "abcdefgh" + "abcdef")  # 14: BOS + at most 15 outputs
+    assert len(maps.inputs) <= 16  # its own output clipped to the positions left
+    with pytest.raises(UserError, match="leave no room for its output"):
+        attention_maps(model, vocab, "abcdefgh" + "abcdefg")  # 15 + EOS: all 16 positions
+    assert len(attention_maps(model, vocab, "abcdefgh" + "abcdefg", "ab").inputs) == 3
+    with pytest.raises(UserError, match="the source has 16 subword tokens.*place at most 15"):
+        attention_maps(model, vocab, "abcdefgh" * 2)
+    with pytest.raises(UserError, match="the target has 16 subword tokens"):
+        attention_maps(model, vocab, "abc", "abcdefgh" * 2)
+    argv = ["--no-malloc-tuning", "attention", "--model", str(path), "--output"]
+    assert main([*argv, str(tmp_path / "a.png"), "--src", "abcdefgh" * 2]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("transduce: error: the source has 16") and len(err.splitlines()) == 1
+    with pytest.raises(UserError, match="a map of more than 256 is unreadable"):
+        draw_attention(model, vocab, "a" * 300, tmp_path / "b.png")

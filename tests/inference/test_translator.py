@@ -127,6 +127,39 @@ def test_bad_options(translator) -> None:
     assert translator.translate([]) == []
 
 
+def test_arguments_of_the_wrong_kind_are_refused_naming_them(translator) -> None:
+    """What an audit found: one string where a list is wanted was read as a list of characters
+    (score, align, prefixes), None in a list failed deep inside, and a few settings of the
+    wrong type failed with Python's own messages."""
+    bad = [
+        (lambda: translator.score("ab", "cd"), TypeError, "a list of sources is wanted"),
+        (lambda: translator.align("ab", "cd"), TypeError, "a list of sentences is wanted"),
+        (
+            lambda: translator.translate(["a", "b"], prefixes="ab"),  # type: ignore[arg-type]
+            TypeError,
+            "a list of prefixes is wanted",
+        ),
+        (lambda: translator.translate([b"the dog"]), TypeError, "sentence 1 is bytes"),
+        (lambda: translator.translate(["a", None]), TypeError, "sentence 2 is NoneType"),
+        (lambda: translator.score(["a"], [None]), TypeError, "target 1 is NoneType"),
+        (lambda: translator.translate_nbest(["a"], 1.5), TypeError, "nbest must be an integer"),
+        (lambda: translator.translate_nbest(["a"], True), TypeError, "nbest must be an integer"),
+        (lambda: translator.translate(["a"], {"beam": 2}), TypeError, "a DecodeConfig"),
+        (lambda: translator.decode_config(beam="3"), UserError, "decode.beam must be an integer"),
+        (lambda: translator.align(["a", "b"], ["c"]), UserError, "2 sentences but 1 translations"),
+    ]
+    for call, error, message in bad:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator) -> None:
+    # forced as <unk>, the output would not start with the text asked for
+    with pytest.raises(UserError, match=r"prefix 2 \('ZZZ'\) holds what the model's target"):
+        translator.translate(["the dog", "a cat"], prefixes=["", "ZZZ"])
+    assert translator.translate(["the dog"], prefixes=["the"])[0].startswith("the")
+
+
 def test_weights_name_a_dtype(model_file) -> None:
     assert next(Translator.load(model_file, weights="bf16").model.parameters()).dtype == (
         torch.bfloat16

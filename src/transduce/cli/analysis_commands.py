@@ -13,7 +13,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.inference.attention_maps import draw_attention
 
-    model, vocab, _ = load_model(args.model)
+    model, vocab, cfg = load_model(args.model)
     path = draw_attention(
         model,
         vocab,
@@ -24,6 +24,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
         layer=args.layer,
         head=args.head,
         style=args.style,
+        max_len_offset=cfg.decode.max_len_offset,  # the model's output limit, as translate's
     )
     print(json.dumps({"output": str(path)}))
     return 0

@@ -11,6 +11,7 @@ preempted one also prints the command that resumes it.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -86,8 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is not None and any("\0" in arg for arg in argv):  # (no shell can pass one)
         print("transduce: error: an argument contains a NUL character", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
+    # argparse reads "--minutes=--" as an empty list, which the commands then fail on
+    empty = next((arg for arg in given if re.fullmatch(r"--[A-Za-z][\w-]*=--", arg)), None)
+    if empty is not None:
+        flag = empty.split("=", 1)[0]
+        print(f"transduce: error: {empty}: give {flag} a value", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     if not args.no_malloc_tuning:
         from transduce.kernels.process import enlarge_onednn_cache
         from transduce.runtime import tune_malloc

@@ -10,22 +10,25 @@ from transduce.cli.common import add_device, check_output, read_input, write_out
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
-    from transduce.data.trees import to_brackets
-    from transduce.parsing.parser import Parser
+    from transduce.data.trees import check_words, to_brackets
+    from transduce.parsing.parser import Parser, lines_named
 
     check_output(args.output)
     parser = Parser.load(args.model, device=args.device)  # a bad --model: before stdin
     sentences = [line.split() for line in read_input(args.input)]
+    name = "<stdin>" if args.input in (None, "-") else args.input
+    check_words(sentences, name)  # before any work: a tree of them could not be written
     decode = parser.translator.decode_config(
         beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
     )
     todo = [i for i, words in enumerate(sentences) if words]  # a blank line stays blank
-    parses = parser.parse(
-        [sentences[i] for i in todo],
-        decode,
-        constrained=args.constrained,
-        show_progress=None if not args.quiet else False,
-    )
+    with lines_named(name, todo):  # "sentence K" of those parsed is its line of the input
+        parses = parser.parse(
+            [sentences[i] for i in todo],
+            decode,
+            constrained=args.constrained,
+            show_progress=None if not args.quiet else False,
+        )
     out = [""] * len(sentences)
     for i, parsed in zip(todo, parses, strict=True):
         out[i] = to_brackets(parsed.tree)

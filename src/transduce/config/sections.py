@@ -402,6 +402,8 @@ class DecodeConfig(_Section):
                 f"greedy search is what it means); got {self.temperature}"
             )
         _not_negative(self, "top_k", "sampling_seed")
+        if self.sampling_seed >= 2**63:  # torch.Generator's seed is a signed 64-bit integer
+            raise UserError(f"sampling_seed must be below 2**63; got {self.sampling_seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p must be in (0, 1]; got {self.top_p}")
 

@@ -58,6 +58,15 @@ def _class_size(cfg: SyntheticTaskConfig, cls: tuple[int, ...]) -> int:
     return cfg.n_symbols ** cls[0]
 
 
+def _held_out_cap(cfg: SyntheticTaskConfig, cls: tuple[int, ...]) -> int:
+    """At most ``HELD_OUT_SHARE`` of the examples of class ``cls``, and at least one. In
+    integers where the class is too large for a float (400-digit operands): the float product
+    overflowed there."""
+    size = _class_size(cfg, cls)
+    share = int(HELD_OUT_SHARE * size) if size < 2**53 else size // round(1 / HELD_OUT_SHARE)
+    return max(1, share)
+
+
 def _addition(rng: random.Random, cfg: SyntheticTaskConfig) -> TextPair:
     a, b = _number(rng, cfg), _number(rng, cfg)
     return f"{a}+{b}", str(a + b)
@@ -96,7 +105,7 @@ def make_task(cfg: SyntheticTaskConfig) -> SyntheticTask:
         classes: list[tuple[int, ...]] = [(a, b) for a in digits for b in digits]
     else:
         classes = [(n,) for n in range(cfg.min_length, cfg.max_length + 1)]
-    capacity = sum(max(1, int(HELD_OUT_SHARE * _class_size(cfg, c))) for c in classes)
+    capacity = sum(_held_out_cap(cfg, c) for c in classes)
     if capacity < 2 * cfg.valid_size:
         raise UserError(
             f"task {cfg.name} can hold out at most {capacity} examples (a tenth of each length "
@@ -128,7 +137,7 @@ def make_task(cfg: SyntheticTaskConfig) -> SyntheticTask:
             )
         src, tgt = draw()
         cls = _class_of(cfg, src)
-        cap = max(1, int(HELD_OUT_SHARE * _class_size(cfg, cls)))
+        cap = _held_out_cap(cfg, cls)
         if src in held_out or per_class.get(cls, 0) >= cap:
             continue
         held_out[src] = tgt

@@ -21,7 +21,7 @@ and the root becomes ``TOP``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ __all__ = [
     "Leaf",
     "Node",
     "Tree",
+    "check_words",
     "clean_tree",
     "parse_trees",
     "read_tree_file",
@@ -99,6 +100,19 @@ def _iter_leaves(node: Node) -> Iterator[Leaf]:
 
 
 # ------------------------------------------------------------------------------------ writing
+
+
+def check_words(sentences: Sequence[Sequence[str]], name: str) -> None:
+    """A UserError naming ``name`` and the line (sentence i is line i + 1) of the first word a
+    bracketed tree cannot hold (a bracket), before any work: a parse of it could not be
+    written."""
+    for i, words in enumerate(sentences):
+        for word in words:
+            if _UNWRITABLE.search(word):
+                raise UserError(
+                    f"{name}: line {i + 1}: word {word!r} cannot be written in a bracketed tree "
+                    "(it holds a bracket); the Penn Treebank writes -LRB- and -RRB- for brackets"
+                )
 
 
 def _check_writable(text: str, what: str) -> None:

@@ -26,6 +26,7 @@ from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
 from transduce.data.vocab import SPECIALS, Vocab, VocabPair
 from transduce.errors import UserError
+from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.search import predict_ids, searchable
 from transduce.model.attention import AttentionRecord
 from transduce.model.transformer import Transformer
@@ -75,6 +76,19 @@ def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
     return [vocab.decode([i]) or f"<{i}>" for i in ids]
 
 
+def _check_placed(side: str, ids: list[int], limit: int | None) -> None:
+    """A UserError when ``ids`` and their EOS (or BOS) need more positions than ``limit`` (the
+    learned positions') or tokens than ``MAX_SENTENCE_TOKENS``."""
+    most = MAX_SENTENCE_TOKENS if limit is None else limit - 1
+    if len(ids) > most:
+        why = (
+            f"this model's learned positions (max_positions={limit}) place at most {most}"
+            if limit is not None
+            else f"at most {most} are read (a whole text on one line?)"
+        )
+        raise UserError(f"the {side} has {len(ids)} subword tokens; {why}")
+
+
 @torch.no_grad()
 def attention_maps(
     model: Seq2Seq,
@@ -92,8 +106,20 @@ def attention_maps(
     src_ids = src_vocab.encode(source.strip())
     if not src_ids:
         raise UserError("the source sentence is empty")
+    cfg = model.config
+    limit = cfg.max_positions if cfg.positional == "learned" else None  # + EOS / BOS each
+    _check_placed("source", src_ids, limit)
     device = next(model.parameters()).device
     if target is None:
+        if limit is not None:  # the decoder places BOS and n + 1 + offset outputs
+            room = limit - len(src_ids) - 2
+            if room < 0:
+                raise UserError(
+                    f"the source has {len(src_ids)} subword tokens; this model's learned "
+                    f"positions (max_positions={limit}) leave no room for its output: give "
+                    "--tgt, or a shorter source"
+                )
+            max_len_offset = min(max_len_offset, room)
         tgt_ids = predict_ids(
             searchable(model),
             [src_ids],
@@ -103,6 +129,7 @@ def attention_maps(
         )[0]
     else:
         tgt_ids = tgt_vocab.encode(target.strip())
+        _check_placed("target", tgt_ids, limit)
     batch = collate([(src_ids, tgt_ids)]).to(device)
     record = AttentionRecord()
     memory, valid = model.encode(batch.src, record=record)
@@ -159,6 +186,11 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
 
 
+# The most tokens a side of a drawn map may have: past it the labels overlap and the drawing
+# takes minutes
+DRAWN_MAX_TOKENS = 256
+
+
 def draw_attention(
     model: Seq2Seq,
     vocab: Vocab,
@@ -170,12 +202,22 @@ def draw_attention(
     layer: int = -1,
     head: int | None = None,
     style: Literal["grid", "lines"] = "grid",
+    max_len_offset: int = 50,
 ) -> Path:
     """Draw one layer's attention of ``kind`` on the pair into ``output`` (.png, .svg, .pdf or
-    .html; ``transduce.plotting.plot_attention``): all heads, or ``head`` alone."""
+    .html; ``transduce.plotting.plot_attention``): all heads, or ``head`` alone. Without a
+    ``target``, the model's greedy output of at most source tokens + ``max_len_offset``; a
+    side of over ``DRAWN_MAX_TOKENS`` tokens is refused (a map of it is unreadable)."""
     from transduce.plotting.attention import plot_attention
 
-    maps = attention_maps(model, vocab, source, target)
+    for side, text in (("source", source), ("target", target)):
+        n = 0 if text is None else len(sides(vocab)[side == "target"].encode(text.strip()))
+        if n > DRAWN_MAX_TOKENS:
+            raise UserError(
+                f"the {side} has {n} subword tokens; a map of more than {DRAWN_MAX_TOKENS} "
+                "is unreadable: draw one sentence"
+            )
+    maps = attention_maps(model, vocab, source, target, max_len_offset=max_len_offset)
     weights, queries, keys = maps.of(kind)
     n_layers = weights.size(0)
     if not -n_layers <= layer < n_layers:
@@ -187,6 +229,7 @@ def draw_attention(
 
 
 __all__ = [
+    "DRAWN_MAX_TOKENS",
     "AttentionMaps",
     "attention_maps",
     "draw_attention",

@@ -34,6 +34,13 @@ def max_output_lengths(src: Tensor, max_len_offset: int, max_len: int | None) ->
     return (src != PAD).sum(dim=1) + max_len_offset
 
 
+# The most subword tokens a sentence may have where the model sets no limit (sinusoidal
+# positions, the rnn): 16 times training's default max_len. A longer "sentence" is likely a
+# whole text on one line, and attention's work grows with its square (600,000 tokens ran for
+# minutes without an end).
+MAX_SENTENCE_TOKENS = 4096
+
+
 def next_token_log_probs(logits: Tensor, force_eos: Tensor | None) -> Tensor:
     """logits (N, V) of the next token, force_eos (N,) bool or None (no row) -> float32
     log-probs (N, V).
@@ -62,4 +69,10 @@ def first_forced_step(max_lens: Tensor) -> int:
     return int(max_lens.min())
 
 
-__all__ = ["check_eval_mode", "first_forced_step", "max_output_lengths", "next_token_log_probs"]
+__all__ = [
+    "MAX_SENTENCE_TOKENS",
+    "check_eval_mode",
+    "first_forced_step",
+    "max_output_lengths",
+    "next_token_log_probs",
+]

@@ -55,10 +55,11 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
 from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
-from transduce.data.vocab import Vocab
+from transduce.data.vocab import UNK, Vocab
 from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
+from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.contract import DecodableModel
 from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
@@ -73,12 +74,6 @@ from transduce.inference.weights import (
 from transduce.model.transformer import Transformer
 
 __all__ = ["MAX_SENTENCE_TOKENS", "Translation", "Translator", "length_batches", "resolve_device"]
-
-# The most subword tokens a sentence may have where the model sets no limit (sinusoidal
-# positions, the rnn): 16 times training's default max_len. A longer "sentence" is likely a
-# whole text on one line, and attention's work grows with its square (600,000 tokens ran for
-# minutes without an end).
-MAX_SENTENCE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -115,6 +110,19 @@ def _max_positions(cfg: Config) -> int | None:
     """The positions a model of ``cfg`` can place: its learned table's size, or None (the
     sinusoidal table grows)."""
     return cfg.model.max_positions if cfg.model.positional == "learned" else None
+
+
+def _strings(values: Sequence[str], what: str, plural: str | None = None) -> list[str]:
+    """``values`` as a list of strings; a TypeError for one string (or bytes) where a list is
+    wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...)."""
+    if isinstance(values, str | bytes):
+        many = plural or f"{what}s"
+        raise TypeError(f"a list of {many} is wanted, not one {type(values).__name__}")
+    out = list(values)
+    for i, value in enumerate(out, start=1):
+        if not isinstance(value, str):
+            raise TypeError(f"{what} {i} is {type(value).__name__}, not a str")
+    return out
 
 
 class Translator:
@@ -226,16 +234,15 @@ class Translator:
             }.items()
             if value is not None
         }
-        for key in ("beam", "batch_tokens"):
-            if key in changes and changes[key] < 1:
-                raise UserError(f"{key} must be at least 1; got {changes[key]}")
-        for key in ("alpha", "max_len_offset"):
-            if key in changes and changes[key] < 0:
-                raise UserError(f"{key} must not be negative; got {changes[key]}")
-        return self._fits(replace(self.cfg.decode, **changes))
+        return self._fits(replace(self.cfg.decode, **changes))  # types and ranges checked
 
     def _fits(self, decode: DecodeConfig | None) -> DecodeConfig:
         """``decode`` (None: the model's), refused if its beam exceeds the vocabulary."""
+        if decode is not None and not isinstance(decode, DecodeConfig):
+            raise TypeError(
+                f"decode must be a DecodeConfig (see Translator.decode_config), not "
+                f"{type(decode).__name__}"
+            )
         cfg = self.cfg.decode if decode is None else decode
         if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
             raise UserError(
@@ -273,6 +280,8 @@ class Translator:
         the single translation ``""`` with score and log-probability 0. With ``decode.sampling``
         the ``nbest`` are samples (best score first, not necessarily distinct), any number."""
         cfg = self._fits(decode)
+        if isinstance(nbest, bool) or not isinstance(nbest, int):
+            raise TypeError(f"nbest must be an integer; got {nbest!r}")
         if nbest < 1:
             raise UserError(f"nbest must be at least 1; got {nbest}")
         if nbest > cfg.beam and not cfg.sampling:
@@ -287,11 +296,11 @@ class Translator:
         show_progress: bool | None,
         prefixes: Sequence[str] | None = None,
     ) -> list[list[Translation]]:
-        if isinstance(sentences, str):
-            raise TypeError("translate takes a list of sentences, not one string")
-        if prefixes is not None and len(prefixes) != len(sentences):
-            raise UserError(f"{len(prefixes)} prefixes for {len(sentences)} sentences")
-        texts = [s.strip() for s in sentences]
+        texts = [s.strip() for s in _strings(sentences, "sentence")]
+        if prefixes is not None:
+            prefixes = _strings(prefixes, "prefix", "prefixes")
+            if len(prefixes) != len(texts):
+                raise UserError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
         todo = [i for i, t in enumerate(texts) if t]
         encode_batch = getattr(self.vocab, "encode_batch", None)
@@ -348,6 +357,11 @@ class Translator:
         out, target = [], sides(self.vocab)[1]  # a prefix is the target side's text
         for j, i in enumerate(todo):
             prefix = target.encode(prefixes[i].strip()) if prefixes[i].strip() else []
+            if UNK in prefix:  # forced, it would not be the text asked for
+                raise UserError(
+                    f"prefix {i + 1} ({prefixes[i].strip()!r}) holds what the model's target "
+                    "vocabulary cannot write (read as <unk>)"
+                )
             if len(prefix) > len(ids[j]) + 1 + cfg.max_len_offset:
                 raise UserError(
                     f"prefix {i + 1} has {len(prefix)} subword tokens; the output of its sentence "
@@ -364,6 +378,7 @@ class Translator:
         the length penalty of ``decode.alpha``, the beam's ``score`` of that output), batched
         by ``decode.batch_tokens``. Empty lines are scored too (an empty target is EOS alone)."""
         cfg = self._fits(decode)
+        sources, targets = _strings(sources, "source"), _strings(targets, "target")
         if len(sources) != len(targets):
             raise UserError(f"{len(sources)} sources but {len(targets)} targets")
         src_ids = [self.vocab.encode(s.strip()) for s in sources]
@@ -393,6 +408,10 @@ class Translator:
         n_layers = self.cfg.model.n_layers
         if not -n_layers <= layer < n_layers:
             raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")
+        sentences = _strings(sentences, "sentence")
+        translations = _strings(translations, "translation")
+        if len(sentences) != len(translations):
+            raise UserError(f"{len(sentences)} sentences but {len(translations)} translations")
         out = []
         for source, target in zip(sentences, translations, strict=True):
             if not source.strip() or not target.strip():

@@ -11,7 +11,9 @@ then ``delinearise`` puts the words back in order and repairs malformed output, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig, ParsingTaskConfig
 from transduce.data.linearise import WORD_SLOT, delinearise, linearise, slots_to_placeholders
 from transduce.data.parallel import read_lines
-from transduce.data.trees import Tree, read_tree_file
+from transduce.data.trees import Tree, check_words, read_tree_file
 from transduce.data.vocab import EOS, SPECIALS, UNK, Vocab, VocabPair
 from transduce.device import resolve_device
 from transduce.errors import UserError
@@ -155,6 +157,19 @@ def _check_scorable(
             )
 
 
+@contextmanager
+def lines_named(name: str, lines: Sequence[int]) -> Iterator[None]:
+    """Errors about "sentence K" of the sentences parsed, told as line ``lines[K - 1] + 1`` of
+    ``name`` (a file whose blank lines were not parsed)."""
+    try:
+        yield
+    except UserError as e:
+        found = re.match(r"sentence (\d+)\b(.*)", str(e), flags=re.S)
+        if found is None or not 1 <= int(found[1]) <= len(lines):
+            raise
+        raise UserError(f"{name}: line {lines[int(found[1]) - 1] + 1}{found[2]}") from None
+
+
 def evaluate_parser(
     parser: Parser,
     words_path: str | Path,
@@ -179,12 +194,17 @@ def evaluate_parser(
             f"{words_path}: line {empty + 1} is empty: every line of a parser's "
             "evaluation needs a sentence (and its gold tree)"
         )
+    check_words(sentences, str(words_path))
     gold = read_tree_file(trees_path)
     if len(gold) != len(sentences):
         raise UserError(
             f"{words_path} has {len(sentences)} sentences but {trees_path} has {len(gold)} trees"
         )
-    parses = parser.parse(sentences, decode, constrained=constrained, show_progress=show_progress)
+    lines = list(range(len(sentences)))
+    with lines_named(str(words_path), lines):
+        parses = parser.parse(
+            sentences, decode, constrained=constrained, show_progress=show_progress
+        )
     scores = score_corpus(gold, [p.tree for p in parses]).as_dict()
     repairs = sum(p.repairs for p in parses)
     well_formed = sum(p.repairs == 0 for p in parses) / max(len(parses), 1)
@@ -211,4 +231,4 @@ def parsing_scores(
     }
 
 
-__all__ = ["Parse", "Parser", "evaluate_parser", "parsing_scores", "word_units"]
+__all__ = ["Parse", "Parser", "evaluate_parser", "lines_named", "parsing_scores", "word_units"]
