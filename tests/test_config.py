@@ -200,7 +200,7 @@ def test_validate_cross_field_checks() -> None:
     with pytest.raises(UserError, match="max_digits"):
         update(Config(), {"min_digits": 4, "max_digits": 3})
     with pytest.raises(UserError, match="max_length"):
-        update(Config(), {"min_length": 5, "max_length": 2})
+        update(Config(), {"name": "copy", "min_length": 5, "max_length": 2})
     update(Config(), {"min_digits": 3, "max_digits": 3, "max_epochs": 0, "clip_norm": 0.0})
     with pytest.raises(UserError, match="bpe_dropout is not a key of task SyntheticTaskConfig"):
         update(Config(), {"bpe_dropout": 0.1})  # a character vocabulary has no merges to drop
@@ -217,7 +217,7 @@ def test_validate_cross_field_checks() -> None:
         (lambda: ModelConfig(norm="mid"), "norm"),
         (lambda: TrainConfig(dropout=0.1), None),
         (lambda: TrainConfig(average_last=9, keep_last=2), "average_last"),
-        (lambda: SyntheticTaskConfig(min_length=3, max_length=2), "max_length"),
+        (lambda: SyntheticTaskConfig(name="copy", min_length=3, max_length=2), "max_length"),
         (lambda: TranslationTaskConfig(bpe_dropout=1.0), "bpe_dropout"),
         (lambda: DecodeConfig(beam=0), "beam"),
         (lambda: DecodeConfig(alpha=True), "alpha"),
@@ -389,3 +389,30 @@ def test_parsing_word_slots_are_named_once() -> None:
     assert ParsingTaskConfig(slot_pieces=True).slot_pieces
     with pytest.raises(UserError, match="slot_pieces .* bpe_dropout"):
         ParsingTaskConfig(slot_pieces=True, bpe_dropout=0.1)
+
+
+def test_keys_a_run_would_ignore_are_refused() -> None:
+    """What an audit found doing nothing: another synthetic task's keys, exact match targets
+    and valid_beam where the task has none, early stopping without validation during the run
+    or without validation files."""
+    for values, words in (
+        ({"n_symbols": 40}, "task.n_symbols is not read by task addition"),
+        ({"name": "copy", "max_digits": 5}, "task.max_digits is not read by task copy"),
+        ({"eval_every": 0, "patience": 2}, "patience stops a run at a validation"),
+        ({"eval_every": 0, "target_seq_accuracy": 0.9}, "eval_every 0 validates only"),
+        ({"name": "translation", "target_seq_accuracy": 0.5}, "translation validates by BLEU"),
+        ({"valid_beam": 4}, "a synthetic task's validation decodes greedily"),
+        ({"name": "translation", "patience": 3}, "train.patience needs validation"),
+        ({"name": "translation", "max_valid_sentences": 9}, "task.max_valid_sentences needs"),
+    ):
+        with pytest.raises(UserError, match=words):
+            update(Config(), values)
+    # a task changed by name starts its own keys from their defaults, the other task's too
+    changed = update(update(Config(), {"max_digits": 5}), {"name": "reverse"})
+    assert changed.task.max_digits == 3 and changed.task.name == "reverse"
+    both = {"name": "translation", "valid_src": "a", "valid_tgt": "b", "patience": 3}
+    assert update(Config(), both).train.patience == 3
+    # a stored config keeps loading: the keys its task does not read are dropped there
+    stored = Config().to_dict()
+    stored["task"]["n_symbols"] = 40  # written before the check, read by no addition run
+    assert from_dict(stored, stored=True).task.n_symbols == 10

@@ -320,14 +320,17 @@ def step_path(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}.pt"
 
 
-def prune(directory: str | Path, keep_last: int, save_every: int = 0) -> None:
+def prune(
+    directory: str | Path, keep_last: int, save_every: int = 0, scheduled_after: int = 0
+) -> None:
     """Delete all but the newest ``keep_last`` step checkpoints (all of them when it is 0).
     With ``save_every``, first those off its schedule (a step not a multiple of it: written for
     a stop signal) unless newest, so that a preempted and resumed run keeps, and averages, the
-    checkpoints an uninterrupted one would."""
+    checkpoints an uninterrupted one would; only those after step ``scheduled_after`` (a run
+    resumed there with another ``save_every``: the earlier ones kept its own schedule)."""
     if save_every > 0:
         for step, p in _numbered(directory)[:-1]:
-            if step % save_every:
+            if step > scheduled_after and step % save_every:
                 p.unlink(missing_ok=True)
     found = step_checkpoints(directory)
     for p in found[: max(len(found) - keep_last, 0)]:

@@ -39,7 +39,11 @@ def test_rows_scale_like_the_paper() -> None:
 
 def test_dev_bleu_uses_the_alpha_option_not_the_recipes() -> None:
     t3 = _table3()
-    recipe = {"train": {"warmup": 10}, "decode": {"alpha": 1.6, "beam": 5}}
+    recipe = {
+        "train": {"warmup": 10},
+        "decode": {"alpha": 1.6, "beam": 5},
+        "task": {"name": "translation"},  # valid_beam: a translation recipe (Multi30k)
+    }
     parse = lambda argv: t3.argparse.Namespace(  # noqa: E731 - the options row_config reads
         steps=5, minutes=0.0, beam=4, width=4, depth=2, set=[], **argv
     )

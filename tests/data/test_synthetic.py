@@ -67,15 +67,8 @@ def test_reverse_input_reverses_source_only() -> None:
 @pytest.mark.parametrize("name", ["addition", "copy", "reverse"])
 def test_held_out_never_in_train(name: str, reverse_input: bool) -> None:
     # A small task space, so collisions would happen without the exclusion.
-    cfg = _task_cfg(
-        name=name,
-        train_size=400,
-        valid_size=100,
-        max_digits=2,
-        max_length=6,
-        n_symbols=4,
-        reverse_input=reverse_input,
-    )
+    sizes = {"max_digits": 2} if name == "addition" else {"max_length": 6, "n_symbols": 4}
+    cfg = _task_cfg(name=name, train_size=400, valid_size=100, reverse_input=reverse_input, **sizes)
     task = make_task(cfg)
     valid_sources = {s for s, _ in task.valid}
     assert len(valid_sources) == len(task.valid) == 100  # distinct held-out examples

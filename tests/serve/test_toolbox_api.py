@@ -39,6 +39,8 @@ def translator(tmp_path_factory) -> Translator:
         tmp_path_factory.mktemp("model") / "model.pt",
         {"max_len_offset": 4, "beam": 3, "alpha": 0.6},
         {"n_layers": 2},  # the last layer's attention is not the first's
+        # the README's prefix "Ein Hund": refused where the target side cannot write it
+        text=["A dog runs on the beach.", "Ein Hund rennt am Strand."] * 20,
     )
     return Translator.load(path)
 

@@ -29,7 +29,51 @@ def test_the_demo_twice_in_one_folder_is_refused(tmp_path: Path) -> None:
     from transduce.demo import run_demo
 
     small = {"n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
-    overrides = {**small, "max_steps": 2, "save_every": 2, "eval_every": 0}
+    overrides = {
+        **small,
+        "max_steps": 2,
+        "save_every": 2,
+        "eval_every": 0,
+        "target_seq_accuracy": 0,
+    }
     run_demo(tmp_path, overrides, show_progress=False)
     with pytest.raises(UserError, match="already holds a run"):
         run_demo(tmp_path, overrides, show_progress=False)
+
+
+def test_a_resume_with_another_save_every_keeps_the_checkpoints_saved_before(
+    tmp_path: Path, capsys
+) -> None:
+    """The old schedule's checkpoints were pruned as off the new one, and model.pt averaged
+    fewer than average_last without a word."""
+    from transduce.checkpoint import step_checkpoints
+
+    cfg = update(from_dict(TINY), {"max_steps": 6, "save_every": 2, "average_last": 3})
+    train(cfg, tmp_path, show_progress=False)
+    again = update(cfg, {"max_steps": 10, "save_every": 5})
+    train(again, tmp_path, resume=True, show_progress=False)
+    steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "checkpoints")]
+    assert steps[-3:] == [4, 6, 10]  # the last three averaged: 4 and 6 were kept
+    assert "note: model.pt averages" not in capsys.readouterr().err
+    fewer = update(cfg, {"max_steps": 4, "save_every": 4, "average_last": 3})
+    train(fewer, tmp_path / "fewer", show_progress=False)
+    assert "model.pt averages 1 step checkpoint, not average_last = 3" in capsys.readouterr().err
+
+
+def test_a_resume_of_another_task_is_refused_before_a_vocabulary_is_learned(
+    tmp_path: Path,
+) -> None:
+    cfg = update(from_dict(TINY), {"max_steps": 2, "save_every": 2})
+    train(cfg, tmp_path, show_progress=False)
+    other = update(cfg, {"name": "translation", "train_src": "a.txt", "train_tgt": "b.txt"})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(UserError, match="holds a run of task"):
+        train(other, tmp_path, resume=True, show_progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no vocabulary written
+
+
+def test_compile_reduce_overhead_on_a_cpu_is_refused_before_the_run_folder(tmp_path) -> None:
+    cfg = update(from_dict(TINY), {"compile": "reduce-overhead", "device": "cpu"})
+    with pytest.raises(UserError, match="reduce-overhead captures CUDA graphs"):
+        train(cfg, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()

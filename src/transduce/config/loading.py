@@ -10,6 +10,7 @@ from typing import Any, Literal
 from transduce.config.sections import (
     _TASK_CLASSES,
     ARCHITECTURE_KEYS,
+    SYNTHETIC_UNREAD,
     TASKS,
     Config,
     DecodeConfig,
@@ -76,7 +77,13 @@ def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
         if key not in _hints(cls):
             keys = ", ".join(f.name for f in fields(cls))
             raise UserError(f"task.{key} is not a key of task {cls.__name__} (its keys: {keys})")
-    return replace(task, **changes) if isinstance(task, cls) else cls(**changes)
+    if not isinstance(task, cls):
+        return cls(**changes)
+    name = changes.get("name", task.name)
+    if name != task.name:  # another synthetic task: the keys it does not read from defaults
+        defaults = {f.name: f.default for f in fields(cls)}
+        changes = {**{k: defaults[k] for k in SYNTHETIC_UNREAD.get(name, ())}, **changes}
+    return replace(task, **changes)
 
 
 def _updated_model(model: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
@@ -147,7 +154,8 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
             if not isinstance(values, dict):
                 raise UserError(f"section {section!r} must be a mapping")
             if stored and section == "task":
-                keys = _hints(TASKS[values.get("name", cfg.task.name)])
+                name = values.get("name", cfg.task.name)
+                keys = set(_hints(TASKS[name])) - set(SYNTHETIC_UNREAD.get(name, ()))
                 values = {k: v for k, v in values.items() if k in keys}
             if stored and section == "model":
                 unread = _keys_unread_by(values.get("architecture", cfg.model.architecture))

@@ -203,6 +203,12 @@ class TrainConfig(_Section):
         _positive(self, "lr_factor", "adam_eps")  # 0 learns nothing; below it, ascent
         if not 0 <= self.seed < 2**32:  # what every generator the run seeds takes
             raise UserError(f"seed must be in [0, 2**32); got {self.seed}")
+        if self.eval_every == 0 and (self.patience or self.target_seq_accuracy):
+            key = "patience" if self.patience else "target_seq_accuracy"
+            raise UserError(
+                f"{key} stops a run at a validation during it; eval_every 0 validates only at "
+                f"the end: set eval_every, or {key} 0"
+            )
         if not 0.0 <= self.target_seq_accuracy <= 1.0:
             raise UserError(
                 f"target_seq_accuracy must be in [0, 1] (0: off); got {self.target_seq_accuracy}"
@@ -219,6 +225,14 @@ class TrainConfig(_Section):
             raise UserError(
                 f"average_last ({self.average_last}) exceeds keep_last ({self.keep_last})"
             )
+
+
+# The keys of SyntheticTaskConfig that each of its tasks does not read
+SYNTHETIC_UNREAD: dict[str, tuple[str, ...]] = {
+    "addition": ("min_length", "max_length", "n_symbols"),
+    "copy": ("min_digits", "max_digits"),
+    "reverse": ("min_digits", "max_digits"),
+}
 
 
 @dataclass(frozen=True)
@@ -240,6 +254,13 @@ class SyntheticTaskConfig(_Section):
 
     def _check(self) -> None:
         _positive(self, "train_size", "valid_size", "n_symbols", "min_digits", "min_length")
+        defaults = {f.name: f.default for f in fields(self)}
+        for key in SYNTHETIC_UNREAD[self.name]:
+            if getattr(self, key) != defaults[key]:
+                raise UserError(
+                    f"task.{key} is not read by task {self.name} (it is for "
+                    f"{'addition' if 'digits' in key else 'copy and reverse'})"
+                )
         if self.max_digits < self.min_digits:
             raise UserError(
                 f"max_digits ({self.max_digits}) is below min_digits ({self.min_digits})"
@@ -428,6 +449,29 @@ class Config:
             raise UserError(
                 "position_unit: word needs words in and word slots out: task.name: parsing"
             )
+        self._check_validation_keys()
+
+    def _check_validation_keys(self) -> None:
+        """Validation settings that the task would ignore: refused, naming why."""
+        t, task = self.train, self.task
+        synthetic = isinstance(task, SyntheticTaskConfig)
+        if t.target_seq_accuracy and not synthetic:
+            raise UserError(
+                "target_seq_accuracy is the exact match of a synthetic task's validation; "
+                f"{task.name} validates by {'F1' if task.name == 'parsing' else 'BLEU'} "
+                "(patience stops on it)"
+            )
+        if t.valid_beam != 1 and synthetic:
+            raise UserError(
+                "valid_beam is for translation's validation BLEU; a synthetic task's "
+                "validation decodes greedily"
+            )
+        no_files = (
+            isinstance(task, TranslationTaskConfig) and not task.valid_src and not task.prepared
+        )
+        if no_files and (t.patience or task.max_valid_sentences):
+            key = "train.patience" if t.patience else "task.max_valid_sentences"
+            raise UserError(f"{key} needs validation: set task.valid_src and task.valid_tgt")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

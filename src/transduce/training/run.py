@@ -7,6 +7,7 @@ The tasks (``training/tasks/``): a synthetic task (``train_synthetic``), ``trans
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +19,9 @@ from transduce.config import (
     TaskConfig,
     TranslationTaskConfig,
 )
+from transduce.device import resolve_device
 from transduce.errors import UserError
+from transduce.training.compiling import check_mode
 from transduce.training.config_change import allowed_keys
 from transduce.training.tasks.parsing import train_parsing
 from transduce.training.tasks.synthetic import train_synthetic
@@ -49,6 +52,22 @@ TASKS: dict[type[TaskConfig], TrainTask] = {
 }
 
 
+def _check_same_task(cfg: Config, out_dir: Path) -> None:
+    """A UserError when the run in ``out_dir`` (its config.json) is of another task than
+    ``cfg``: before this task learns a vocabulary into the folder (the checkpoint's own check,
+    later, names every key that differs)."""
+    try:
+        written = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+        name = written["task"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no run there yet, or a damaged one: the resume itself says what it finds
+    if name != cfg.task.name:
+        raise UserError(
+            f"{out_dir} holds a run of task {name}, not {cfg.task.name}: resume it with its own "
+            "config, or start this run in another folder"
+        )
+
+
 def train(
     cfg: Config,
     out_dir: str | Path,
@@ -65,6 +84,10 @@ def train(
     allowed_keys(allow_change)  # a UserError naming a key that does not exist
     if allow_change and not resume:
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
+    if cfg.train.compile:  # before a vocabulary is learned or a run folder written
+        check_mode(cfg.train.compile, resolve_device(cfg.train.device))
+    if resume:
+        _check_same_task(cfg, Path(out_dir))
     return TASKS[type(cfg.task)](
         cfg,
         out_dir,

@@ -54,6 +54,8 @@ class RunFolder:
         self.training, self.cfg, self.world = training, training.cfg, training.world
         self.log = MetricsLog(path, tensorboard=self.cfg.train.tensorboard and self.world.is_main)
         self._saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch) of the last save
+        # the step from which save_every's schedule holds (a resume that changed it: there)
+        self._schedule_from = 0
         if self.world.is_main:
             path.mkdir(parents=True, exist_ok=True)
 
@@ -85,6 +87,9 @@ class RunFolder:
             )
         load_training_state(state, path, run.model, run.optimizer, run.scaler)
         progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
+        before = state.get("config", {}).get("train", {}).get("save_every")
+        if before != self.cfg.train.save_every:  # its checkpoints were of the other schedule
+            self._schedule_from = progress.step
         if self.world.is_main:
             self.log.truncate_after(progress.step)
             if getattr(self.cfg.task, "bpe_dropout", 0.0) > 0:
@@ -134,7 +139,8 @@ class RunFolder:
 
         saving.write_model_file(self.world, path, state, self.checkpoints)
         if self.world.is_main:
-            checkpoint.prune(self.checkpoints, self.cfg.train.keep_last, self.cfg.train.save_every)
+            t = self.cfg.train
+            checkpoint.prune(self.checkpoints, t.keep_last, t.save_every, self._schedule_from)
         self._saved_at = (progress.step, progress.epoch, progress.batch_index)
         return path
 
@@ -160,6 +166,15 @@ class RunFolder:
             if t.average_last > 1:
                 paths = checkpoint.step_checkpoints(self.checkpoints)[-t.average_last :]
                 final = checkpoint.average(paths)
+                if len(paths) < t.average_last:  # said, not hidden in a smaller average
+                    print(
+                        f"transduce: note: model.pt averages {len(paths)} step checkpoint"
+                        f"{'s' * (len(paths) != 1)}, not average_last = {t.average_last}: the "
+                        f"run saved no more (save_every {t.save_every}, keep_last "
+                        f"{t.keep_last})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             else:
                 final = self.model_state()
         saving.write_model_file(self.world, self.path / "model.pt", lambda: final, self.checkpoints)

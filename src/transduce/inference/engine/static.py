@@ -44,7 +44,7 @@ from torch import Tensor
 from transduce import kernels
 from transduce.inference.engine.cache import EngineCache
 from transduce.inference.engine.decoding import DecodingModel
-from transduce.inference.engine.static_slot import Slot, SlotKey, slot_capacity
+from transduce.inference.engine.static_slot import CaptureStream, Slot, SlotKey, slot_capacity
 
 # positions a buffer holds at first (doubled when full)
 DEFAULT_CAPACITY = 64
@@ -105,8 +105,8 @@ class StaticDecoder:
         if graphs and not kernels.graphs_capture(device):
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not on {device}")
         self.engine, self.graphs, self.capacity = engine, graphs, capacity
-        # the stream every capture runs on, made at the first; warmed up there once
-        self.capture_stream: torch.cuda.Stream | None = None
+        # the stream every capture runs on (CUDA graphs), else None: the steps run eagerly
+        self.capture = CaptureStream() if graphs else None
         # slots by shape, least recently used first: later searches of a shape reuse its graph
         self.slots: OrderedDict[SlotKey, Slot] = OrderedDict()
 
@@ -222,7 +222,7 @@ class _StaticSteps:
         else:
             slot.tokens.index_copy_(0, rows, tgt.view(-1))
         slot.position.fill_(self.t)
-        logits = slot.run(self.owner)
+        logits = slot.run(self.owner.capture)
         self.t += 1
         if rows is not None:
             logits = logits.index_select(0, rows)

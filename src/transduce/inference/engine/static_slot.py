@@ -9,7 +9,8 @@ the key and value sizes; S source positions; C the capacity (target positions); 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,13 @@ from transduce.inference.engine.layer_weights import DecoderLayerWeights, feed_f
 from transduce.model.attention import split_heads
 from transduce.model.positions import LearnedPositions
 
-if TYPE_CHECKING:
-    from transduce.inference.engine.static import StaticDecoder
+
+@dataclass
+class CaptureStream:
+    """The stream a decoder's captures run on (made at its first), warmed up there once."""
+
+    stream: Any = None  # a torch.cuda.Stream
+
 
 # un-captured steps before the decoder's first capture: CUDA libraries set up handles and
 # workspaces on first use, which a capture may not do (later captures: one)
@@ -120,20 +126,20 @@ class Slot:
         if self.mask is not None and other.mask is not None:
             self.mask.copy_(other.mask)
 
-    def run(self, owner: StaticDecoder) -> Tensor:
-        """The step on the inputs written into ``tokens`` and ``position`` -> logits (N, V): on
-        CUDA the graph's output (captured at the first call; overwritten by the next), else a
-        new tensor."""
-        if not owner.graphs:
+    def run(self, capture: CaptureStream | None) -> Tensor:
+        """The step on the inputs written into ``tokens`` and ``position`` -> logits (N, V):
+        with a ``capture`` stream (CUDA graphs), the graph's output (captured there at the first
+        call; overwritten by the next replay), else a new tensor."""
+        if capture is None:
             return self.compute()
         with torch.cuda.device(self.tokens.device):  # the model's GPU, not the current one
             if self.graph is None:
-                self._capture(owner)
+                self._capture(capture)
             assert self.logits is not None
             self.graph.replay()
         return self.logits
 
-    def _capture(self, owner: StaticDecoder) -> None:
+    def _capture(self, capture: CaptureStream) -> None:
         """The step as a CUDA graph, captured on the decoder's capture stream after warm-up
         steps there (they write the position being decoded, which the step writes again).
 
@@ -141,10 +147,10 @@ class Slot:
         also synchronises the device and empties the caching allocator: at every capture, every
         search's memory would go back and be allocated again. Errors are those of this thread
         only ("thread_local"): the server decodes while its other threads serve."""
-        first = owner.capture_stream is None
-        if owner.capture_stream is None:
-            owner.capture_stream = torch.cuda.Stream(device=self.tokens.device)
-        side = owner.capture_stream
+        first = capture.stream is None
+        if capture.stream is None:
+            capture.stream = torch.cuda.Stream(device=self.tokens.device)
+        side = capture.stream
         side.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
@@ -198,4 +204,4 @@ class Slot:
         return engine.sublayer(x, w.norms[2], lambda y: feed_forward(w, y))
 
 
-__all__ = ["WARMUP_STEPS", "Slot", "SlotKey", "slot_capacity"]
+__all__ = ["WARMUP_STEPS", "CaptureStream", "Slot", "SlotKey", "slot_capacity"]
