@@ -204,19 +204,27 @@ def test_refusals_name_the_field(tmp_path: Path) -> None:
         assert "\n" not in str(e.value)
 
 
+def _damaging(base: Path, root: Path) -> Any:
+    """``damaged(name, **values)``: a copy of the Marian folder ``base`` as ``root / name``
+    with ``values`` written over its config.json."""
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+
+    def damaged(name: str, **values: Any) -> Path:
+        folder = root / name
+        shutil.copytree(base, folder)
+        (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
+        return folder
+
+    return damaged
+
+
 def test_damaged_folders_are_one_line(tmp_path: Path) -> None:
     """Damaged weights or config values: one line naming the folder or field, never a
     traceback, and never weights transformers made up (it fills a missing tensor at random)."""
     from safetensors.torch import load_file, save_file
 
     base = marian_folder(tmp_path / "base")
-    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
-
-    def damaged(name: str, **values: Any) -> Path:
-        folder = tmp_path / name
-        shutil.copytree(base, folder)
-        (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
-        return folder
+    damaged = _damaging(base, tmp_path)
 
     weights = load_file(str(base / "model.safetensors"))
     missing = damaged("missing")
@@ -295,14 +303,8 @@ def test_more_damaged_folders_are_one_line(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     base = marian_folder(tmp_path / "base")
-    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
     tok = json.loads((base / "tokenizer_config.json").read_text(encoding="utf-8"))
-
-    def damaged(name: str, **values: Any) -> Path:
-        folder = tmp_path / name
-        shutil.copytree(base, folder)
-        (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
-        return folder
+    damaged = _damaging(base, tmp_path)
 
     extra = damaged("extra")
     weights = load_file(str(base / "model.safetensors"))
