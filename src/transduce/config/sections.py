@@ -466,10 +466,12 @@ class Config:
                 "valid_beam is for translation's validation BLEU; a synthetic task's "
                 "validation decodes greedily"
             )
-        no_files = (
-            isinstance(task, TranslationTaskConfig) and not task.valid_src and not task.prepared
-        )
-        if no_files and (t.patience or task.max_valid_sentences):
+        if (
+            isinstance(task, TranslationTaskConfig)
+            and not task.valid_src
+            and not task.prepared
+            and (t.patience or task.max_valid_sentences)
+        ):
             key = "train.patience" if t.patience else "task.max_valid_sentences"
             raise UserError(f"{key} needs validation: set task.valid_src and task.valid_tgt")
 

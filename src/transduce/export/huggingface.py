@@ -322,8 +322,12 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     except UserError as e:  # a value out of transduce's range
         raise UserError(f"{folder / 'generation_config.json'}: {e}") from None
     cfg = Config(model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share), decode=decode)
-    state = {"config": cfg.to_dict(), "vocab": v.vocab.to_dict(), "model": model.state_dict()}
-    save_model_file(state, output)
+    written: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "vocab": v.vocab.to_dict(),
+        "model": model.state_dict(),
+    }
+    save_model_file(written, output)
     return {
         "input": str(folder),
         "output": str(output),

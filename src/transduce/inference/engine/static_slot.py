@@ -59,6 +59,11 @@ class Slot:
     (B, 1, 1, S) or None; the graph and its output ``logits`` (N, V) on CUDA. ``user``: the
     search now using it (a weak reference: a search that ended lets it go)."""
 
+    all_keys: Tensor  # (L, N, H, C, K)
+    all_values: Tensor  # (L, N, H, C, Dv)
+    cross_keys: Tensor  # (L, B, H, S, K)
+    cross_values: Tensor  # (L, B, H, S, Dv)
+
     def __init__(
         self, engine: DecodingModel, key: SlotKey, eager: EngineCache | None, like: Slot | None
     ) -> None:
@@ -66,8 +71,11 @@ class Slot:
         ``eager`` after a step, or of the slot ``like``."""
         rows, sentences, source, capacity, masked, dtype = key
         self.engine, self.key, self.capacity = engine, key, capacity
+        cross_k: Tensor
+        cross_v: Tensor
         if like is not None:
-            n_layers, _, h, _, k_size = like.all_keys.shape
+            like_keys: Tensor = like.all_keys
+            n_layers, _, h, _, k_size = like_keys.shape
             v_size = like.all_values.size(4)
             cross_k, cross_v = like.cross_keys[0], like.cross_values[0]
         else:
