@@ -11,6 +11,9 @@ from transduce.errors import UserError
 
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu:0").type == "cpu"
+    with pytest.raises(UserError, match="the CPU takes no index"):
+        resolve_device("cpu:1")  # torch would take it and ignore the 1
     with pytest.raises(UserError, match="unknown device"):
         resolve_device("toaster")
     for other in ("meta", "xla", "ipu", "hpu"):  # device types transduce does not run on

@@ -17,6 +17,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise UserError(f"unknown device {device!r} ({e}); use cpu, cuda or cuda:N") from None
     if dev.type not in ("cpu", "cuda", "mps", "xpu"):
         raise UserError(f"device {device!r}: transduce runs on cpu, cuda, cuda:N, mps or xpu")
+    if dev.type == "cpu" and dev.index:  # torch takes "cpu:1" and ignores the 1
+        raise UserError(f"device {device!r}: the CPU takes no index; use cpu")
     if dev.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
         raise UserError(f"device {device!r} requested but no XPU is available; use cpu")
     if dev.type == "cuda":

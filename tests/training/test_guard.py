@@ -176,3 +176,32 @@ def test_metrics_jsonl_never_holds_a_bare_nan(tmp_path: Path) -> None:
             "position_accuracy": [1.0, 0.5],
         }
     ]
+
+
+def test_a_run_that_diverges_before_its_first_checkpoint_is_not_told_to_resume(
+    tmp_path: Path,
+) -> None:
+    from transduce.config import TrainConfig
+    from transduce.training.guard import stop_if_diverged
+
+    p = Progress()
+    p.bad_in_row, p.step = 3, 2
+    update = type("U", (), {"skipped": "non-finite loss"})()
+    t = TrainConfig(max_bad_updates=3)
+    with pytest.raises(Diverged, match="none yet.*start the run again") as first:
+        stop_if_diverged(p, update, t, None)  # type: ignore[arg-type]
+    assert "--resume" not in str(first.value)
+    with pytest.raises(Diverged, match="resume with --resume --allow-change KEY"):
+        stop_if_diverged(p, update, t, tmp_path / "step_00000002.pt")  # type: ignore[arg-type]
+
+
+def test_out_naming_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path / "c.yaml", max_steps=2)
+    (tmp_path / "afile").write_text("mine", encoding="utf-8")
+    code, err = cli(capsys, *train_args(config, tmp_path / "afile"))
+    assert (
+        code == 2
+        and err.strip()
+        == f"transduce: error: {tmp_path / 'afile'}: is a file; --out names the run's folder"
+    )
+    assert (tmp_path / "afile").read_text(encoding="utf-8") == "mine"

@@ -111,12 +111,17 @@ def count(p: Progress, update: Update) -> None:
 def stop_if_diverged(p: Progress, update: Update, t: TrainConfig, last_good: Path | None) -> None:
     """``Diverged`` once ``max_bad_updates`` updates in a row were skipped."""
     if p.bad_in_row >= t.max_bad_updates:
+        # with no checkpoint there is nothing to resume: the run starts again in a new folder
+        then = (
+            "resume with --resume --allow-change KEY"
+            if last_good is not None
+            else "start the run again (in a new folder) with it"
+        )
         raise Diverged(
             f"training diverged: {p.bad_in_row} updates in a row were skipped (max_bad_updates), "
             f"the last for a {update.skipped} after step {p.step}; no checkpoint was written from "
             f"them. The last good checkpoint: {last_good or 'none yet'}. A lower lr_factor, a "
-            "longer warmup, clip_norm (1.0, say) or precision fp32 may help: resume with "
-            "--resume --allow-change KEY"
+            f"longer warmup, clip_norm (1.0, say) or precision fp32 may help: {then}"
         )
 
 

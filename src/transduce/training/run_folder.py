@@ -57,7 +57,13 @@ class RunFolder:
         # the step from which save_every's schedule holds (a resume that changed it: there)
         self._schedule_from = 0
         if self.world.is_main:
-            path.mkdir(parents=True, exist_ok=True)
+            if path.exists() and not path.is_dir():
+                raise UserError(f"{path}: is a file; --out names the run's folder")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                why = e.strerror or e
+                raise UserError(f"{path}: cannot create the run folder ({why})") from None
 
     def start(self, *, resume: bool, allow_change: tuple[str, ...]) -> Progress:
         """Where the run stands: at its last checkpoint with ``resume`` (the model, optimizer,
