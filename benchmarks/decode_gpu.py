@@ -125,11 +125,14 @@ def _time(run: Callable[[Any, int], list], batches: dict[int, Any], args, device
     return out
 
 
-def agreement(ours: list[list[int]], theirs: list[list[int]], to_ours: dict[int, int]) -> float:
-    """The share of positions where both chose the same piece (ids mapped into ours)."""
+def agreement(
+    ours: list[list[int]], theirs: list[list[int]], to_ours: dict[int, int] | None = None
+) -> float:
+    """The share of positions where both chose the same piece (``theirs`` mapped into our ids
+    by ``to_ours``; None: both in our ids)."""
     same = total = 0
     for a, b in zip(ours, theirs, strict=True):
-        mapped = [to_ours.get(t, -1) for t in b]
+        mapped = b if to_ours is None else [to_ours.get(t, -1) for t in b]
         total += max(len(a), len(mapped))
         same += sum(x == y for x, y in zip(a, mapped, strict=False))
     return same / max(total, 1)
@@ -182,11 +185,10 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     same = agreement(
         [t[: STEPS - 1] for t in ours_tokens], [t[: STEPS - 1] for t in hf_tokens], marian_to_ours
     )
-    identity = {i: i for i in range(len(systems.our_ids) + 8)}
     beams = [graphed(ours_src[first], BEAM), ours(ours_src[first], BEAM)]
     static_same = {
-        "greedy": agreement(static_tokens, ours_tokens, identity),
-        "beam4": agreement(*beams, identity),
+        "greedy": agreement(static_tokens, ours_tokens),
+        "beam4": agreement(*beams),
     }
 
     results: dict[str, dict] = {}

@@ -210,8 +210,9 @@ def draw_attention(
     side of over ``DRAWN_MAX_TOKENS`` tokens is refused (a map of it is unreadable)."""
     from transduce.plotting.attention import plot_attention
 
-    for side, text in (("source", source), ("target", target)):
-        n = 0 if text is None else len(sides(vocab)[side == "target"].encode(text.strip()))
+    src_vocab, tgt_vocab = sides(vocab)
+    for side, text, side_vocab in (("source", source, src_vocab), ("target", target, tgt_vocab)):
+        n = 0 if text is None else len(side_vocab.encode(text.strip()))
         if n > DRAWN_MAX_TOKENS:
             raise UserError(
                 f"the {side} has {n} subword tokens; a map of more than {DRAWN_MAX_TOKENS} "
