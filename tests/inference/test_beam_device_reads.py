@@ -51,9 +51,36 @@ def test_one_read_of_the_device_a_step(monkeypatch, seed):
         return decode(*args, **kwargs)
 
     monkeypatch.setattr(model, "decode", counted)
+    # tolist reads the device without dispatching an operator: counted where beam.py calls it,
+    # but for the end's reads of the results (``_Finished.best``)
+    tolist = torch.Tensor.tolist
+    lists = collections.Counter()
+
+    def counted_tolist(self):  # noqa: ANN001, ANN202
+        caller = sys._getframe(1).f_code
+        if caller.co_filename == BEAM_PY and caller.co_name != "best":
+            lists[caller.co_name] += 1
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
     with ReadsByBeamSearch() as mode:
         out = beam_search(model, src, beam=4, max_len_offset=12, nbest=2)
     assert steps > 10  # long enough for finished hypotheses on many steps
     assert sum(len(h) for h in out) == 2 * len(out)
-    # one read a step (which sentences go on) and one at the start (the longest output)
-    assert sum(mode.reads.values()) == steps + 1, mode.reads
+    # one read a step (which sentences go on, whether any hypothesis ended) and one at the
+    # start (the longest output)
+    assert sum(mode.reads.values()) + sum(lists.values()) == steps + 1, (mode.reads, lists)
+    assert lists == {"_kept": steps}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_read_as_on_a_gpu_gives_the_same_outputs(monkeypatch, seed):
+    """The GPU's way (the finished tokens written after the step's read, only when some ended;
+    no parent slots) and the CPU's way find the same hypotheses with the same scores."""
+    model = tiny_model(seed)
+    src = random_sources(torch.Generator().manual_seed(seed + 7), [4, 2, 6, 1, 3, 5])
+    ref = beam_search(model, src, beam=4, max_len_offset=12, nbest=3)
+    monkeypatch.setattr(kernels, "reads_are_cheap", lambda device: False)
+    out = beam_search(model, src, beam=4, max_len_offset=12, nbest=3)
+    assert [[h.tokens for h in hs] for hs in out] == [[h.tokens for h in hs] for hs in ref]
+    assert [[h.score for h in hs] for hs in out] == [[h.score for h in hs] for hs in ref]

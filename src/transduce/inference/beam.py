@@ -121,8 +121,9 @@ class _Finished:
     Row ``s * W + r`` holds the r-th hypothesis that sentence s (its index in the batch) finished:
     its tokens (the first ``length`` entries of ``tokens``), normalised score and log-probability.
     A step adds its finished hypotheses with a few tensor operations whatever their number, so
-    it needs no read of the device: a read waits for every queued kernel on a GPU. The last row
-    (``sink``) takes the writes of the candidates that did not finish."""
+    it needs no read of the device to find them (a read waits for every queued kernel on a GPU):
+    the search calls ``add`` only in steps where some did, which it learns in the step's one read
+    (``_kept``). The last row (``sink``) takes the writes of the candidates that did not finish."""
 
     def __init__(self, batch: int, width: int, max_tokens: int, device: torch.device) -> None:
         rows = batch * width + 1
@@ -228,6 +229,21 @@ def _candidates(lprobs: Tensor, scores: Tensor, per_row: int) -> tuple[Tensor, T
     return top, parent, row_tok.view(n, width * per_row).gather(1, pick)
 
 
+def _kept(done: Tensor, ended: Tensor, cheap_reads: bool) -> tuple[Tensor | None, bool]:
+    """done (n,) bool, ended (n, W) bool -> (the sentences that go on (n',), None if all do;
+    whether any candidate ended), in one read of the device. Where reads are cheap the second
+    is not read (the caller read it before): False."""
+    n = done.numel()
+    if cheap_reads:
+        going = (~done).nonzero().squeeze(1)
+        return (None if going.numel() == n else going), False
+    flags = torch.cat([done, ended.any().view(1)]).tolist()  # waits for the device once
+    kept = [i for i, is_done in enumerate(flags[:n]) if not is_done]
+    if len(kept) == n:
+        return None, bool(flags[n])
+    return torch.tensor(kept, dtype=torch.long, device=done.device), bool(flags[n])
+
+
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
     model: DecodableModel[Any],
@@ -263,6 +279,7 @@ def _beam_search(
     tokens = src.new_empty((batch * width, 0))  # (B*W, t) tokens of each live hypothesis
     finished = _Finished(batch, width, int(max_lens.max()), device)
     slot = torch.arange(width, device=device)  # (W,)
+    first_rows = torch.arange(0, batch * width, width, device=device)[:, None]  # (B, 1)
     forced_from = first_forced_step(max_lens)  # no EOS to force before this step
     cheap_reads = kernels.reads_are_cheap(device)  # CPUs: reads that skip work pay
     step = 0  # tokens in every live hypothesis
@@ -272,13 +289,17 @@ def _beam_search(
         entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
         is_eos = tok == EOS
         ended = entered & is_eos
-        # where reads are cheap (CPUs), one costs less than the writes it skips on most steps
+        before = sents.n_finished  # what each sentence had finished before this step
+        normalised = top  # replaced below whenever a candidate may have ended
+        # where reads are cheap (CPUs), one costs less than the writes it skips on most steps;
+        # elsewhere whether any ended is read below, with the sentences that are done
         if not cheap_reads or bool(ended.any()):
             normalised = top / length_penalty(step + 1, alpha)  # |Y| = step tokens + EOS
-            finished.add(ended, sents.n_finished, sents.sent, tokens, parent, normalised, top)
+            if cheap_reads:
+                finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
             new = normalised.masked_fill(~ended, ninf)
             sents.finished_scores = torch.cat([sents.finished_scores, new], 1).topk(width).values
-            sents.n_finished = sents.n_finished + ended.sum(1)
+            sents.n_finished = before + ended.sum(1)
         scores = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
 
         # Done when the best live hypothesis cannot reach the n-th best finished score (see the
@@ -286,20 +307,27 @@ def _beam_search(
         lp_bound = sents.lp_max_len.clamp(min=length_penalty(step + 2, alpha))
         bound = scores.max(dim=1).values / lp_bound
         done = (bound <= sents.finished_scores[:, nbest - 1]) | (sents.max_lens <= step)
-        keep = (~done).nonzero().squeeze(1)  # the step's one read of the device
-        if keep.numel() == 0:
+        keep, any_ended = _kept(done, ended, cheap_reads)  # the step's one read of the device
+        if any_ended and not cheap_reads:  # the finished tokens, now known to be some
+            finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
+        if keep is not None and keep.numel() == 0:
             break
         live = scores > ninf
-        if keep.numel() == n and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
+        if keep is None and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
             perm = parent_slots(parent, live)  # (n, W)
             parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
         # an ended hypothesis's row is never read again: leave it where it is rather than copy
         parent = torch.where(live, parent, slot)
-        rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
+        if keep is None:  # every sentence goes on
+            rows = (first_rows[:n] + parent).view(-1)  # (n*W,)
+            tok = tok.view(-1, 1)  # (n, W) -> (n*W, 1)
+        else:
+            rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
+            tok = tok.index_select(0, keep).view(-1, 1)  # (n', W) -> (n'*W, 1)
+            scores = scores.index_select(0, keep)
         cache.reorder(rows)
-        tokens = torch.cat([tokens.index_select(0, rows), tok.index_select(0, keep).view(-1, 1)], 1)
-        scores = scores.index_select(0, keep)
-        if keep.numel() < n:  # drop the sentences that are done
+        tokens = torch.cat([tokens.index_select(0, rows), tok], 1)
+        if keep is not None:  # drop the sentences that are done
             cache.select_sources(keep)
             sents = sents.keep(keep)
             forced_from = first_forced_step(sents.max_lens)

@@ -237,6 +237,13 @@ class _StaticSteps:
         one hypothesis a sentence no row moves."""
         if self.group == 1 or self.t == 0:
             return
+        if self.whole and index.numel() == self.slot.key[0]:
+            # no sentence dropped or dropping: static row j is the search's row j, and it takes
+            # row index[j] (of its own sentence): one gather and one copy a buffer
+            for buffer in (self.slot.all_keys, self.slot.all_values):
+                cached = buffer.narrow(3, 0, self.t)  # (L, N, H, t, .)
+                cached.copy_(cached.index_select(1, index))  # read, then written
+            return
         src = self._current_rows().index_select(0, index)  # (n',) static rows read
         j = torch.arange(index.numel(), device=index.device)
         dst = self.sents.index_select(0, index // self.group) * self.group + j % self.group
