@@ -15,6 +15,7 @@ from transduce.inference.beam import Hypothesis, beam_search
 from transduce.inference.common import max_output_lengths
 from transduce.inference.contract import DecodableModel
 from transduce.inference.engine import DecodingModel
+from transduce.inference.engine.static import StaticDecoder
 from transduce.inference.greedy import greedy_decode, greedy_search
 from transduce.inference.length_penalty import length_penalty
 from transduce.inference.sampling import sample
@@ -76,18 +77,23 @@ def generate(
     return out
 
 
-def searchable(model: Seq2Seq, *, int8: bool = False) -> DecodableModel[Any]:
+def searchable(model: Seq2Seq, *, int8: bool = False, graphs: bool = False) -> DecodableModel[Any]:
     """What searches should run for ``model``: a Transformer's inference engine (a snapshot of
     its weights: make a new one after they change), any other model itself. ``int8``: the
-    engine's projections in int8 (``DecodingModel``); a ValueError for a model without the
-    engine."""
-    if isinstance(model, Transformer):
-        return DecodingModel(model, int8=int8)
-    if int8:
-        raise ValueError(
-            f"int8 decoding runs on the Transformer's engine, not {type(model).__name__}"
-        )
-    return model
+    engine's projections in int8 (``DecodingModel``). ``graphs``: the engine's steps on static
+    buffers replayed as CUDA graphs (``engine.static.StaticDecoder``), for a Transformer on a
+    CUDA device that counts positions in tokens. Either is a ValueError where it cannot be.
+
+    Graphs pay where batches of one shape come back (a capture a shape, kept for the next
+    batches of it): measured faster for repeated batches, slower for one pass over a file whose
+    batches all differ (benchmarks/RESULTS.md), so nothing asks for them by default."""
+    if not isinstance(model, Transformer):
+        if int8 or graphs:
+            what = "int8 decoding" if int8 else "decoding on CUDA graphs"
+            raise ValueError(f"{what} runs on the Transformer's engine, not {type(model).__name__}")
+        return model
+    engine = DecodingModel(model, int8=int8)
+    return StaticDecoder(engine, graphs=True) if graphs else engine
 
 
 def predict_ids(

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from transduce import kernels
 from transduce.architectures import Seq2Seq
 from transduce.checkpoint import load_model
 from transduce.config import Config, DecodeConfig
@@ -130,7 +131,8 @@ class Translator:
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
 
     Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
-    for encoding and step-by-step decoding. Make a new Translator after changing the weights."""
+    for encoding and step-by-step decoding (``load(..., graphs=True)``: its steps replayed as
+    CUDA graphs). Make a new Translator after changing the weights."""
 
     def __init__(
         self,
@@ -151,10 +153,16 @@ class Translator:
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str | torch.device = "cpu", weights: WeightPrecision = "fp32"
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        weights: WeightPrecision = "fp32",
+        *,
+        graphs: bool = False,
     ) -> Translator:
         """From a checkpoint file (``model.pt``, ``best.pt``, an average) or a run folder (its
-        ``model.pt``). A missing or unreadable file is a UserError naming it.
+        ``model.pt``). A missing or unreadable file is a UserError naming it. ``graphs``: see
+        ``of_model``.
 
         ``weights`` "bf16" converts the weights to bfloat16 (half the memory traffic; on CPUs
         with bfloat16 instructions and on GPUs, faster), which can change a translation where
@@ -164,24 +172,37 @@ class Translator:
         weight_dtype(weights)  # the name and the device checked before the file is read
         dev = resolve_device(device)
         check_device(weights, dev)
+        if graphs and not kernels.graphs_capture(dev):
+            raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {dev}")
         model, vocab, cfg = load_model(path, device=dev)
-        return cls.of_model(model, vocab, cfg, weights)
+        return cls.of_model(model, vocab, cfg, weights, graphs=graphs)
 
     @classmethod
     def of_model(
-        cls, model: Seq2Seq, vocab: Vocab, cfg: Config, weights: WeightPrecision = "fp32"
+        cls,
+        model: Seq2Seq,
+        vocab: Vocab,
+        cfg: Config,
+        weights: WeightPrecision = "fp32",
+        *,
+        graphs: bool = False,
     ) -> Translator:
         """A Translator of ``model`` decoding with ``weights`` (see ``load``): the model
         converted to their dtype; for "int8", its engine made with int8 projections (per
         output channel, measured faster on CPUs with int8 dot products and as good in BLEU:
-        README) after ``check_int8``."""
+        README) after ``check_int8``. ``graphs``: the engine's steps replayed as CUDA graphs
+        (``searchable``; a Transformer on a CUDA GPU, else a UserError): faster where batches
+        of one shape come back, slower for one pass over a file (benchmarks/RESULTS.md)."""
         dtype = weight_dtype(weights)
         check_device(weights, next(model.parameters()).device)
-        if weights != "int8":
-            return cls(model.to(dtype), vocab, cfg)
-        check_int8(model)
+        if weights == "int8":
+            check_int8(model)
         model = model.to(dtype)
-        return cls(model, vocab, cfg, searchable(model, int8=True))
+        try:
+            decoding = searchable(model, int8=weights == "int8", graphs=graphs)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        return cls(model, vocab, cfg, decoding)
 
     @classmethod
     def load_ensemble(
@@ -189,14 +210,16 @@ class Translator:
         paths: Sequence[str | Path],
         device: str | torch.device = "cpu",
         weights: WeightPrecision = "fp32",
+        *,
+        graphs: bool = False,
     ) -> Translator:
         """Several checkpoints decoded as one model, the mean of their next-token probabilities
         (``inference.ensemble``); one path loads as ``load``. The models must share a
         vocabulary (else a UserError); the first one's configuration and decoding defaults
         are the Translator's (and its model the one ``align`` reads)."""
         if len(paths) == 1:
-            return cls.load(paths[0], device, weights)
-        members = [cls.load(path, device, weights) for path in paths]
+            return cls.load(paths[0], device, weights, graphs=graphs)
+        members = [cls.load(path, device, weights, graphs=graphs) for path in paths]
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
             if member.vocab.to_dict() != first.vocab.to_dict():

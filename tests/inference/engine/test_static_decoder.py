@@ -193,3 +193,89 @@ def test_cuda_graphs_replay_the_static_steps(dtype: torch.dtype) -> None:
     again = beam_search(graphed, other, beam=3, max_len=12)
     assert _tokens(again) == _tokens(beam_search(eager, other, beam=3, max_len=12))
     assert all(graphed.slots[key].graph is graph for key, graph in graphs.items())
+
+
+def test_the_gpu_s_search_on_the_static_steps(monkeypatch) -> None:
+    """Beam search as it runs on a GPU (no reads taken for cheap: every sentence's rows stay
+    until one is done, reorders of the whole batch take the static steps' short path) gives
+    the engine's outputs, sentences dropped on the way included."""
+    from transduce import kernels
+
+    engine = _engine({})
+    src = _sources(3)
+    ref = beam_search(engine, src, beam=4, max_len=12, nbest=2)
+    monkeypatch.setattr(kernels, "reads_are_cheap", lambda device: False)
+    static = StaticDecoder(engine, capacity=4)
+    mine = beam_search(static, src, beam=4, max_len=12, nbest=2)
+    assert _tokens(mine) == _tokens(ref)
+    torch.testing.assert_close(
+        torch.tensor([[h.score for h in hs] for hs in mine]),
+        torch.tensor([[h.score for h in hs] for hs in ref]),
+    )
+
+
+def test_graphs_asked_for_where_they_cannot_be_are_refused(tmp_path) -> None:
+    """``searchable(graphs=True)`` and ``Translator.load(graphs=True)``: a ValueError / a
+    UserError in one line off CUDA, for a model without the engine and for a model the static
+    steps refuse (positions counted in words, the parser's)."""
+    from inference_testkit import save_toy_translation_model
+
+    from transduce.errors import UserError
+    from transduce.inference.search import searchable
+    from transduce.inference.translator import Translator
+    from transduce.recurrent.model import RecurrentSeq2Seq
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device"):
+            searchable(tiny_model(), graphs=True)
+        path = save_toy_translation_model(tmp_path / "m.pt", {"beam": 2})
+        with pytest.raises(UserError, match="CUDA graphs needs a CUDA device, not cpu"):
+            Translator.load(path, graphs=True)
+    assert type(searchable(tiny_model())) is DecodingModel  # not asked for: the engine
+    rnn = RecurrentSeq2Seq.__new__(RecurrentSeq2Seq)  # any model without the engine
+    with pytest.raises(ValueError, match="decoding on CUDA graphs runs on the Transformer"):
+        searchable(rnn, graphs=True)
+    with pytest.raises(ValueError, match="counts them in word slots"):
+        searchable(tiny_model(position_unit="word"), graphs=True)
+    if torch.cuda.is_available():
+        assert isinstance(searchable(tiny_model().cuda(), graphs=True), StaticDecoder)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batches_of_many_shapes_on_cuda_graphs() -> None:
+    """More shapes of batch than slots kept (as a translation file's batches of different
+    lengths): each batch's outputs are the engine's, the slots never more than MAX_SLOTS."""
+    from transduce.inference.search import searchable
+
+    model = tiny_model().cuda()
+    graphed, engine = searchable(model, graphs=True), searchable(model)
+    assert isinstance(graphed, StaticDecoder)
+    g = torch.Generator().manual_seed(0)
+    for rows in range(1, MAX_SLOTS + 4):
+        src = torch.randint(4, 13, (rows, 3 + rows % 3), generator=g).cuda()  # model_testkit.V
+        assert _tokens(beam_search(graphed, src, beam=3, max_len=10, nbest=2)) == _tokens(
+            beam_search(engine, src, beam=3, max_len=10, nbest=2)
+        )
+        assert len(graphed.slots) <= MAX_SLOTS
+
+
+def test_sampling_and_prefixes_on_the_static_steps() -> None:
+    """The Translator's other searches on a GPU take the static steps too: samples (rows of a
+    sentence dropped together) and prefixes forced through a wrapper give the engine's."""
+    from transduce.inference.prefix import PrefixConstrained
+    from transduce.inference.sampling import sample
+
+    engine = _engine({})
+    static = StaticDecoder(engine, capacity=4)
+    src = _sources(4)
+
+    def drawn(model):  # noqa: ANN001, ANN202
+        g = torch.Generator().manual_seed(7)
+        out = sample(model, src, samples=3, generator=g, max_len_offset=6)
+        return [[h.tokens for h in hs] for hs in out]
+
+    assert drawn(static) == drawn(engine)
+    prefixes = [[5, 6], [], [7], [8, 9, 10], [4]]
+    assert _tokens(beam_search(PrefixConstrained(static, prefixes), src, beam=3, max_len=9)) == (
+        _tokens(beam_search(PrefixConstrained(engine, prefixes), src, beam=3, max_len=9))
+    )

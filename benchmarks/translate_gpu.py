@@ -1,0 +1,95 @@
+"""A trained model translating a file through the Python API on a GPU: the engine's steps
+replayed as CUDA graphs (``Translator.load(..., graphs=True)``) against the engine run step by
+step (the default), on the same sentences, batches and settings.
+
+    python benchmarks/translate_gpu.py --model runs/multi30k_gpu/model.pt \\
+        --src data/multi30k/test_2016_flickr.en.gz --ref data/multi30k/test_2016_flickr.de.gz \\
+        [--device cuda] [--beam 4] [--rounds 2] [--precision fp32|bf16|fp16]
+
+The two Translators share one model; each round translates the whole file with one, then the
+other (alternating, so the device's state favours neither). The first round of the graphs
+includes their captures (a capture per shape of batch, at most ``MAX_SLOTS`` shapes kept:
+``cold``); later rounds are ``warm``. Reported: seconds and sentences per second of each,
+the ratios (engine time over graphs' time: > 1 means the graphs are faster), how many of the
+outputs are the same, and the BLEU of each (sacreBLEU). One JSON line at the end. With
+``--device cpu`` the "graphs" Translator runs the engine too (a dry run of the plumbing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--ref", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    args = parser.parse_args(argv)
+
+    import sacrebleu
+    import torch
+
+    from transduce import kernels
+    from transduce.data.parallel import read_lines
+    from transduce.device import resolve_device
+    from transduce.inference.engine.static import StaticDecoder
+    from transduce.inference.search import searchable
+    from transduce.inference.translator import Translator
+
+    on_graphs = kernels.graphs_capture(resolve_device(args.device))
+    graphs = Translator.load(args.model, args.device, args.precision, graphs=on_graphs)
+    engine = Translator(graphs.model, graphs.vocab, graphs.cfg, searchable(graphs.model))
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    cfg = graphs.decode_config(beam=args.beam)
+    device = graphs.device
+
+    def run(translator: Translator) -> tuple[float, list[str]]:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = translator.translate(src, decode=cfg, show_progress=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start, out
+
+    times: dict[str, list[float]] = {"graphs": [], "engine": []}
+    outputs: dict[str, list[str]] = {}
+    for r in range(args.rounds):
+        for name, translator in (("graphs", graphs), ("engine", engine)):
+            seconds, outputs[name] = run(translator)
+            times[name].append(seconds)
+            print(f"round {r + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
+    same = sum(a == b for a, b in zip(outputs["graphs"], outputs["engine"], strict=True))
+    warm = {k: min(v[1:]) if len(v) > 1 else v[0] for k, v in times.items()}
+    out = {
+        "benchmark": "translate_gpu",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "graphs_used": isinstance(graphs.decoding, StaticDecoder),
+        "precision": args.precision,
+        "beam": args.beam,
+        "sentences": len(src),
+        "seconds": times,
+        "graphs_vs_engine_cold": round(times["engine"][0] / times["graphs"][0], 3),
+        "graphs_vs_engine_warm": round(warm["engine"] / warm["graphs"], 3),
+        "sentences_per_s_warm": {k: round(len(src) / v, 1) for k, v in warm.items()},
+        "same_outputs": same,
+        "bleu": {k: round(sacrebleu.corpus_bleu(v, [ref]).score, 2) for k, v in outputs.items()},
+        "torch": torch.__version__,
+        "model": str(args.model),
+    }
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
