@@ -3,7 +3,7 @@ dtype, both from one ``MarianMTModel`` folder (decode_marian.py's OPUS-MT-sized 
 seeded weights, nothing from a hub).
 
     python benchmarks/decode_gpu.py [--device cuda] [--dtype bf16|fp16|fp32] [--batches 32 128]
-                                    [--repeats 3] [--quick]
+                                    [--repeats 3] [--quick] [--profile FILE]
 
 Needs ``pip install -e '.[bench]'`` (transformers, sentencepiece). On a machine without a GPU
 ``--device cpu`` runs the same code (a dry run; use decode_marian.py for CPU figures).
@@ -138,6 +138,29 @@ def agreement(
     return same / max(total, 1)
 
 
+def profile_searches(path: Path, device: Any, runs: dict[str, tuple[Callable, Any]]) -> None:
+    """Write to ``path`` a torch.profiler table of one beam-4 search per system (warm), with its
+    wall time: host time spent launching against the device's kernel time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with path.open("w") as f:
+        for name, (run, src) in runs.items():
+            go = _synchronised(lambda r=run, s=src: r(s, BEAM), device)
+            go()  # warm: the static slots captured, the allocator settled
+            with profile(activities=activities) as prof:
+                start = time.perf_counter()
+                go()
+                wall = time.perf_counter() - start
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+            f.write(f"== {name}: beam 4, batch {src.shape[0]}, {wall * 1e3:.1f} ms wall\n")
+            f.write(table + "\n")
+
+
 def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     import torch
 
@@ -200,6 +223,11 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     for name, run, src in systems_timed:
         print(f"timing {name} on {device} in {args.dtype} ...", file=sys.stderr, flush=True)
         results[name] = _time(run, src, args, device)
+    if args.profile is not None:
+        last = max(args.batches)
+        profile_searches(
+            args.profile, device, {n: (r, s[last]) for n, r, s in systems_timed if n != "hf"}
+        )
     return {
         "size": size,
         "device": str(device),
@@ -256,6 +284,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     parser.add_argument("--quick", action="store_true", help="d_model 64, 2+2 layers, one repeat")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write a torch.profiler table of one beam-4 search at the largest batch, the engine "
+        "and its static steps, to this file",
+    )
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.batches):
         parser.error("--batches: every batch needs at least one sentence")

@@ -10,7 +10,8 @@
 #   decode       benchmarks/decode_gpu.py: the engine, and its static steps replayed as CUDA
 #                graphs (StaticDecoder), against transformers generate, bf16, batches 1, 32 and
 #                128, beam 4 and greedy (OPUS-MT-sized imported model)
-#   static_tests tests/inference/engine/test_static_decoder.py, its CUDA-graph tests included
+#   static_tests tests/inference/engine/test_static_decoder.py, its CUDA-graph tests included,
+#                and test_beam_device_reads.py (the search's one read a step)
 #   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32, bf16 and bf16-weights,
 #                against nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
 #   step_paper   BASE at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16 and ours in
@@ -21,8 +22,10 @@
 #   profile      benchmarks/profile_step.py: the paper step's device time by kind of kernel
 #   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
-#                recipe's own budget is 4) of training, then test2016 BLEU, beam 4 (only with
+#                recipe's own budget is 4.3) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
+#   recipe_translate  benchmarks/translate_gpu.py: its model translating test2016 with the steps
+#                on CUDA graphs and without, first pass and second
 #   recipe_fp16  its model decoded with --precision fp16 (test2016 BLEU against fp32's)
 #   recipe_graphs  the recipe again with train.compile reduce-overhead (CUDA graphs: the small
 #                model's update is bound by kernel launches), its updates and test2016 BLEU
@@ -204,7 +207,7 @@ fi
 figure "decode: $(tail -n 1 "$OUT/decode.log")"
 # the static steps' CUDA graphs against their eager run and the engine (tests that skip off CUDA)
 step static_tests 90 "$PY" -m pytest -q -p no:cacheprovider \
-    tests/inference/engine/test_static_decoder.py
+    tests/inference/engine/test_static_decoder.py tests/inference/test_beam_device_reads.py
 figure "static_tests: $(tail -n 1 "$OUT/static_tests.log")"
 
 # --- train_step.py: small batch and paper batch ------------------------------------------------
@@ -258,6 +261,9 @@ if have_multi30k; then
         step recipe_test 180 "${transduce[@]}" evaluate --model "$OUT/recipe/model.pt" \
             --device "$device" --beam 4 --src "$test_src" --ref "$test_ref" --quiet
         figure "recipe ($minutes_recipe min of training, $((SECONDS - t0)) s in all): test2016 $(tail -n 1 "$OUT/recipe_test.log")"
+        step recipe_translate 120 "$PY" benchmarks/translate_gpu.py --device "$device" \
+            --model "$OUT/recipe/model.pt" --src "$test_src" --ref "$test_ref" --rounds 2
+        figure "recipe_translate: $(tail -n 1 "$OUT/recipe_translate.log")"
         if [[ $dry == 1 ]]; then
             skip recipe_fp16 "fp16 decoding is for CUDA devices (refused on a CPU)"
         else  # the same model decoded in float16 weights: its BLEU against fp32's above
