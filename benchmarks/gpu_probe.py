@@ -1,5 +1,6 @@
 """The pieces of a training step timed alone on a GPU, each against its alternatives: which
-attention kernel for short sentences, which layer norm, how to cast the working weights.
+attention kernel for short sentences, which layer norm, how to cast the working weights; and
+one piece of a decoding step, a beam's top-k.
 
     python benchmarks/gpu_probe.py [--device cuda] [--quick]
 
@@ -13,6 +14,11 @@ attention kernel for short sentences, which layer norm, how to cast the working 
     cast       the base model's float32 weights into a bfloat16 copy: ``_foreach_copy_`` (what
                ``WorkingWeights.refresh`` does), one copy per tensor, and one copy of a flat
                buffer
+    topk       a beam step's candidates on decode_gpu.py's shapes (rows = batch 32 or 128 x beam
+               4, the OPUS-MT vocabulary of 58,101), from bf16 logits: what beam search does
+               now (``log_softmax`` in float32, then ``torch.topk``), the same with the chunked
+               top-k of ``inference/topk.py`` (CPU-only in the search today), and a top-k of the
+               logits themselves with a float32 log-sum-exp beside (no log-probability matrix)
 
 Prints one line per measurement (milliseconds, the median of --repeats timings of --iters
 calls each, device-synchronised), then one JSON line of them all. On a CPU (``--device cpu``)
@@ -178,6 +184,31 @@ def cast_cases(device: torch.device, size: dict[str, int]) -> dict[str, Callable
     }
 
 
+def topk_cases(device: torch.device, shapes: dict[str, tuple[int, int]]) -> dict[str, Callable]:
+    from transduce.inference.common import next_token_log_probs
+    from transduce.inference.topk import topk_by_chunks
+
+    calls: dict[str, Callable[[], object]] = {}
+    g = torch.Generator(device=device).manual_seed(0)
+    for label, (rows, vocab) in shapes.items():
+        logits = (4 * torch.randn(rows, vocab, generator=g, device=device)).to(torch.bfloat16)
+
+        def torch_topk(x: Tensor = logits) -> object:
+            return next_token_log_probs(x, None).topk(4, dim=1)
+
+        def chunked(x: Tensor = logits) -> object:
+            return topk_by_chunks(next_token_log_probs(x, None), 4)
+
+        def logits_lse(x: Tensor = logits) -> object:
+            values, index = x.topk(4, dim=1)
+            return values.float() - torch.logsumexp(x.float(), dim=1, keepdim=True), index
+
+        calls[f"topk/{label}/log_softmax+topk"] = torch_topk
+        calls[f"topk/{label}/log_softmax+chunked"] = chunked
+        calls[f"topk/{label}/logits_topk+lse"] = logits_lse
+    return calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -192,15 +223,18 @@ def main() -> None:
         shapes = {"paper": (1024, 8, 24, 64), "small": (64, 4, 24, 64)}
         norm_n, d = 1024 * 24, 512
         size = train_step.SIZES["base"]
+        beams = {"b128": (512, 58101), "b32": (128, 58101)}
     else:  # a dry run's sizes
         shapes = {"tiny": (4, 2, 6, 8)}
         norm_n, d = 64, 32
         size = {**train_step.SIZES["small"], "n_layers": 1, "d_model": 32, "d_ff": 64}
+        beams = {"tiny": (8, 2000)}
     iters, repeats = (5, 3) if args.quick or device.type == "cpu" else (args.iters, args.repeats)
     calls: dict[str, Callable[[], object] | None] = {}
     calls.update(attention_cases(device, shapes, dtype))
     calls.update(norm_cases(device, norm_n, d, dtype, compile_ok=device.type == "cuda"))
     calls.update(cast_cases(device, size))
+    calls.update(topk_cases(device, beams))
     results: dict[str, float | None] = {}
     for name, call in calls.items():
         if not name.startswith(args.only):

@@ -52,3 +52,20 @@ def test_the_dry_run_reports_every_measurement() -> None:
     # what a CPU cannot run is there as None, named in the lines above it
     assert ms["attention/tiny/none/cudnn"] is None and ms["norm/layernorm/liger"] is None
     assert "attention/tiny/none/cudnn" in out and "not available here" in out
+
+
+def test_the_top_k_candidates_agree() -> None:
+    """The three ways of a beam step's top-k in the probe find the k best log-probabilities,
+    each at entries that hold them (bf16 logits tie often: which of tied entries may differ)."""
+    from transduce.inference.common import next_token_log_probs
+
+    probe = load_benchmark("gpu_probe")
+    calls = probe.topk_cases(torch.device("cpu"), {"s": (6, 1000)})
+    logits = calls["topk/s/log_softmax+topk"].__defaults__[0]  # the probe's own tensor
+    lprobs = next_token_log_probs(logits, None)
+    ref = lprobs.topk(4, dim=1).values
+    for name in ("log_softmax+topk", "log_softmax+chunked", "logits_topk+lse"):
+        values, index = calls[f"topk/s/{name}"]()
+        torch.testing.assert_close(values, ref, msg=name)
+        torch.testing.assert_close(lprobs.gather(1, index), ref, msg=name)
+        assert all(len(set(row)) == 4 for row in index.tolist()), name

@@ -32,10 +32,18 @@ def chunked_topk(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Te
     """scores (N, V) -> (values (N, k), indices (N, k)): the k largest entries of each row, best
     first, as ``scores.topk(k, dim=1)`` (see the module docstring on ties). Rows too short to
     hold 4k chunks, and tensors not on the CPU, go to ``torch.topk`` directly."""
+    if scores.size(1) // chunk < 4 * k or scores.device.type != "cpu":
+        return scores.topk(k, dim=1)
+    return topk_by_chunks(scores, k, chunk)
+
+
+def topk_by_chunks(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
+    """``chunked_topk``'s way on any device, for rows of at least ``k`` chunks
+    (benchmarks/gpu_probe.py times it against ``torch.topk`` on a GPU)."""
     n, v = scores.shape
     n_chunks = v // chunk
-    if n_chunks < 4 * k or scores.device.type != "cpu":
-        return scores.topk(k, dim=1)
+    if n_chunks < k:
+        raise ValueError(f"{n_chunks} chunks of {chunk} in a row of {v}: fewer than k = {k}")
     body = scores.narrow(1, 0, n_chunks * chunk).reshape(n, n_chunks, chunk)  # (N, n_chunks, chunk)
     best_chunks = body.amax(dim=2).topk(k, dim=1).indices  # (N, k)
     picked = body.gather(1, best_chunks.unsqueeze(2).expand(n, k, chunk))  # (N, k, chunk)
@@ -51,4 +59,4 @@ def chunked_topk(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Te
     return values, indices
 
 
-__all__ = ["CHUNK", "chunked_topk"]
+__all__ = ["CHUNK", "chunked_topk", "topk_by_chunks"]
