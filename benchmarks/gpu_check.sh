@@ -10,6 +10,7 @@
 #   decode       benchmarks/decode_gpu.py: the engine, and its static steps replayed as CUDA
 #                graphs (StaticDecoder), against transformers generate, bf16, batches 1, 32 and
 #                128, beam 4 and greedy (OPUS-MT-sized imported model)
+#   probe_topk   benchmarks/gpu_probe.py --only topk: a beam step's top-k three ways
 #   static_tests tests/inference/engine/test_static_decoder.py, its CUDA-graph tests included,
 #                and test_beam_device_reads.py (the search's one read a step)
 #   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32, bf16 and bf16-weights,
@@ -205,6 +206,9 @@ else
         --batches 1 32 128 --repeats 3
 fi
 figure "decode: $(tail -n 1 "$OUT/decode.log")"
+# a beam step's top-k three ways (22% of a static beam search's device time on the H200)
+step probe_topk 60 "$PY" benchmarks/gpu_probe.py --device "$device" --only topk
+figure "probe_topk: $(tail -n 1 "$OUT/probe_topk.log")"
 # the static steps' CUDA graphs against their eager run and the engine (tests that skip off CUDA)
 step static_tests 90 "$PY" -m pytest -q -p no:cacheprovider \
     tests/inference/engine/test_static_decoder.py tests/inference/test_beam_device_reads.py
