@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transduce import kernels
 from transduce.inference import beam_search
+from transduce.inference.beam import PARENT_SLOTS_MIN_ROWS
 
 READS = ("aten.is_nonzero", "aten.item", "aten.nonzero", "aten._local_scalar_dense")
 BEAM_PY = str(Path(sys.modules["transduce.inference.beam"].__file__))
@@ -78,7 +79,9 @@ def test_the_read_as_on_a_gpu_gives_the_same_outputs(monkeypatch, seed):
     """The GPU's way (the finished tokens written after the step's read, only when some ended;
     no parent slots) and the CPU's way find the same hypotheses with the same scores."""
     model = tiny_model(seed)
-    src = random_sources(torch.Generator().manual_seed(seed + 7), [4, 2, 6, 1, 3, 5])
+    lengths = [4, 2, 6, 1, 3, 5] * 3  # 18 sentences x beam 4: the CPU's parent slots in use
+    assert len(lengths) * 4 >= PARENT_SLOTS_MIN_ROWS
+    src = random_sources(torch.Generator().manual_seed(seed + 7), lengths)
     ref = beam_search(model, src, beam=4, max_len_offset=12, nbest=3)
     monkeypatch.setattr(kernels, "reads_are_cheap", lambda device: False)
     out = beam_search(model, src, beam=4, max_len_offset=12, nbest=3)

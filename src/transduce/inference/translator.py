@@ -194,7 +194,10 @@ class Translator:
         (``searchable``; a Transformer on a CUDA GPU, else a UserError): faster where batches
         of one shape come back, slower for one pass over a file (benchmarks/RESULTS.md)."""
         dtype = weight_dtype(weights)
-        check_device(weights, next(model.parameters()).device)
+        device = next(model.parameters()).device
+        check_device(weights, device)
+        if graphs and not kernels.graphs_capture(device):  # before the model is converted
+            raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
         if weights == "int8":
             check_int8(model)
         model = model.to(dtype)

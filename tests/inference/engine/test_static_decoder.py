@@ -93,6 +93,35 @@ def test_logits_and_length_of_every_step_equal_the_engine_s() -> None:
         torch.testing.assert_close(mine, ref)
 
 
+def test_a_reorder_that_moves_whole_sentences() -> None:
+    """The contract allows a reorder to put sentences in another order before select_sources
+    takes them in that order (no search does so today): the static rows must follow, from the
+    first reorder of the batch on (no sentence dropped before) and after a drop."""
+    engine = _engine({})
+    src, tgt = tiny_batch()  # 3 sentences
+    tgt = tgt[:, :4].repeat_interleave(2, 0)  # (B*G, 4), G = 2
+    static = StaticDecoder(engine, capacity=8)
+    with torch.no_grad():
+        memory, valid = engine.encode(src)
+        outs: list[list[torch.Tensor]] = [[], []]
+        for i, model in enumerate((engine, static)):
+            cache = model.new_cache()
+            outs[i].append(model.decode(tgt[:, :1], memory, valid, cache))
+            outs[i].append(model.decode(tgt[:, 1:2], memory, valid, cache))
+            order = torch.tensor([2, 0, 1])
+            cache.reorder(torch.tensor([5, 4, 0, 1, 3, 2]))  # sentences 2, 0, 1
+            cache.select_sources(order)
+            rows = torch.tensor([5, 4, 0, 1, 3, 2])
+            outs[i].append(model.decode(tgt[rows, 2:3], memory[order], valid[order], cache))
+            cache.reorder(torch.tensor([3, 2, 1, 0]))  # of 2, 0, 1: 0 then 2, 1 dropped
+            cache.select_sources(torch.tensor([1, 0]))
+            rows = torch.tensor([1, 0, 5, 4])
+            keep = order[torch.tensor([1, 0])]
+            outs[i].append(model.decode(tgt[rows, 3:4], memory[keep], valid[keep], cache))
+    for mine, ref in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(mine, ref)
+
+
 def test_later_searches_of_a_shape_reuse_its_slot_with_their_own_values() -> None:
     """A second batch of the same shapes runs on the first one's static tensors (on CUDA its
     graph): its own sources, keys and mask copied in, nothing of the first batch left over."""
@@ -231,6 +260,10 @@ def test_graphs_asked_for_where_they_cannot_be_are_refused(tmp_path) -> None:
         path = save_toy_translation_model(tmp_path / "m.pt", {"beam": 2})
         with pytest.raises(UserError, match="CUDA graphs needs a CUDA device, not cpu"):
             Translator.load(path, graphs=True)
+        loaded = Translator.load(path)
+        with pytest.raises(UserError, match="CUDA graphs needs a CUDA device, not cpu"):
+            Translator.of_model(loaded.model, loaded.vocab, loaded.cfg, "bf16", graphs=True)
+        assert next(loaded.model.parameters()).dtype == torch.float32  # refused before converting
     assert type(searchable(tiny_model())) is DecodingModel  # not asked for: the engine
     rnn = RecurrentSeq2Seq.__new__(RecurrentSeq2Seq)  # any model without the engine
     with pytest.raises(ValueError, match="decoding on CUDA graphs runs on the Transformer"):

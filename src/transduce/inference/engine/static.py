@@ -237,16 +237,13 @@ class _StaticSteps:
         one hypothesis a sentence no row moves."""
         if self.group == 1 or self.t == 0:
             return
-        if self.whole and index.numel() == self.slot.key[0]:
-            # no sentence dropped or dropping: static row j is the search's row j, and it takes
-            # row index[j] (of its own sentence): one gather and one copy a buffer
-            for buffer in (self.slot.all_keys, self.slot.all_values):
-                cached = buffer.narrow(3, 0, self.t)  # (L, N, H, t, .)
-                cached.copy_(cached.index_select(1, index))  # read, then written
-            return
-        src = self._current_rows().index_select(0, index)  # (n',) static rows read
         j = torch.arange(index.numel(), device=index.device)
-        dst = self.sents.index_select(0, index // self.group) * self.group + j % self.group
+        if self.whole:  # no sentence dropped yet: the search's rows are the static rows
+            src = index
+            dst = index - index % self.group + j % self.group
+        else:
+            src = self._current_rows().index_select(0, index)  # (n',) static rows read
+            dst = self.sents.index_select(0, index // self.group) * self.group + j % self.group
         for buffer in (self.slot.all_keys, self.slot.all_values):
             cached = buffer.narrow(3, 0, self.t)  # (L, N, H, t, .)
             cached.index_copy_(1, dst, cached.index_select(1, src))  # read, then written
