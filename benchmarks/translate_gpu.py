@@ -9,9 +9,10 @@ step (the default), on the same sentences, batches and settings.
 The two Translators share one model; each round translates the whole file with one, then the
 other (alternating, so the device's state favours neither). The first round of the graphs
 includes their captures (a capture per shape of batch, at most ``MAX_SLOTS`` shapes kept:
-``cold``); later rounds are ``warm``. Reported: seconds and sentences per second of each,
-the ratios (engine time over graphs' time: > 1 means the graphs are faster), how many of the
-outputs are the same, and the BLEU of each (sacreBLEU). One JSON line at the end. With
+``cold``; how many, and the host's seconds in them, are reported); later rounds are ``warm``.
+Reported: seconds and sentences per second of each, the ratios (engine time over graphs'
+time: > 1 means the graphs are faster), how many of the outputs are the same, and the BLEU of
+each (sacreBLEU). One JSON line at the end. With
 ``--device cpu`` the "graphs" Translator runs the engine too (a dry run of the plumbing).
 """
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             times[name].append(seconds)
             print(f"round {r + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
     same = sum(a == b for a, b in zip(outputs["graphs"], outputs["engine"], strict=True))
+    stream = getattr(graphs.decoding, "capture", None)  # a StaticDecoder's CaptureStream
     warm = {k: min(v[1:]) if len(v) > 1 else v[0] for k, v in times.items()}
     out = {
         "benchmark": "translate_gpu",
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "graphs_vs_engine_warm": round(warm["engine"] / warm["graphs"], 3),
         "sentences_per_s_warm": {k: round(len(src) / v, 1) for k, v in warm.items()},
         "same_outputs": same,
+        "captures": None if stream is None else stream.captures,
+        "capture_seconds": None if stream is None else round(stream.seconds, 3),
         "bleu": {k: round(sacrebleu.corpus_bleu(v, [ref]).score, 2) for k, v in outputs.items()},
         "torch": torch.__version__,
         "model": str(args.model),

@@ -8,6 +8,7 @@ the key and value sizes; S source positions; C the capacity (target positions); 
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,13 @@ from transduce.model.positions import LearnedPositions
 
 @dataclass
 class CaptureStream:
-    """The stream a decoder's captures run on (made at its first), warmed up there once."""
+    """The stream a decoder's captures run on (made at its first), warmed up there once; how
+    many captures it ran and the host's seconds in them (warm-up steps included: what a new
+    shape of batch costs before its first replay)."""
 
     stream: Any = None  # a torch.cuda.Stream
+    captures: int = 0
+    seconds: float = 0.0
 
 
 # un-captured steps before the decoder's first capture: CUDA libraries set up handles and
@@ -155,6 +160,7 @@ class Slot:
         also synchronises the device and empties the caching allocator: at every capture, every
         search's memory would go back and be allocated again. Errors are those of this thread
         only ("thread_local"): the server decodes while its other threads serve."""
+        start = time.perf_counter()
         first = capture.stream is None
         if capture.stream is None:
             capture.stream = torch.cuda.Stream(device=self.tokens.device)
@@ -171,6 +177,8 @@ class Slot:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = graph
+        capture.captures += 1
+        capture.seconds += time.perf_counter() - start
 
     def compute(self) -> Tensor:
         """One step of all N rows: ``tokens`` at position ``position`` -> (N, V)."""
