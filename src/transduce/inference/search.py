@@ -84,9 +84,10 @@ def searchable(model: Seq2Seq, *, int8: bool = False, graphs: bool = False) -> D
     buffers replayed as CUDA graphs (``engine.static.StaticDecoder``), for a Transformer on a
     CUDA device that counts positions in tokens. Either is a ValueError where it cannot be.
 
-    Graphs pay where batches of one shape come back (a capture a shape, kept for the next
-    batches of it): measured faster for repeated batches, slower for one pass over a file whose
-    batches all differ (benchmarks/RESULTS.md), so nothing asks for them by default."""
+    Measured faster on a GPU for batches of one shape again and again (a capture a shape, kept
+    for the next batches of it) and for a file's second pass, its captures included; a file's
+    first pass is not yet measured fairly (benchmarks/RESULTS.md), so nothing asks for them by
+    default."""
     if not isinstance(model, Transformer):
         if int8 or graphs:
             what = "int8 decoding" if int8 else "decoding on CUDA graphs"

@@ -191,8 +191,8 @@ class Translator:
         converted to their dtype; for "int8", its engine made with int8 projections (per
         output channel, measured faster on CPUs with int8 dot products and as good in BLEU:
         README) after ``check_int8``. ``graphs``: the engine's steps replayed as CUDA graphs
-        (``searchable``; a Transformer on a CUDA GPU, else a UserError): faster where batches
-        of one shape come back, slower for one pass over a file (benchmarks/RESULTS.md)."""
+        (``searchable``, which says what is measured; a Transformer on a CUDA GPU, else a
+        UserError)."""
         dtype = weight_dtype(weights)
         device = next(model.parameters()).device
         check_device(weights, device)
