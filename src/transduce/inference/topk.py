@@ -14,14 +14,18 @@ hold at least j entries >= v_j, so their j-th best value is v_j.
 The values returned are torch.topk's; where values tie, the indices may be other entries holding
 the same value.
 
-Only on the CPU: on a GPU ``torch.topk`` is a single parallel kernel, and the extra launches
-would more likely cost than save (not measured), so other devices take ``torch.topk``.
+Where it pays is a kernels rule (``kernels.topk_by_chunks_pays``): on CPUs. On a GPU
+``torch.topk`` is one parallel kernel, but it took 22% of a static beam search's device time on
+an H200 (benchmarks/RESULTS.md); ``benchmarks/gpu_probe.py --only topk`` times this way there
+(``topk_by_chunks``), not yet run.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from transduce import kernels
 
 # Entries per chunk, k = 4: the fastest at 4 and 32 rows; 128 was a little faster at 128 rows
 # but slower at 32 (benchmarks/RESULTS.md)
@@ -32,7 +36,7 @@ def chunked_topk(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Te
     """scores (N, V) -> (values (N, k), indices (N, k)): the k largest entries of each row, best
     first, as ``scores.topk(k, dim=1)`` (see the module docstring on ties). Rows too short to
     hold 4k chunks, and tensors not on the CPU, go to ``torch.topk`` directly."""
-    if scores.size(1) // chunk < 4 * k or scores.device.type != "cpu":
+    if scores.size(1) // chunk < 4 * k or not kernels.topk_by_chunks_pays(scores.device):
         return scores.topk(k, dim=1)
     return topk_by_chunks(scores, k, chunk)
 

@@ -19,7 +19,7 @@ from transduce.kernels.attention import (
     attention_weights,
     grouped_queries_path,
 )
-from transduce.kernels.device import graphs_capture, reads_are_cheap
+from transduce.kernels.device import graphs_capture, reads_are_cheap, topk_by_chunks_pays
 from transduce.kernels.dropout import dropout, dropout_add
 from transduce.kernels.matmul import (
     Linear,
@@ -58,6 +58,7 @@ __all__ = [
     "linear",
     "one_row_is_read_bound",
     "reads_are_cheap",
+    "topk_by_chunks_pays",
     "stacked_linear",
     "stacked_weights",
 ]

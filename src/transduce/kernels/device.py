@@ -15,6 +15,15 @@ def reads_are_cheap(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def topk_by_chunks_pays(device: torch.device) -> bool:
+    """Whether a wide row's top-k is found faster through its chunks' maxima
+    (``inference.topk.chunked_topk``) than by ``torch.topk``: on CPUs, where ``torch.topk``
+    sorts within every row (measured: benchmarks/RESULTS.md). On a GPU ``torch.topk`` took 22%
+    of a static beam search's device time on an H200; ``benchmarks/gpu_probe.py --only topk``
+    times the alternatives there, not yet run, so other devices keep ``torch.topk``."""
+    return device.type == "cpu"
+
+
 def graphs_capture(device: torch.device) -> bool:
     """Whether work on ``device`` can be captured once as a CUDA graph and replayed with one
     launch (``torch.cuda.CUDAGraph``): CUDA devices (not measured on ROCm, whose HIP graphs
@@ -22,4 +31,4 @@ def graphs_capture(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-__all__ = ["graphs_capture", "reads_are_cheap"]
+__all__ = ["graphs_capture", "reads_are_cheap", "topk_by_chunks_pays"]
