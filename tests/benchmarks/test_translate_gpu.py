@@ -22,7 +22,7 @@ def test_cpu_dry_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     out = load_benchmark("translate_gpu").main([*args, "--ref", str(tmp_path / "ref.txt")])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert out["graphs_used"] is False  # no CUDA: the engine as it is
-    assert out["captures_per_round"] is None and out["capture_seconds"] is None
+    assert out["captures_per_round"] is None and out["capture_seconds_per_round"] is None
     assert out["sentences"] == 7 and out["same_outputs"] == 7
     assert [len(t) for t in out["seconds"].values()] == [2, 2]  # two rounds each
     assert out["bleu"]["graphs"] == out["bleu"]["engine"]

@@ -35,7 +35,8 @@ CHUNK = 64
 def chunked_topk(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
     """scores (N, V) -> (values (N, k), indices (N, k)): the k largest entries of each row, best
     first, as ``scores.topk(k, dim=1)`` (see the module docstring on ties). Rows too short to
-    hold 4k chunks, and tensors not on the CPU, go to ``torch.topk`` directly."""
+    hold 4k chunks, and devices where it does not pay (``kernels.topk_by_chunks_pays``), go to
+    ``torch.topk`` directly."""
     if scores.size(1) // chunk < 4 * k or not kernels.topk_by_chunks_pays(scores.device):
         return scores.topk(k, dim=1)
     return topk_by_chunks(scores, k, chunk)

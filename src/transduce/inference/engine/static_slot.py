@@ -28,8 +28,8 @@ from transduce.model.positions import LearnedPositions
 @dataclass
 class CaptureStream:
     """The stream a decoder's captures run on (made at its first), warmed up there once; how
-    many captures it ran and the host's seconds in them (warm-up steps included: what a new
-    shape of batch costs before its first replay)."""
+    many captures it ran and the host's seconds in them, warm-up steps included (a lower bound
+    on what a new shape costs: the warm-up runs on the device after the host has gone on)."""
 
     stream: Any = None  # a torch.cuda.Stream
     captures: int = 0
