@@ -191,6 +191,30 @@ class _Sentences:
     max_lens: Tensor  # (n,)
     lp_max_len: Tensor  # (n,) lp of the longest possible output
 
+    @classmethod
+    def start(
+        cls, memory: Tensor, src_valid: Tensor, max_lens: Tensor, width: int, alpha: float
+    ) -> _Sentences:
+        """The batch's B sentences before the first step: none finished."""
+        batch, device = memory.size(0), memory.device
+        return cls(
+            memory,
+            src_valid,
+            torch.arange(batch, device=device),
+            torch.zeros(batch, dtype=torch.long, device=device),
+            torch.full((batch, width), float("-inf"), device=device),
+            max_lens,
+            length_penalty(max_lens + 1, alpha),
+        )
+
+    def finish(self, ended: Tensor, normalised: Tensor) -> None:
+        """Count the step's ended candidates (n, W) bool, with their normalised scores (n, W),
+        among each sentence's finished: its count and its W best scores."""
+        new = normalised.masked_fill(~ended, float("-inf"))
+        width = self.finished_scores.size(1)
+        self.finished_scores = torch.cat([self.finished_scores, new], 1).topk(width).values
+        self.n_finished = self.n_finished + ended.sum(1)
+
     def keep(self, index: Tensor) -> _Sentences:
         """The sentences ``index`` (n',) of these."""
         fields = dataclasses.fields(self)  # (not astuple: it deep-copies the tensors first)
@@ -244,6 +268,34 @@ def _kept(done: Tensor, ended: Tensor, cheap_reads: bool) -> tuple[Tensor | None
     return torch.tensor(kept, dtype=torch.long, device=done.device), bool(flags[n])
 
 
+def _next_rows(
+    parent: Tensor,
+    tok: Tensor,
+    scores: Tensor,
+    keep: Tensor | None,
+    slot: Tensor,
+    first_rows: Tensor,
+    cheap_reads: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The step's candidates, parent slots, tokens and live scores (n, W) each, and the
+    sentences that go on (n',) (None: all) -> the cache rows the next step reads (n'*W,), their
+    new tokens (n'*W, 1) and live scores (n', W). ``slot`` (W,) 0..W-1; ``first_rows`` (B, 1):
+    row i*W of sentence i.
+    Where reads are cheap, the hypotheses of a large batch take their parents' slots
+    (``parent_slots``) so that the cache moves the fewest rows."""
+    n, width = parent.shape
+    live = scores > float("-inf")
+    if keep is None and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
+        perm = parent_slots(parent, live)  # (n, W)
+        parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
+    # an ended hypothesis's row is never read again: leave it where it is rather than copy
+    parent = torch.where(live, parent, slot)
+    if keep is None:  # every sentence goes on
+        return (first_rows[:n] + parent).view(-1), tok.view(-1, 1), scores  # (n*W,), (n*W, 1)
+    rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
+    return rows, tok.index_select(0, keep).view(-1, 1), scores.index_select(0, keep)
+
+
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
     model: DecodableModel[Any],
@@ -260,15 +312,7 @@ def _beam_search(
         return []
     memory, src_valid = model.encode(src)  # (B, S, D), (B, S)
     ninf = float("-inf")
-    sents = _Sentences(
-        memory,
-        src_valid,
-        torch.arange(batch, device=device),
-        torch.zeros(batch, dtype=torch.long, device=device),
-        torch.full((batch, width), ninf, device=device),
-        max_lens,
-        length_penalty(max_lens + 1, alpha),
-    )
+    sents = _Sentences.start(memory, src_valid, max_lens, width, alpha)
     cache = model.new_cache()
     lprobs = _first_step(model, sents, cache, width)  # (B*W, V)
     per_row = min(width, lprobs.size(-1))  # candidates kept per hypothesis
@@ -284,7 +328,6 @@ def _beam_search(
     cheap_reads = kernels.reads_are_cheap(device)  # CPUs: reads that skip work pay
     step = 0  # tokens in every live hypothesis
     while True:
-        n = sents.sent.numel()
         top, parent, tok = _candidates(lprobs, scores, per_row)  # (n, W) each
         entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
         is_eos = tok == EOS
@@ -297,9 +340,7 @@ def _beam_search(
             normalised = top / length_penalty(step + 1, alpha)  # |Y| = step tokens + EOS
             if cheap_reads:
                 finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
-            new = normalised.masked_fill(~ended, ninf)
-            sents.finished_scores = torch.cat([sents.finished_scores, new], 1).topk(width).values
-            sents.n_finished = before + ended.sum(1)
+            sents.finish(ended, normalised)
         scores = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
 
         # Done when the best live hypothesis cannot reach the n-th best finished score (see the
@@ -312,19 +353,7 @@ def _beam_search(
             finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
         if keep is not None and keep.numel() == 0:
             break
-        live = scores > ninf
-        if keep is None and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
-            perm = parent_slots(parent, live)  # (n, W)
-            parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
-        # an ended hypothesis's row is never read again: leave it where it is rather than copy
-        parent = torch.where(live, parent, slot)
-        if keep is None:  # every sentence goes on
-            rows = (first_rows[:n] + parent).view(-1)  # (n*W,)
-            tok = tok.view(-1, 1)  # (n, W) -> (n*W, 1)
-        else:
-            rows = (keep[:, None] * width + parent.index_select(0, keep)).view(-1)  # (n'*W,)
-            tok = tok.index_select(0, keep).view(-1, 1)  # (n', W) -> (n'*W, 1)
-            scores = scores.index_select(0, keep)
+        rows, tok, scores = _next_rows(parent, tok, scores, keep, slot, first_rows, cheap_reads)
         cache.reorder(rows)
         tokens = torch.cat([tokens.index_select(0, rows), tok], 1)
         if keep is not None:  # drop the sentences that are done
