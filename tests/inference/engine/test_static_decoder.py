@@ -316,3 +316,20 @@ def test_sampling_and_prefixes_on_the_static_steps() -> None:
     assert _tokens(beam_search(PrefixConstrained(static, prefixes), src, beam=3, max_len=9)) == (
         _tokens(beam_search(PrefixConstrained(engine, prefixes), src, beam=3, max_len=9))
     )
+
+
+def test_an_ensemble_of_static_decoders() -> None:
+    """``Translator.load_ensemble(..., graphs=True)``'s members: an Ensemble of static decoders
+    (each member's cache its own static buffers) gives the Ensemble of engines' outputs."""
+    from transduce.inference.ensemble import Ensemble
+
+    engines = [_engine({}), DecodingModel(tiny_model(seed=1), fold_one_sentence=False)]
+    src = _sources(2)
+    statics = Ensemble([StaticDecoder(e, capacity=4) for e in engines])
+    mine = beam_search(statics, src, beam=3, max_len=10, nbest=2)
+    ref = beam_search(Ensemble(engines), src, beam=3, max_len=10, nbest=2)
+    assert _tokens(mine) == _tokens(ref)
+    torch.testing.assert_close(
+        torch.tensor([[h.score for h in hs] for hs in mine]),
+        torch.tensor([[h.score for h in hs] for hs in ref]),
+    )
