@@ -329,7 +329,7 @@ def test_a_full_disk_inside_torch_save_is_the_oserror(
         def __exit__(self, *exc: object) -> None:
             self.f.close()
 
-    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillsUp(real_fdopen(fd, mode)))
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: FillsUp(real_fdopen(fd, mode)))
     with pytest.raises(OSError) as e:
         checkpoint.save({"model": {"w": torch.zeros(100_000)}}, tmp_path / "step_00000001.pt")
     assert e.value.errno == errno.ENOSPC

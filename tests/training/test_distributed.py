@@ -153,7 +153,7 @@ RECORDING_RANK = f"""
 import os, sys
 from typing import Any
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-import transduce.checkpoint as ck
+import transduce.checkpoint.files as ck  # where save() finds save_atomic
 import transduce.training.metrics_log as ml
 from killed_run import main
 rank = os.environ["RANK"]
