@@ -113,6 +113,12 @@ def _max_positions(cfg: Config) -> int | None:
     return cfg.model.max_positions if cfg.model.positional == "learned" else None
 
 
+def _check_graphs(graphs: bool, device: torch.device) -> None:
+    """A UserError when decoding on CUDA graphs is asked for off a CUDA device."""
+    if graphs and not kernels.graphs_capture(device):
+        raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
+
+
 def _strings(values: Sequence[str], what: str, plural: str | None = None) -> list[str]:
     """``values`` as a list of strings; a TypeError for one string (or bytes) where a list is
     wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...)."""
@@ -172,8 +178,7 @@ class Translator:
         weight_dtype(weights)  # the name and the device checked before the file is read
         dev = resolve_device(device)
         check_device(weights, dev)
-        if graphs and not kernels.graphs_capture(dev):
-            raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {dev}")
+        _check_graphs(graphs, dev)
         model, vocab, cfg = load_model(path, device=dev)
         return cls.of_model(model, vocab, cfg, weights, graphs=graphs)
 
@@ -196,8 +201,7 @@ class Translator:
         dtype = weight_dtype(weights)
         device = next(model.parameters()).device
         check_device(weights, device)
-        if graphs and not kernels.graphs_capture(device):  # before the model is converted
-            raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
+        _check_graphs(graphs, device)  # before the model is converted
         if weights == "int8":
             check_int8(model)
         model = model.to(dtype)
