@@ -13,6 +13,9 @@ Needs ``pip install -e '.[bench]'`` (transformers, sentencepiece). On a machine 
     transduce_static  the same engine through ``StaticDecoder``: every step after the first on
                static buffers, captured once as a CUDA graph and replayed (on a CPU the same
                static steps run eagerly)
+    transduce_static_plain  the same, each beam step's candidates from ``log_softmax`` and a
+               top-k over the (N, V) log-probabilities, not from the logits' tiles
+               (``kernels.log_softmax_topk``, CUDA with Triton): the two ways in one run
     hf         the folder's ``MarianMTModel`` in ``--dtype`` on ``--device``, ``generate``
                (greedy, num_beams=4)
 
@@ -26,7 +29,8 @@ tokens at the first batch is reported (bf16/fp16 rounding may part them).
 Ends with one JSON line: the times, peak device memory per system (CUDA), the ratios
 ``gpu_beam4_b{N}_vs_hf`` and ``gpu_greedy_b{N}_vs_hf`` (their time over ours: > 1 means transduce
 is faster), the same of the static steps (``gpu_*_b{N}_static_vs_hf``) and the static steps over
-the engine's (``gpu_*_b{N}_static_vs_eager``), and ``static_agreement``: the share of tokens the
+the engine's (``gpu_*_b{N}_static_vs_eager``) and over ``transduce_static_plain``'s
+(``gpu_*_b{N}_static_vs_plain``), and ``static_agreement``: the share of tokens the
 static steps choose as the engine does at the first batch, greedy and beam 4 (1.0 in float32;
 bf16 rounding in attention over masked positions may part a few).
 """
@@ -159,6 +163,23 @@ def profile_searches(path: Path, device: Any, runs: dict[str, tuple[Callable, An
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
             f.write(f"== {name}: beam 4, batch {src.shape[0]}, {wall * 1e3:.1f} ms wall\n")
             f.write(table + "\n")
+            if device.type == "cuda":  # the device's side: kernels by name, graphs' included
+                table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+                f.write(f"== {name}, by device time\n{table}\n")
+
+
+def plain_candidates(run: Callable[[Any, int], list]) -> Callable[[Any, int], list]:
+    """``run`` with each beam step's candidates from ``log_softmax`` and a top-k over the
+    (N, V) log-probabilities (the way before kernels/topk_tiles.py, and the CPU's)."""
+    from unittest import mock
+
+    from transduce import kernels
+
+    def go(src: Any, beam: int) -> list:
+        with mock.patch.object(kernels, "log_softmax_topk_pays", lambda device, k: False):
+            return run(src, beam)
+
+    return go
 
 
 def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -194,6 +215,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     ours, hf = ours_runner(systems, device), hf_runner(systems)
     graphed = ours_runner(systems, device, static=True)
+    graphed_plain = plain_candidates(graphed)
     first = args.batches[0]
     marian_to_ours = {
         systems.marian_ids[p]: i for p, i in systems.our_ids.items() if p in systems.marian_ids
@@ -212,12 +234,14 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     static_same = {
         "greedy": agreement(static_tokens, ours_tokens),
         "beam4": agreement(*beams),
+        "beam4_plain_candidates": agreement(beams[0], graphed_plain(ours_src[first], BEAM)),
     }
 
     results: dict[str, dict] = {}
     systems_timed = (
         ("transduce", ours, ours_src),
         ("transduce_static", graphed, ours_src),
+        ("transduce_static_plain", graphed_plain, ours_src),
         ("hf", hf, hf_src),
     )
     for name, run, src in systems_timed:
@@ -247,6 +271,7 @@ def summary(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
     ours, hf = res["systems"]["transduce"], res["systems"]["hf"]
     static = res["systems"]["transduce_static"]
+    plain = res["systems"]["transduce_static_plain"]
     out: dict[str, Any] = {
         "benchmark": "decode_gpu",
         "device": res["device"],
@@ -259,6 +284,7 @@ def summary(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             out[f"gpu_{name}_b{n}_vs_hf"] = hf[f"{name}_b{n}"] / ours[f"{name}_b{n}"]
             out[f"gpu_{name}_b{n}_static_vs_hf"] = hf[f"{name}_b{n}"] / static[f"{name}_b{n}"]
             out[f"gpu_{name}_b{n}_static_vs_eager"] = ours[f"{name}_b{n}"] / static[f"{name}_b{n}"]
+            out[f"gpu_{name}_b{n}_static_vs_plain"] = plain[f"{name}_b{n}"] / static[f"{name}_b{n}"]
     out["seconds"] = {
         k: {f: v for f, v in r.items() if f != "peak_memory_gb"} for k, r in res["systems"].items()
     }

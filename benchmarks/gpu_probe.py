@@ -15,10 +15,11 @@ one piece of a decoding step, a beam's top-k.
                ``WorkingWeights.refresh`` does), one copy per tensor, and one copy of a flat
                buffer
     topk       a beam step's candidates on decode_gpu.py's shapes (rows = batch 32 or 128 x beam
-               4, the OPUS-MT vocabulary of 58,101), from bf16 logits: what beam search does
-               now (``log_softmax`` in float32, then ``torch.topk``), the same with the chunked
-               top-k of ``inference/topk.py`` (CPU-only in the search today), and a top-k of the
-               logits themselves with a float32 log-sum-exp beside (no log-probability matrix)
+               4, the OPUS-MT vocabulary of 58,101), from bf16 logits: ``log_softmax`` in
+               float32 then ``torch.topk`` (the CPU's way but for its chunks), the same with
+               the chunked top-k of ``inference/topk.py``, a top-k of the logits themselves
+               with a float32 log-sum-exp beside, and the tiles of ``kernels.log_softmax_topk``
+               (Triton; the search's way on CUDA)
 
 Prints one line per measurement (milliseconds, the median of --repeats timings of --iters
 calls each, device-synchronised), then one JSON line of them all. On a CPU (``--device cpu``)
@@ -33,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -206,6 +208,10 @@ def topk_cases(device: torch.device, shapes: dict[str, tuple[int, int]]) -> dict
         calls[f"topk/{label}/log_softmax+topk"] = torch_topk
         calls[f"topk/{label}/log_softmax+chunked"] = chunked
         calls[f"topk/{label}/logits_topk+lse"] = logits_lse
+        if kernels.log_softmax_topk_pays(device, 4):
+            calls[f"topk/{label}/tiles"] = partial(kernels.log_softmax_topk, logits, 4, 0, 1)
+        else:  # the search's way on this device is one of the above
+            calls[f"topk/{label}/tiles"] = None
     return calls
 
 

@@ -37,9 +37,11 @@ def test_cpu_dry_run_agrees_with_hugging_face(capsys: pytest.CaptureFixture[str]
     assert out["greedy_agreement"] == 1.0
     assert out["check_max_abs_diff_fp32_cpu"] <= 1e-3
     # the static steps (eagerly on a CPU) choose the engine's tokens, greedy and beam 4
-    assert out["static_agreement"] == {"greedy": 1.0, "beam4": 1.0}
+    want = {"greedy": 1.0, "beam4": 1.0, "beam4_plain_candidates": 1.0}
+    assert out["static_agreement"] == want
     for n in (2, 3):
         for name in ("beam4", "greedy"):
-            for key in ("vs_hf", "static_vs_hf", "static_vs_eager"):
+            for key in ("vs_hf", "static_vs_hf", "static_vs_eager", "static_vs_plain"):
                 assert out[f"gpu_{name}_b{n}_{key}"] > 0
-    assert out["peak_memory_gb"] == {"transduce": None, "transduce_static": None, "hf": None}
+    systems = ("transduce", "transduce_static", "transduce_static_plain", "hf")
+    assert out["peak_memory_gb"] == dict.fromkeys(systems)

@@ -5,10 +5,12 @@ import pytest
 import torch
 from inference_testkit import random_sources, sequence_log_probs, tiny_model
 
+from transduce import kernels
 from transduce.config import ModelConfig
 from transduce.data.vocab import PAD
 from transduce.inference import beam as beam_module
 from transduce.inference import beam_search, greedy_search, length_penalty
+from transduce.inference import topk as topk_module
 from transduce.inference.beam import parent_slots
 from transduce.inference.engine import DecodingModel
 from transduce.inference.topk import CHUNK, chunked_topk
@@ -111,10 +113,10 @@ def test_chunked_topk_changes_no_result(monkeypatch):
         calls.append(scores.size(1) // CHUNK >= 4 * k)
         return chunked_topk(scores, k)
 
-    monkeypatch.setattr(beam_module, "chunked_topk", spy)
+    monkeypatch.setattr(topk_module, "chunked_topk", spy)
     chunked = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
     assert calls and all(calls)  # the chunked path ran at every step
-    monkeypatch.setattr(beam_module, "chunked_topk", lambda scores, k: scores.topk(k, dim=1))
+    monkeypatch.setattr(topk_module, "chunked_topk", lambda scores, k: scores.topk(k, dim=1))
     plain = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
     assert [[h.tokens for h in hyps] for hyps in chunked] == [
         [h.tokens for h in hyps] for hyps in plain
@@ -122,3 +124,33 @@ def test_chunked_topk_changes_no_result(monkeypatch):
     assert [[h.score for h in hyps] for hyps in chunked] == [
         [h.score for h in hyps] for hyps in plain
     ]
+
+
+def test_the_tiles_log_softmax_topk_change_no_result(monkeypatch):
+    # The GPU's candidates (kernels.log_softmax_topk: the k best of every tile of the logits and
+    # a log-sum-exp; here its torch stage) against log_softmax + topk, on a vocabulary of many
+    # tiles, n-best 4: the same hypotheses with the same scores.
+    from transduce.kernels import topk_tiles as lst
+
+    torch.manual_seed(7)
+    cfg = ModelConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, dropout=0.0)
+    model = make_model(cfg, src_vocab_size=3 * lst.BLOCK + 5).eval()
+    with torch.no_grad():
+        model.generator.weight.normal_(0.0, 1.0)  # peaky distributions, a varied beam
+    src = torch.randint(4, 3000, (6, 5), generator=torch.Generator().manual_seed(7))
+    plain = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
+    calls = []
+
+    def tiles(logits, k, lo, hi):
+        calls.append(k)
+        return lst.log_softmax_topk(logits, k, lo, hi, use_triton=False)
+
+    monkeypatch.setattr(kernels, "log_softmax_topk_pays", lambda device, k: True)
+    monkeypatch.setattr(kernels, "log_softmax_topk", tiles)
+    tiled = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
+    assert len(calls) >= 4 and set(calls) == {4}  # every step but the forced last ones
+    assert [[h.tokens for h in hyps] for hyps in tiled] == [
+        [h.tokens for h in hyps] for hyps in plain
+    ]
+    for got, want in zip(tiled, plain, strict=True):
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)

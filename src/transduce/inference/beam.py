@@ -42,11 +42,10 @@ from transduce.inference.common import (
     check_eval_mode,
     first_forced_step,
     max_output_lengths,
-    next_token_log_probs,
 )
 from transduce.inference.contract import DecodableModel
 from transduce.inference.length_penalty import length_penalty
-from transduce.inference.topk import chunked_topk
+from transduce.inference.topk import next_token_candidates
 
 # Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
@@ -221,32 +220,38 @@ class _Sentences:
         return _Sentences(*(getattr(self, f.name).index_select(0, index) for f in fields))
 
 
-def _first_step(model: DecodableModel[Any], sents: _Sentences, cache: Any, width: int) -> Tensor:
-    """Step 0 on B rows -> log-probs (B*W, V), the cache expanded to B*W rows.
+def _first_step(
+    model: DecodableModel[Any], sents: _Sentences, cache: Any, width: int, forced: bool
+) -> tuple[Tensor, Tensor]:
+    """Step 0 on B rows -> the P = min(W, V) best log-probs and tokens of each of the B*W rows
+    ((B*W, P) each), the cache expanded to B*W rows.
 
     Every beam of a sentence starts from the same BOS, and the cache projects the encoder
     output for cross-attention once per sentence. Then the hypothesis rows of the cache are
     expanded to B*W (row i*W + w is beam w of sentence i) once; memory, mask and cross-attention
-    cache stay at one row per sentence (``decode`` groups the W)."""
+    cache stay at one row per sentence (``decode`` groups the W). ``forced``: whether some
+    sentence may have no token but EOS (``max_len`` 0)."""
     batch = sents.sent.numel()
     bos = sents.sent.new_full((batch, 1), BOS)
     logits = model.decode(bos, sents.memory, sents.src_valid, cache)[:, -1]  # (B, V)
-    lprobs = next_token_log_probs(logits, sents.max_lens <= 0)
+    force = sents.max_lens <= 0 if forced else None
+    per_row = min(width, logits.size(-1))  # candidates kept per hypothesis
+    row_top, row_tok = next_token_candidates(logits, force, per_row)
     expand = sents.sent.repeat_interleave(width)  # (B*W,)
     cache.reorder(expand)
-    return lprobs.index_select(0, expand)  # (B*W, V)
+    return row_top.index_select(0, expand), row_tok.index_select(0, expand)  # (B*W, per_row)
 
 
-def _candidates(lprobs: Tensor, scores: Tensor, per_row: int) -> tuple[Tensor, Tensor, Tensor]:
-    """lprobs (n*W, V), scores (n, W) live log-probs -> the W best one-token extensions of each
+def _candidates(row_top: Tensor, row_tok: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """row_top, row_tok (n*W, per_row) the best log-probs and tokens of each hypothesis's
+    next token, scores (n, W) live log-probs -> the W best one-token extensions of each
     sentence, best first: their log-probs, parent slots and tokens, (n, W) each.
 
     They are among the ``per_row`` best extensions of each hypothesis (a candidate with fewer
     than W better ones overall has fewer than W in its own row): two small topk calls instead of
-    adding the scores to all W*V. The first through chunk maxima (inference/topk.py):
-    torch.topk sorts within every row."""
+    adding the scores to all W*V (``next_token_candidates`` gives the first)."""
     n, width = scores.shape
-    row_top, row_tok = chunked_topk(lprobs, per_row)  # (n*W, per_row) each
+    per_row = row_top.size(1)
     cand = (scores.view(-1, 1) + row_top).view(n, width * per_row)
     top, pick = cand.topk(width, dim=1)  # (n, W), best first
     parent = torch.div(pick, per_row, rounding_mode="floor")  # beam each candidate extends
@@ -314,8 +319,9 @@ def _beam_search(
     ninf = float("-inf")
     sents = _Sentences.start(memory, src_valid, max_lens, width, alpha)
     cache = model.new_cache()
-    lprobs = _first_step(model, sents, cache, width)  # (B*W, V)
-    per_row = min(width, lprobs.size(-1))  # candidates kept per hypothesis
+    forced_from = first_forced_step(max_lens)  # no EOS to force before this step
+    row_top, row_tok = _first_step(model, sents, cache, width, forced_from <= 0)  # (B*W, P)
+    per_row = row_top.size(1)  # P candidates kept per hypothesis
     # The W beams are identical at step 0: only beam 0 may expand, or the beam would fill with
     # copies of the same hypothesis.
     scores = torch.full((batch, width), ninf, device=device)  # (B, W) live log-probs
@@ -324,11 +330,10 @@ def _beam_search(
     finished = _Finished(batch, width, int(max_lens.max()), device)
     slot = torch.arange(width, device=device)  # (W,)
     first_rows = torch.arange(0, batch * width, width, device=device)[:, None]  # (B, 1)
-    forced_from = first_forced_step(max_lens)  # no EOS to force before this step
     cheap_reads = kernels.reads_are_cheap(device)  # CPUs: reads that skip work pay
     step = 0  # tokens in every live hypothesis
     while True:
-        top, parent, tok = _candidates(lprobs, scores, per_row)  # (n, W) each
+        top, parent, tok = _candidates(row_top, row_tok, scores)  # (n, W) each
         entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
         is_eos = tok == EOS
         ended = entered & is_eos
@@ -363,7 +368,7 @@ def _beam_search(
         step += 1
         logits = model.decode(tokens[:, -1:], sents.memory, sents.src_valid, cache)[:, -1]
         force = (sents.max_lens <= step).repeat_interleave(width) if step >= forced_from else None
-        lprobs = next_token_log_probs(logits, force)  # (n'*W, V)
+        row_top, row_tok = next_token_candidates(logits, force, per_row)  # (n'*W, per_row)
 
     return finished.best(nbest)
 

@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 
 from transduce import kernels
+from transduce.data.vocab import BOS, PAD
+from transduce.inference.common import next_token_log_probs
 
 # Entries per chunk, k = 4: the fastest at 4 and 32 rows; 128 was a little faster at 128 rows
 # but slower at 32 (benchmarks/RESULTS.md)
@@ -64,4 +66,18 @@ def topk_by_chunks(scores: Tensor, k: int, chunk: int = CHUNK) -> tuple[Tensor, 
     return values, indices
 
 
-__all__ = ["CHUNK", "chunked_topk", "topk_by_chunks"]
+def next_token_candidates(
+    logits: Tensor, force_eos: Tensor | None, k: int
+) -> tuple[Tensor, Tensor]:
+    """logits (N, V) of the next token, force_eos (N,) bool or None -> (values (N, k) float32,
+    tokens (N, k)): the k best of each row of ``next_token_log_probs(logits, force_eos)``,
+    best first (as ``chunked_topk`` of them). Where it pays
+    (``kernels.log_softmax_topk_pays``: CUDA with Triton) and no row is forced, in one pass
+    over the logits that never writes the (N, V) log-probabilities (kernels/topk_tiles.py).
+    """
+    if force_eos is None and kernels.log_softmax_topk_pays(logits.device, k):
+        return kernels.log_softmax_topk(logits, k, PAD, BOS)  # PAD..BOS adjacent: excluded
+    return chunked_topk(next_token_log_probs(logits, force_eos), k)
+
+
+__all__ = ["CHUNK", "chunked_topk", "next_token_candidates", "topk_by_chunks"]

@@ -36,6 +36,8 @@ from transduce.kernels.projection import (
     one_row_is_read_bound,
 )
 from transduce.kernels.quantized import int8_refusal
+from transduce.kernels.topk_tiles import log_softmax_topk
+from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
 __all__ = [
     "graphs_capture",
@@ -56,6 +58,8 @@ __all__ = [
     "grouped_queries_path",
     "int8_refusal",
     "linear",
+    "log_softmax_topk",
+    "log_softmax_topk_pays",
     "one_row_is_read_bound",
     "reads_are_cheap",
     "topk_by_chunks_pays",

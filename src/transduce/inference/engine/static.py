@@ -190,6 +190,7 @@ class _StaticSteps:
         self.sents = torch.arange(sentences, device=device)  # (B',) static sentence of each
         self.whole = True  # no sentence dropped: the search's rows are the static ones
         self.slots = torch.arange(self.group, device=device)  # (G,)
+        self.every_row = torch.arange(rows, device=device)  # (N,)
 
     def _grow(self) -> None:
         """Twice the capacity: the state moved into a larger slot (the learned positions'
@@ -244,9 +245,9 @@ class _StaticSteps:
         else:
             src = self._current_rows().index_select(0, index)  # (n',) static rows read
             dst = self.sents.index_select(0, index // self.group) * self.group + j % self.group
-        for buffer in (self.slot.all_keys, self.slot.all_values):
-            cached = buffer.narrow(3, 0, self.t)  # (L, N, H, t, .)
-            cached.index_copy_(1, dst, cached.index_select(1, src))  # read, then written
+        # static row r takes row rows[r]: src where written, itself elsewhere
+        rows = self.every_row.index_copy(0, dst, src)  # (N,)
+        self.slot.move_rows(rows, self.t)
 
     def select_sources(self, index: Tensor) -> None:
         """Keep the search's sentences ``index`` (B_new,) (``DecodingCache.select_sources``)."""

@@ -58,14 +58,16 @@ class Slot:
     """Static tensors for searches of one ``SlotKey`` and the step on them.
 
     Step inputs ``tokens`` (N,) and ``position`` (1,) (t); the self-attention cache of every
-    layer in ``all_keys`` (L, N, H, C, K) and ``all_values`` (L, N, H, C, Dv), zeros where never
-    written (finite: a masked position's weight is 0, and 0 x NaN would not be); the
+    layer twice, on two sides, each ``(keys (L, N, H, C, K), values (L, N, H, C, Dv))``: the
+    step reads and writes the ``side`` in use (``all_keys``, ``all_values``), and a reorder
+    (``move_rows``) gathers its rows into the other side, which is then the one in use (one
+    pass over the cache, where a reorder in place reads and writes it twice). Zeros where
+    never written (finite: a masked position's weight is 0, and 0 x NaN would not be); the
     encoder-decoder keys ``cross_keys`` (L, B, H, S, K) and values, the source ``mask``
-    (B, 1, 1, S) or None; the graph and its output ``logits`` (N, V) on CUDA. ``user``: the
-    search now using it (a weak reference: a search that ended lets it go)."""
+    (B, 1, 1, S) or None; on CUDA a graph of the step and its output logits (N, V) for each
+    side. ``user``: the search now using it (a weak reference: a search that ended lets it
+    go)."""
 
-    all_keys: Tensor  # (L, N, H, C, K)
-    all_values: Tensor  # (L, N, H, C, Dv)
     cross_keys: Tensor  # (L, B, H, S, K)
     cross_values: Tensor  # (L, B, H, S, Dv)
 
@@ -97,21 +99,43 @@ class Slot:
         self.table = engine.model.decoder.positions.encoding(0, capacity).to(embed.dtype)
         self.range = torch.arange(capacity, device=device)  # (C,)
         # every layer's in one tensor, so that a reorder moves them all in two calls
-        self.all_keys = torch.zeros(n_layers, rows, h, capacity, k_size, dtype=dtype, device=device)
-        self.all_values = torch.zeros(
-            n_layers, rows, h, capacity, v_size, dtype=dtype, device=device
-        )
-        self.keys = list(self.all_keys.unbind(0))  # per layer (N, H, C, K), views
-        self.values = list(self.all_values.unbind(0))
+        shape_k = (n_layers, rows, h, capacity, k_size)
+        shape_v = (n_layers, rows, h, capacity, v_size)
+        self.sides = [
+            (
+                torch.zeros(shape_k, dtype=dtype, device=device),
+                torch.zeros(shape_v, dtype=dtype, device=device),
+            )
+            for _ in range(2)
+        ]
+        self.side = 0  # the side the next step reads and writes
         self.cross_keys = cross_k.new_zeros(n_layers, *cross_k.shape)  # (L, B, H, S, K)
         self.cross_values = cross_v.new_zeros(n_layers, *cross_v.shape)
         shape = (sentences, 1, 1, source)
         self.mask = torch.zeros(shape, dtype=torch.bool, device=device) if masked else None
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)  # (N,)
         self.position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
-        self.graph: Any = None  # a torch.cuda.CUDAGraph once captured
-        self.logits: Tensor | None = None  # (N, V): the graph's output
+        self.graphs: list[Any] = [None, None]  # a torch.cuda.CUDAGraph of each side once captured
+        self.outputs: list[Tensor | None] = [None, None]  # (N, V): each graph's output
         self.user: weakref.ref[Any] | None = None
+
+    @property
+    def all_keys(self) -> Tensor:
+        """(L, N, H, C, K): every layer's self-attention keys, on the side in use."""
+        return self.sides[self.side][0]
+
+    @property
+    def all_values(self) -> Tensor:
+        """(L, N, H, C, Dv): every layer's self-attention values, on the side in use."""
+        return self.sides[self.side][1]
+
+    def move_rows(self, rows: Tensor, t: int) -> None:
+        """Row r of the cache becomes its row ``rows[r]`` (rows (N,)), for positions < t: the
+        rows of the side in use gathered into the other side, which becomes the one in use."""
+        other = 1 - self.side
+        for now, then in zip(self.sides[self.side], self.sides[other], strict=True):
+            torch.index_select(now.narrow(3, 0, t), 1, rows, out=then.narrow(3, 0, t))
+        self.side = other
 
     def in_use(self) -> bool:
         """Whether a search that has not ended holds this slot."""
@@ -120,11 +144,12 @@ class Slot:
     def load(self, eager: EngineCache, mask: Tensor | None, t: int) -> None:
         """Copy in a search's state from the engine's cache after its first t steps: the
         self-attention keys and values (N, H, t, .) and the encoder-decoder ones, and ``mask``."""
+        keys, values = self.all_keys, self.all_values
         for i, layer in enumerate(eager.layers):
             assert layer.self_k is not None and layer.self_v is not None
             assert layer.cross_k is not None and layer.cross_v is not None
-            self.keys[i].narrow(2, 0, t).copy_(layer.self_k)
-            self.values[i].narrow(2, 0, t).copy_(layer.self_v)
+            keys[i].narrow(2, 0, t).copy_(layer.self_k)
+            values[i].narrow(2, 0, t).copy_(layer.self_v)
             self.cross_keys[i].copy_(layer.cross_k)
             self.cross_values[i].copy_(layer.cross_v)
         if self.mask is not None and mask is not None:
@@ -143,18 +168,21 @@ class Slot:
         """The step on the inputs written into ``tokens`` and ``position`` -> logits (N, V):
         with a ``capture`` stream (CUDA graphs), the graph's output (captured there at the first
         call; overwritten by the next replay), else a new tensor."""
+        side = self.side
         if capture is None:
-            return self.compute()
+            return self.compute(side)
         with torch.cuda.device(self.tokens.device):  # the model's GPU, not the current one
-            if self.graph is None:
-                self._capture(capture)
-            assert self.logits is not None
-            self.graph.replay()
-        return self.logits
+            if self.graphs[side] is None:
+                self._capture(capture, side)
+            logits = self.outputs[side]
+            assert logits is not None
+            self.graphs[side].replay()
+        return logits
 
-    def _capture(self, capture: CaptureStream) -> None:
-        """The step as a CUDA graph, captured on the decoder's capture stream after warm-up
-        steps there (they write the position being decoded, which the step writes again).
+    def _capture(self, capture: CaptureStream, side: int) -> None:
+        """The step on ``side`` as a CUDA graph, captured on the decoder's capture stream after
+        warm-up steps there (they write the position being decoded, which the step writes
+        again).
 
         ``capture_begin`` / ``capture_end`` rather than the ``torch.cuda.graph`` context, which
         also synchronises the device and empties the caching allocator: at every capture, every
@@ -164,24 +192,25 @@ class Slot:
         first = capture.stream is None
         if capture.stream is None:
             capture.stream = torch.cuda.Stream(device=self.tokens.device)
-        side = capture.stream
-        side.wait_stream(torch.cuda.current_stream())
+        stream = capture.stream
+        stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(stream):
             for _ in range(WARMUP_STEPS if first else 1):
-                self.compute()
+                self.compute(side)
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                self.logits = self.compute()
+                self.outputs[side] = self.compute(side)
             finally:
                 graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graphs[side] = graph
         capture.captures += 1
         capture.seconds += time.perf_counter() - start
 
-    def compute(self) -> Tensor:
-        """One step of all N rows: ``tokens`` at position ``position`` -> (N, V)."""
+    def compute(self, side: int) -> Tensor:
+        """One step of all N rows on the cache of ``side``: ``tokens`` at position
+        ``position`` -> (N, V)."""
         engine = self.engine
         decoder = engine.model.decoder
         embed = decoder.embed.weight  # (V, D)
@@ -189,17 +218,21 @@ class Slot:
         # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5), as DecodingModel.decode
         x = torch.add(position, F.embedding(self.tokens, embed), alpha=decoder.embed.scale)
         visible = (self.range <= self.position).view(1, 1, 1, -1)  # (1, 1, 1, C): keys <= t
+        all_keys, all_values = self.sides[side]
         for i, weights in enumerate(engine.layers):
-            x = self._layer(x, weights, i, visible)
+            x = self._layer(x, weights, i, visible, all_keys[i], all_values[i])
         if engine.pre_norm:
             x = decoder.final_norm(x)
         return engine.generator(x)  # (N, V)
 
-    def _layer(self, x: Tensor, w: DecoderLayerWeights, i: int, visible: Tensor) -> Tensor:
-        """x (N, D) -> (N, D): decoder layer i at position t (``DecodingModel._layer``)."""
+    def _layer(
+        self, x: Tensor, w: DecoderLayerWeights, i: int, visible: Tensor, keys: Tensor,
+        values: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """x (N, D) -> (N, D): decoder layer i at position t (``DecodingModel._layer``), its
+        self-attention cache keys (N, H, C, K) and values (N, H, C, Dv)."""
         engine, h, n = self.engine, w.n_heads, x.size(0)
         path = engine.attention
-        keys, values = self.keys[i], self.values[i]
 
         def self_attention(y: Tensor) -> Tensor:
             qkv = kernels.attention_input(w.qkv(y), path)  # (N, H*K + H*K + H*Dv)

@@ -1,0 +1,156 @@
+"""The k best log-probabilities of each row of logits, without the (N, V) log-probabilities.
+
+A beam step needs, of each hypothesis's row of logits (N, V), only the k best next tokens and
+their log-probabilities ``x_i - lse(x)``, with a few ids (PAD, BOS) never chosen. Written as
+``log_softmax`` then ``topk``, that reads and writes the (N, V) matrix in float32 several
+times: on an H200 at 512 x 58,101 the ``topk`` alone took 22% of a static beam search's device
+time (benchmarks/RESULTS.md). Here the row is cut into tiles of ``BLOCK`` entries, and one
+pass over each tile (one Triton program) gives:
+
+- the tile's maximum m_t and sum of exp(x - m_t) (s_t), from which the row's log-sum-exp is
+  lse = M + log(sum_t s_t exp(m_t - M)), M = max_t m_t;
+- the tile's k best entries that are not excluded (k rounds of max, first index of it, masked).
+
+The k best of the row are the k best of its tiles' k best (a tile holding j of the row's best
+holds them among its own k best); their log-probabilities are the logits minus lse. A tile's
+stage runs in Triton on CUDA (``pays``), and as torch operations anywhere (``tiles_torch``,
+the reference the tests hold the kernel to, on CPUs through Triton's interpreter).
+Shapes: N rows, V the vocabulary, T tiles a row (ceil(V / BLOCK)), k the entries kept a row.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# entries a tile; k rounds of a max over it cost the program more than reading it
+BLOCK = 2048
+# the largest k taken this way (k rounds over every tile); beyond, torch.topk
+MAX_K = 16
+
+
+@functools.lru_cache(maxsize=1)
+def _triton() -> Any:
+    """The jitted tile kernel, or None where Triton cannot be imported."""
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:  # ImportError, or a Triton that fails to load
+        return None
+
+    @triton.jit
+    def tile_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, row_stride, v, lo, hi, top_v, top_i, tile_m, tile_s, n_tiles,
+        K: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)  # row * row_stride may pass 2**31
+        tile = tl.program_id(1)
+        offs = tl.arange(0, BLOCK)
+        cols = tile * BLOCK + offs
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < v, other=float("-inf"))
+        x = x.to(tl.float32)
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a tile of -inf only: s = 0, not nan
+        s = tl.sum(tl.exp(x - m_safe), axis=0)
+        out = row * n_tiles + tile
+        tl.store(tile_m + out, m)
+        tl.store(tile_s + out, s)
+        y = tl.where((cols >= lo) & (cols <= hi), float("-inf"), x)
+        for j in tl.static_range(K):
+            best = tl.max(y, axis=0)
+            first = tl.min(tl.where(y == best, offs, BLOCK), axis=0)  # first index of the max
+            tl.store(top_v + out * K + j, best)
+            tl.store(top_i + out * K + j, tile * BLOCK + first)
+            y = tl.where(offs == first, float("-inf"), y)
+
+    return tile_kernel
+
+
+def available() -> bool:
+    """Whether Triton can be imported (its kernel runs on CUDA, or on CPU tensors under
+    ``TRITON_INTERPRET=1``)."""
+    return _triton() is not None
+
+
+def pays(device: torch.device, k: int) -> bool:
+    """Whether the beam step's candidates come from the tiles on ``device``: CUDA GPUs with
+    Triton, k <= MAX_K. Elsewhere ``log_softmax`` and a top-k (``inference/topk.py``)."""
+    return device.type == "cuda" and k <= MAX_K and available()
+
+
+def tiles_triton(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]:
+    """The tile stage in Triton: logits (N, V), last dim contiguous -> (values (N, T*k) float32,
+    columns (N, T*k) int64, m (N, T), s (N, T)). Columns lo..hi are never among the values."""
+    kernel = _triton()
+    if kernel is None:
+        raise RuntimeError("Triton is not installed")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    n, v = logits.shape
+    n_tiles = math.ceil(v / BLOCK)
+    dev = logits.device
+    top_v = torch.empty(n, n_tiles * k, dtype=torch.float32, device=dev)
+    top_i = torch.empty(n, n_tiles * k, dtype=torch.int32, device=dev)
+    tile_m = torch.empty(n, n_tiles, dtype=torch.float32, device=dev)
+    tile_s = torch.empty(n, n_tiles, dtype=torch.float32, device=dev)
+    if n:
+        grid = (n, n_tiles)
+        kernel[grid](
+            logits, logits.stride(0), v, lo, hi, top_v, top_i, tile_m, tile_s, n_tiles,
+            K=k, BLOCK=BLOCK, num_warps=8,
+        )  # fmt: skip
+    return top_v, top_i.long(), tile_m, tile_s
+
+
+def tiles_torch(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]:
+    """``tiles_triton``'s results as torch operations (the reference; any device)."""
+    n, v = logits.shape
+    n_tiles = math.ceil(v / BLOCK)
+    x = torch.full((n, n_tiles * BLOCK), float("-inf"), device=logits.device)
+    x[:, :v] = logits.float()
+    x = x.view(n, n_tiles, BLOCK)  # (N, T, BLOCK)
+    m = x.amax(dim=2)  # (N, T)
+    m_safe = torch.where(m == float("-inf"), 0.0, m)
+    s = (x - m_safe[..., None]).exp().sum(dim=2)  # (N, T)
+    cols = torch.arange(n_tiles * BLOCK, device=logits.device).view(n_tiles, BLOCK)  # (T, BLOCK)
+    y = x.masked_fill((cols >= lo) & (cols <= hi), float("-inf"))
+    # stable sort: the first index of equal values first, as the kernel's rounds take them
+    values, pos = y.sort(dim=2, descending=True, stable=True)  # (N, T, BLOCK)
+    top_v = values[..., :k].reshape(n, n_tiles * k)  # (N, T, k) -> (N, T*k)
+    top_i = (pos[..., :k] + cols[:, :1]).reshape(n, n_tiles * k)
+    return top_v, top_i, m, s
+
+
+def log_softmax_topk(
+    logits: Tensor, k: int, lo: int, hi: int, *, use_triton: bool | None = None
+) -> tuple[Tensor, Tensor]:
+    """logits (N, V) -> (values (N, k) float32, indices (N, k)): the k largest entries of each
+    row of ``log_softmax(logits.float())`` with columns lo..hi excluded (set to -inf there),
+    best first; ``topk``'s values (where values tie, the indices may differ). ``use_triton``:
+    None = the Triton kernel where it is available for the device (CUDA, or a CPU under
+    Triton's interpreter); False = ``tiles_torch``."""
+    if not 0 < k <= min(MAX_K, BLOCK):
+        raise ValueError(f"k must be 1..{MAX_K}, not {k}")
+    if use_triton is None:
+        use_triton = available() and (logits.device.type == "cuda" or _interpreting())
+    stage = tiles_triton if use_triton else tiles_torch
+    top_v, top_i, m, s = stage(logits, k, lo, hi)
+    big = m.amax(dim=1, keepdim=True)  # (N, 1)
+    big_safe = torch.where(big == float("-inf"), 0.0, big)
+    lse = big_safe + (s * (m - big_safe).exp()).sum(dim=1, keepdim=True).log()  # (N, 1)
+    values, pos = top_v.topk(k, dim=1)  # (N, k) of the (N, T*k) candidates
+    return values - lse, top_i.gather(1, pos)
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+__all__ = ["BLOCK", "MAX_K", "available", "log_softmax_topk", "pays", "tiles_torch", "tiles_triton"]

@@ -1,0 +1,130 @@
+"""kernels.log_softmax_topk (the k best log-probabilities of each row through its tiles) against
+``log_softmax`` then ``topk``: its torch stage everywhere, its Triton kernel on CPU tensors under
+Triton's interpreter (a subprocess: the interpreter is chosen when the kernel is defined), and
+on CUDA where there is a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from transduce import kernels
+from transduce.kernels import topk_tiles
+
+BLOCK = topk_tiles.BLOCK
+NINF = float("-inf")
+
+
+def reference(logits: torch.Tensor, k: int, lo: int, hi: int) -> torch.Tensor:
+    """log_softmax in float32, columns lo..hi -inf, then the k best values."""
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    lprobs[:, lo : hi + 1] = NINF
+    return lprobs
+
+
+def check(logits: torch.Tensor, k: int, lo: int, hi: int, use_triton: bool) -> None:
+    logits = logits.clone()
+    logits[:, lo : hi + 1] = logits.float().max() + 1  # the excluded would be the best
+    want = reference(logits, k, lo, hi)
+    values, index = kernels.log_softmax_topk(logits, k, lo, hi, use_triton=use_triton)
+    assert values.dtype == torch.float32 and values.shape == index.shape == (logits.size(0), k)
+    top = want.topk(k, dim=1).values
+    torch.testing.assert_close(values, top, atol=1e-5, rtol=1e-6)  # the values, best first
+    # each index holds its value (ties may name another index of the same value), none twice
+    # among the finite values, none excluded
+    torch.testing.assert_close(want.gather(1, index), top, atol=1e-5, rtol=1e-6)
+    for row_v, row_i in zip(values, index, strict=True):
+        finite = row_i[row_v > NINF].tolist()
+        assert len(set(finite)) == len(finite)
+        assert not any(lo <= i <= hi for i in finite)
+
+
+CASES = [  # rows, vocabulary, k
+    (3, 3 * BLOCK + 17, 4),  # a short last tile
+    (2, BLOCK, 1),  # one whole tile
+    (5, 2 * BLOCK, 8),
+    (4, 100, 3),  # less than a tile
+    (1, 5 * BLOCK - 1, 16),  # MAX_K
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_the_torch_stage_gives_log_softmax_topk(case, dtype):
+    rows, vocab, k = case
+    g = torch.Generator().manual_seed(rows * vocab + k)
+    logits = (4 * torch.randn(rows, vocab, generator=g)).to(dtype)  # bf16: many ties
+    check(logits, k, 0, 1, use_triton=False)
+
+
+def test_the_best_entries_all_in_one_tile_and_tiles_of_minus_infinity():
+    # the k best in one tile (each tile's k best are needed, not its maximum only), a row whose
+    # other tiles are all -inf, and a row whose best entries are the excluded ones
+    logits = torch.randn(3, 3 * BLOCK)
+    logits[0, BLOCK + 10 : BLOCK + 16] = 50.0 + torch.arange(6.0)
+    logits[1, BLOCK:] = NINF
+    logits[2, :2] = 100.0
+    check(logits, 4, 0, 1, use_triton=False)
+
+
+def test_a_row_with_fewer_finite_entries_than_k():
+    logits = torch.full((2, BLOCK + 5), NINF)
+    logits[:, 7] = 1.0
+    logits[:, BLOCK + 2] = 3.0
+    values, index = kernels.log_softmax_topk(logits, 4, 0, 1, use_triton=False)
+    assert values[:, 0].tolist() == pytest.approx([-0.126928] * 2, abs=1e-5)  # log(e^3/(e+e^3))
+    assert index[:, :2].tolist() == [[BLOCK + 2, 7]] * 2
+    assert values[:, 2:].eq(NINF).all()
+
+
+def test_no_rows_and_a_k_out_of_range():
+    values, index = kernels.log_softmax_topk(torch.empty(0, 300), 4, 0, 1, use_triton=False)
+    assert values.shape == index.shape == (0, 4)
+    with pytest.raises(ValueError, match="k must be 1..16"):
+        kernels.log_softmax_topk(torch.randn(2, 300), topk_tiles.MAX_K + 1, 0, 1)
+
+
+def test_the_rule_is_cuda_with_triton_and_a_small_k():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not kernels.log_softmax_topk_pays(cpu, 4)
+    assert not kernels.log_softmax_topk_pays(cuda, topk_tiles.MAX_K + 1)
+    assert kernels.log_softmax_topk_pays(cuda, 4) == topk_tiles.available()
+
+
+INTERPRETED = """
+import torch
+from tests_kernel_cases import CASES, check
+for rows, vocab, k in CASES:
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.Generator().manual_seed(rows * vocab + k)
+        check((4 * torch.randn(rows, vocab, generator=g)).to(dtype), k, 2, 4, use_triton=True)
+print("interpreted", len(CASES) * 2)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed")
+def test_the_triton_kernel_under_the_interpreter_gives_the_same(tmp_path):
+    # this module's cases and check, importable by the subprocess under another name
+    (tmp_path / "tests_kernel_cases.py").write_text(open(__file__, encoding="utf-8").read())
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"interpreted {len(CASES) * 2}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not topk_tiles.available(), reason="Triton not installed")
+@pytest.mark.parametrize("case", CASES)
+def test_the_triton_kernel_on_cuda(case):
+    rows, vocab, k = case
+    g = torch.Generator(device="cuda").manual_seed(rows * vocab + k)
+    logits = (4 * torch.randn(rows, vocab, generator=g, device="cuda")).to(torch.bfloat16)
+    check(logits, k, 0, 1, use_triton=True)
