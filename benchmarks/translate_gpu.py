@@ -4,7 +4,7 @@ step (the default), on the same sentences, batches and settings.
 
     python benchmarks/translate_gpu.py --model runs/multi30k_gpu/model.pt \\
         --src data/multi30k/test_2016_flickr.en.gz --ref data/multi30k/test_2016_flickr.de.gz \\
-        [--device cuda] [--beam 4] [--rounds 2] [--precision fp32|bf16|fp16]
+        [--device cuda] [--beam 4] [--rounds 2] [--precision fp32|bf16|fp16] [--max-slots N]
 
 The two Translators share one model. Before any round the engine translates the file once: the
 process's first decoding of its batches (the CUDA context, libraries' handles, the allocator's
@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument(
+        "--max-slots",
+        type=int,
+        help="shapes of batch whose graphs the decoder keeps (default: static.MAX_SLOTS)",
+    )
     args = parser.parse_args(argv)
 
     import sacrebleu
@@ -46,10 +51,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transduce import kernels
     from transduce.data.parallel import read_lines
     from transduce.device import resolve_device
+    from transduce.inference.engine import static
     from transduce.inference.engine.static import StaticDecoder
     from transduce.inference.search import searchable
     from transduce.inference.translator import Translator
 
+    if args.max_slots is not None:
+        static.MAX_SLOTS = args.max_slots  # read by each claim of a slot
     on_graphs = kernels.graphs_capture(resolve_device(args.device))
     graphs = Translator.load(args.model, args.device, args.precision, graphs=on_graphs)
     engine = Translator(graphs.model, graphs.vocab, graphs.cfg, searchable(graphs.model))
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "graphs_vs_engine_warm": round(warm["engine"] / warm["graphs"], 3),
         "sentences_per_s_warm": {k: round(len(src) / v, 1) for k, v in warm.items()},
         "same_outputs": same,
+        "max_slots": static.MAX_SLOTS,
         "captures_per_round": None if stream is None else captures,
         "capture_seconds_per_round": None if stream is None else capture_seconds,
         "bleu": {k: round(sacrebleu.corpus_bleu(v, [ref]).score, 2) for k, v in outputs.items()},

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from transduce import kernels
 from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
 from transduce.inference.beam import Hypothesis, beam_search
@@ -82,12 +83,9 @@ def searchable(model: Seq2Seq, *, int8: bool = False, graphs: bool = False) -> D
     its weights: make a new one after they change), any other model itself. ``int8``: the
     engine's projections in int8 (``DecodingModel``). ``graphs``: the engine's steps on static
     buffers replayed as CUDA graphs (``engine.static.StaticDecoder``), for a Transformer on a
-    CUDA device that counts positions in tokens. Either is a ValueError where it cannot be.
-
-    Measured faster on a GPU for batches of one shape again and again (a capture a shape, kept
-    for the next batches of it) and for a file's second pass, its captures included; a file's
-    first pass is not yet measured fairly (benchmarks/RESULTS.md), so nothing asks for them by
-    default."""
+    CUDA device that counts positions in tokens (``graphs_apply``). Either is a ValueError
+    where it cannot be. The Translator asks for graphs wherever they apply (measured faster on
+    a GPU, a file's first pass and its captures included: benchmarks/RESULTS.md)."""
     if not isinstance(model, Transformer):
         if int8 or graphs:
             what = "int8 decoding" if int8 else "decoding on CUDA graphs"
@@ -95,6 +93,17 @@ def searchable(model: Seq2Seq, *, int8: bool = False, graphs: bool = False) -> D
         return model
     engine = DecodingModel(model, int8=int8)
     return StaticDecoder(engine, graphs=True) if graphs else engine
+
+
+def graphs_apply(model: Seq2Seq) -> bool:
+    """Whether ``searchable(model, graphs=True)`` takes ``model``: a Transformer counting
+    positions in tokens (not the parser's word slots), its weights on a device that captures
+    CUDA graphs."""
+    return (
+        isinstance(model, Transformer)
+        and model.decoder.word_slot is None
+        and kernels.graphs_capture(model.generator.weight.device)
+    )
 
 
 def predict_ids(
@@ -115,4 +124,12 @@ def predict_ids(
     return out
 
 
-__all__ = ["Hypothesis", "beam_search", "generate", "greedy_search", "predict_ids", "searchable"]
+__all__ = [
+    "Hypothesis",
+    "beam_search",
+    "generate",
+    "graphs_apply",
+    "greedy_search",
+    "predict_ids",
+    "searchable",
+]

@@ -65,7 +65,7 @@ from transduce.inference.contract import DecodableModel
 from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
 from transduce.inference.scoring import PairScore, score_targets
-from transduce.inference.search import generate, searchable
+from transduce.inference.search import generate, graphs_apply, searchable
 from transduce.inference.weights import (
     WeightPrecision,
     check_device,
@@ -113,7 +113,7 @@ def _max_positions(cfg: Config) -> int | None:
     return cfg.model.max_positions if cfg.model.positional == "learned" else None
 
 
-def _check_graphs(graphs: bool, device: torch.device) -> None:
+def _check_graphs(graphs: bool | None, device: torch.device) -> None:
     """A UserError when decoding on CUDA graphs is asked for off a CUDA device."""
     if graphs and not kernels.graphs_capture(device):
         raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
@@ -137,8 +137,8 @@ class Translator:
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
 
     Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
-    for encoding and step-by-step decoding (``load(..., graphs=True)``: its steps replayed as
-    CUDA graphs). Make a new Translator after changing the weights."""
+    for encoding and step-by-step decoding, on a CUDA GPU its steps replayed as CUDA graphs
+    (``of_model``'s ``graphs``). Make a new Translator after changing the weights."""
 
     def __init__(
         self,
@@ -164,7 +164,7 @@ class Translator:
         device: str | torch.device = "cpu",
         weights: WeightPrecision = "fp32",
         *,
-        graphs: bool = False,
+        graphs: bool | None = None,
     ) -> Translator:
         """From a checkpoint file (``model.pt``, ``best.pt``, an average) or a run folder (its
         ``model.pt``). A missing or unreadable file is a UserError naming it. ``graphs``: see
@@ -190,14 +190,15 @@ class Translator:
         cfg: Config,
         weights: WeightPrecision = "fp32",
         *,
-        graphs: bool = False,
+        graphs: bool | None = None,
     ) -> Translator:
         """A Translator of ``model`` decoding with ``weights`` (see ``load``): the model
         converted to their dtype; for "int8", its engine made with int8 projections (per
         output channel, measured faster on CPUs with int8 dot products and as good in BLEU:
         README) after ``check_int8``. ``graphs``: the engine's steps replayed as CUDA graphs
-        (``searchable``, which says what is measured; a Transformer on a CUDA GPU, else a
-        UserError)."""
+        (``searchable``): True asks for them (a Transformer on a CUDA GPU, else a UserError),
+        False for the engine step by step, None (the default) takes them wherever they apply
+        (``graphs_apply``: measured faster there, benchmarks/RESULTS.md)."""
         dtype = weight_dtype(weights)
         device = next(model.parameters()).device
         check_device(weights, device)
@@ -205,6 +206,8 @@ class Translator:
         if weights == "int8":
             check_int8(model)
         model = model.to(dtype)
+        if graphs is None:  # where they apply; int8 is the CPU's
+            graphs = weights != "int8" and graphs_apply(model)
         try:
             decoding = searchable(model, int8=weights == "int8", graphs=graphs)
         except ValueError as e:
@@ -218,7 +221,7 @@ class Translator:
         device: str | torch.device = "cpu",
         weights: WeightPrecision = "fp32",
         *,
-        graphs: bool = False,
+        graphs: bool | None = None,
     ) -> Translator:
         """Several checkpoints decoded as one model, the mean of their next-token probabilities
         (``inference.ensemble``); one path loads as ``load``. The models must share a

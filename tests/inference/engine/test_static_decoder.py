@@ -159,13 +159,23 @@ def test_searches_at_once_do_not_share_a_slot() -> None:
         assert len(static.slots) == 1  # the second's own slot is not kept
 
 
-def test_slots_kept_are_bounded() -> None:
+def test_slots_kept_are_bounded(monkeypatch) -> None:
+    from transduce.inference.engine import static as static_module
+
     engine = _engine({})
     static = StaticDecoder(engine, capacity=16)
-    for n in range(1, 8):  # seven batch sizes: seven shapes
-        src = _sources(n)[:, : 3 + n]
+    g = torch.Generator().manual_seed(0)
+    for n in range(1, MAX_SLOTS + 4):  # more batch sizes than slots: as many shapes
+        src = torch.randint(4, 13, (n, 4), generator=g)
         assert greedy_search(static, src, max_len=4) == greedy_search(engine, src, max_len=4)
     assert len(static.slots) == MAX_SLOTS
+    assert [key[0] for key in static.slots] == list(range(4, MAX_SLOTS + 4))  # the last used
+    # and in bytes: room for the two largest, the last two used
+    sizes = [slot.nbytes for slot in static.slots.values()]
+    monkeypatch.setattr(static_module, "MAX_KEPT_BYTES", sizes[-1] + sizes[-2])
+    src = torch.randint(4, 13, (2, 5), generator=g)  # a new shape: the older go till it fits
+    assert greedy_search(static, src, max_len=4) == greedy_search(engine, src, max_len=4)
+    assert [key[:3] for key in static.slots] == [(MAX_SLOTS + 3, MAX_SLOTS + 3, 4), (2, 2, 5)]
 
 
 def test_learned_positions_stop_where_the_engine_stops() -> None:
@@ -336,3 +346,32 @@ def test_an_ensemble_of_static_decoders() -> None:
         torch.tensor([[h.score for h in hs] for hs in mine]),
         torch.tensor([[h.score for h in hs] for hs in ref]),
     )
+
+
+def test_the_translator_takes_graphs_where_they_apply(tmp_path, monkeypatch) -> None:
+    """``graphs=None`` (the default): a Transformer counting positions in tokens on a device
+    that captures CUDA graphs decodes on them; the parser's word positions, other models and
+    CPUs step by step; ``graphs=False`` keeps the engine on a GPU."""
+    from inference_testkit import save_toy_translation_model
+
+    from transduce import kernels
+    from transduce.inference.search import graphs_apply
+    from transduce.inference.translator import Translator
+    from transduce.recurrent.model import RecurrentSeq2Seq
+
+    path = save_toy_translation_model(tmp_path / "m.pt", {"beam": 2})
+    assert type(Translator.load(path).decoding) is DecodingModel  # a CPU
+    assert not graphs_apply(tiny_model())
+    rnn = RecurrentSeq2Seq.__new__(RecurrentSeq2Seq)
+    with monkeypatch.context() as patched:  # as on a GPU
+        patched.setattr(kernels, "graphs_capture", lambda device: True)
+        assert graphs_apply(tiny_model())
+        assert not graphs_apply(tiny_model(position_unit="word"))
+        assert not graphs_apply(rnn)
+    if torch.cuda.is_available():
+        on_gpu = Translator.load(path, "cuda")
+        assert isinstance(on_gpu.decoding, StaticDecoder) and on_gpu.decoding.graphs
+        assert type(Translator.load(path, "cuda", graphs=False).decoding) is DecodingModel
+        engine = Translator.load(path, "cuda", graphs=False)
+        src = ["a b c", "d e"]
+        assert on_gpu.translate(src) == engine.translate(src)

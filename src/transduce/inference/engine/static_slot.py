@@ -120,6 +120,12 @@ class Slot:
         self.user: weakref.ref[Any] | None = None
 
     @property
+    def nbytes(self) -> int:
+        """The bytes of its caches, both sides (the graphs' own memory not counted)."""
+        tensors = [t for side in self.sides for t in side] + [self.cross_keys, self.cross_values]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
     def all_keys(self) -> Tensor:
         """(L, N, H, C, K): every layer's self-attention keys, on the side in use."""
         return self.sides[self.side][0]
