@@ -327,3 +327,27 @@ def test_parse_names_the_input_line_past_blank_lines(model_kinds, tmp_path, caps
     argv = ["evaluate", "--model", str(model_kinds["parser"]), "--src", str(words)]
     code, out, err = _run([*argv, "--ref", str(ref), "--quiet"], capsys)
     _one_error(code, out, err, f"{words}: line 2: word ')'")
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "serve"])
+def test_graphs_on_a_cpu_and_on_a_parser_are_refused(model_kinds, tmp_path, capsys, command):
+    # --graphs on: CUDA graphs off CUDA (every command), the parser's word positions (evaluate)
+    if command == "serve":
+        pytest.importorskip("fastapi")
+    src = tmp_path / "src.txt"
+    src.write_text("the dog runs\n", encoding="utf-8")
+    extra = {
+        "translate": ["--input", str(src)],
+        "evaluate": ["--src", str(src), "--ref", str(src)],
+        "serve": ["--port", "0"],
+    }[command]
+    model = str(model_kinds["shared"])
+    argv = [command, "--model", model, *extra, "--graphs", "on"]
+    with mock.patch("transduce.serve.server.serve", lambda *a, **k: pytest.fail("served")):
+        code, out, err = _run(argv, capsys)
+    _one_error(code, out, err, "CUDA graphs needs a CUDA device, not cpu")
+    if command == "evaluate":
+        parser = str(model_kinds["parser"])
+        argv = [command, "--model", parser, *extra, "--graphs", "on"]
+        code, out, err = _run(argv, capsys)
+        _one_error(code, out, err, "--graphs on is for translation models")

@@ -43,6 +43,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "alpha": ["--alpha", "1.5"],
         "batch_tokens": ["--batch-tokens", "7"],
         "weights": ["--precision", "bf16"],
+        "graphs": ["--graphs", "on"],  # a CPU: refused
         "quiet": ["--quiet"],
         "input": ["--input", "{src2}"],
         "output": ["--output", "out.txt"],
@@ -64,6 +65,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "alpha": ["--alpha", "1.5"],
         "batch_tokens": ["--batch-tokens", "7"],
         "weights": ["--precision", "bf16"],
+        "graphs": ["--graphs", "on"],  # a CPU: refused
         "quiet": ["--quiet"],
         "lowercase": ["--lowercase"],
         "constrained": ["--constrained"],

@@ -49,6 +49,22 @@ def add_precision(p: argparse.ArgumentParser) -> None:
     )
 
 
+# --graphs: what it asks of the Translator (its ``graphs``)
+GRAPHS: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+
+
+def add_graphs(p: argparse.ArgumentParser) -> None:
+    """``--graphs``: decoding steps replayed as CUDA graphs, or not (``args.graphs``)."""
+    p.add_argument(
+        "--graphs",
+        choices=tuple(GRAPHS),
+        default="auto",
+        help="decoding steps replayed as CUDA graphs: auto (the default: for a Transformer "
+        "translating on a CUDA GPU, measured faster there), on (refused where they cannot be: "
+        "off CUDA, the parser's word positions) or off (the engine step by step; less memory)",
+    )
+
+
 def add_models(p: argparse.ArgumentParser) -> None:
     """``--model``, once or more (``args.model``: a list of paths; several: an ensemble)."""
     p.add_argument(
@@ -92,6 +108,7 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     )
     add_device(p)
     add_precision(p)
+    add_graphs(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -196,8 +213,10 @@ def one_output_line(text: str) -> str:
 
 
 __all__ = [
+    "GRAPHS",
     "add_decoding",
     "add_device",
+    "add_graphs",
     "add_models",
     "add_precision",
     "add_set",

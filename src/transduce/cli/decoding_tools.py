@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, TextIO
 
-from transduce.cli.common import stdin_line
+from transduce.cli.common import GRAPHS, stdin_line
 from transduce.errors import UserError
 
 if TYPE_CHECKING:
@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 
 
 def load_translator(args: argparse.Namespace) -> Translator:
-    """The Translator of ``--model`` (several: their ensemble), ``--device``, ``--precision``."""
+    """The Translator of ``--model`` (several: their ensemble), ``--device``, ``--precision``,
+    ``--graphs`` (where the command has it; else the Translator's default)."""
     from transduce.inference.translator import Translator
 
-    return Translator.load_ensemble(args.model, device=args.device, weights=args.weights)
+    graphs = GRAPHS[getattr(args, "graphs", "auto")]
+    return Translator.load_ensemble(
+        args.model, device=args.device, weights=args.weights, graphs=graphs
+    )
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:

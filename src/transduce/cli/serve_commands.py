@@ -26,7 +26,14 @@ import os
 import re
 import sys
 
-from transduce.cli.common import add_device, add_precision, refuse_parser, require
+from transduce.cli.common import (
+    GRAPHS,
+    add_device,
+    add_graphs,
+    add_precision,
+    refuse_parser,
+    require,
+)
 from transduce.errors import UserError
 
 
@@ -122,7 +129,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     models = []
     for source, target, path in specs:
-        translator = Translator.load(path, device=args.device, weights=args.weights)
+        graphs = GRAPHS[args.graphs]
+        translator = Translator.load(path, device=args.device, weights=args.weights, graphs=graphs)
         refuse_parser(translator.cfg.task.name, path, "serve")
         models.append(ServedModel(translator, source, target, name=path))
     app = create_app(models, limits=limits, batching=batching, api_key=api_key)
@@ -170,6 +178,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
     add_device(p)
     add_precision(p)
+    add_graphs(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--max-batch-sentences",

@@ -23,6 +23,7 @@ import sys
 
 from transduce.cli import decoding_tools as tools
 from transduce.cli.common import (
+    GRAPHS,
     add_decoding,
     check_output,
     models_shown,
@@ -131,6 +132,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(
                 "--precision int8 is for translation models; a parser takes fp32, bf16 or fp16"
             )
+        if args.graphs == "on":  # its positions count words, which the static steps do not
+            raise UserError("--graphs on is for translation models; a parser decodes without")
         check_device(args.weights, resolve_device(args.device))
         parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
         decode = parser.translator.decode_config(
@@ -150,7 +153,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from transduce.inference.translator import Translator
 
         translator = (
-            Translator.of_model(model, vocab, cfg, args.weights)
+            Translator.of_model(model, vocab, cfg, args.weights, graphs=GRAPHS[args.graphs])
             if len(args.model) == 1
             else tools.load_translator(args)
         )
