@@ -62,24 +62,27 @@ def test_the_torch_stage_gives_log_softmax_topk(case, dtype):
     check(logits, k, 0, 1, use_triton=False)
 
 
-def test_the_best_entries_all_in_one_tile_and_tiles_of_minus_infinity():
-    # the k best in one tile (each tile's k best are needed, not its maximum only), a row whose
-    # other tiles are all -inf, and a row whose best entries are the excluded ones
-    logits = torch.randn(3, 3 * BLOCK)
-    logits[0, BLOCK + 10 : BLOCK + 16] = 50.0 + torch.arange(6.0)
+def edge_cases(use_triton: bool, device: str = "cpu") -> None:
+    """The k best in one tile (each tile's k best are needed, not its maximum only), a row
+    whose other tiles are all -inf, a row whose best entries are the excluded ones; rows with
+    fewer finite entries than k, the last tile shorter than k."""
+    logits = torch.randn(3, 3 * BLOCK, device=device)
+    logits[0, BLOCK + 10 : BLOCK + 16] = 50.0 + torch.arange(6.0, device=device)
     logits[1, BLOCK:] = NINF
     logits[2, :2] = 100.0
-    check(logits, 4, 0, 1, use_triton=False)
-
-
-def test_a_row_with_fewer_finite_entries_than_k():
-    logits = torch.full((2, BLOCK + 5), NINF)
+    check(logits, 4, 0, 1, use_triton=use_triton)
+    logits = torch.full((2, BLOCK + 5), NINF, device=device)
     logits[:, 7] = 1.0
     logits[:, BLOCK + 2] = 3.0
-    values, index = kernels.log_softmax_topk(logits, 4, 0, 1, use_triton=False)
+    values, index = kernels.log_softmax_topk(logits, 8, 0, 1, use_triton=use_triton)
     assert values[:, 0].tolist() == pytest.approx([-0.126928] * 2, abs=1e-5)  # log(e^3/(e+e^3))
     assert index[:, :2].tolist() == [[BLOCK + 2, 7]] * 2
     assert values[:, 2:].eq(NINF).all()
+    assert index.lt(BLOCK + 5).all() and index.ge(0).all()  # -inf ones named in the row too
+
+
+def test_edge_cases_of_the_torch_stage():
+    edge_cases(use_triton=False)
 
 
 def test_no_rows_and_a_k_out_of_range():
@@ -89,20 +92,41 @@ def test_no_rows_and_a_k_out_of_range():
         kernels.log_softmax_topk(torch.randn(2, 300), topk_tiles.MAX_K + 1, 0, 1)
 
 
-def test_the_rule_is_cuda_with_triton_and_a_small_k():
+def test_the_rule_is_cuda_where_the_kernel_runs_and_a_small_k(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(topk_tiles, "runs_on", lambda device: True)
     assert not kernels.log_softmax_topk_pays(cpu, 4)
     assert not kernels.log_softmax_topk_pays(cuda, topk_tiles.MAX_K + 1)
     assert kernels.log_softmax_topk_pays(cuda, 4) == topk_tiles.available()
+    monkeypatch.setattr(topk_tiles, "runs_on", lambda device: False)
+    assert not kernels.log_softmax_topk_pays(cuda, 4)
+
+
+def test_a_kernel_that_fails_to_run_is_tried_once_and_left_with_a_warning(monkeypatch):
+    # Triton imported but its first launch failing (no C compiler, a GPU it does not support)
+    monkeypatch.setattr(topk_tiles, "_RUNS_ON", {})
+
+    def fails(*args):  # noqa: ANN002, ANN202
+        raise RuntimeError("Failed to find C compiler")
+
+    monkeypatch.setattr(topk_tiles, "tiles_triton", fails)
+    where = torch.device("cpu")  # the device only names the cache's entry here
+    with pytest.warns(RuntimeWarning, match="does not run on cpu .*Failed to find C compiler"):
+        assert not topk_tiles.runs_on(where)
+    monkeypatch.setattr(topk_tiles, "tiles_triton", topk_tiles.tiles_torch)
+    assert not topk_tiles.runs_on(where)  # tried once: the answer kept
+    topk_tiles._RUNS_ON.clear()
+    assert topk_tiles.runs_on(where)  # a kernel that runs and agrees
 
 
 INTERPRETED = """
 import torch
-from tests_kernel_cases import CASES, check
+from tests_kernel_cases import CASES, check, edge_cases
 for rows, vocab, k in CASES:
     for dtype in (torch.float32, torch.bfloat16):
         g = torch.Generator().manual_seed(rows * vocab + k)
         check((4 * torch.randn(rows, vocab, generator=g)).to(dtype), k, 2, 4, use_triton=True)
+edge_cases(use_triton=True)
 print("interpreted", len(CASES) * 2)
 """
 
@@ -128,3 +152,10 @@ def test_the_triton_kernel_on_cuda(case):
     g = torch.Generator(device="cuda").manual_seed(rows * vocab + k)
     logits = (4 * torch.randn(rows, vocab, generator=g, device="cuda")).to(torch.bfloat16)
     check(logits, k, 0, 1, use_triton=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not topk_tiles.available(), reason="Triton not installed")
+def test_the_triton_kernel_s_edge_cases_on_cuda():
+    edge_cases(use_triton=True, device="cuda")
+    assert topk_tiles.runs_on(torch.device("cuda"))  # the check before its first use agrees

@@ -84,8 +84,9 @@ def searchable(model: Seq2Seq, *, int8: bool = False, graphs: bool = False) -> D
     engine's projections in int8 (``DecodingModel``). ``graphs``: the engine's steps on static
     buffers replayed as CUDA graphs (``engine.static.StaticDecoder``), for a Transformer on a
     CUDA device that counts positions in tokens (``graphs_apply``). Either is a ValueError
-    where it cannot be. The Translator asks for graphs wherever they apply (measured faster on
-    a GPU, a file's first pass and its captures included: benchmarks/RESULTS.md)."""
+    where it cannot be. ``Translator.load``, ``of_model`` and ``load_ensemble`` ask for graphs
+    wherever they apply (measured faster on a GPU, a file's first pass and its captures
+    included: benchmarks/RESULTS.md)."""
     if not isinstance(model, Transformer):
         if int8 or graphs:
             what = "int8 decoding" if int8 else "decoding on CUDA graphs"

@@ -137,8 +137,10 @@ class Translator:
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
 
     Searches run on a ``DecodingModel`` made here: a snapshot of the model's weights laid out
-    for encoding and step-by-step decoding, on a CUDA GPU its steps replayed as CUDA graphs
-    (``of_model``'s ``graphs``). Make a new Translator after changing the weights."""
+    for encoding and step-by-step decoding; made by ``load``, ``of_model`` or
+    ``load_ensemble`` on a CUDA GPU, its steps replayed as CUDA graphs (their ``graphs``), made
+    directly (``Translator(model, vocab, cfg)``, as training's validation does) step by step.
+    Make a new Translator after changing the weights."""
 
     def __init__(
         self,

@@ -19,7 +19,12 @@ from transduce.kernels.attention import (
     attention_weights,
     grouped_queries_path,
 )
-from transduce.kernels.device import graphs_capture, reads_are_cheap, topk_by_chunks_pays
+from transduce.kernels.device import (
+    graphs_capture,
+    kept_graph_bytes,
+    reads_are_cheap,
+    topk_by_chunks_pays,
+)
 from transduce.kernels.dropout import dropout, dropout_add
 from transduce.kernels.matmul import (
     Linear,
@@ -57,6 +62,7 @@ __all__ = [
     "fp16_refusal",
     "grouped_queries_path",
     "int8_refusal",
+    "kept_graph_bytes",
     "linear",
     "log_softmax_topk",
     "log_softmax_topk_pays",

@@ -20,8 +20,10 @@ Shapes: N rows, V the vocabulary, T tiles a row (ceil(V / BLOCK)), k the entries
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -77,9 +79,43 @@ def available() -> bool:
 
 
 def pays(device: torch.device, k: int) -> bool:
-    """Whether the beam step's candidates come from the tiles on ``device``: CUDA GPUs with
-    Triton, k <= MAX_K. Elsewhere ``log_softmax`` and a top-k (``inference/topk.py``)."""
-    return device.type == "cuda" and k <= MAX_K and available()
+    """Whether the beam step's candidates come from the tiles on ``device``: CUDA GPUs where
+    the Triton kernel runs (``runs_on``), k <= MAX_K. Elsewhere ``log_softmax`` and a top-k
+    (``inference/topk.py``)."""
+    return device.type == "cuda" and k <= MAX_K and available() and runs_on(device)
+
+
+# device -> whether the kernel ran there and agreed with the torch stage (tried once)
+_RUNS_ON: dict[str, bool] = {}
+
+
+def runs_on(device: torch.device) -> bool:
+    """Whether the Triton kernel compiles and runs on ``device`` and agrees with
+    ``tiles_torch`` there, tried once on a small case. An importable Triton may still fail at
+    its first launch (no C compiler to build its launcher, a GPU or driver it does not
+    support): beam search then keeps the old way, with a warning, rather than fail."""
+    key = str(device)
+    if key not in _RUNS_ON:
+        try:
+            x = torch.arange(3 * (BLOCK + 9), dtype=torch.float32, device=device)
+            x = (x * 0.618).remainder(7.0).view(3, BLOCK + 9)  # (3, BLOCK + 9), few ties
+            got = log_softmax_topk(x, 3, 0, 1, use_triton=True)
+            want = log_softmax_topk(x, 3, 0, 1, use_triton=False)
+            works = bool(torch.allclose(got[0], want[0], atol=1e-5)) and bool(
+                torch.equal(got[1], want[1])
+            )
+            why = "its results differ from torch's"
+        except Exception as e:  # a compiler, a driver, a GPU Triton does not support
+            works, why = False, f"{type(e).__name__}: {str(e)[:200]}"
+        if not works:
+            warnings.warn(
+                f"the Triton top-k kernel does not run on {device} ({why}); beam search "
+                "takes log_softmax and a top-k there",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _RUNS_ON[key] = works
+    return _RUNS_ON[key]
 
 
 def tiles_triton(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]:
@@ -99,10 +135,12 @@ def tiles_triton(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]
     tile_s = torch.empty(n, n_tiles, dtype=torch.float32, device=dev)
     if n:
         grid = (n, n_tiles)
-        kernel[grid](
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            # Triton launches on the current GPU: the logits' own
+            kernel[grid](
             logits, logits.stride(0), v, lo, hi, top_v, top_i, tile_m, tile_s, n_tiles,
             K=k, BLOCK=BLOCK, num_warps=8,
-        )  # fmt: skip
+            )  # fmt: skip
     return top_v, top_i.long(), tile_m, tile_s
 
 
@@ -121,7 +159,9 @@ def tiles_torch(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]:
     # stable sort: the first index of equal values first, as the kernel's rounds take them
     values, pos = y.sort(dim=2, descending=True, stable=True)  # (N, T, BLOCK)
     top_v = values[..., :k].reshape(n, n_tiles * k)  # (N, T, k) -> (N, T*k)
-    top_i = (pos[..., :k] + cols[:, :1]).reshape(n, n_tiles * k)
+    top_i = pos[..., :k] + cols[:, :1]  # (N, T, k)
+    # a padded column (past V, -inf) named as the kernel names it: the tile's first column
+    top_i = torch.where(top_i < v, top_i, cols[:, :1]).reshape(n, n_tiles * k)
     return top_v, top_i, m, s
 
 

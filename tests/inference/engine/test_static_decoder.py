@@ -160,7 +160,7 @@ def test_searches_at_once_do_not_share_a_slot() -> None:
 
 
 def test_slots_kept_are_bounded(monkeypatch) -> None:
-    from transduce.inference.engine import static as static_module
+    from transduce import kernels
 
     engine = _engine({})
     static = StaticDecoder(engine, capacity=16)
@@ -172,8 +172,12 @@ def test_slots_kept_are_bounded(monkeypatch) -> None:
     assert [key[0] for key in static.slots] == list(range(4, MAX_SLOTS + 4))  # the last used
     # and in bytes: room for the two largest, the last two used
     sizes = [slot.nbytes for slot in static.slots.values()]
-    monkeypatch.setattr(static_module, "MAX_KEPT_BYTES", sizes[-1] + sizes[-2])
+    monkeypatch.setattr(kernels, "kept_graph_bytes", lambda device: sizes[-1] + sizes[-2])
     src = torch.randint(4, 13, (2, 5), generator=g)  # a new shape: the older go till it fits
+    assert greedy_search(static, src, max_len=4) == greedy_search(engine, src, max_len=4)
+    assert [key[:3] for key in static.slots] == [(MAX_SLOTS + 3, MAX_SLOTS + 3, 4), (2, 2, 5)]
+    # a shape larger alone than the bound: decoded, not kept, the kept ones left
+    src = torch.randint(4, 13, (4 * MAX_SLOTS, 5), generator=g)
     assert greedy_search(static, src, max_len=4) == greedy_search(engine, src, max_len=4)
     assert [key[:3] for key in static.slots] == [(MAX_SLOTS + 3, MAX_SLOTS + 3, 4), (2, 2, 5)]
 

@@ -16,8 +16,8 @@ as a CUDA graph (``torch.cuda.CUDAGraph``) and replayed with one launch:
 - the tensors of a shape and their graph (a ``Slot``, ``static_slot.py``) kept for later
   searches of that shape (rows, sentences, source length, capacity, masked or not, dtype),
   which copy their own values in and replay the graph without capturing it again: the
-  ``MAX_SLOTS`` shapes used last within ``MAX_KEPT_BYTES``, none shared by two searches
-  running at once;
+  ``MAX_SLOTS`` shapes used last within ``kernels.kept_graph_bytes`` (a decoder's, so an
+  ensemble's members each), none shared by two searches running at once;
 - the N rows of the batch as it was at the second step kept throughout: a search that drops
   finished sentences (``select_sources``) or moves hypotheses (``reorder``) moves rows within
   the buffers through a map from its rows to these, and the rows of dropped sentences are
@@ -50,11 +50,10 @@ from transduce.inference.engine.static_slot import CaptureStream, Slot, SlotKey,
 # positions a buffer holds at first (doubled when full)
 DEFAULT_CAPACITY = 64
 # slots (static tensors and graphs of one shape of search) a decoder keeps for later searches,
-# and the bytes they may hold in all: a file's batches came in 17 shapes on Multi30k's test2016
+# within kernels.kept_graph_bytes: a file's batches came in 17 shapes on Multi30k's test2016
 # (beam 4), and keeping 16 rather than 4 let its later passes capture nothing
-# (benchmarks/RESULTS.md); one shape of 512 rows of an OPUS-MT-sized model holds ~0.8 GB
+# (benchmarks/RESULTS.md)
 MAX_SLOTS = 16
-MAX_KEPT_BYTES = 2**30
 
 
 @dataclass
@@ -110,6 +109,7 @@ class StaticDecoder:
         if graphs and not kernels.graphs_capture(device):
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not on {device}")
         self.engine, self.graphs, self.capacity = engine, graphs, capacity
+        self.device = device
         # the stream every capture runs on (CUDA graphs), else None: the steps run eagerly
         self.capture = CaptureStream() if graphs else None
         # slots by shape, least recently used first: later searches of a shape reuse its graph
@@ -120,19 +120,22 @@ class StaticDecoder:
     ) -> Slot:
         """The slot of ``key`` for ``search``: the kept one if no running search holds it, else
         a new one (kept if none is, else private to this search), made from the shapes of
-        ``eager`` or of the slot ``like``. At most MAX_SLOTS are kept, of MAX_KEPT_BYTES in
-        all; the least recently used that no search holds goes first."""
+        ``eager`` or of the slot ``like``. At most MAX_SLOTS are kept, of
+        ``kernels.kept_graph_bytes`` in all (``Slot.nbytes`` when each is kept); the least
+        recently used that no search holds goes first, and a slot larger than that alone is
+        not kept."""
         slot = self.slots.get(key)
         if slot is not None and not slot.in_use():
             self.slots.move_to_end(key)
         else:
             slot = Slot(self.engine, key, eager, like)
-            if key not in self.slots:
+            bound = kernels.kept_graph_bytes(self.device)
+            if key not in self.slots and slot.nbytes <= bound:
                 self.slots[key] = slot
                 idle = [k for k, kept in self.slots.items() if not kept.in_use() and k != key]
                 held = sum(kept.nbytes for kept in self.slots.values())
                 for old in idle:
-                    if len(self.slots) <= MAX_SLOTS and held <= MAX_KEPT_BYTES:
+                    if len(self.slots) <= MAX_SLOTS and held <= bound:
                         break
                     held -= self.slots.pop(old).nbytes
         slot.user = weakref.ref(search)

@@ -121,8 +121,10 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        """The bytes of its caches, both sides (the graphs' own memory not counted)."""
+        """The bytes of its caches, both sides, and of its graphs' outputs once captured (the
+        graphs' other memory not counted)."""
         tensors = [t for side in self.sides for t in side] + [self.cross_keys, self.cross_values]
+        tensors += [t for t in self.outputs if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @property
