@@ -16,6 +16,19 @@ class UserError(Exception):
     """Bad input (a config key, a file, an option value). The message names what is wrong."""
 
 
+class SentenceError(UserError):
+    """Bad input in one sentence of a list, said as "sentence K<detail>" (K from 1). A caller
+    that read the list from a file names the file's line instead (``at_line``)."""
+
+    def __init__(self, sentence: int, detail: str) -> None:
+        super().__init__(f"sentence {sentence}{detail}")
+        self.sentence, self.detail = sentence, detail
+
+    def at_line(self, name: str, line: int) -> UserError:
+        """The same error, about line ``line`` (from 1) of the file ``name``."""
+        return UserError(f"{name}: line {line}{self.detail}")
+
+
 class RunStopped(Exception):
     """A run that stopped before its budget ended, cleanly: the message says why, where its last
     good checkpoint is and what to do; the CLI prints it and exits with ``exit_code``."""

@@ -213,3 +213,23 @@ def test_score_reads_trees_as_the_parser_was_trained(models, tmp_path, capsys) -
         code, out, err = _run([*argv, "--tgt", _write(tmp_path / "b.txt", [bad, trees[1]])], capsys)
         assert code == 2 and not out and len(err.splitlines()) == 1, err
         assert "b.txt" in err and needle in err, err
+
+
+def test_lines_named_tells_a_sentence_s_error_as_its_file_line():
+    # sentence K of those parsed is line lines[K - 1] + 1 of the file (its blank lines skipped);
+    # other errors, and sentences out of range, go through as they are
+    import pytest
+
+    from transduce.errors import SentenceError, UserError
+    from transduce.parsing.parser import lines_named
+
+    with pytest.raises(UserError, match=r"^in\.txt: line 5 is empty: a tree needs") as e:
+        with lines_named("in.txt", [0, 2, 4]):
+            raise SentenceError(3, " is empty: a tree needs at least one word")
+    assert type(e.value) is UserError
+    with pytest.raises(SentenceError, match="^sentence 4 has"):
+        with lines_named("in.txt", [0, 2, 4]):
+            raise SentenceError(4, " has 9 subword tokens")
+    with pytest.raises(UserError, match="^sentence 2 of the config"):  # not about a sentence
+        with lines_named("in.txt", [0, 2, 4]):
+            raise UserError("sentence 2 of the config")

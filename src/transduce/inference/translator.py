@@ -58,7 +58,7 @@ from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
 from transduce.data.vocab import UNK, Vocab
 from transduce.device import resolve_device
-from transduce.errors import UserError
+from transduce.errors import SentenceError, UserError
 from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
 from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.contract import DecodableModel
@@ -459,7 +459,7 @@ class Translator:
     def _check_lengths(
         self, ids: Sequence[Sequence[int]], todo: Sequence[int], cfg: DecodeConfig
     ) -> None:
-        """A UserError naming the first sentence longer than learned positions can place. With
+        """A SentenceError naming the first sentence longer than learned positions can place. With
         n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
         max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
         ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
@@ -468,17 +468,18 @@ class Translator:
         if limit is None:
             for j, x in enumerate(ids):
                 if len(x) > MAX_SENTENCE_TOKENS:
-                    raise UserError(
-                        f"sentence {todo[j] + 1} has {len(x)} subword tokens; at most "
-                        f"{MAX_SENTENCE_TOKENS} are decoded (a whole text on one line? split "
-                        "it into sentences)"
+                    raise SentenceError(
+                        todo[j] + 1,
+                        f" has {len(x)} subword tokens; at most {MAX_SENTENCE_TOKENS} are "
+                        "decoded (a whole text on one line? split it into sentences)",
                     )
             return
         longest = limit - 2 - cfg.max_len_offset  # source tokens, EOS not counted
         for j, x in enumerate(ids):
             if len(x) > longest:
-                raise UserError(
-                    f"sentence {todo[j] + 1} has {len(x)} subword tokens; this model's learned "
-                    f"positions (max_positions={limit}) take at most {max(longest, 0)} "
-                    f"with max_len_offset={cfg.max_len_offset}"
+                raise SentenceError(
+                    todo[j] + 1,
+                    f" has {len(x)} subword tokens; this model's learned positions "
+                    f"(max_positions={limit}) take at most {max(longest, 0)} with "
+                    f"max_len_offset={cfg.max_len_offset}",
                 )

@@ -11,7 +11,6 @@ then ``delinearise`` puts the words back in order and repairs malformed output, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from transduce.data.parallel import read_lines
 from transduce.data.trees import Tree, check_words, read_tree_file
 from transduce.data.vocab import EOS, SPECIALS, UNK, Vocab, VocabPair
 from transduce.device import resolve_device
-from transduce.errors import UserError
+from transduce.errors import SentenceError, UserError
 from transduce.evaluation.evalb import score_corpus
 from transduce.inference.scoring import PairScore
 from transduce.inference.translator import Translator
@@ -119,7 +118,7 @@ class Parser:
         apart and writes them back blank)."""
         empty = next((i for i, words in enumerate(sentences) if not words), None)
         if empty is not None:
-            raise UserError(f"sentence {empty + 1} is empty: a tree needs at least one word")
+            raise SentenceError(empty + 1, " is empty: a tree needs at least one word")
         cfg = self.cfg.decode if decode is None else decode
         use = self.task.constrained if constrained is None else constrained
         translator = self._constrained(cfg.max_len_offset) if use else self.translator
@@ -159,15 +158,14 @@ def _check_scorable(
 
 @contextmanager
 def lines_named(name: str, lines: Sequence[int]) -> Iterator[None]:
-    """Errors about "sentence K" of the sentences parsed, told as line ``lines[K - 1] + 1`` of
-    ``name`` (a file whose blank lines were not parsed)."""
+    """Errors about sentence K of the sentences parsed (``SentenceError``), told as line
+    ``lines[K - 1] + 1`` of ``name`` (a file whose blank lines were not parsed)."""
     try:
         yield
-    except UserError as e:
-        found = re.match(r"sentence (\d+)\b(.*)", str(e), flags=re.S)
-        if found is None or not 1 <= int(found[1]) <= len(lines):
+    except SentenceError as e:
+        if not 1 <= e.sentence <= len(lines):
             raise
-        raise UserError(f"{name}: line {lines[int(found[1]) - 1] + 1}{found[2]}") from None
+        raise e.at_line(name, lines[e.sentence - 1] + 1) from None
 
 
 def evaluate_parser(
