@@ -218,8 +218,6 @@ def test_score_reads_trees_as_the_parser_was_trained(models, tmp_path, capsys) -
 def test_lines_named_tells_a_sentence_s_error_as_its_file_line():
     # sentence K of those parsed is line lines[K - 1] + 1 of the file (its blank lines skipped);
     # other errors, and sentences out of range, go through as they are
-    import pytest
-
     from transduce.errors import SentenceError, UserError
     from transduce.parsing.parser import lines_named
 
