@@ -260,9 +260,9 @@ def test_a_sentence_past_the_cap_is_refused_where_positions_set_no_limit(
     """Sinusoidal positions and the rnn set no length limit: a whole text on one line (600,000
     tokens) ran for minutes without an end. Past MAX_SENTENCE_TOKENS a sentence is refused,
     naming it, before anything is decoded; translate, score and evaluate alike."""
-    import transduce.inference.translator as translator_module
+    import transduce.inference.text_inputs as text_inputs
 
-    monkeypatch.setattr(translator_module, "MAX_SENTENCE_TOKENS", 12)  # a short cap, same code
+    monkeypatch.setattr(text_inputs, "MAX_SENTENCE_TOKENS", 12)  # a short cap, same code
     path = save_toy_translation_model(
         tmp_path / "model.pt", {"max_len_offset": 2}, {"architecture": architecture}
     )

@@ -58,7 +58,7 @@ from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
 from transduce.data.vocab import UNK, Vocab
 from transduce.device import resolve_device
-from transduce.errors import SentenceError, UserError
+from transduce.errors import UserError
 from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
 from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.contract import DecodableModel
@@ -66,6 +66,7 @@ from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
 from transduce.inference.scoring import PairScore, score_targets
 from transduce.inference.search import generate, graphs_apply, searchable
+from transduce.inference.text_inputs import check_lengths, length_batches, text_list
 from transduce.inference.weights import (
     WeightPrecision,
     check_device,
@@ -87,26 +88,6 @@ class Translation:
     log_prob: float
 
 
-def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Indices of ``lengths`` in batches of at most ``batch_tokens`` padded tokens
-    (n_sentences * longest), longest sentences first; a sentence longer than the budget gets a
-    batch of its own. Stable: equal lengths keep input order."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        # Sorted longest first, so the batch's first sentence sets its padded length.
-        longest = max(longest, lengths[i])
-        if current and (len(current) + 1) * longest > batch_tokens:
-            batches.append(current)
-            current, longest = [], lengths[i]
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
 def _max_positions(cfg: Config) -> int | None:
     """The positions a model of ``cfg`` can place: its learned table's size, or None (the
     sinusoidal table grows)."""
@@ -117,19 +98,6 @@ def _check_graphs(graphs: bool | None, device: torch.device) -> None:
     """A UserError when decoding on CUDA graphs is asked for off a CUDA device."""
     if graphs and not kernels.graphs_capture(device):
         raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
-
-
-def _strings(values: Sequence[str], what: str, plural: str | None = None) -> list[str]:
-    """``values`` as a list of strings; a TypeError for one string (or bytes) where a list is
-    wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...)."""
-    if isinstance(values, str | bytes):
-        many = plural or f"{what}s"
-        raise TypeError(f"a list of {many} is wanted, not one {type(values).__name__}")
-    out = list(values)
-    for i, value in enumerate(out, start=1):
-        if not isinstance(value, str):
-            raise TypeError(f"{what} {i} is {type(value).__name__}, not a str")
-    return out
 
 
 class Translator:
@@ -331,9 +299,9 @@ class Translator:
         show_progress: bool | None,
         prefixes: Sequence[str] | None = None,
     ) -> list[list[Translation]]:
-        texts = [s.strip() for s in _strings(sentences, "sentence")]
+        texts = [s.strip() for s in text_list(sentences, "sentence")]
         if prefixes is not None:
-            prefixes = _strings(prefixes, "prefix", "prefixes")
+            prefixes = text_list(prefixes, "prefix", "prefixes")
             if len(prefixes) != len(texts):
                 raise UserError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
@@ -343,7 +311,7 @@ class Translator:
             ids = encode_batch([texts[i] for i in todo])
         else:
             ids = [self.vocab.encode(texts[i]) for i in todo]
-        self._check_lengths(ids, todo, cfg)
+        check_lengths(ids, todo, self.max_positions, cfg.max_len_offset)
         forced = None if prefixes is None else self._prefix_ids(prefixes, ids, todo, cfg)
         self.model.eval()
         device = self.device
@@ -413,15 +381,15 @@ class Translator:
         the length penalty of ``decode.alpha``, the beam's ``score`` of that output), batched
         by ``decode.batch_tokens``. Empty lines are scored too (an empty target is EOS alone)."""
         cfg = self._fits(decode)
-        sources, targets = _strings(sources, "source"), _strings(targets, "target")
+        sources, targets = text_list(sources, "source"), text_list(targets, "target")
         if len(sources) != len(targets):
             raise UserError(f"{len(sources)} sources but {len(targets)} targets")
         src_ids = [self.vocab.encode(s.strip()) for s in sources]
         target = sides(self.vocab)[1]  # a target is the target side's text
         tgt_ids = [target.encode(t.strip()) for t in targets]
         everything = list(range(len(sources)))
-        self._check_lengths(src_ids, everything, replace(cfg, max_len_offset=0))
-        self._check_lengths(tgt_ids, everything, replace(cfg, max_len_offset=0))
+        check_lengths(src_ids, everything, self.max_positions, 0)
+        check_lengths(tgt_ids, everything, self.max_positions, 0)
         self.model.eval()
         out: list[PairScore | None] = [None] * len(sources)
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
@@ -443,8 +411,8 @@ class Translator:
         n_layers = self.cfg.model.n_layers
         if not -n_layers <= layer < n_layers:
             raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")
-        sentences = _strings(sentences, "sentence")
-        translations = _strings(translations, "translation")
+        sentences = text_list(sentences, "sentence")
+        translations = text_list(translations, "translation")
         if len(sentences) != len(translations):
             raise UserError(f"{len(sentences)} sentences but {len(translations)} translations")
         out = []
@@ -455,31 +423,3 @@ class Translator:
             maps = attention_maps(self.model, self.vocab, source, target)
             out.append(pharaoh(word_alignment(maps, self.vocab, layer)))
         return out
-
-    def _check_lengths(
-        self, ids: Sequence[Sequence[int]], todo: Sequence[int], cfg: DecodeConfig
-    ) -> None:
-        """A SentenceError naming the first sentence longer than learned positions can place. With
-        n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
-        max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
-        ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
-        rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused."""
-        limit = self.max_positions
-        if limit is None:
-            for j, x in enumerate(ids):
-                if len(x) > MAX_SENTENCE_TOKENS:
-                    raise SentenceError(
-                        todo[j] + 1,
-                        f" has {len(x)} subword tokens; at most {MAX_SENTENCE_TOKENS} are "
-                        "decoded (a whole text on one line? split it into sentences)",
-                    )
-            return
-        longest = limit - 2 - cfg.max_len_offset  # source tokens, EOS not counted
-        for j, x in enumerate(ids):
-            if len(x) > longest:
-                raise SentenceError(
-                    todo[j] + 1,
-                    f" has {len(x)} subword tokens; this model's learned positions "
-                    f"(max_positions={limit}) take at most {max(longest, 0)} with "
-                    f"max_len_offset={cfg.max_len_offset}",
-                )

@@ -1,0 +1,74 @@
+"""Sentences of text on their way into a model: checked (a list of strings; lengths the model
+can place) and cut into batches of similar lengths (``Translator``'s and ``score``'s)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transduce.errors import SentenceError
+from transduce.inference.common import MAX_SENTENCE_TOKENS
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` in batches of at most ``batch_tokens`` padded tokens
+    (n_sentences * longest), longest sentences first; a sentence longer than the budget gets a
+    batch of its own. Stable: equal lengths keep input order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        # Sorted longest first, so the batch's first sentence sets its padded length.
+        longest = max(longest, lengths[i])
+        if current and (len(current) + 1) * longest > batch_tokens:
+            batches.append(current)
+            current, longest = [], lengths[i]
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def text_list(values: Sequence[str], what: str, plural: str | None = None) -> list[str]:
+    """``values`` as a list of strings; a TypeError for one string (or bytes) where a list is
+    wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...)."""
+    if isinstance(values, str | bytes):
+        many = plural or f"{what}s"
+        raise TypeError(f"a list of {many} is wanted, not one {type(values).__name__}")
+    out = list(values)
+    for i, value in enumerate(out, start=1):
+        if not isinstance(value, str):
+            raise TypeError(f"{what} {i} is {type(value).__name__}, not a str")
+    return out
+
+
+def check_lengths(
+    ids: Sequence[Sequence[int]], todo: Sequence[int], limit: int | None, max_len_offset: int
+) -> None:
+    """A SentenceError naming the first of the sentences ``todo`` (their token ids ``ids``)
+    longer than a model's learned positions, ``limit`` of them, can place. With
+    n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
+    max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
+    ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
+    rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused."""
+    if limit is None:
+        for j, x in enumerate(ids):
+            if len(x) > MAX_SENTENCE_TOKENS:
+                raise SentenceError(
+                    todo[j] + 1,
+                    f" has {len(x)} subword tokens; at most {MAX_SENTENCE_TOKENS} are "
+                    "decoded (a whole text on one line? split it into sentences)",
+                )
+        return
+    longest = limit - 2 - max_len_offset  # source tokens, EOS not counted
+    for j, x in enumerate(ids):
+        if len(x) > longest:
+            raise SentenceError(
+                todo[j] + 1,
+                f" has {len(x)} subword tokens; this model's learned positions "
+                f"(max_positions={limit}) take at most {max(longest, 0)} with "
+                f"max_len_offset={max_len_offset}",
+            )
+
+
+__all__ = ["check_lengths", "length_batches", "text_list"]
