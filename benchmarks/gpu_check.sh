@@ -19,14 +19,15 @@
 #                bf16-weights, the two-pass reference loss beside (transduce_reference)
 #   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
 #                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
-#                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights
+#                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights;
+#                profile_small: the graphed SMALL step's kernels and how busy the device is
 #   profile      benchmarks/profile_step.py: the paper step's device time by kind of kernel
 #   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
 #                recipe's own budget is 4.3) of training, then test2016 BLEU, beam 4 (only with
 #                Multi30k in ./gpu_data/multi30k)
 #   recipe_translate  benchmarks/translate_gpu.py: its model translating test2016 with the steps
-#                on CUDA graphs and without, first pass and second
+#                on CUDA graphs (the Translator's default there) and without, three passes
 #   recipe_fp16  its model decoded with --precision fp16 (test2016 BLEU against fp32's)
 #   recipe_graphs  the recipe again with train.compile reduce-overhead (CUDA graphs: the small
 #                model's update is bound by kernel launches), its updates and test2016 BLEU
@@ -236,6 +237,10 @@ else
         --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \
         --rounds 3
     figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
+    # SMALL's graphed step: how busy the device is (34% on an H200: bound by the host)
+    step profile_small 120 "$PY" benchmarks/profile_step.py --device "$device" --size small \
+        --system transduce_cudagraphs --precision fp32 --steps 10
+    figure "profile_small: $(tail -n 1 "$OUT/profile_small.log")"
 fi
 
 # where the paper step's device time goes (kernels by kind)
@@ -266,7 +271,7 @@ if have_multi30k; then
             --device "$device" --beam 4 --src "$test_src" --ref "$test_ref" --quiet
         figure "recipe ($minutes_recipe min of training, $((SECONDS - t0)) s in all): test2016 $(tail -n 1 "$OUT/recipe_test.log")"
         step recipe_translate 120 "$PY" benchmarks/translate_gpu.py --device "$device" \
-            --model "$OUT/recipe/model.pt" --src "$test_src" --ref "$test_ref" --rounds 2
+            --model "$OUT/recipe/model.pt" --src "$test_src" --ref "$test_ref" --rounds 3
         figure "recipe_translate: $(tail -n 1 "$OUT/recipe_translate.log")"
         if [[ $dry == 1 ]]; then
             skip recipe_fp16 "fp16 decoding is for CUDA devices (refused on a CPU)"
