@@ -379,3 +379,25 @@ def test_the_translator_takes_graphs_where_they_apply(tmp_path, monkeypatch) -> 
         engine = Translator.load(path, "cuda", graphs=False)
         src = ["a b c", "d e"]
         assert on_gpu.translate(src) == engine.translate(src)
+
+
+def test_many_searches_on_both_sides_of_the_cache(monkeypatch) -> None:
+    """Searches of recurring shapes, as on a GPU (reads not cheap), with the capacity growing
+    and sentences dropped on the way: each reorder gathers the cache into its other side, so
+    later searches start on either side of a kept slot, and all give the engine's outputs."""
+    from transduce import kernels
+
+    monkeypatch.setattr(kernels, "reads_are_cheap", lambda device: False)
+    engine = _engine({})
+    static = StaticDecoder(engine, capacity=2)
+    sides_at_start = set()
+    for it in range(30):
+        g = torch.Generator().manual_seed(it % 5)  # the same shapes again: slots reused
+        src = torch.randint(4, 13, (2 + it % 3, 6), generator=g)  # model_testkit.V = 13
+        src[0, 3 + it % 3 :] = 0
+        sides_at_start |= {slot.side for slot in static.slots.values()}
+        beam, offset = 2 + it % 3, it % 7
+        mine = beam_search(static, src, beam=beam, max_len_offset=offset, nbest=beam)
+        ref = beam_search(engine, src, beam=beam, max_len_offset=offset, nbest=beam)
+        assert _tokens(mine) == _tokens(ref), it
+    assert sides_at_start == {0, 1}
