@@ -1,6 +1,7 @@
 """A trained model translating a file through the Python API on a GPU: the engine's steps
-replayed as CUDA graphs (``Translator.load(..., graphs=True)``, the default on CUDA) against the
-engine run step by step (``graphs=False``), on the same sentences, batches and settings.
+replayed as CUDA graphs (``Translator.load(..., graphs=True)``; the default ``graphs=None``
+takes them on CUDA) against the engine run step by step (``graphs=False``), on the same
+sentences, batches and settings.
 
     python benchmarks/translate_gpu.py --model runs/multi30k_gpu/model.pt \\
         --src data/multi30k/test_2016_flickr.en.gz --ref data/multi30k/test_2016_flickr.de.gz \\

@@ -17,12 +17,13 @@ class UserError(Exception):
 
 
 class SentenceError(UserError):
-    """Bad input in one sentence of a list, said as "sentence K<detail>" (K from 1). A caller
-    that read the list from a file names the file's line instead (``at_line``)."""
+    """Bad input in one sentence of a list, said as "sentence K<detail>" (K from 1; ``noun``
+    "target" for the second side of pairs). A caller that read the list from a file names the
+    file's line instead (``at_line``)."""
 
-    def __init__(self, sentence: int, detail: str) -> None:
-        super().__init__(f"sentence {sentence}{detail}")
-        self.sentence, self.detail = sentence, detail
+    def __init__(self, sentence: int, detail: str, noun: str = "sentence") -> None:
+        super().__init__(f"{noun} {sentence}{detail}")
+        self.sentence, self.detail, self.noun = sentence, detail, noun
 
     def at_line(self, name: str, line: int) -> UserError:
         """The same error, about line ``line`` (from 1) of the file ``name``."""

@@ -351,3 +351,71 @@ def test_graphs_on_a_cpu_and_on_a_parser_are_refused(model_kinds, tmp_path, caps
         argv = [command, "--model", parser, *extra, "--graphs", "on"]
         code, out, err = _run(argv, capsys)
         _one_error(code, out, err, "--graphs on is for translation models")
+
+
+def test_graphs_reaches_the_translator(model_kinds, tmp_path, capsys, monkeypatch) -> None:
+    # --graphs off / on / auto -> graphs=False / True / None, through each way a command loads
+    from transduce.inference.translator import Translator
+
+    pytest.importorskip("fastapi")
+    seen: list[object] = []  # the graphs each command asked for (not load's own of_model)
+    depth = [0]
+    for name in ("load", "of_model"):
+        original = getattr(Translator, name).__func__
+
+        def spy(cls, *args, _original=original, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            if depth[0] == 0:
+                seen.append(kwargs.get("graphs"))
+            depth[0] += 1
+            try:  # a CPU: never graphs
+                return _original(cls, *args, **{**kwargs, "graphs": False})
+            finally:
+                depth[0] -= 1
+
+        monkeypatch.setattr(Translator, name, classmethod(spy))
+    src = tmp_path / "src.txt"
+    src.write_text("der hund\n", encoding="utf-8")
+    model = str(model_kinds["shared"])
+    runs = {
+        "translate": ["translate", "--model", model, "--input", str(src)],
+        "evaluate": ["evaluate", "--model", model, "--src", str(src), "--ref", str(src)],
+        "ensemble": ["evaluate", "--model", model, "--model", model, "--src", str(src)]
+        + ["--ref", str(src)],
+        "serve": ["serve", "--model", model, "--port", "0"],
+    }
+    with mock.patch("transduce.serve.server.serve", lambda *a, **k: None):
+        for flag, want in (("off", False), ("on", True), ("auto", None)):
+            for argv in runs.values():
+                seen.clear()
+                code, _, err = _run([*argv, "--graphs", flag], capsys)
+                assert code == 0, err
+                assert seen and set(seen) == {want}, (argv, flag, seen)
+
+
+def test_a_sentence_too_long_is_named_by_its_file_and_line(model_kinds, tmp_path, capsys):
+    # "sentence K" of the Python API said as the line of the file (translate, line by line,
+    # evaluate, score: source and target)
+    from transduce.inference import text_inputs
+
+    with mock.patch.object(text_inputs, "MAX_SENTENCE_TOKENS", 12):
+        model = str(model_kinds["shared"])
+        src, long = tmp_path / "src.txt", "der hund rennt " * 6
+        src.write_text(f"der hund\n\n{long}\n", encoding="utf-8")
+        tgt = tmp_path / "tgt.txt"
+        tgt.write_text(f"{long}\nder\nder\n", encoding="utf-8")
+        code, out, err = _run(["translate", "--model", model, "--input", str(src)], capsys)
+        _one_error(code, out, err, f"{src}: line 3 has ")
+        argv = ["translate", "--model", model, "--unbuffered"]
+        code, out, err = _run(argv, capsys, stdin=f"der\n{long}\n")
+        assert code == 2 and err.splitlines()[-1].startswith(
+            "transduce: error: <stdin>: line 2 has "
+        )
+        argv = ["evaluate", "--model", model, "--src", str(src), "--ref", str(src)]
+        code, out, err = _run(argv, capsys)
+        _one_error(code, out, err, f"{src}: line 3 has ")
+        argv = ["score", "--model", model, "--src", str(src), "--tgt", str(src)]
+        code, out, err = _run(argv, capsys)
+        _one_error(code, out, err, f"{src}: line 3 has ")
+        argv = ["score", "--model", model, "--src", str(tgt), "--tgt", str(src)]
+        code, out, err = _run(argv, capsys)
+        _one_error(code, out, err, f"{tgt}: line 1 has ")

@@ -94,11 +94,11 @@ def test_no_rows_and_a_k_out_of_range():
 
 def test_the_rule_is_cuda_where_the_kernel_runs_and_a_small_k(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(topk_tiles, "runs_on", lambda device: True)
+    monkeypatch.setattr(topk_tiles, "runs_on", lambda device, k: True)
     assert not kernels.log_softmax_topk_pays(cpu, 4)
     assert not kernels.log_softmax_topk_pays(cuda, topk_tiles.MAX_K + 1)
     assert kernels.log_softmax_topk_pays(cuda, 4) == topk_tiles.available()
-    monkeypatch.setattr(topk_tiles, "runs_on", lambda device: False)
+    monkeypatch.setattr(topk_tiles, "runs_on", lambda device, k: False)
     assert not kernels.log_softmax_topk_pays(cuda, 4)
 
 
@@ -107,16 +107,18 @@ def test_a_kernel_that_fails_to_run_is_tried_once_and_left_with_a_warning(monkey
     monkeypatch.setattr(topk_tiles, "_RUNS_ON", {})
 
     def fails(*args):  # noqa: ANN002, ANN202
-        raise RuntimeError("Failed to find C compiler")
+        raise RuntimeError("Failed to find\n  C compiler")
 
     monkeypatch.setattr(topk_tiles, "tiles_triton", fails)
     where = torch.device("cpu")  # the device only names the cache's entry here
-    with pytest.warns(RuntimeWarning, match="does not run on cpu .*Failed to find C compiler"):
-        assert not topk_tiles.runs_on(where)
+    with pytest.warns(RuntimeWarning, match="does not run on cpu .*Failed to find C compiler") as w:
+        assert not topk_tiles.runs_on(where, 4)
+    assert "\n" not in str(w[0].message)  # one line
     monkeypatch.setattr(topk_tiles, "tiles_triton", topk_tiles.tiles_torch)
-    assert not topk_tiles.runs_on(where)  # tried once: the answer kept
+    assert not topk_tiles.runs_on(where, 4)  # tried once: the answer kept
+    assert topk_tiles.runs_on(where, 2)  # another k: a kernel of its own, tried
     topk_tiles._RUNS_ON.clear()
-    assert topk_tiles.runs_on(where)  # a kernel that runs and agrees
+    assert topk_tiles.runs_on(where, 4)  # a kernel that runs and agrees
 
 
 INTERPRETED = """
@@ -158,4 +160,4 @@ def test_the_triton_kernel_on_cuda(case):
 @pytest.mark.skipif(not topk_tiles.available(), reason="Triton not installed")
 def test_the_triton_kernel_s_edge_cases_on_cuda():
     edge_cases(use_triton=True, device="cuda")
-    assert topk_tiles.runs_on(torch.device("cuda"))  # the check before its first use agrees
+    assert topk_tiles.runs_on(torch.device("cuda"), 4)  # the check before first use agrees

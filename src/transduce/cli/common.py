@@ -61,7 +61,7 @@ def add_graphs(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="decoding steps replayed as CUDA graphs: auto (the default: for a Transformer "
         "translating on a CUDA GPU, measured faster there), on (refused where they cannot be: "
-        "off CUDA, the parser's word positions) or off (the engine step by step; less memory)",
+        "off CUDA, for a parsing model) or off (the engine step by step; less memory)",
     )
 
 

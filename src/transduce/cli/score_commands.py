@@ -23,7 +23,7 @@ from transduce.cli.common import (
     check_output,
     write_output,
 )
-from transduce.errors import UserError
+from transduce.errors import SentenceError, UserError
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
@@ -37,7 +37,10 @@ def _cmd_score(args: argparse.Namespace) -> int:
         scores = _parser_scores(args, translator, decode)
     else:
         sources, targets = read_aligned(args.src, args.tgt, what="source and target")
-        scores = translator.score(sources, targets, decode)
+        try:
+            scores = translator.score(sources, targets, decode)
+        except SentenceError as e:  # pair K is line K of --src and of --tgt
+            raise e.at_line(args.tgt if e.noun == "target" else args.src, e.sentence) from None
     if not scores:  # as translate answers an empty input: nothing, but said
         print(f"transduce: warning: {args.src}: no lines to score", file=sys.stderr)
     out = []
@@ -67,7 +70,9 @@ def _parser_scores(args: argparse.Namespace, translator: Any, decode: Any) -> li
         raise UserError(f"{args.src} has {len(sentences)} lines but {args.tgt} {len(trees)} trees")
     try:
         return parser.score(sentences, trees, decode)
-    except UserError as e:
+    except SentenceError as e:  # pair K is line K of --src and of --tgt
+        raise e.at_line(args.tgt if e.noun == "target" else args.src, e.sentence) from None
+    except UserError as e:  # about a tree
         raise UserError(f"{args.tgt}: {e}") from None
 
 

@@ -128,8 +128,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms
     )
     models = []
+    graphs = GRAPHS[args.graphs]
     for source, target, path in specs:
-        graphs = GRAPHS[args.graphs]
         translator = Translator.load(path, device=args.device, weights=args.weights, graphs=graphs)
         refuse_parser(translator.cfg.task.name, path, "serve")
         models.append(ServedModel(translator, source, target, name=path))

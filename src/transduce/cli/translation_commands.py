@@ -33,7 +33,7 @@ from transduce.cli.common import (
     unknown_warning,
     write_output,
 )
-from transduce.errors import UserError
+from transduce.errors import SentenceError, UserError
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
@@ -86,13 +86,21 @@ def _cmd_translate(args: argparse.Namespace) -> int:
             warning = unknown_warning(translator.vocab, sentences, f"line {first + 1}: ")
             if warning:  # as the line is answered: the whole input is never seen at once
                 print(warning, file=sys.stderr, flush=True)
-            return answer(sentences, first)
+            try:
+                return answer(sentences, first)
+            except SentenceError as e:  # the line of stdin, not "sentence 1" of one
+                raise e.at_line("<stdin>", first + e.sentence) from None
 
         tools.answer_lines(answer_warned)
         return 0
     sentences = read_input(args.input)
     prefixes = tools.read_prefixes(args.prefix_file, len(sentences))
-    write_output(args.output, answer(sentences, 0, prefixes))
+    try:
+        answers = answer(sentences, 0, prefixes)
+    except SentenceError as e:  # sentence K is line K of the input
+        name = "<stdin>" if args.input in (None, "-") else args.input
+        raise e.at_line(name, e.sentence) from None
+    write_output(args.output, answers)
     warning = unknown_warning(translator.vocab, sentences)
     if warning:
         print(warning, file=sys.stderr)
@@ -132,7 +140,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(
                 "--precision int8 is for translation models; a parser takes fp32, bf16 or fp16"
             )
-        if args.graphs == "on":  # its positions count words, which the static steps do not
+        if args.graphs == "on":  # the Parser decodes step by step, on its own Translator
             raise UserError("--graphs on is for translation models; a parser decodes without")
         check_device(args.weights, resolve_device(args.device))
         parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
@@ -160,14 +168,17 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
-        scores, hyps = evaluate_files(
-            translator,
-            args.src,
-            args.ref,
-            decode,
-            lowercase=args.lowercase,
-            show_progress=show_progress,
-        )
+        try:
+            scores, hyps = evaluate_files(
+                translator,
+                args.src,
+                args.ref,
+                decode,
+                lowercase=args.lowercase,
+                show_progress=show_progress,
+            )
+        except SentenceError as e:  # sentence K is line K of --src
+            raise e.at_line(args.src, e.sentence) from None
         from transduce.data.parallel import read_lines
 
         warning = unknown_warning(vocab, read_lines(args.src))

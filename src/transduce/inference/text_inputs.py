@@ -43,14 +43,19 @@ def text_list(values: Sequence[str], what: str, plural: str | None = None) -> li
 
 
 def check_lengths(
-    ids: Sequence[Sequence[int]], todo: Sequence[int], limit: int | None, max_len_offset: int
+    ids: Sequence[Sequence[int]],
+    todo: Sequence[int],
+    limit: int | None,
+    max_len_offset: int,
+    noun: str = "sentence",
 ) -> None:
     """A SentenceError naming the first of the sentences ``todo`` (their token ids ``ids``)
     longer than a model's learned positions, ``limit`` of them, can place. With
     n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
     max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
     ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
-    rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused."""
+    rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused. ``noun``: what the error
+    calls one (``SentenceError``)."""
     if limit is None:
         for j, x in enumerate(ids):
             if len(x) > MAX_SENTENCE_TOKENS:
@@ -58,6 +63,7 @@ def check_lengths(
                     todo[j] + 1,
                     f" has {len(x)} subword tokens; at most {MAX_SENTENCE_TOKENS} are "
                     "decoded (a whole text on one line? split it into sentences)",
+                    noun,
                 )
         return
     longest = limit - 2 - max_len_offset  # source tokens, EOS not counted
@@ -68,6 +74,7 @@ def check_lengths(
                 f" has {len(x)} subword tokens; this model's learned positions "
                 f"(max_positions={limit}) take at most {max(longest, 0)} with "
                 f"max_len_offset={max_len_offset}",
+                noun,
             )
 
 

@@ -389,7 +389,7 @@ class Translator:
         tgt_ids = [target.encode(t.strip()) for t in targets]
         everything = list(range(len(sources)))
         check_lengths(src_ids, everything, self.max_positions, 0)
-        check_lengths(tgt_ids, everything, self.max_positions, 0)
+        check_lengths(tgt_ids, everything, self.max_positions, 0, "target")
         self.model.eval()
         out: list[PairScore | None] = [None] * len(sources)
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]

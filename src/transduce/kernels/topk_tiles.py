@@ -82,37 +82,38 @@ def pays(device: torch.device, k: int) -> bool:
     """Whether the beam step's candidates come from the tiles on ``device``: CUDA GPUs where
     the Triton kernel runs (``runs_on``), k <= MAX_K. Elsewhere ``log_softmax`` and a top-k
     (``inference/topk.py``)."""
-    return device.type == "cuda" and k <= MAX_K and available() and runs_on(device)
+    return device.type == "cuda" and k <= MAX_K and available() and runs_on(device, k)
 
 
-# device -> whether the kernel ran there and agreed with the torch stage (tried once)
-_RUNS_ON: dict[str, bool] = {}
+# (device, k) -> whether the kernel ran there and agreed with the torch stage (tried once)
+_RUNS_ON: dict[tuple[str, int], bool] = {}
 
 
-def runs_on(device: torch.device) -> bool:
-    """Whether the Triton kernel compiles and runs on ``device`` and agrees with
-    ``tiles_torch`` there, tried once on a small case. An importable Triton may still fail at
-    its first launch (no C compiler to build its launcher, a GPU or driver it does not
-    support): beam search then keeps the old way, with a warning, rather than fail."""
-    key = str(device)
+def runs_on(device: torch.device, k: int) -> bool:
+    """Whether the Triton kernel for ``k`` (a constant it is compiled for) compiles and runs on
+    ``device`` and agrees with ``tiles_torch`` there, tried once on a small case. An importable
+    Triton may still fail at its first launch (no C compiler to build its launcher, a GPU or
+    driver it does not support): beam search then keeps the old way, with a warning, rather
+    than fail."""
+    key = (str(device), k)
     if key not in _RUNS_ON:
         try:
             x = torch.arange(3 * (BLOCK + 9), dtype=torch.float32, device=device)
             x = (x * 0.618).remainder(7.0).view(3, BLOCK + 9)  # (3, BLOCK + 9), few ties
-            got = log_softmax_topk(x, 3, 0, 1, use_triton=True)
-            want = log_softmax_topk(x, 3, 0, 1, use_triton=False)
+            got = log_softmax_topk(x, k, 0, 1, use_triton=True)
+            want = log_softmax_topk(x, k, 0, 1, use_triton=False)
             works = bool(torch.allclose(got[0], want[0], atol=1e-5)) and bool(
                 torch.equal(got[1], want[1])
             )
             why = "its results differ from torch's"
         except Exception as e:  # a compiler, a driver, a GPU Triton does not support
-            works, why = False, f"{type(e).__name__}: {str(e)[:200]}"
+            works, why = False, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         if not works:
             warnings.warn(
                 f"the Triton top-k kernel does not run on {device} ({why}); beam search "
                 "takes log_softmax and a top-k there",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,  # the search that asked
             )
         _RUNS_ON[key] = works
     return _RUNS_ON[key]
@@ -171,12 +172,12 @@ def log_softmax_topk(
     """logits (N, V) -> (values (N, k) float32, indices (N, k)): the k largest entries of each
     row of ``log_softmax(logits.float())`` with columns lo..hi excluded (set to -inf there),
     best first; ``topk``'s values (where values tie, the indices may differ). ``use_triton``:
-    None = the Triton kernel where it is available for the device (CUDA, or a CPU under
-    Triton's interpreter); False = ``tiles_torch``."""
+    None = the Triton kernel where it runs (``pays``; or a CPU under Triton's interpreter);
+    False = ``tiles_torch``."""
     if not 0 < k <= min(MAX_K, BLOCK):
         raise ValueError(f"k must be 1..{MAX_K}, not {k}")
     if use_triton is None:
-        use_triton = available() and (logits.device.type == "cuda" or _interpreting())
+        use_triton = pays(logits.device, k) or (available() and _interpreting())
     stage = tiles_triton if use_triton else tiles_torch
     top_v, top_i, m, s = stage(logits, k, lo, hi)
     big = m.amax(dim=1, keepdim=True)  # (N, 1)

@@ -121,11 +121,12 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        """The bytes of its caches, both sides, and of its graphs' outputs once captured (the
-        graphs' other memory not counted)."""
+        """The bytes of its caches, both sides, and of its two graphs' outputs, (N, V) each,
+        counted before they are captured (the graphs' other memory not counted)."""
         tensors = [t for side in self.sides for t in side] + [self.cross_keys, self.cross_values]
-        tensors += [t for t in self.outputs if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        weight = self.engine.model.generator.weight  # (V, D): the logits' size and dtype
+        outputs = 2 * self.tokens.numel() * weight.size(0) * weight.element_size()
+        return outputs + sum(t.numel() * t.element_size() for t in tensors)
 
     @property
     def all_keys(self) -> Tensor:
