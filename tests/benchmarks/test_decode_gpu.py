@@ -29,8 +29,21 @@ def test_agreement_counts_equal_positions_after_mapping_ids() -> None:
     assert dg.agreement([[1, 2, 3], [1, 1, 1]], [[10, 11, 11], [99, 10, 10]], to_ours) == 4 / 6
 
 
-def test_cpu_dry_run_agrees_with_hugging_face(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cpu_dry_run_agrees_with_hugging_face(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transduce import kernels
+    from transduce.kernels import topk_tiles
+
     dg = _module()
+    # the static steps take the tiles' candidates, as on CUDA (their torch stage here), so that
+    # beam4_plain_candidates compares two ways of choosing them
+    monkeypatch.setattr(kernels, "log_softmax_topk_pays", lambda device, k: True)
+    monkeypatch.setattr(
+        kernels,
+        "log_softmax_topk",
+        lambda x, k, lo, hi: topk_tiles.log_softmax_topk(x, k, lo, hi, use_triton=False),
+    )
     out = dg.main(["--device", "cpu", "--quick", "--dtype", "fp32", "--batches", "2", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert out["device"] == "cpu" and out["dtype"] == "fp32"
