@@ -231,7 +231,8 @@ if [[ $dry == 1 ]]; then
     skip step_compiled "inductor on a CPU: minutes of compiling"
 else
     step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-        --systems transduce transduce_cudagraphs --precisions fp32 bf16-weights --rounds 3
+        --systems transduce transduce_at_once transduce_cudagraphs transduce_cudagraphs_at_once \
+        --precisions fp32 bf16-weights --rounds 3
     figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
     step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
         --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \

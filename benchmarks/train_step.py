@@ -16,7 +16,7 @@ eps 0.1) and the same optimizer (``Trainer``'s: ``training.optimizer.make_optimi
 with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
 
     transduce  ``make_model``, stepped by the ``Trainer``'s own code
-               (``training.trainer.forward_backward``: autocast, the loss with its gradient
+               (``training.updater.forward_backward``: autocast, the loss with its gradient
                written into the logits, the scaled backward; then the gradient norm and the
                GradScaler's step), i.e. what ``transduce train`` does
     transduce_reference
@@ -31,6 +31,10 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
                the same in inductor's ``reduce-overhead`` mode (``train.compile:
                reduce-overhead``: the forward and backward graphs replayed as CUDA graphs,
                one launch each; CUDA only)
+    transduce_at_once, transduce_cudagraphs_at_once
+               ``transduce`` and ``transduce_cudagraphs`` reading every update's loss and
+               gradient norm before its Adam step, where the Trainer reads them one update
+               late (on GPUs: ``training/late_read.py``); on a CPU both read at once
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
@@ -102,7 +106,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +120,7 @@ PAD, BOS, EOS = 0, 2, 3
 BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
 PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a batch
 DROPOUT, LABEL_SMOOTHING = 0.1, 0.1
+LR = 1e-4  # every system's, constant
 
 SIZES: dict[str, dict[str, int]] = decode.SIZES  # SMALL and BASE, as decode.py times them
 SYSTEMS = (
@@ -123,6 +128,8 @@ SYSTEMS = (
     "transduce_reference",
     "transduce_compiled",
     "transduce_cudagraphs",
+    "transduce_at_once",
+    "transduce_cudagraphs_at_once",
     "torch",
     "hf",
 )
@@ -374,6 +381,8 @@ BUILDERS = {
     "transduce_reference": build_transduce,
     "transduce_compiled": build_transduce,
     "transduce_cudagraphs": build_transduce,
+    "transduce_at_once": build_transduce,
+    "transduce_cudagraphs_at_once": build_transduce,
     "torch": build_torch,
     "hf": build_hf,
 }
@@ -383,11 +392,14 @@ TRAINER_SYSTEMS = {
     "transduce_reference": "reference",
     "transduce_compiled": "auto",
     "transduce_cudagraphs": "auto",
+    "transduce_at_once": "auto",
+    "transduce_cudagraphs_at_once": "auto",
 }
 # the systems compiled, and inductor's mode for each (None: the default mode)
 COMPILE_MODES: dict[str, str | None] = {
     "transduce_compiled": None,
     "transduce_cudagraphs": "reduce-overhead",
+    "transduce_cudagraphs_at_once": "reduce-overhead",
 }
 
 
@@ -412,15 +424,19 @@ class Runner:
 
 @dataclass
 class TrainerRunner(Runner):
-    """transduce's model stepped by the ``Trainer``'s own code (``training.trainer``'s
-    ``forward_backward``, the gradient norm, the GradScaler's step), the loss computed by
+    """transduce's model stepped by the ``Trainer``'s own code (``training.updater.Updater``:
+    forward and backward, the gradient norm, the read of the update's numbers and Adam's step,
+    read one update late where the Trainer does unless ``late`` is False), the loss computed by
     ``loss_method``: "auto" (what ``transduce train`` does) or "reference" (the two-pass loss,
     ``transduce_reference``)."""
 
     loss_method: str = "auto"
-    working: Any = None  # the bfloat16 copy of bf16-weights (training.working_weights)
     compiles: bool = False  # the compiled systems: the module that runs compiled in place
     compile_mode: str | None = None  # inductor's mode (None: its default)
+    late: bool = True  # read one update late where the Trainer does (False: at once, always)
+    _updaters: dict[str, Any] = field(default_factory=dict)  # precision -> the Trainer's Updater
+    _tokens: tuple[Tensor, int] | None = None  # tgt_out and its tokens
+    _pending: Any = None  # the update left unread (reading late)
 
     def _compile(self, net: nn.Module) -> None:
         """``net`` (the master model, or the working copy in bf16-weights) compiled in place at
@@ -430,41 +446,62 @@ class TrainerRunner(Runner):
 
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.data.batching import Batch
-        from transduce.training.guard import gradient_norm
-        from transduce.training.precision import grad_scaler
-        from transduce.training.trainer import forward_backward
-        from transduce.training.working_weights import WorkingWeights
+        from transduce.training import late_read
 
-        n_tokens = int((tgt_out != PAD).sum())
-        scaler = grad_scaler(precision, src.device)  # disabled but for fp16, as in Trainer
+        # the Trainer counts a batch's tokens on the host as it makes the batch: once here
+        if self._tokens is None or self._tokens[0] is not tgt_out:
+            self._tokens = (tgt_out, int((tgt_out != PAD).sum()))
         net = self.model
         if precision == "bf16-weights":
-            if self.working is None:  # (a copy of a compiled module is not compiled)
-                self.working = WorkingWeights(self.model)
             # once per update, as the Trainer does after its step (the other precisions' steps
             # changed the master weights since)
-            self.working.refresh()
-            net = self.working.module.train()
+            self._updater(precision).working.refresh()
+            net = self._updater(precision).net().train()
         if self.compiles:
             self._compile(net)
             if self.compile_mode == "reduce-overhead":  # a new step: the graphs' outputs free
                 torch.compiler.cudagraph_mark_step_begin()
-        forward_backward(
-            net,
-            Batch(src, tgt_in, tgt_out, n_tokens),
-            precision=precision,
-            epsilon=LABEL_SMOOTHING,
-            scale=1.0 / n_tokens,
-            scaler=scaler,
-            loss_method=self.loss_method,  # type: ignore[arg-type]
-        )
-        if net is not self.model:
-            self.working.gradients_to_master()
-        scaler.unscale_(self.optimizer)
-        gradient_norm(list(self.model.parameters()), 0.0)
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        updater = self._updater(precision)
+        group = [Batch(src, tgt_in, tgt_out, self._tokens[1])]
+        # as the Trainer: read one update late where a read waits for the device (GPUs)
+        if self.late and late_read.pays(src.device) and late_read.applies(self.optimizer):
+            pending = updater.launch(group, LR)
+            if self._pending is not None:
+                updater.resolve(self._pending, False)
+            self._pending = pending
+        else:
+            updater.at_once(group, LR, False)
+
+    @property
+    def working(self) -> Any:
+        """bf16-weights' bfloat16 working copy (None before that precision's first step)."""
+        updater = self._updaters.get("bf16-weights")
+        return None if updater is None else updater.working
+
+    def _updater(self, precision: str) -> Any:
+        """The Trainer's ``Updater`` for ``precision`` (made at its first step)."""
+        from transduce.config import TrainConfig
+        from transduce.training.distributed import World
+        from transduce.training.precision import grad_scaler
+        from transduce.training.updater import Updater
+        from transduce.training.working_weights import WorkingWeights
+
+        if precision not in self._updaters:
+            device = next(self.model.parameters()).device
+            working = WorkingWeights(self.model) if precision == "bf16-weights" else None
+            self._updaters[precision] = Updater(
+                TrainConfig(label_smoothing=LABEL_SMOOTHING, clip_norm=0.0),
+                self.model,
+                self.optimizer,
+                grad_scaler(precision, device),  # disabled but for fp16, as in Trainer
+                precision=precision,
+                world=World(rank=0, size=1),
+                device=device,
+                working=working,
+                ddp=None,
+                loss_method=self.loss_method,  # type: ignore[arg-type]
+            )
+        return self._updaters[precision]
 
 
 def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runner:
@@ -479,7 +516,7 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
     # the Trainer's optimizer (Adam, fused where torch has it) for every system
     opt = make_optimizer(model, betas=(0.9, 0.98), eps=1e-9)
     for group in opt.param_groups:
-        group["lr"] = 1e-4
+        group["lr"] = LR
     if system in TRAINER_SYSTEMS:
         return TrainerRunner(
             model,
@@ -488,6 +525,7 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
             loss_method=TRAINER_SYSTEMS[system],
             compiles=system in COMPILE_MODES,
             compile_mode=COMPILE_MODES.get(system),
+            late=not system.endswith("_at_once"),
         )
     return Runner(model, forward, opt)
 

@@ -247,3 +247,27 @@ def test_the_compiled_systems_compile_the_module_that_runs(
     plain = ts.make_runner("transduce", size, torch.device("cpu"))
     plain.step(src, tgt[:, :-1], tgt[:, 1:], "bf16-weights")
     assert len(compiled) == 2
+
+
+def test_the_trainer_systems_read_one_update_late_where_the_trainer_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from transduce.training import late_read
+
+    ts = _train_step()
+    monkeypatch.setattr(late_read, "pays", lambda device: True)  # as on a GPU
+    size = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_k": 8, "d_v": 8, "d_ff": 32, "vocab": 40}
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.randint(4, 40, (4, 6), generator=g)
+    src, tgt_in, tgt_out = torch.randint(4, 40, (4, 5), generator=g), tgt[:, :-1], tgt[:, 1:]
+    runners = {}
+    for system in ("transduce", "transduce_at_once"):
+        runner = ts.make_runner(system, size, torch.device("cpu"))
+        torch.manual_seed(1)  # the same dropout for both
+        for _ in range(3):
+            runner.step(src, tgt_in, tgt_out, "fp32")
+        runners[system] = runner
+    late, once = runners["transduce"], runners["transduce_at_once"]
+    assert late._pending is not None and once._pending is None  # the last one left unread
+    for a, b in zip(late.model.parameters(), once.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the same three updates

@@ -15,7 +15,7 @@ import pytest
 import torch
 from training_testkit import cli, records, tiny_trainer, train_args, write_config
 
-import transduce.training.trainer as trainer_module
+import transduce.training.updater as updater_module
 from transduce import checkpoint
 from transduce.errors import Diverged
 from transduce.training.guard import gradient_norm
@@ -28,7 +28,7 @@ def _poison_losses(
 ) -> None:
     """Make the loss of the batches numbered ``calls`` (1-based), or of every batch from
     ``since`` on, NaN: what a bad batch or an overflow does."""
-    real = trainer_module.label_smoothed_nll
+    real = updater_module.label_smoothed_nll
     counter = itertools.count(1)
 
     def poisoned(*args: Any, **kwargs: Any) -> Any:
@@ -37,7 +37,7 @@ def _poison_losses(
         bad = (calls is not None and n in calls) or (since is not None and n >= since)
         return sums._replace(loss=sums.loss * math.nan) if bad else sums
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll", poisoned)
+    monkeypatch.setattr(updater_module, "label_smoothed_nll", poisoned)
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -21,11 +21,12 @@ from transduce import checkpoint
 RANK = """
 import functools, itertools, math, os, signal, sys, torch
 import transduce.training.trainer as tr
+import transduce.training.updater as up
 from transduce.cli.main import main
 from transduce.training import run
 rank, out = int(os.environ["RANK"]), sys.argv[2]
 open(os.path.join(out, "pid%d" % rank), "w").write(str(os.getpid()))  # torchrun detaches ranks
-calls, real = itertools.count(1), tr.label_smoothed_nll
+calls, real = itertools.count(1), up.label_smoothed_nll
 def poisoned(*args, **kwargs):  # rank 1's third batch has a NaN loss
     sums = real(*args, **kwargs)
     return sums._replace(loss=sums.loss * math.nan) if rank == 1 and next(calls) == 3 else sums
@@ -37,7 +38,7 @@ def keep_state(self):  # what each rank holds when it stops, for the test
     torch.save({"model": self.model.state_dict(), "progress": vars(self.progress)},
                os.path.join(out, "rank%d.pt" % rank))
     return preempt(self)
-tr.label_smoothed_nll, tr.Trainer._preempt = poisoned, keep_state
+up.label_smoothed_nll, tr.Trainer._preempt = poisoned, keep_state
 run.train = functools.partial(run.train, callbacks=[sigterm_rank_1])
 code = main(["--no-malloc-tuning", "train", "--config", sys.argv[1], "--out", out, "--quiet"])
 open(os.path.join(out, "code%d" % rank), "w").write(str(code))

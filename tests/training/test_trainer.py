@@ -26,6 +26,7 @@ from transduce.data.vocab import PAD
 from transduce.errors import UserError
 from transduce.model.transformer import make_model
 from transduce.training import trainer as trainer_module
+from transduce.training import updater as updater_module
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.precision import native_bf16, resolve_precision
 from transduce.training.run import train_synthetic
@@ -570,7 +571,7 @@ def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path)
 def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _cfg(precision="fp16", dropout=0.0))
     # float16 gradients of a loss scaled by 2^100 overflow: the update must change nothing
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
+    trainer.scaler = trainer.updater.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
     before = copy.deepcopy(trainer.model.state_dict())
     batch = collate(trainer.feed.pairs[:8])
     adam_before = copy.deepcopy(trainer.optimizer.state_dict())
@@ -580,7 +581,7 @@ def test_fp16_update_with_overflowing_gradients_is_skipped(tmp_path: Path) -> No
     assert _same_state(before, trainer.model.state_dict())
     assert trainer.optimizer.state_dict() == adam_before  # Adam's state untouched too
     assert trainer.scaler.get_scale() == 2.0**99  # halved
-    trainer.scaler = torch.amp.GradScaler("cpu")  # a sane scale: now the weights move
+    trainer.scaler = trainer.updater.scaler = torch.amp.GradScaler("cpu")  # a sane scale
     trainer._update([batch])
     after = trainer.model.state_dict()
     assert not _same_state(before, after)
@@ -591,13 +592,13 @@ def test_fp16_skip_for_a_nan_loss_backs_the_scale_off_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trainer = _trainer(tmp_path, _cfg(precision="fp16", dropout=0.0))
-    real = trainer_module.label_smoothed_nll  # a NaN loss; its gradients stay finite
+    real = updater_module.label_smoothed_nll  # a NaN loss; its gradients stay finite
 
     def nan_loss(*args: Any, **kwargs: Any) -> Any:
         sums = real(*args, **kwargs)
         return sums._replace(loss=sums.loss.detach() * math.nan + sums.loss)
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll", nan_loss)
+    monkeypatch.setattr(updater_module, "label_smoothed_nll", nan_loss)
     update = trainer._update([collate(trainer.feed.pairs[:8])])
     assert update.skipped == "non-finite loss (nan)"
     assert trainer.scaler.get_scale() == 2.0**15  # halved, not grown as for a clean update

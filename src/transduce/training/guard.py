@@ -37,6 +37,7 @@ class Update:
     grad_norm: float  # total L2 norm of the gradients before clipping
     skipped: str | None  # why the update was not applied, or None
     signalled: bool  # a stop signal (training/preemption.py) reached some rank by its end
+    lr: float  # the learning rate it was applied at (or would have been)
 
 
 def gradient_norm(params: Sequence[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:

@@ -19,11 +19,9 @@ Progress shows as a bar on a terminal and as plain lines without one (``training
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,14 +30,13 @@ import torch
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.batching import Batch, Pair
-from transduce.data.vocab import PAD, Vocab
-from transduce.training import distributed, guard
+from transduce.data.vocab import Vocab
+from transduce.training import distributed, guard, late_read
 from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
-from transduce.training.loss import LossMethod, LossSums, label_smoothed_nll
 from transduce.training.loss_window import LossWindow
 from transduce.training.optimizer import make_optimizer
-from transduce.training.precision import autocast, grad_scaler, resolve_precision
+from transduce.training.precision import grad_scaler, resolve_precision
 from transduce.training.preemption import SignalWatch
 from transduce.training.progress import Progress, after_validation, should_stop
 from transduce.training.report import (
@@ -52,41 +49,11 @@ from transduce.training.report import (
 from transduce.training.rng import seed_all
 from transduce.training.run_folder import RunFolder
 from transduce.training.schedule import scheduled_rate
+from transduce.training.updater import Updater
 from transduce.training.validation import Validator, validate
 from transduce.training.working_weights import WorkingWeights
 
 StepCallback = Callable[[Progress], None]
-
-
-def forward_backward(
-    net: torch.nn.Module,
-    batch: Batch,
-    *,
-    precision: str,
-    epsilon: float,
-    scale: float,
-    scaler: torch.amp.GradScaler,
-    loss_method: LossMethod = "auto",
-) -> LossSums:
-    """The forward and backward pass of one batch (on the model's device) under the concrete
-    ``precision``: the label-smoothed loss times ``scale`` (and the fp16 loss scale)
-    backpropagated. Returns the loss sums, unread. benchmarks/train_step.py times this very
-    function; ``loss_method`` is for it (the trainer takes "auto")."""
-    device = batch.src.device
-    with autocast(precision, device):
-        logits = net(batch.src, batch.tgt_in)  # (B, T, V)
-    # the logits are needed for nothing else: the loss writes its gradient into them
-    sums = label_smoothed_nll(
-        logits,
-        batch.tgt_out,
-        epsilon=epsilon,
-        ignore_index=PAD,
-        method=loss_method,
-        overwrite_logits=True,
-    )
-    del logits
-    scaler.scale(sums.loss * scale).backward()
-    return sums
 
 
 class Trainer:
@@ -143,8 +110,32 @@ class Trainer:
             self.working = WorkingWeights(self.model)
         self.ddp = distributed.wrap(self.model, self.world) if self.working is None else None
         # train.compile: the DDP wrapper if any, else the model, compiled in place while training
-        net = self._net()
-        self.compiled = CompiledForward(net, t.compile, self.device, self.precision)
+        self.updater = Updater(
+            t,
+            model,
+            self.optimizer,
+            self.scaler,
+            precision=self.precision,
+            world=self.world,
+            device=self.device,
+            working=self.working,
+            ddp=self.ddp,
+        )
+        self.compiled = CompiledForward(self.updater.net(), t.compile, self.device, self.precision)
+        self.reads_late = False  # set as training starts (``_reads_late``)
+        self._pending: late_read.Pending | None = None  # the update queued unread, if any
+
+    def _reads_late(self) -> bool:
+        """Whether updates are read one update late (``training/late_read.py``): where a read
+        waits for the device, with fused Adam, one process, no fp16 loss scaler (it reads its
+        own flags) and no step callbacks (they may look at the weights after every update)."""
+        return (
+            late_read.pays(self.device)
+            and late_read.applies(self.optimizer)
+            and self.world.size == 1
+            and not self.scaler.is_enabled()
+            and not self.callbacks
+        )
 
     def save(self) -> Path:
         """Write the step checkpoint of now (``RunFolder.save``); every rank must call it."""
@@ -152,83 +143,24 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
 
-    def _net(self) -> torch.nn.Module:
-        """What forward and backward run: the bfloat16 working copy (bf16-weights), else the
-        DDP wrapper if any, else the model."""
-        if self.working is not None:
-            return self.working.module
-        return self.ddp if self.ddp is not None else self.model
-
-    def _backward(self, group: list[Batch], scale: float) -> torch.Tensor:
-        """Forward and backward over the batches of ``group``, each loss times ``scale``; their
-        (loss, NLL) sums as a (batches, 2) tensor on the device, unread (reading a GPU's number
-        waits for all its queued work)."""
-        net = self._net()
-        sums_per_batch: list[torch.Tensor] = []
-        for i, batch in enumerate(group):
-            batch = batch.to(self.device)
-            last = i == len(group) - 1
-            sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
-            with sync:
-                sums = forward_backward(
-                    net,
-                    batch,
-                    precision=self.precision,
-                    epsilon=self.cfg.train.label_smoothing,
-                    scale=scale,
-                    scaler=self.scaler,
-                )
-            if self.working is not None:
-                self.working.gradients_to_master()
-            sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
-        return torch.stack(sums_per_batch)
-
     def _update(self, group: list[Batch]) -> guard.Update:
-        """Forward/backward over ``group`` (update_freq batches), then one Adam step unless the
-        loss or the gradient norm is not finite (``training/guard.py``).
+        """One update on ``group``, read at once (``Updater.at_once``)."""
+        lr = self._rate(self.progress.step + 1)
+        return self.updater.at_once(group, lr, self.signals.received)
 
-        The loss is normalised by the target tokens of the whole group on all ranks, so
-        accumulating k batches, or spreading them over k ranks, gives the same update as one
-        batch holding all of them. The losses, the gradient norm, whether to skip and whether a
-        stop signal came are read from the device and summed over the ranks once.
-        """
-        t = self.cfg.train
-        self.model.train()
-        if self.working is not None:
-            self.working.module.train()
-        (n_tokens,) = distributed.all_reduce_sum(
-            [sum(b.n_tokens for b in group)], self.world, self.device
-        )
-        # DDP averages gradients over ranks; scaling by the world size makes that a sum.
-        sums = self._backward(group, self.world.size / n_tokens)
-        if self.working is not None:  # (DDP averages the others' during backward)
-            distributed.average_gradients(list(self.model.parameters()), self.world)
-        self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to measure and clip
-        norm = guard.gradient_norm(list(self.model.parameters()), t.clip_norm)
-        dtype = torch.promote_types(sums.dtype, norm.dtype)
-        local = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
-        local = local.to("cpu", torch.float64)  # the one read of the device
-        loss, nll = local[:-1].view(-1, 2).sum(0).tolist()
-        grad_norm = local[-1].item()  # equal on every rank: DDP's gradients are
-        bad = not math.isfinite(loss + nll + grad_norm)
-        loss, nll, bad_ranks, signalled = distributed.all_reduce_sum(
-            [loss, nll, float(bad), float(self.signals.received)], self.world, self.device
-        )
-        skipped = None
-        if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
-            skipped = guard.drop(self.optimizer, self.scaler, loss, grad_norm, bad_ranks)
-        else:
-            lr = scheduled_rate(self.progress.step + 1, self.cfg, self._budget_done)
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.working is not None:
-                self.working.refresh()
-        return guard.Update(
-            loss / n_tokens, nll / n_tokens, int(n_tokens), grad_norm, skipped, signalled > 0
-        )
+    def _rate(self, step: int) -> float:
+        """The learning rate of update ``step`` (from 1)."""
+        return scheduled_rate(step, self.cfg, self._budget_done)
+
+    def _launch(self, group: list[Batch]) -> late_read.Pending:
+        """One update on ``group``, left unread (``Updater.launch``), at the rate of the step it
+        makes if the update queued before it, if any, is applied."""
+        step = self.progress.step + 1 + (self._pending is not None)
+        return self.updater.launch(group, self._rate(step))
+
+    def _resolve(self, pending: late_read.Pending) -> guard.Update:
+        """The ``guard.Update`` of a launched update, read (waiting for it if need be)."""
+        return self.updater.resolve(pending, self.signals.received)
 
     # --- validation -----------------------------------------------------------------------------
 
@@ -282,6 +214,7 @@ class Trainer:
             print(line, file=sys.stderr)
             self.folder.log.open(self.progress.step)
         self.signals = SignalWatch()
+        self.reads_late = self._reads_late()
         self.compiled.attach()
         try:
             with self.signals:
@@ -305,6 +238,9 @@ class Trainer:
                 while reason is None and (group := epoch.next(p, window)) is not None:
                     validated, reason = self._step(group, window, started, base_elapsed)
                     last_metrics = validated if validated is not None else last_metrics
+                if reason is None:  # the epoch's last update, if still queued (reading late)
+                    validated, reason = self._drain(window, started, base_elapsed)
+                    last_metrics = validated if validated is not None else last_metrics
                 ended = epoch.ended(p)
             if ended:
                 p.epoch, p.batch_index = p.epoch + 1, 0
@@ -318,27 +254,75 @@ class Trainer:
         self, group: list[Batch], window: LossWindow, started: float, base_elapsed: float
     ) -> tuple[dict[str, float] | None, str | None]:
         """One update on ``group``, then what falls due at its step: a log line, a validation
-        (its metrics returned), a checkpoint, the callbacks, a stop signal; why to stop, if so."""
+        (its metrics returned), a checkpoint, the callbacks, a stop signal; why to stop, if so.
+        Reading late (``self.reads_late``), the update stays queued unless something beyond a
+        log line falls due: the one queued before it is read and counted instead."""
+        self.compiled.start_update()
+        if not self.reads_late:
+            update = self._update(group)
+            self._report_compile()
+            return self._after(update, window, started, base_elapsed)
+        pending = self._launch(group)
+        self._report_compile()
+        earlier, self._pending = self._pending, pending
+        if earlier is not None:  # its step is due for nothing but a log line: counted here
+            self._count(self._resolve(earlier), window, started, base_elapsed)
+        due = self._due(self.progress.step + 1)
+        if not due and self._should_stop(started, base_elapsed) is None:
+            return None, None  # left queued
+        return self._drain(window, started, base_elapsed)
+
+    def _drain(
+        self, window: LossWindow, started: float, base_elapsed: float
+    ) -> tuple[dict[str, float] | None, str | None]:
+        """Read the queued update, if any, and do what falls due at its step (``_step``)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None, None
+        return self._after(self._resolve(pending), window, started, base_elapsed)
+
+    def _due(self, step: int) -> bool:
+        """Whether step ``step``, if made, calls for more than a log line: a validation, a
+        checkpoint, the end of the run, or a stop signal's checkpoint."""
+        t = self.cfg.train
+        return (
+            step >= t.max_steps
+            or step % t.save_every == 0
+            or (t.eval_every > 0 and step % t.eval_every == 0)
+            or self.signals.received
+        )
+
+    def _count(
+        self, update: guard.Update, window: LossWindow, started: float, base_elapsed: float
+    ) -> None:
+        """Count ``update`` in the progress: a skip reported (``Diverged`` after
+        max_bad_updates in a row), else the step made, its log line if due, the display."""
         t, p, display = self.cfg.train, self.progress, self.display
         assert display is not None
-        validated, reason = None, None
-        self.compiled.start_update()
-        update = self._update(group)
-        self._report_compile()
         p.elapsed = base_elapsed + time.monotonic() - started
         guard.count(p, update)
         if update.skipped is not None:  # shown, logged; Diverged after max_bad_updates in a row
             note = display.note if self.world.is_main else None
             guard.report_skip(p, update, t, note, self.folder.record, self.folder.last_good())
-        else:
-            window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-            p.step += 1
-            if p.step % t.log_every == 0:  # the window's loss, the rate, speed; shown too
-                stats, lr = window.report(), self.optimizer.param_groups[0]["lr"]
-                scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-                self.folder.record(step_record(p, stats, lr, scale))
-                display.logged(stats, lr)
-            display.advance()
+            return
+        window.add(update.loss, update.nll, update.tokens, update.grad_norm)
+        p.step += 1
+        if p.step % t.log_every == 0:  # the window's loss, the rate, speed; shown too
+            stats = window.report()
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+            self.folder.record(step_record(p, stats, update.lr, scale))
+            display.logged(stats, update.lr)
+        display.advance()
+
+    def _after(
+        self, update: guard.Update, window: LossWindow, started: float, base_elapsed: float
+    ) -> tuple[dict[str, float] | None, str | None]:
+        """``update`` counted (``_count``), then a validation, a checkpoint, the callbacks and
+        a stop signal's checkpoint where due; (its metrics, why to stop)."""
+        t, p = self.cfg.train, self.progress
+        validated, reason = None, None
+        self._count(update, window, started, base_elapsed)
+        if update.skipped is None:
             if t.eval_every and p.step % t.eval_every == 0:
                 paused = time.monotonic()
                 validated, reason = self._validate_and_decide()
@@ -373,4 +357,4 @@ class Trainer:
         return {**summary, **self.compiled.totals()}  # compile off: nothing added
 
 
-__all__ = ["StepCallback", "Trainer", "forward_backward"]
+__all__ = ["StepCallback", "Trainer"]
