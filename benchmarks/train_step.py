@@ -437,6 +437,7 @@ class TrainerRunner(Runner):
     _updaters: dict[str, Any] = field(default_factory=dict)  # precision -> the Trainer's Updater
     _tokens: tuple[Tensor, int] | None = None  # tgt_out and its tokens
     _pending: Any = None  # the update left unread (reading late)
+    _last: str | None = None  # the precision of the last step
 
     def _compile(self, net: nn.Module) -> None:
         """``net`` (the master model, or the working copy in bf16-weights) compiled in place at
@@ -453,10 +454,10 @@ class TrainerRunner(Runner):
             self._tokens = (tgt_out, int((tgt_out != PAD).sum()))
         net = self.model
         if precision == "bf16-weights":
-            # once per update, as the Trainer does after its step (the other precisions' steps
-            # changed the master weights since)
-            self._updater(precision).working.refresh()
+            if self._last != precision:  # other precisions' steps changed the master weights
+                self._updater(precision).working.refresh()  # (then each step refreshes it)
             net = self._updater(precision).net().train()
+        self._last = precision
         if self.compiles:
             self._compile(net)
             if self.compile_mode == "reduce-overhead":  # a new step: the graphs' outputs free
@@ -470,7 +471,7 @@ class TrainerRunner(Runner):
                 updater.resolve(self._pending, False)
             self._pending = pending
         else:
-            updater.at_once(group, LR, False)
+            updater.at_once(group, LR, lambda: False)
 
     @property
     def working(self) -> Any:

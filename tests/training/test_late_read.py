@@ -118,10 +118,12 @@ def _poison(monkeypatch: pytest.MonkeyPatch, calls: set[int]) -> None:
 RUN = {"max_steps": 13, "save_every": 4, "eval_every": 6, "log_every": 1, "weight_decay": 0.1}
 
 
+@pytest.mark.parametrize("more", [{}, {"cooldown": 0.5, "update_freq": 2}])
 def test_reading_late_trains_as_reading_at_once_bit_for_bit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: dict[str, Any]
 ) -> None:
-    at_once = _trainer(tmp_path / "a", _cfg(**RUN))
+    run = {**RUN, **more}  # the cool-down over steps: each rate from the step before it
+    at_once = _trainer(tmp_path / "a", _cfg(**run))
     at_once.train()
     assert not at_once.reads_late
     with monkeypatch.context() as m:
@@ -133,7 +135,7 @@ def test_reading_late_trains_as_reading_at_once_bit_for_bit(
         )
         real_read = late_read.read
         m.setattr(late_read, "read", lambda p: reads.events.append("read") or real_read(p))
-        late = _trainer(tmp_path / "b", _cfg(**RUN))
+        late = _trainer(tmp_path / "b", _cfg(**run))
         late.train()
     assert late.reads_late and reads.queued_two_before_a_read()
     assert reads.events.count("step") == reads.events.count("read") == 13
@@ -156,6 +158,9 @@ def test_step_callbacks_fp16_and_cpus_read_at_once(
     trainer = _trainer(tmp_path / "cb", _cfg(max_steps=2), callbacks=(lambda p: None,))
     trainer.train()
     assert not trainer.reads_late
+    fp16 = _trainer(tmp_path / "fp16", _cfg(max_steps=2, precision="fp16"))
+    fp16.train()  # its loss scaler reads its own flags
+    assert not fp16.reads_late
     plain = _trainer(tmp_path / "plain", _cfg(max_steps=2))
     plain.train()
     assert plain.reads_late
@@ -163,19 +168,21 @@ def test_step_callbacks_fp16_and_cpus_read_at_once(
     assert late_read.applies(plain.optimizer) and not late_read.applies(sgd)
 
 
+@pytest.mark.parametrize("bad", [3, 4])  # update 4 would make step 4, due for a checkpoint
 def test_a_nan_update_is_skipped_on_the_device(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: Reads
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: Reads, bad: int
 ) -> None:
     # at a constant rate reading late changes nothing even across a skip: the same run as
     # reading at once, whose skip leaves weights, Adam's moments and step count as they were
     monkeypatch.setattr(trainer_module, "scheduled_rate", lambda step, cfg, done: 1e-3)
-    _poison(monkeypatch, calls={3})
-    late_run = _trainer(tmp_path / "late", _cfg(max_steps=6, save_every=100, log_every=1))
+    cfg = _cfg(max_steps=6, save_every=4, log_every=1)
+    _poison(monkeypatch, calls={bad})
+    late_run = _trainer(tmp_path / "late", cfg)
     late_run.train()
     assert late_run.reads_late and late.queued_two_before_a_read()
     monkeypatch.setattr(late_read, "pays", lambda device: False)
-    _poison(monkeypatch, calls={3})
-    at_once = _trainer(tmp_path / "once", _cfg(max_steps=6, save_every=100, log_every=1))
+    _poison(monkeypatch, calls={bad})
+    at_once = _trainer(tmp_path / "once", cfg)
     at_once.train()
     assert not at_once.reads_late
     assert _same(at_once.model.state_dict(), late_run.model.state_dict())
@@ -185,8 +192,12 @@ def test_a_nan_update_is_skipped_on_the_device(
     logged = _without_clock(tmp_path / "late")
     assert logged == _without_clock(tmp_path / "once")
     skipped = [r for r in logged if r.get("split") == "skipped"]
-    assert [(r["step"], r["skipped"]) for r in skipped] == [(3, "non-finite loss (nan)")]
+    assert [(r["step"], r["skipped"]) for r in skipped] == [(bad, "non-finite loss (nan)")]
     assert late_run.progress.skipped_updates == 1 and late_run.progress.step == 6
+    for name in ("step_00000004.pt", "step_00000006.pt"):  # step 4 made by update 5 if bad is 4
+        a = checkpoint.load(tmp_path / "once" / "checkpoints" / name)
+        b = checkpoint.load(tmp_path / "late" / "checkpoints" / name)
+        assert _same(a["model"], b["model"]) and _same_adam(a["optimizer"], b["optimizer"])
 
 
 def test_the_rate_after_a_skip_read_late_is_one_step_ahead(
@@ -213,9 +224,14 @@ def test_a_run_read_late_resumes_exactly(tmp_path: Path, late: Reads) -> None:
     assert _same(straight.model.state_dict(), second.model.state_dict())
 
 
-def test_a_stop_signal_read_late_leaves_a_checkpoint_of_every_update_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], late: Reads
+@pytest.mark.parametrize("reads_late", [True, False])
+def test_a_stop_signal_in_an_update_stops_the_run_after_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    reads_late: bool,
 ) -> None:
+    monkeypatch.setattr(late_read, "pays", lambda device: reads_late)
     real = updater_module.label_smoothed_nll
     counter = itertools.count(1)
 
@@ -230,7 +246,7 @@ def test_a_stop_signal_read_late_leaves_a_checkpoint_of_every_update_made(
     code, err = cli(capsys, *train_args(config, run))
     assert code != 0 and "Traceback" not in err
     (saved,) = checkpoint.step_checkpoints(run / "checkpoints")
-    assert saved.name == "step_00000005.pt"  # the update queued when the signal came, counted
+    assert saved.name == "step_00000005.pt"  # the update under way when the signal came
     assert checkpoint.load(saved)["progress"]["step"] == 5
     assert max(r["step"] for r in records(run) if "split" not in r) == 5
     monkeypatch.setattr(updater_module, "label_smoothed_nll", real)

@@ -103,6 +103,10 @@ class CompiledForward:
         if self.on and self.first_update_s is None:
             self._started = time.monotonic()
 
+    def timing_first_update(self) -> bool:
+        """Whether the update under way is the first one, whose time is reported."""
+        return self.on and self.first_update_s is None
+
     def end_update(self, step: int) -> dict[str, Any] | None:
         """Called as an update ends: after the first, its ``metrics.jsonl`` record."""
         if not self.on or self.first_update_s is not None:

@@ -75,19 +75,26 @@ def step(
     if numbers.device.type == "cpu":
         return Pending(numbers.to(torch.float64), None, tokens, lr)
     host = torch.empty(numbers.shape, dtype=torch.float64, pin_memory=True)
-    host.copy_(numbers, non_blocking=True)
+    stream = torch.cuda.current_stream(numbers.device)  # the model's GPU, not the current one
+    host.copy_(numbers, non_blocking=True)  # queued on that stream
     done = torch.cuda.Event()
-    done.record()
+    done.record(stream)
     return Pending(host, done, tokens, lr)
+
+
+def wait(pending: Pending) -> None:
+    """Wait until ``pending``'s numbers have reached the host (its update's step queued after
+    them may still run)."""
+    if pending.done is not None:
+        pending.done.synchronize()
 
 
 def read(pending: Pending) -> tuple[float, float, float]:
     """(loss, NLL, gradient norm) of ``pending``, summed over its batches; waits for them."""
-    if pending.done is not None:
-        pending.done.synchronize()
+    wait(pending)
     numbers = pending.numbers
     loss, nll = numbers[:-1].view(-1, 2).sum(0).tolist()  # as the trainer sums a read at once
     return loss, nll, numbers[-1].item()
 
 
-__all__ = ["Pending", "applies", "pays", "read", "step"]
+__all__ = ["Pending", "applies", "pays", "read", "step", "wait"]

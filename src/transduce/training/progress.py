@@ -74,11 +74,26 @@ def should_stop(
     """(why to stop now, or None; the share of the budget spent) after ``elapsed`` seconds of
     training on this rank. Clocks differ between ranks: all use the mean, so that all stop
     together and take the same learning rate (every rank must call it)."""
-    minutes = 0.0
-    if t.max_minutes:
-        (total,) = distributed.all_reduce_sum([elapsed], world, device)
-        minutes = total / world.size / 60
+    minutes = training_minutes(t, elapsed, world, device)
     return stop_reason(p, t, minutes), budget_spent(p, t, minutes)
 
 
-__all__ = ["Progress", "after_validation", "budget_spent", "should_stop", "stop_reason"]
+def training_minutes(
+    t: TrainConfig, elapsed: float, world: distributed.World, device: torch.device
+) -> float:
+    """Minutes of training for the budget: the mean of the ranks' ``elapsed`` seconds (every
+    rank must call it), 0 without ``max_minutes``."""
+    if not t.max_minutes:
+        return 0.0
+    (total,) = distributed.all_reduce_sum([elapsed], world, device)
+    return total / world.size / 60
+
+
+__all__ = [
+    "Progress",
+    "after_validation",
+    "budget_spent",
+    "should_stop",
+    "stop_reason",
+    "training_minutes",
+]

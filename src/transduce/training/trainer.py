@@ -19,6 +19,7 @@ Progress shows as a bar on a terminal and as plain lines without one (``training
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,13 @@ from transduce.training.loss_window import LossWindow
 from transduce.training.optimizer import make_optimizer
 from transduce.training.precision import grad_scaler, resolve_precision
 from transduce.training.preemption import SignalWatch
-from transduce.training.progress import Progress, after_validation, should_stop
+from transduce.training.progress import (
+    Progress,
+    after_validation,
+    budget_spent,
+    stop_reason,
+    training_minutes,
+)
 from transduce.training.report import (
     TrainingDisplay,
     announcement,
@@ -97,6 +104,7 @@ class Trainer:
         self.precision = resolve_precision(t.precision, self.device)
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
+        self._minutes = 0.0  # of training, the mean of the ranks' (as of _should_stop)
         self.folder = RunFolder(Path(run_dir), self)  # it saves and restores the above
         # Dropout differs between ranks; rank 0 draws exactly what a single process would.
         seed_all(t.seed + self.world.rank)
@@ -146,11 +154,16 @@ class Trainer:
     def _update(self, group: list[Batch]) -> guard.Update:
         """One update on ``group``, read at once (``Updater.at_once``)."""
         lr = self._rate(self.progress.step + 1)
-        return self.updater.at_once(group, lr, self.signals.received)
+        return self.updater.at_once(group, lr, lambda: self.signals.received)
 
     def _rate(self, step: int) -> float:
-        """The learning rate of update ``step`` (from 1)."""
-        return scheduled_rate(step, self.cfg, self._budget_done)
+        """The learning rate of update ``step`` (from 1): with the cool-down's clock at the
+        step before it, as ``_should_stop`` left it after that step."""
+        done = self._budget_done
+        if step > self.progress.step + 1:  # after an update still queued: counted as made
+            made = dataclasses.replace(self.progress, step=step - 1)
+            done = budget_spent(made, self.cfg.train, self._minutes)
+        return scheduled_rate(step, self.cfg, done)
 
     def _launch(self, group: list[Batch]) -> late_read.Pending:
         """One update on ``group``, left unread (``Updater.launch``), at the rate of the step it
@@ -196,10 +209,9 @@ class Trainer:
     def _should_stop(self, started: float, base_elapsed: float) -> str | None:
         """Why to stop now, or None; also updates the share of the budget spent."""
         elapsed = base_elapsed + time.monotonic() - started
-        reason, self._budget_done = should_stop(
-            self.progress, self.cfg.train, elapsed, self.world, self.device
-        )
-        return reason
+        self._minutes = training_minutes(self.cfg.train, elapsed, self.world, self.device)
+        self._budget_done = budget_spent(self.progress, self.cfg.train, self._minutes)
+        return stop_reason(self.progress, self.cfg.train, self._minutes)
 
     def train(self) -> dict[str, Any]:
         """Run until a stopping condition; always leaves ``model.pt``. Returns a summary.
@@ -263,6 +275,8 @@ class Trainer:
             self._report_compile()
             return self._after(update, window, started, base_elapsed)
         pending = self._launch(group)
+        if self.compiled.timing_first_update():  # its time: the device's work included
+            late_read.wait(pending)
         self._report_compile()
         earlier, self._pending = self._pending, pending
         if earlier is not None:  # its step is due for nothing but a log line: counted here

@@ -6,6 +6,7 @@ device skips a non-finite update, ``training/late_read.py``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -129,11 +130,12 @@ class Updater:
         norm = guard.gradient_norm(list(self.model.parameters()), self.t.clip_norm)
         return int(n_tokens), sums, norm
 
-    def at_once(self, group: list[Batch], lr: float, signalled: bool) -> guard.Update:
+    def at_once(self, group: list[Batch], lr: float, signalled: Callable[[], bool]) -> guard.Update:
         """Forward/backward over ``group``, then one Adam step at ``lr`` unless the loss or
         the gradient norm is not finite (``training/guard.py``). The losses, the gradient norm,
-        whether to skip and ``signalled`` (a stop signal came) are read from the device and
-        summed over the ranks once, before the step."""
+        whether to skip and ``signalled()`` (whether a stop signal came, asked once the device
+        has done the update's work) are read from the device and summed over the ranks once,
+        before the step."""
         n_tokens, sums, norm = self.gradients(group)
         dtype = torch.promote_types(sums.dtype, norm.dtype)
         local = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
@@ -142,7 +144,7 @@ class Updater:
         grad_norm = local[-1].item()  # equal on every rank: DDP's gradients are
         bad = not math.isfinite(loss + nll + grad_norm)
         loss, nll, bad_ranks, signals = distributed.all_reduce_sum(
-            [loss, nll, float(bad), float(signalled)], self.world, self.device
+            [loss, nll, float(bad), float(signalled())], self.world, self.device
         )
         skipped = None
         if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
