@@ -153,10 +153,15 @@ def test_too_small_task_space(tiny_config: Path, tmp_path: Path, capsys) -> None
     _assert_user_error(code, err, "copy")
 
 
-def test_unknown_preset(capsys) -> None:
+def test_unknown_preset(capsys, tmp_path) -> None:
     code, out, err = _run(["params", "--preset", "gigantic"], capsys)
     _assert_user_error(code, err, "gigantic")
     assert out == ""
+    for preset in ("[base]", "{base: 1}"):  # not a name: one line, no TypeError
+        (tmp_path / "c.yaml").write_text(f"preset: {preset}\n")
+        argv = ["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "r")]
+        code, out, err = _run(argv, capsys)
+        _assert_user_error(code, err, "unknown preset")
 
 
 def test_params_base(capsys) -> None:

@@ -175,6 +175,8 @@ def test_read_tree_file(tmp_path):
         read_tree_file(path)
     with pytest.raises(UserError, match="cannot read"):
         read_tree_file(tmp_path / "missing.trees")
+    path.write_bytes("\ufeff".encode() + (CAT + "\n").encode())  # a byte order mark
+    assert [str(t) for t in read_tree_file(path)] == [str(t) for t in parse_trees(CAT)]
 
 
 def test_linearise_placeholder_and_tags():

@@ -197,6 +197,7 @@ def test_refusals_name_the_field(tmp_path: Path) -> None:
         ("static_position_embeddings", False),
         ("decoder_layers", 3),
         ("activation_function", "tanh"),
+        ("activation_function", ["swish"]),  # not a string: no TypeError
     ):
         (folder / "config.json").write_text(json.dumps({**config, key: value}), encoding="utf-8")
         with pytest.raises(UserError, match=key) as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -219,3 +220,24 @@ def test_a_parser_with_positions_counted_in_words(ptb: Path, tmp_path: Path, cap
     assert torch.equal(model.encoder.word_start, starts)
     assert torch.equal(model.decoder.word_slot, slots)
     _check_constrained_and_parse(tmp_path / "run" / "model.pt", ptb, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("edit", ["shift", "blank"])
+def test_words_out_of_line_with_their_trees_are_refused(
+    ptb: Path, tmp_path: Path, edit: str
+) -> None:
+    from transduce.errors import UserError
+    from transduce.training.tasks.parsing import read_split
+
+    folder = tmp_path / "ptb"
+    shutil.copytree(ptb, folder)
+    lines = (folder / "train.words").read_text().splitlines()
+    if edit == "shift":  # a line lost near the top and one added at the end: counts agree
+        lines = lines[1:] + ["extra words here"]
+    else:
+        lines[2] = ""
+    (folder / "train.words").write_text("\n".join(lines) + "\n")
+    line = 1 if edit == "shift" else 3
+    with pytest.raises(UserError, match=rf"train.words: line {line}: the words differ from tree"):
+        read_split(folder, "train")
+    assert len(read_split(ptb, "train")[0]) == 200  # the folder as prepared: in line

@@ -127,7 +127,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 def preset_config(name: str) -> Config:
     """The Config of preset ``name`` (``transduce.presets``); an unknown name is a UserError
     listing the known ones."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:  # a YAML list or mapping too
         raise UserError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     return update(Config(), PRESETS[name])
 

@@ -286,7 +286,7 @@ def read_tree_file(path: str | Path, *, clean: bool = False) -> list[Tree]:
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark dropped, as every reader here does
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise UserError(f"{path}: line {line}: invalid UTF-8 (byte offset {e.start})") from None

@@ -108,7 +108,8 @@ def check_marian_config(c: dict[str, Any], where: Path) -> None:
                 f"{where}: {enc} ({c.get(enc)}) differs from {dec} ({c.get(dec)}); "
                 "transduce's encoder and decoder have one shape"
             )
-    if c.get("activation_function") not in ACTIVATIONS:
+    activation = c.get("activation_function")
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise UserError(
             f"{where}: activation_function {c.get('activation_function')!r}; "
             f"transduce has {', '.join(ACTIVATIONS)}"

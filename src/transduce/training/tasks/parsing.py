@@ -46,6 +46,13 @@ def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
     trees = read_tree_file(trees_path)
     if len(sentences) != len(trees):
         raise UserError(f"{words_path}: {len(sentences)} sentences but {len(trees)} trees")
+    for i, (words, tree) in enumerate(zip(sentences, trees, strict=True)):
+        if words != tree.words():  # a line dropped, added or edited: every pair after it wrong
+            shown = " ".join(tree.words())
+            raise UserError(
+                f"{words_path}: line {i + 1}: the words differ from tree {i + 1} of "
+                f"{trees_path.name} ({' '.join(words)[:60]!r} against {shown[:60]!r})"
+            )
     return sentences, trees
 
 
