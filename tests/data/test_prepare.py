@@ -305,7 +305,7 @@ def test_a_prepared_folder_refuses_data_keys_it_was_not_prepared_with(
     assert not (out / "checkpoints").exists() and not (out / "model.pt").exists()
 
 
-def test_vocab_command_and_reuse(tmp_path: Path) -> None:
+def test_vocab_command_and_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_corpus(tmp_path)
     (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
     base = ["--config", str(tmp_path / "run.yaml")]
@@ -314,6 +314,12 @@ def test_vocab_command_and_reuse(tmp_path: Path) -> None:
         "vocab.src.model",
         "vocab.tgt.model",
     ]
+    again = ["vocab", *base, "--out", str(tmp_path / "v"), "--set", "shared_vocab=false"]
+    before = (tmp_path / "v" / "vocab.src.model").stat().st_mtime_ns
+    assert main(again) == 2  # a vocabulary there already: kept, unless --force
+    assert "add --force to replace it" in capsys.readouterr().err
+    assert (tmp_path / "v" / "vocab.src.model").stat().st_mtime_ns == before
+    assert main([*again, "--force"]) == 0
     reuse = ["--set", "shared_vocab=false", "--set", f"vocab_model={tmp_path / 'v'}"]
     assert (
         main(["prepare", *base, "--out", str(tmp_path / "p"), "--quiet", "--workers", "1", *reuse])
@@ -338,6 +344,14 @@ def test_vocab_command_and_reuse(tmp_path: Path) -> None:
         )
         == 2
     )
+    # keys of learning a vocabulary, given with a reused one: refused, not ignored
+    capsys.readouterr()
+    for key, value, said in (("vocab_size", 999, "keeps its size"), ("vocab_sample", 7, "none is")):
+        out = tmp_path / f"with_{key}"
+        argv = ["prepare", *base, "--out", str(out), "--quiet", *reuse, "--set", f"{key}={value}"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and key in err and said in err, err
 
 
 def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_vocab(args: argparse.Namespace) -> int:
     from transduce.data.prepare import write_vocabulary
 
-    paths = write_vocabulary(_config(args), args.out, log=_log)
+    paths = write_vocabulary(_config(args), args.out, log=_log, force=args.force)
     print(json.dumps({"vocabulary": [str(p) for p in paths]}))
     return 0
 
@@ -199,6 +199,7 @@ def register_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="YAML or TOML config of a translation task")
     p.add_argument("--out", required=True, help="folder for the .model file(s)")
+    p.add_argument("--force", action="store_true", help="replace a vocabulary already in --out")
     add_set(p)
     p.set_defaults(func=_cmd_vocab)
 

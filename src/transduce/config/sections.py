@@ -315,6 +315,11 @@ class TranslationTaskConfig(_Section):
         _fraction(self, "bpe_dropout")
         if self.clean_ratio and self.clean_ratio < 1.0:
             raise UserError(f"clean_ratio must be 0 (off) or at least 1; got {self.clean_ratio}")
+        if self.vocab_model and self.vocab_sample:
+            raise UserError(
+                f"vocab_sample ({self.vocab_sample}) is the sample a vocabulary is learned on; "
+                "with vocab_model none is learned: leave one of them out"
+            )
         if bool(self.valid_src) != bool(self.valid_tgt):
             given, missing = (
                 ("valid_src", "valid_tgt") if self.valid_src else ("valid_tgt", "valid_src")

@@ -140,13 +140,22 @@ def reused_vocabulary(task: TranslationTaskConfig) -> list[SentencePieceVocab]:
     """The vocabulary named by ``task.vocab_model``: a .model file or a folder of them."""
     where = resolve_data_path(task.vocab_model, "vocab_model")
     if where.is_dir():
-        return [SentencePieceVocab.load(where / name) for name in vocab_files(task.shared_vocab)]
-    if not task.shared_vocab:
+        vocabs = [SentencePieceVocab.load(where / name) for name in vocab_files(task.shared_vocab)]
+    elif not task.shared_vocab:
         raise UserError(
             f"task.vocab_model = {task.vocab_model!r}: with shared_vocab false, name "
             "a folder holding vocab.src.model and vocab.tgt.model"
         )
-    return [SentencePieceVocab.load(where)]
+    else:
+        vocabs = [SentencePieceVocab.load(where)]
+    sizes = sorted({len(v) for v in vocabs})
+    if task.vocab_size != TranslationTaskConfig().vocab_size and sizes != [task.vocab_size]:
+        raise UserError(
+            f"task.vocab_size is {task.vocab_size}, but the vocabulary of task.vocab_model "
+            f"({task.vocab_model}) has {' and '.join(map(str, sizes))} pieces: a reused "
+            "vocabulary keeps its size; leave vocab_size out"
+        )
+    return vocabs
 
 
 def vocabulary(
@@ -392,18 +401,28 @@ def prepare(
     return manifest
 
 
-def write_vocabulary(cfg: Config, out_dir: str | Path, log: Log = print) -> list[Path]:
-    """``transduce vocab``: learn the task's vocabulary (as ``prepare`` does) into ``out_dir``."""
+def write_vocabulary(
+    cfg: Config, out_dir: str | Path, log: Log = print, *, force: bool = False
+) -> list[Path]:
+    """``transduce vocab``: learn the task's vocabulary (as ``prepare`` does) into ``out_dir``;
+    a vocabulary already there (a prepared folder's, a run's) is replaced only with ``force``.
+    The folder is checked before the (long) learning."""
     task = _translation(cfg, "vocab")
     if task.vocab_model:
         raise UserError("task.vocab_model is set: there is nothing to learn")
-    vocabs = vocabulary(cfg, _inputs(task), log)
     folder = Path(out_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
     paths = [folder / name for name in vocab_files(task.shared_vocab)]
+    there = [p.name for p in paths if p.exists()]
+    if there and not force:
+        raise UserError(
+            f"{folder}: holds {', '.join(there)} already (a prepared folder or a run may depend "
+            "on it); choose another --out, or add --force to replace it"
+        )
+    vocabs = vocabulary(cfg, _inputs(task), log)
     for vocab, path in zip(vocabs, paths, strict=True):
         vocab.save(path)
     return paths

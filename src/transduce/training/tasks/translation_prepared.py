@@ -71,7 +71,12 @@ def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[s
     for key, was in prepared.items():
         value = getattr(task, key)
         if value != default[key] and value != was:
-            shown = "not set" if was is None else f"{key} {json.dumps(was)}"
+            if was is not None:
+                shown = f"{key} {json.dumps(was)}"
+            elif learned:  # two vocabularies of different sizes
+                shown = f"vocabularies of {' and '.join(map(str, vocab['sizes']))} pieces"
+            else:
+                shown = f"the vocabulary of {vocab['source']}, reused (no {key} applies)"
             raise UserError(
                 f"{folder}: prepared with {shown}, the config says {key} {json.dumps(value)}; a "
                 f"prepared folder fixes its data: leave {key} out, or prepare again"
