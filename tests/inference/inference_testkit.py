@@ -199,7 +199,8 @@ def save_toy_translation_model(  # noqa: ANN201
     sizes = {"n_layers": 1, "d_model": 32}
     if (model or {}).get("architecture", "transformer") == "transformer":  # the rnn refuses them
         sizes |= {"d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16}
-    cfg = from_dict({"model": {**sizes, **(model or {})}, "decode": decode})
+    task = {"name": "translation"}  # (without it the default task, addition, is recorded)
+    cfg = from_dict({"model": {**sizes, **(model or {})}, "decode": decode, "task": task})
     torch.manual_seed(0)
     model = build_model(cfg.model, src_vocab_size=len(vocab))
     checkpoint.save(

@@ -12,12 +12,13 @@ from transduce.errors import UserError
 def _cmd_attention(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.inference.attention_maps import draw_attention
+    from transduce.inference.text_inputs import as_read
 
     model, vocab, cfg = load_model(args.model)
     path = draw_attention(
         model,
         vocab,
-        args.src,
+        as_read(args.src, cfg.task),  # as the model reads it (a reversed synthetic task)
         Path(args.output),
         target=args.tgt,
         kind=args.kind,

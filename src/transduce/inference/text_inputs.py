@@ -4,6 +4,7 @@ can place) and cut into batches of similar lengths (``Translator``'s and ``score
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from transduce.errors import SentenceError
 from transduce.inference.common import MAX_SENTENCE_TOKENS
@@ -78,4 +79,10 @@ def check_lengths(
             )
 
 
-__all__ = ["check_lengths", "length_batches", "text_list"]
+def as_read(source: str, task: Any) -> str:
+    """A source text as the model was trained to read it: reversed for a synthetic task trained
+    with ``task.reverse_input`` (its training sources were reversed strings), else as it is."""
+    return source[::-1] if getattr(task, "reverse_input", False) else source
+
+
+__all__ = ["as_read", "check_lengths", "length_batches", "text_list"]

@@ -66,7 +66,7 @@ from transduce.inference.ensemble import Ensemble
 from transduce.inference.prefix import PrefixConstrained
 from transduce.inference.scoring import PairScore, score_targets
 from transduce.inference.search import generate, graphs_apply, searchable
-from transduce.inference.text_inputs import check_lengths, length_batches, text_list
+from transduce.inference.text_inputs import as_read, check_lengths, length_batches, text_list
 from transduce.inference.weights import (
     WeightPrecision,
     check_device,
@@ -306,11 +306,9 @@ class Translator:
                 raise UserError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
         todo = [i for i, t in enumerate(texts) if t]
+        read = [as_read(texts[i], self.cfg.task) for i in todo]
         encode_batch = getattr(self.vocab, "encode_batch", None)
-        if encode_batch is not None:
-            ids = encode_batch([texts[i] for i in todo])
-        else:
-            ids = [self.vocab.encode(texts[i]) for i in todo]
+        ids = encode_batch(read) if encode_batch is not None else list(map(self.vocab.encode, read))
         check_lengths(ids, todo, self.max_positions, cfg.max_len_offset)
         forced = None if prefixes is None else self._prefix_ids(prefixes, ids, todo, cfg)
         self.model.eval()
@@ -384,7 +382,7 @@ class Translator:
         sources, targets = text_list(sources, "source"), text_list(targets, "target")
         if len(sources) != len(targets):
             raise UserError(f"{len(sources)} sources but {len(targets)} targets")
-        src_ids = [self.vocab.encode(s.strip()) for s in sources]
+        src_ids = [self.vocab.encode(as_read(s.strip(), self.cfg.task)) for s in sources]
         target = sides(self.vocab)[1]  # a target is the target side's text
         tgt_ids = [target.encode(t.strip()) for t in targets]
         everything = list(range(len(sources)))
@@ -420,6 +418,6 @@ class Translator:
             if not source.strip() or not target.strip():
                 out.append("")
                 continue
-            maps = attention_maps(self.model, self.vocab, source, target)
+            maps = attention_maps(self.model, self.vocab, as_read(source, self.cfg.task), target)
             out.append(pharaoh(word_alignment(maps, self.vocab, layer)))
         return out

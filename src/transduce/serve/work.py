@@ -82,6 +82,7 @@ def attention(translator: Any, source: str, target: str) -> dict[str, Any]:
     EOS (T), ``weights`` (T x S) rounded to 4 decimals. A UserError for a model that is not a
     Transformer, an empty source, or a side longer than the learned positions reach."""
     from transduce.inference.attention_maps import attention_maps, sides
+    from transduce.inference.text_inputs import as_read
 
     vocab = translator.vocab
     m = translator.cfg.model
@@ -94,7 +95,7 @@ def attention(translator: Any, source: str, target: str) -> dict[str, Any]:
                     f"'{name}' has {n} subword tokens; this model's learned positions "
                     f"(max_positions={m.max_positions}) take at most {m.max_positions - 1}"
                 )
-    maps = attention_maps(translator.model, vocab, source, target)
+    maps = attention_maps(translator.model, vocab, as_read(source, translator.cfg.task), target)
     weights = maps.cross[-1].mean(0)  # (H, T, S) -> (T, S)
     return {
         "source": maps.source,
