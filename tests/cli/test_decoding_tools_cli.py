@@ -161,8 +161,8 @@ def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
     sample = ["translate", "--model", files["tf"], "--input", files["src"], "--sampling"]
     code, _, err = run([*sample, "--seed", "1", "--beam", "3"], capsys)
     assert code == 2 and "--beam goes with search, not --sampling" in err
-    code, _, err = run([*sample, "--seed", "1", "--beam", "3", "--alpha", "1"], capsys)
-    assert code == 2 and "--beam, --alpha go with search" in err
+    code, out, _ = run([*sample, "--seed", "1", "--alpha", "1", "--nbest", "3"], capsys)
+    assert code == 0  # alpha ranks the samples (their SCORE is over the length penalty)
     code, _, err = run(
         [
             "translate",
@@ -377,3 +377,28 @@ def test_answer_lines_flushes_each_answer_and_names_bad_input() -> None:
     bad = io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"ok\n\xff\n")), encoding="utf-8")
     with pytest.raises(UserError, match="line 2: invalid UTF-8"):
         answer_lines(lambda lines, i: lines, bad, io.StringIO())
+
+
+def test_a_checkpoint_that_samples_takes_beam_and_the_sampling_flags(
+    files, capsys, tmp_path
+) -> None:
+    from transduce import checkpoint
+
+    sampler = tmp_path / "sampler.pt"
+    ckpt = torch.load(files["tf"], weights_only=False)
+    ckpt["config"]["decode"].update(sampling=True, sampling_seed=7, beam=2)
+    checkpoint.save(ckpt, sampler)
+    base = ["translate", "--input", files["src"], "--quiet"]
+    searched = run([*base, "--model", files["tf"], "--beam", "1"], capsys)[1]
+    assert run([*base, "--model", str(sampler), "--beam", "1"], capsys)[1] == searched
+    sampled = run([*base, "--model", str(sampler)], capsys)[1]
+    hotter = run([*base, "--model", str(sampler), "--temperature", "5"], capsys)[1]
+    reseeded = run([*base, "--model", str(sampler), "--seed", "8", "--temperature", "5"], capsys)
+    assert sampled != searched and hotter != sampled and reseeded[1] != hotter
+    code, _, err = run([*base, "--model", str(sampler), "--beam", "2", "--top-k", "3"], capsys)
+    assert code == 2 and "--top-k goes with --sampling (--beam asks for a search)" in err
+    code, out, _ = run(
+        ["evaluate", "--model", str(sampler), "--src", files["src"], "--ref", files["tgt"]], capsys
+    )
+    scores = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and "beam" not in scores and scores["sampling"]["seed"] == 7

@@ -117,7 +117,7 @@ def test_sampling_is_reproducible_for_a_seed(server, translator) -> None:
     sampling = {"seed": 7, "temperature": 1.5, "top_k": 20, "top_p": 0.9}
     body = {"text": LINES, "sampling": sampling, "nbest": 4}
     first, second = ok(server, "/translate", body), ok(server, "/translate", body)
-    assert first == second
+    assert first == second and first["seed"] == 7  # the seed given, said back
     decode = replace(
         translator.decode_config(),
         sampling=True,
@@ -133,9 +133,26 @@ def test_sampling_is_reproducible_for_a_seed(server, translator) -> None:
     ]
     other = ok(server, "/translate", {**body, "sampling": {**sampling, "seed": 8}})
     assert other["nbest"] != first["nbest"]  # the seed matters
-    plain = ok(server, "/translate", {"text": LINES, "sampling": {}})
-    sampled = replace(translator.decode_config(), sampling=True)  # the model's settings
-    assert plain == {"translations": translator.translate(LINES, sampled)}
+    # without a seed: one drawn at random each time, said in the answer (to draw it again)
+    plain = ok(server, "/translate", {"text": LINES * 2, "sampling": {"temperature": 3.0}})
+    again = ok(server, "/translate", {"text": LINES * 2, "sampling": {"temperature": 3.0}})
+    assert plain["seed"] != again["seed"] and plain["translations"] != again["translations"]
+    sampled = replace(
+        translator.decode_config(), sampling=True, sampling_seed=plain["seed"], temperature=3.0
+    )
+    assert plain == {
+        "translations": translator.translate(LINES * 2, sampled),
+        "seed": plain["seed"],
+    }
+    with_alpha = {"text": LINES, "sampling": {"seed": 7}, "alpha": 2.0, "nbest": 4}
+    ranked = ok(server, "/translate", with_alpha)["nbest"]  # alpha ranks the samples
+    expected = translator.translate_nbest(
+        LINES, 4, replace(decode, alpha=2.0, top_k=0, top_p=1.0, temperature=1.0)
+    )
+    assert ranked == [
+        [{"translation": h.text, "score": h.score, "log_prob": h.log_prob} for h in hyps]
+        for hyps in expected
+    ]
 
 
 def test_score_is_the_translators(server, translator) -> None:
@@ -391,9 +408,8 @@ def test_attention_counts_the_translation_in_the_target_vocabulary(tmp_path) -> 
 def test_search_settings_with_sampling_and_every_field_of_an_empty_request_are_checked(
     server,
 ) -> None:
-    for extra in ({"beam": 2}, {"alpha": 1.0}):
-        status, out = post(server, "/translate", {"text": ["a"], "sampling": {"seed": 1}, **extra})
-        assert status == 422 and f"'{next(iter(extra))}' goes with search" in out["error"]
+    status, out = post(server, "/translate", {"text": ["a"], "sampling": {"seed": 1}, "beam": 2})
+    assert status == 422 and "'beam' goes with search" in out["error"]  # (alpha ranks samples)
     status, out = post(server, "/translate", {"text": [], "beam": 2, "nbest": 3})
     assert status == 422 and "'nbest' (3) must not exceed the beam (2)" in out["error"]
     assert post(server, "/translate", {"text": [], "beam": 2, "nbest": 2}) == (

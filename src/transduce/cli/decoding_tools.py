@@ -72,24 +72,31 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfig:
-    """``decode`` with the sampling flags' settings (checked as config keys are)."""
+    """``decode`` with the sampling flags' settings (checked as config keys are).
+
+    ``--sampling`` samples; so does a checkpoint whose ``decode`` section samples, unless
+    ``--beam`` asks for a search. The sampling flags act wherever sampling does, and are
+    refused where it does not."""
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    if not args.sampling:
+    beam = getattr(args, "beam", None)
+    if args.sampling and beam is not None:  # a sample is drawn, not searched: no beam
+        raise UserError("--beam goes with search, not --sampling")
+    sampling = args.sampling or (decode.sampling and beam is None)
+    if not sampling:
         stray = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
         if args.seed is not None:
             stray.append("--seed")
         if stray:
             verb = "goes" if len(stray) == 1 else "go"
-            raise UserError(f"{', '.join(stray)} {verb} with --sampling")
-        return decode
-    if args.seed is None:
+            why = " (--beam asks for a search)" if decode.sampling else ""
+            raise UserError(f"{', '.join(stray)} {verb} with --sampling{why}")
+        return replace(decode, sampling=False)
+    if args.sampling and args.seed is None:
         raise UserError("--sampling needs --seed N (samples are reproducible for a seed)")
-    searched = [f"--{k}" for k in ("beam", "alpha") if getattr(args, k, None) is not None]
-    if searched:  # a sample is drawn, not searched: no beam, no length penalty
-        verb = "goes" if len(searched) == 1 else "go"
-        raise UserError(f"{', '.join(searched)} {verb} with search, not --sampling")
     changes = {k: v for k, v in given.items() if v is not None}
-    return replace(decode, sampling=True, sampling_seed=args.seed, **changes)
+    if args.seed is not None:
+        changes["sampling_seed"] = args.seed
+    return replace(decode, sampling=True, **changes)
 
 
 def add_prefix_file(p: argparse.ArgumentParser) -> None:

@@ -39,7 +39,15 @@ def evaluate_files(
     lower = corpus_scores(hyps, references, lowercase=True)
     scores["bleu_lowercase"] = lower["bleu"]
     scores["bleu_lowercase_signature"] = lower["bleu_signature"]
-    scores["beam"] = cfg.beam
+    if cfg.sampling:  # sampled, not searched: no beam
+        scores["sampling"] = {
+            "seed": cfg.sampling_seed,
+            "temperature": cfg.temperature,
+            "top_k": cfg.top_k,
+            "top_p": cfg.top_p,
+        }
+    else:
+        scores["beam"] = cfg.beam
     scores["alpha"] = cfg.alpha
     return scores, hyps
 

@@ -77,12 +77,8 @@ def add_native_api(
         asked = parse_translate_request(body, limits)
         options = parse_options(asked.options, limits, len(asked.sentences))
         index = _pick(models, asked.source, asked.target)
-        if options.sampling is not None:  # as the CLI refuses --beam / --alpha with --sampling
-            given = [name for name in ("beam", "alpha") if getattr(asked, name) is not None]
-            if given:
-                raise ApiError(
-                    422, f"'{given[0]}' goes with search, not 'sampling' (a sample is drawn)"
-                )
+        if options.sampling is not None and asked.beam is not None:  # as the CLI refuses it
+            raise ApiError(422, "'beam' goes with search, not 'sampling' (a sample is drawn)")
         translator = models.models[index].translator
         decode = _decode(translator, limits, beam=asked.beam, alpha=asked.alpha)
         try:
@@ -93,12 +89,13 @@ def add_native_api(
             raise ApiError(
                 422, f"'nbest' ({options.nbest}) must not exceed the beam ({decode.beam})"
             )
+        seed = {"seed": decode.sampling_seed} if options.sampling is not None else {}
         if not asked.sentences:  # every field checked all the same
-            return JSONResponse(answer_json([], options))
+            return JSONResponse({**answer_json([], options), **seed})
         items = options.items(asked.sentences)
         work = options.work()
         out = await translate_on(request, models.batchers[index], items, decode, work=work)
-        return JSONResponse(answer_json(out, options))
+        return JSONResponse({**answer_json(out, options), **seed})
 
     @app.post("/score", **route_docs("/score", limits))
     async def score(request: Request) -> JSONResponse:

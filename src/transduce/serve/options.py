@@ -7,6 +7,7 @@ A request without any of them is answered as before: ``{"translations": [...]}``
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,10 +58,13 @@ class TranslateOptions:
     prefix: list[str] | None = None
 
     def decode(self, decode: DecodeConfig) -> DecodeConfig:
-        """``decode`` with the sampling asked for (a UserError if DecodeConfig refuses it)."""
+        """``decode`` with the sampling asked for (a UserError if DecodeConfig refuses it);
+        without a seed, one drawn at random (the answer gives it), so that two requests give
+        two draws."""
         if self.sampling is None:
             return decode
-        return replace(decode, sampling=True, **self.sampling)
+        sampling = {"sampling_seed": secrets.randbelow(MAX_SEED + 1), **self.sampling}
+        return replace(decode, sampling=True, **sampling)
 
     def work(self) -> Work:
         details = self.nbest is not None or self.scores
