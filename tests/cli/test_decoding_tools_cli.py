@@ -183,7 +183,7 @@ def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
 
 def test_prefix_file(files, capsys) -> None:
     prefixes = Path(files["dir"]) / "prefixes.txt"
-    prefixes.write_text("a cat\n\nthe dog\nsmall\n", encoding="utf-8")
+    prefixes.write_text("a cat\n\n\nsmall\n", encoding="utf-8")
     for beam in ("1", "3"):
         code, out, _ = run(
             [
@@ -219,7 +219,21 @@ def test_prefix_file(files, capsys) -> None:
         ],
         capsys,
     )
-    assert code == 2 and "prefix 2 has" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and f"{prefixes}: line 2 has" in err and len(err.strip().splitlines()) == 1
+    prefixes.write_text("a cat\n\nthe dog\nsmall\n", encoding="utf-8")  # line 3 of input: empty
+    code, _, err = run(
+        [
+            "translate",
+            "--model",
+            files["tf"],
+            "--input",
+            files["src"],
+            "--prefix-file",
+            str(prefixes),
+        ],
+        capsys,
+    )
+    assert code == 2 and f"{prefixes}: line 3: a prefix for an empty input line" in err
     prefixes.write_text("a cat\n", encoding="utf-8")
     code, _, err = run(
         [

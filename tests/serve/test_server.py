@@ -225,11 +225,26 @@ class FlakyTranslator:
 
 
 def test_decoding_error_is_500_and_server_goes_on(translator) -> None:
+    import logging
+
     flaky = FlakyTranslator(translator)
     app = create_app(flaky, batching=BatchingConfig(batch_wait_ms=50))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    with ServerThread(app) as srv:  # (uvicorn sets its loggers up as it starts)
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        try:
+            status, out = request(srv.url + "/translate", {"text": ["boom"]})
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(handler)
+    # the client learns the kind and an incident to quote; the message goes to the log
+    assert status == 500 and "decoder exploded" not in out["error"]
+    assert out["error"].startswith("translation failed: RuntimeError (incident ")
+    incident = out["error"].split("incident ")[1].split()[0]
+    logged = [r for r in records if incident in r.getMessage()]
+    assert logged and logged[0].exc_info and "decoder exploded" in str(logged[0].exc_info[1])
     with ServerThread(app) as srv:
-        status, out = request(srv.url + "/translate", {"text": ["boom"]})
-        assert status == 500 and "decoder exploded" in out["error"]
         # a failing request batched with good ones fails alone
         results: dict[str, tuple] = {}
         payloads = {"bad": {"text": ["the boom"]}, "good": {"text": ["the dog", "a cat"]}}

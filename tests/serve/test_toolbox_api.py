@@ -426,6 +426,8 @@ def test_the_models_beam_is_capped_by_max_beam(translator) -> None:
         status, out = post(srv, "/translate", {"text": texts})
         assert status == 200
         assert out["translations"] == translator.translate(texts, translator.decode_config(beam=2))
+        with urllib.request.urlopen(srv.url + "/health", timeout=TIMEOUT) as resp:
+            assert json.loads(resp.read())["decode"]["beam"] == 2  # what is used
         assert post(srv, "/translate", {"text": texts[:1], "nbest": 2})[0] == 200
         status, out = post(srv, "/translate", {"text": texts[:1], "nbest": 3})
         assert status == 422

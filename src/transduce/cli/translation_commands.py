@@ -97,9 +97,9 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     prefixes = tools.read_prefixes(args.prefix_file, len(sentences))
     try:
         answers = answer(sentences, 0, prefixes)
-    except SentenceError as e:  # sentence K is line K of the input
+    except SentenceError as e:  # sentence K is line K of the input, prefix K of the prefixes
         name = "<stdin>" if args.input in (None, "-") else args.input
-        raise e.at_line(name, e.sentence) from None
+        raise e.at_line(args.prefix_file if e.noun == "prefix" else name, e.sentence) from None
     write_output(args.output, answers)
     warning = unknown_warning(translator.vocab, sentences)
     if warning:

@@ -58,7 +58,7 @@ from transduce.console import PeriodicLines, is_terminal
 from transduce.data.batching import collate
 from transduce.data.vocab import UNK, Vocab
 from transduce.device import resolve_device
-from transduce.errors import UserError
+from transduce.errors import SentenceError, UserError
 from transduce.inference.attention_maps import attention_maps, pharaoh, sides, word_alignment
 from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.contract import DecodableModel
@@ -306,6 +306,11 @@ class Translator:
                 raise UserError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
         todo = [i for i, t in enumerate(texts) if t]
+        for i, (text, prefix) in enumerate(zip(texts, prefixes or [""] * len(texts), strict=True)):
+            if not text and prefix.strip():  # an empty line is answered empty: the prefix lost
+                raise SentenceError(
+                    i + 1, f": a prefix for an empty input line ({prefix.strip()!r})", "prefix"
+                )
         read = [as_read(texts[i], self.cfg.task) for i in todo]
         encode_batch = getattr(self.vocab, "encode_batch", None)
         ids = encode_batch(read) if encode_batch is not None else list(map(self.vocab.encode, read))
@@ -359,14 +364,18 @@ class Translator:
         for j, i in enumerate(todo):
             prefix = target.encode(prefixes[i].strip()) if prefixes[i].strip() else []
             if UNK in prefix:  # forced, it would not be the text asked for
-                raise UserError(
-                    f"prefix {i + 1} ({prefixes[i].strip()!r}) holds what the model's target "
-                    "vocabulary cannot write (read as <unk>)"
+                raise SentenceError(
+                    i + 1,
+                    f" ({prefixes[i].strip()!r}) holds what the model's target vocabulary cannot "
+                    "write (read as <unk>)",
+                    "prefix",
                 )
             if len(prefix) > len(ids[j]) + 1 + cfg.max_len_offset:
-                raise UserError(
-                    f"prefix {i + 1} has {len(prefix)} subword tokens; the output of its sentence "
-                    f"may have at most {len(ids[j]) + 1 + cfg.max_len_offset}"
+                raise SentenceError(
+                    i + 1,
+                    f" has {len(prefix)} subword tokens; the output of its sentence may have at "
+                    f"most {len(ids[j]) + 1 + cfg.max_len_offset}",
+                    "prefix",
                 )
             out.append(prefix)
         return out

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -255,7 +257,15 @@ async def translate_on(
     except ClientGone:
         raise
     except Exception as e:  # noqa: BLE001 - a decoding failure is this request's 500
-        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+        # the traceback to the server's log; to the client its kind alone (a message may hold
+        # paths, shapes or memory figures of the server)
+        incident = secrets.token_hex(4)
+        logging.getLogger("uvicorn.error").error(
+            "translation failed (incident %s)", incident, exc_info=e
+        )
+        raise ApiError(
+            500, f"translation failed: {type(e).__name__} (incident {incident} in the server's log)"
+        ) from None
     return out
 
 

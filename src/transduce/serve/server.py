@@ -78,6 +78,7 @@ from transduce.serve.requests import (
     ClientGone,
     ServerLimits,
     parse_translate_request,
+    served_decode,
 )
 
 __all__ = [
@@ -128,11 +129,12 @@ def _model_info(translator: Any) -> dict[str, Any]:
     return info
 
 
-def _decode_defaults(translator: Any) -> dict[str, Any]:
-    cfg = getattr(translator, "cfg", None)
-    if cfg is None:
+def _decode_defaults(translator: Any, limits: ServerLimits) -> dict[str, Any]:
+    """What a request that asks for nothing is decoded with (the model's beam capped by
+    ``max_beam``, as ``served_decode`` caps it)."""
+    if getattr(translator, "cfg", None) is None:
         return {}
-    d = cfg.decode
+    d = served_decode(translator, limits)
     return {
         "beam": d.beam,
         "alpha": d.alpha,
@@ -186,7 +188,7 @@ def create_app(
     first = served[0]
     details = {
         "model": {"name": first.name, **_model_info(first.translator)},
-        "decode": _decode_defaults(first.translator),
+        "decode": _decode_defaults(first.translator, limits),
         "limits": asdict(limits),
         "batching": asdict(batching),
     }
