@@ -311,3 +311,19 @@ def test_addition_with_operands_past_a_float_builds() -> None:
 
     task = make_task(SyntheticTaskConfig(max_digits=400, train_size=60, valid_size=5))
     assert len(task.train) == 60 and len(task.valid) == 5
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["attention", "--src", "a b", "--output", "x.html"],
+        ["parse", "--input", "x.txt"],
+        ["export", "ctranslate2", "--output", "out"],
+        ["export", "huggingface", "--output", "out"],
+    ],
+)
+def test_a_model_given_twice_where_one_is_taken_is_refused(argv, capsys) -> None:
+    # translate and evaluate would make an ensemble of the two: these silently took the last
+    with pytest.raises(SystemExit) as exit_:  # argparse's error: exit code 2, one line
+        _run([*argv, "--model", "a.pt", "--model", "b.pt"], capsys)
+    _assert_user_error(exit_.value.code, capsys.readouterr().err, "--model is given more than once")

@@ -416,3 +416,14 @@ def test_a_checkpoint_that_samples_takes_beam_and_the_sampling_flags(
     )
     scores = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and "beam" not in scores and scores["sampling"]["seed"] == 7
+
+
+def test_score_warns_of_text_the_model_reads_as_unknown(files, capsys, tmp_path) -> None:
+    tgt = tmp_path / "odd.txt"
+    tgt.write_text("a cat\n\nthe dog ✈\nsmall\n", encoding="utf-8")  # a piece it cannot write
+    argv = ["score", "--model", files["tf"], "--src", files["src"], "--tgt"]
+    code, out, err = run([*argv, str(tgt)], capsys)
+    assert code == 0 and len(out.splitlines()) == 4
+    assert f"warning: {tgt}: 1 target pieces not in the model's vocabulary" in err
+    code, _, err = run([*argv, files["tgt"]], capsys)
+    assert code == 0 and "warning" not in err

@@ -30,3 +30,18 @@ def test_a_reversed_model_reads_its_sources_reversed(tmp_path: Path) -> None:
     got = [p.log_prob for p in reversed_model.score(sources, targets)]
     assert got == [p.log_prob for p in as_is.score(flipped, targets)]
     assert got != [p.log_prob for p in as_is.score(sources, targets)]  # the order matters
+
+
+def test_an_ensemble_of_models_that_read_alike_only(tmp_path: Path) -> None:
+    import pytest
+
+    from transduce.errors import UserError
+
+    plain = save_toy_synthetic(tmp_path / "plain.pt", {"beam": 2})
+    flipped = _reversed_copy(plain, tmp_path / "reversed.pt")
+    with pytest.raises(UserError, match=r"reversed.pt: its task \(addition, input reversed\)"):
+        Translator.load_ensemble([plain, flipped])
+    for bad in ([], str(plain)):  # none, or a path where a list is asked for
+        with pytest.raises(UserError, match="a list of one or more checkpoints"):
+            Translator.load_ensemble(bad)  # type: ignore[arg-type]
+    assert Translator.load_ensemble([plain, plain]).translate(["1+2"])

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from transduce.cli.common import Once
 from transduce.errors import UserError
 
 
@@ -63,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on --src (and --tgt; without it the model's greedy output): heat maps per head (grid) "
         "or the paper's appendix style (lines). Outputs .png, .svg, .pdf or .html.",
     )
-    p.add_argument("--model", required=True, help="checkpoint file or run folder")
+    p.add_argument("--model", required=True, action=Once, help="checkpoint file or run folder")
     p.add_argument("--src", required=True, help="the source sentence")
     p.add_argument("--tgt", default=None, help="the target sentence (default: greedy output)")
     p.add_argument("--kind", choices=("cross", "encoder", "decoder"), default="cross")

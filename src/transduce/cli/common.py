@@ -77,6 +77,22 @@ def add_models(p: argparse.ArgumentParser) -> None:
     )
 
 
+class Once(argparse.Action):
+    """An option that may be given once: a second time is an error, not a silent last-wins
+    (``--model`` twice, say, where another command would make an ensemble of the two)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given more than once; this command takes one")
+        setattr(namespace, self.dest, values)
+
+
 def models_shown(paths: Sequence[str]) -> str | list[str]:
     """``--model`` as a JSON report shows it: the path, or the list of an ensemble's."""
     return str(paths[0]) if len(paths) == 1 else [str(p) for p in paths]
@@ -187,20 +203,24 @@ def refuse_parser(task_name: str, model: str, command: str) -> None:
         )
 
 
-def unknown_warning(vocab: Any, sentences: Sequence[str], where: str = "") -> str | None:
+def unknown_warning(
+    vocab: Any, sentences: Sequence[str], where: str = "", *, target: bool = False
+) -> str | None:
     """A warning line when ``sentences`` hold characters (a character vocabulary) or pieces the
-    model's source vocabulary lacks (read as <unk>), or None: a model of digits given English
-    would otherwise answer without a word. ``where`` (e.g. "line 3: ") goes before the count."""
+    model's source vocabulary (``target``: its target vocabulary) lacks (read as <unk>), or
+    None: a model of digits given English would otherwise answer without a word. ``where``
+    (e.g. "line 3: ") goes before the count."""
     from transduce.data.vocab import UNK, CharVocab, VocabPair
 
-    source = vocab.source if isinstance(vocab, VocabPair) else vocab
-    n = sum(ids.count(UNK) for ids in (source.encode(s) for s in sentences if s))
+    side = (vocab.target if target else vocab.source) if isinstance(vocab, VocabPair) else vocab
+    n = sum(ids.count(UNK) for ids in (side.encode(s) for s in sentences if s))
     if not n:
         return None
-    what = "characters" if isinstance(source, CharVocab) else "pieces"
-    alphabet = f" ({''.join(source.symbols)})" if isinstance(source, CharVocab) else ""
+    what = "characters" if isinstance(side, CharVocab) else "pieces"
+    alphabet = f" ({''.join(side.symbols)})" if isinstance(side, CharVocab) else ""
+    noun = "target" if target else "input"
     return (
-        f"transduce: warning: {where}{n} input {what} not in the model's vocabulary{alphabet}, "
+        f"transduce: warning: {where}{n} {noun} {what} not in the model's vocabulary{alphabet}, "
         "read as <unk>"
     )
 
@@ -214,6 +234,7 @@ def one_output_line(text: str) -> str:
 
 __all__ = [
     "GRAPHS",
+    "Once",
     "add_decoding",
     "add_device",
     "add_graphs",

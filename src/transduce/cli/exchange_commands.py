@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from transduce.cli.common import require
+from transduce.cli.common import Once, require
 
 
 def _cmd_export_ctranslate2(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "SentencePiece model beside it. Translate with ctranslate2.Translator(DIR) on the "
         "SentencePiece pieces of each sentence.",
     )
-    c.add_argument("--model", required=True, help="checkpoint file or run folder")
+    c.add_argument("--model", required=True, action=Once, help="checkpoint file or run folder")
     c.add_argument("--output", required=True, help="folder to write (new unless --force)")
     c.add_argument(
         "--quantization",
@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model's beam and length penalty. A model Marian cannot represent (the recurrent "
         "baseline, pre-norm, learned or word positions) is refused.",
     )
-    h.add_argument("--model", required=True, help="transduce model file")
+    h.add_argument("--model", required=True, action=Once, help="transduce model file")
     h.add_argument("--output", required=True, help="folder to write (new unless --force)")
     h.add_argument("--force", action="store_true", help="replace a previous export at --output")
     h.set_defaults(func=_cmd_export_huggingface)

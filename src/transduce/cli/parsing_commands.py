@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transduce.cli.common import add_device, check_output, read_input, write_output
+from transduce.cli.common import Once, add_device, check_output, read_input, write_output
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "line, Penn Treebank brackets with a preterminal around every word; a blank line gives "
         "a blank line.",
     )
-    p.add_argument("--model", required=True, help="checkpoint of a parsing run")
+    p.add_argument("--model", required=True, action=Once, help="checkpoint of a parsing run")
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
     p.add_argument("--output", default=None, help="file to write (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="default: the model's (21)")

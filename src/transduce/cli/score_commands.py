@@ -21,6 +21,7 @@ from transduce.cli.common import (
     add_models,
     add_precision,
     check_output,
+    unknown_warning,
     write_output,
 )
 from transduce.errors import SentenceError, UserError
@@ -41,6 +42,10 @@ def _cmd_score(args: argparse.Namespace) -> int:
             scores = translator.score(sources, targets, decode)
         except SentenceError as e:  # pair K is line K of --src and of --tgt
             raise e.at_line(args.tgt if e.noun == "target" else args.src, e.sentence) from None
+        for path, texts, target in ((args.src, sources, False), (args.tgt, targets, True)):
+            warning = unknown_warning(translator.vocab, texts, f"{path}: ", target=target)
+            if warning:  # a target read as <unk> is scored as <unk>: not the text given
+                print(warning, file=sys.stderr)
     if not scores:  # as translate answers an empty input: nothing, but said
         print(f"transduce: warning: {args.src}: no lines to score", file=sys.stderr)
     out = []

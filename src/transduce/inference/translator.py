@@ -100,6 +100,11 @@ def _check_graphs(graphs: bool | None, device: torch.device) -> None:
         raise UserError(f"decoding on CUDA graphs needs a CUDA device, not {device}")
 
 
+def _task_name(task: Any) -> str:
+    """A task's name, and "input reversed" where the model reads its sources reversed."""
+    return task.name + (", input reversed" if getattr(task, "reverse_input", False) else "")
+
+
 class Translator:
     """A trained model with its vocabulary and decoding defaults (the checkpoint's ``decode``
     section: beam 4, alpha 0.6 unless the run's config said otherwise).
@@ -197,6 +202,8 @@ class Translator:
         (``inference.ensemble``); one path loads as ``load``. The models must share a
         vocabulary (else a UserError); the first one's configuration and decoding defaults
         are the Translator's (and its model the one ``align`` reads)."""
+        if isinstance(paths, (str, Path)) or not paths:  # a str is a Sequence of characters
+            raise UserError(f"an ensemble takes a list of one or more checkpoints, not {paths!r}")
         if len(paths) == 1:
             return cls.load(paths[0], device, weights, graphs=graphs)
         members = [cls.load(path, device, weights, graphs=graphs) for path in paths]
@@ -206,6 +213,12 @@ class Translator:
                 raise UserError(
                     f"{path}: its vocabulary is not that of {paths[0]}; an ensemble's models "
                     "must share one"
+                )
+            task, first_task = member.cfg.task, first.cfg.task
+            if task.name != first_task.name or as_read("ab", task) != as_read("ab", first_task):
+                raise UserError(  # one source text is read once for every member
+                    f"{path}: its task ({_task_name(task)}) is not that of {paths[0]} "
+                    f"({_task_name(first_task)}); an ensemble's models must share one"
                 )
         ensemble = cls(first.model, first.vocab, first.cfg, Ensemble([m.decoding for m in members]))
         limits = [m.max_positions for m in members if m.max_positions is not None]

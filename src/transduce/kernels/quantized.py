@@ -138,8 +138,9 @@ def _guard_row(width: int) -> Tensor:
 
 def fbgemm_linear_rows(x: Tensor, packed: Any, bias: Tensor | None) -> Tensor:
     """x (N, in) float32 -> x W^T + b (N, out) float32 with each row of x quantised on its own
-    (scale max_j |x_ij| / 127), so a row's result does not depend on the other rows: a
-    sentence's int8 translation is the same in any batch. ``packed`` without a bias
+    (scale max_j |x_ij| / 127), so a row's quantisation does not depend on the other rows (the
+    float32 parts around it still differ in their last bits between batch shapes, which int8's
+    rounding can turn into another word: README). ``packed`` without a bias
     (``fbgemm_packed(q, None)``): each row's scale multiplies the product before b is added.
     Each row is divided by its largest magnitude and the range fixed by a guard row (above); in
     is at least 2. Without int8 dot products (``_reduce_range``) 7 bits: a grid half as fine."""
