@@ -353,3 +353,20 @@ def test_the_output_is_new_unless_forced_and_safetensors_by_its_name(tmp_path: P
     assert (tmp_path / "m.safetensors").read_bytes()[:2] != b"PK"  # not a torch archive
     one, other = Translator.load(tmp_path / "taken.pt"), Translator.load(tmp_path / "m.safetensors")
     assert one.translate(SOURCES) == other.translate(SOURCES)
+
+
+def test_bad_decoding_settings_and_tokenizer_flags_are_refused_not_replaced(tmp_path: Path) -> None:
+    folder = marian_folder(tmp_path / "m")
+    generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    for key, value in (("num_beams", 0), ("num_beams", "x"), ("transduce_alpha", -3)):
+        bad = {**generation, key: value}
+        (folder / "generation_config.json").write_text(json.dumps(bad), encoding="utf-8")
+        with pytest.raises(UserError, match=r"generation_config.json: .*(num_beams|alpha)") as e:
+            import_marian(folder, tmp_path / "x.pt", force=True)
+        assert "\n" not in str(e.value)  # one line (it was 4 or 0.6, silently)
+    (folder / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
+    tokenizer = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer["separate_vocabs"] = "false"  # a string: it read as true
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    with pytest.raises(UserError, match="separate_vocabs 'false'; expected true or false"):
+        import_marian(folder, tmp_path / "x.pt", force=True)

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from transduce.checkpoint import check_finite, load_model, save_model_file
-from transduce.config import MAX_ALPHA, Config, DecodeConfig, TranslationTaskConfig
+from transduce.config import Config, DecodeConfig, TranslationTaskConfig
 from transduce.data.marian_vocab import MarianVocab, sentencepiece_processor
 from transduce.data.vocab import (
     BOS,
@@ -216,7 +216,12 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
                 f"{folder / f} not found: a Marian folder has {', '.join(SPM_FILES)}, vocab.json"
             )
     src_json = _read_json(folder / "vocab.json")
-    separate = bool(tok.get("separate_vocabs", False))
+    separate = tok.get("separate_vocabs", False)
+    if not isinstance(separate, bool):  # "false" would read as true
+        raise UserError(
+            f"{folder / 'tokenizer_config.json'}: separate_vocabs {separate!r}; expected true "
+            "or false"
+        )
     tgt_json = _read_json(folder / "target_vocab.json") if separate else src_json
     share = bool(c.get("share_encoder_decoder_embeddings", True))
     src_size = c["vocab_size"]
@@ -271,13 +276,6 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
     return _Vocabularies(pair, src_order, tgt_order, start, share)
 
 
-def _alpha(value: object) -> float:
-    """An export's alpha as written, or transduce's default where it is missing or not one."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_ALPHA:
-        return float(value)
-    return DecodeConfig.alpha
-
-
 def import_marian(folder: str | Path, output: str | Path, *, force: bool = False) -> dict[str, Any]:
     """Write the Marian model of ``folder`` (what ``MarianMTModel.save_pretrained`` and
     ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output`` (a name
@@ -303,24 +301,22 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     src_size, tgt_size = vocab_sizes(v.vocab)
     model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(state)
-    generation = _optional_json(folder / "generation_config.json")
+    generation_file = folder / "generation_config.json"
+    generation = _optional_json(generation_file)
     beam = generation.get("num_beams", c.get("num_beams", 4))
     # transduce's GNMT alpha, which an export writes beside Hugging Face's length_penalty (not
     # the same penalty: a folder of another tool keeps transduce's default)
-    alpha = generation.get(ALPHA_KEY)
-    offset = generation.get(OFFSET_KEY)  # likewise; a folder of another tool: the default
+    alpha = generation.get(ALPHA_KEY, DecodeConfig.alpha)
+    offset = generation.get(OFFSET_KEY, DecodeConfig.max_len_offset)  # likewise
+    for key, value, low in (("num_beams", beam, 1), (OFFSET_KEY, offset, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise UserError(f"{generation_file}: {key} {value!r}; expected an integer >= {low}")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
+        raise UserError(f"{generation_file}: {ALPHA_KEY} {alpha!r}; expected a number")
     try:
-        decode = DecodeConfig(
-            beam=beam if isinstance(beam, int) and not isinstance(beam, bool) and beam > 0 else 4,
-            alpha=_alpha(alpha),
-            max_len_offset=(
-                offset
-                if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
-                else DecodeConfig.max_len_offset
-            ),
-        )
+        decode = DecodeConfig(beam=beam, alpha=float(alpha), max_len_offset=offset)
     except UserError as e:  # a value out of transduce's range
-        raise UserError(f"{folder / 'generation_config.json'}: {e}") from None
+        raise UserError(f"{generation_file}: {e}") from None
     cfg = Config(model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share), decode=decode)
     written: dict[str, Any] = {
         "config": cfg.to_dict(),
