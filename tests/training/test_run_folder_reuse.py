@@ -77,3 +77,33 @@ def test_compile_reduce_overhead_on_a_cpu_is_refused_before_the_run_folder(tmp_p
     with pytest.raises(UserError, match="reduce-overhead captures CUDA graphs"):
         train(cfg, tmp_path / "run", show_progress=False)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "said"),
+    [
+        ("checkpoints", "file", "is a file; the run keeps its checkpoints in a folder"),
+        ("model.pt", "folder", "is a folder; the run writes a file there"),
+    ],
+)
+def test_a_run_path_of_the_wrong_kind_is_refused_before_training(
+    tmp_path: Path, name: str, make: str, said: str
+) -> None:
+    # else the run trained to its first checkpoint, or to its end, and then said: free some space
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).mkdir() if make == "folder" else (run / name).write_text("x")
+    cfg = update(from_dict(TINY), {"max_steps": 4, "save_every": 2})
+    with pytest.raises(UserError, match=rf"{name}: {said}"):
+        train(cfg, run, show_progress=False)
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_a_failed_write_says_free_some_space_only_for_a_full_disk() -> None:
+    import errno
+
+    from transduce.training.saving import _failure
+
+    full = _failure(Path("/r/model.pt"), OSError(errno.ENOSPC, "No space left"), Path("/r/c"))
+    other = _failure(Path("/r/model.pt"), OSError(errno.EISDIR, "Is a directory"), Path("/r/c"))
+    assert "Free some space" in full and "Free some space" not in other and "Mend that" in other

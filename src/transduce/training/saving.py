@@ -10,6 +10,7 @@ last good checkpoint, instead of rank 0 dying while the others wait for it.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ def last_good(ckpt_dir: Path, but: Path | None = None) -> Path | None:
 def _failure(path: Path, error: OSError, ckpt_dir: Path) -> str:
     saved = last_good(ckpt_dir, but=path)
     last = f"the last good checkpoint, {saved}, is intact" if saved else "no checkpoint yet"
+    space = error.errno in (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: make room
+    fix = "Free some space" if space else "Mend that"
     return (
         f"cannot write {path}: {error.strerror or error} (errno {error.errno}); {last}. "
-        "Free some space, then resume with --resume"
+        f"{fix}, then resume with --resume"
     )
 
 
