@@ -424,3 +424,17 @@ def test_resume_refuses_the_other_vocabulary_layout_before_learning_one(
         e.value
     ) and f"shared_vocab is now {str(not shared_first).lower()}" in str(e.value)
     assert sorted(p.name for p in out.iterdir()) == files
+
+
+def test_a_resume_on_other_training_text_is_refused(tmp_path) -> None:
+    paths = write_corpus(tmp_path / "data")
+    out = tmp_path / "run"
+    train_translation(tiny_config(paths, max_steps=4), out, show_progress=False, log=lambda _: None)
+    assert json.loads((out / "training_text.json").read_text())["pairs"] > 0
+    other = write_corpus(tmp_path / "other", n=20, seed=3)  # where the first run's files were
+    for key in ("train_src", "train_tgt"):
+        Path(paths[key]).write_bytes(Path(other[key]).read_bytes())
+    with pytest.raises(UserError, match="not the training text this run started with"):
+        train_translation(
+            tiny_config(paths, max_steps=8), out, resume=True, show_progress=False, log=print
+        )

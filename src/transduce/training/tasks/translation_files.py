@@ -3,11 +3,14 @@ vocabulary (or one per side) -> pairs of ids; BPE-dropout draws each epoch's pai
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transduce.checkpoint import write_text_atomic
 from transduce.config import Config, TranslationTaskConfig
 from transduce.data.batching import Pair
 from transduce.data.parallel import resolve_data_path
@@ -228,6 +231,42 @@ def bpe_dropout_pairs(
     return pairs
 
 
+def _text_digest(text: ParallelText) -> str:
+    """The SHA-256 of the training pairs as read (both sides, in order)."""
+    digest = hashlib.sha256()
+    for side in (text.source, text.target):
+        for start in range(0, len(side), 100_000):  # in pieces: no copy of the whole text
+            digest.update("\n".join(side[start : start + 100_000]).encode())
+            digest.update(b"\n")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _text_record(
+    text: ParallelText, task: TranslationTaskConfig, run_dir: Path, *, resume: bool, is_main: bool
+) -> None:
+    """Check (on resume) or write ``training_text.json``: a resumed run takes up its place in
+    the epoch of the same pairs, so other pairs would train on silently (another order, another
+    count) and the resume would not be exact."""
+    record = {
+        "train_src": task.train_src,
+        "train_tgt": task.train_tgt,
+        "pairs": len(text),
+        "sha256": _text_digest(text),
+    }
+    path = run_dir / "training_text.json"
+    if resume and path.is_file():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        if before.get("sha256") != record["sha256"]:
+            raise UserError(
+                f"{task.train_src} and {task.train_tgt}: not the training text this run started "
+                f"with ({before.get('pairs')} pairs, now {len(text)}; see {path}); resume with "
+                "those files, or start a new run"
+            )
+    if is_main:  # atomic: on resume the other ranks read it meanwhile
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+
+
 def from_files(
     cfg: Config,
     run_dir: Path,
@@ -253,6 +292,7 @@ def from_files(
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
+    _text_record(train_text, task, run_dir, resume=resume, is_main=world.is_main)
     vocab = _rank0_vocabulary(cfg, run_dir, train_text, resume=resume, log=log, world=world)
     train_pairs = list(
         zip(
