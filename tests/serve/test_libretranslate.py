@@ -222,7 +222,7 @@ def test_alternatives_are_the_n_best(server, translators) -> None:
         ({"source": "en", "target": "de"}, "Invalid request: missing q parameter"),
         ({"q": "a", "target": "de"}, "Invalid request: missing source parameter"),
         ({"q": "a", "source": "en"}, "Invalid request: missing target parameter"),
-        ({"q": "<b>a</b>", "source": "en", "target": "de", "format": "html"}, "html format"),
+        ({"q": "<b>a</b>", "source": "en", "target": "de", "format": "rtf"}, "rtf format"),
         ({"q": "a", "source": "en", "target": "de", "alternatives": "x"}, "not a number"),
         ({"q": [1], "source": "en", "target": "de"}, "list of strings"),
         ({"q": ["a"] * 21, "source": "en", "target": "de"}, "exceeds the limit"),
@@ -478,3 +478,24 @@ def test_the_models_beam_is_capped_by_max_beam_here_too(translators) -> None:
         body = {"q": sentences[0], "source": "en", "target": "de", "alternatives": 2}
         status, out = call(lt_url(srv) + "translate", body)
         assert status == 400 and "alternatives parameter must be <= 1" in out["error"]
+
+
+def test_html_as_mastodon_sends_it_keeps_the_markup(server, translators) -> None:
+    # Mastodon's LibreTranslate client posts every status as format html
+    sentences = toy_sentences(3, seed=5)
+    html = (
+        f'<p>{sentences[0]} <a href="https://x.org/@a" class="mention">@<span>a</span></a></p>'
+        f"<p>{sentences[1]}<br />  {sentences[2]} &amp;</p><pre>keep &lt;me&gt;</pre>"
+    )
+    body = {"q": html, "source": "en", "target": "de", "format": "html"}
+    status, out = call(lt_url(server) + "translate", body)
+    t = translators["en-de"].translate
+    a = t(["a"])[0]
+    want = (
+        f'<p>{t([sentences[0]])[0]} <a href="https://x.org/@a" class="mention">{t(["@"])[0]}'
+        f"<span>{a}</span></a></p><p>{t([sentences[1]])[0]}<br />  "
+        f"{t([sentences[2] + ' &'])[0]}</p><pre>keep &lt;me&gt;</pre>"
+    )
+    assert status == 200 and out == {"translatedText": want}
+    status, out = call(lt_url(server) + "translate", {**body, "q": "<p></p>"})
+    assert status == 200 and out == {"translatedText": "<p></p>"}  # no text: nothing asked

@@ -174,6 +174,12 @@ def test_attention_is_the_models_last_layer_mean_over_heads(server, translator) 
     assert weights.shape == (len(maps.outputs), len(maps.source))
     assert torch.allclose(weights, maps.cross[-1].mean(0), atol=1e-4)
     assert torch.allclose(weights.sum(1), torch.ones(len(maps.outputs)), atol=1e-3)
+    import transduce.inference.attention_maps as maps_module
+
+    with pytest.MonkeyPatch.context() as m:  # the bound (256 pieces a side) made small
+        m.setattr(maps_module, "DRAWN_MAX_TOKENS", 2)
+        status, out = post(server, "/attention", {"text": source, "translation": target})
+    assert status == 422 and "'text' has" in out["error"] and "at most 2 a side" in out["error"]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
 
 * ``POST /libretranslate/translate``: ``q`` (a string, or in JSON a list of strings), ``source``
   (a served source language, or ``auto`` when the target has a single one), ``target``,
-  ``format`` (``text``; ``html`` is refused), ``alternatives`` (how many more translations to
+  ``format`` (``text``, or ``html``: the text between the tags translated, the markup kept:
+  ``serve/html_text.py``), ``alternatives`` (how many more translations to
   give, at most the beam less 1: the model's, capped at ``max_beam``), ``api_key``. The body is
   JSON or a form (``application/x-www-form-urlencoded``, what ``libretranslatepy`` sends);
   multipart forms are refused. Answers ``{"translatedText": ...}`` (a string, or a list for a
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -45,6 +47,7 @@ from fastapi.responses import JSONResponse, Response
 
 from transduce.errors import UserError
 from transduce.serve.guard import ApiKey, authorization_header
+from transduce.serve.html_text import split_html
 from transduce.serve.models import NoSuchPair, ServedModels
 from transduce.serve.requests import (
     ApiError,
@@ -333,8 +336,8 @@ async def _translate(
     texts, batch = _texts(fields.get("q"))
     source, target = _text_field(fields, "source"), _text_field(fields, "target")
     text_format = fields.get("format") or "text"
-    if text_format != "text":
-        raise ApiError(400, f"{text_format} format is not supported (this server: text only)")
+    if text_format not in ("text", "html"):
+        raise ApiError(400, f"{text_format} format is not supported (text or html)")
     n_alternatives = _alternatives(fields)
     index, source, detected = _pick(models, source, target)
     translator, batcher = models.models[index].translator, models.batchers[index]
@@ -348,14 +351,21 @@ async def _translate(
             f"Invalid request: alternatives parameter must be <= "
             f"{decode.beam - 1} (the beam less 1: the model's, at most --max-beam)",
         )
-    lines = [_LINE_BREAK.split(text) for text in texts]  # the models translate sentences
+    joins: list[Callable[[Sequence[str]], str]]
+    if text_format == "html":  # the text between the tags, each run a segment
+        documents = [split_html(text) for text in texts]
+        lines = [list(d.segments) for d in documents]
+        joins = [d.rebuild for d in documents]
+    else:
+        lines = [_LINE_BREAK.split(text) for text in texts]  # the models translate sentences
+        joins = ["\n".join] * len(texts)
     flat = [line for text_lines in lines for line in text_lines]
     _check_limits(flat, limits)
     if n_alternatives:
         out = await translate_on(request, batcher, flat, decode, nbest=n_alternatives + 1)
     else:
         out = [[t] for t in await translate_on(request, batcher, flat, decode)]
-    results, alternatives = _regroup(lines, out)
+    results, alternatives = _regroup(lines, out, joins)
     answer: dict[str, Any] = {"translatedText": results if batch else results[0]}
     if n_alternatives:
         answer["alternatives"] = alternatives if batch else alternatives[0]
@@ -380,19 +390,24 @@ def _check_limits(lines: list[str], limits: ServerLimits) -> None:
             )
 
 
-def _regroup(lines: list[list[str]], out: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-    """Each text's translation (its lines' best, joined) and its alternatives: the k-th joins
-    each line's k-th best (its last where it has fewer), without repeats or the translation."""
+def _regroup(
+    lines: list[list[str]],
+    out: list[list[str]],
+    joins: Sequence[Callable[[Sequence[str]], str]],
+) -> tuple[list[str], list[list[str]]]:
+    """Each text's translation (its lines' best, joined by its ``joins``: lines by line
+    breaks, an HTML text's segments into its markup) and its alternatives: the k-th joins each
+    line's k-th best (its last where it has fewer), without repeats or the translation."""
     results: list[str] = []
     alternatives: list[list[str]] = []
     start = 0
-    for text_lines in lines:
+    for text_lines, join in zip(lines, joins, strict=True):
         hyps = out[start : start + len(text_lines)]
         start += len(text_lines)
-        best = "\n".join(h[0] for h in hyps)
+        best = join([h[0] for h in hyps])
         alts: list[str] = []
-        for k in range(1, max(len(h) for h in hyps)):
-            alt = "\n".join(h[min(k, len(h) - 1)] for h in hyps)
+        for k in range(1, max((len(h) for h in hyps), default=1)):
+            alt = join([h[min(k, len(h) - 1)] for h in hyps])
             if alt != best and alt not in alts:
                 alts.append(alt)
         results.append(best)

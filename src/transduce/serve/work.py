@@ -81,20 +81,24 @@ def attention(translator: Any, source: str, target: str) -> dict[str, Any]:
     teacher-forced on (source, target): ``source`` pieces and EOS (S), ``target`` pieces and
     EOS (T), ``weights`` (T x S) rounded to 4 decimals. A UserError for a model that is not a
     Transformer, an empty source, or a side longer than the learned positions reach."""
-    from transduce.inference.attention_maps import attention_maps, sides
+    from transduce.inference.attention_maps import DRAWN_MAX_TOKENS, attention_maps, sides
     from transduce.inference.text_inputs import as_read
 
     vocab = translator.vocab
     m = translator.cfg.model
-    if m.positional == "learned":  # encoder and decoder each take the pieces and one more
-        # each side in its own vocabulary (a VocabPair's target pieces are not its source's)
-        for name, text, side in zip(("text", "translation"), (source, target), sides(vocab)):
-            n = len(side.encode(text.strip()))
-            if n + 1 > m.max_positions:
-                raise UserError(
-                    f"'{name}' has {n} subword tokens; this model's learned positions "
-                    f"(max_positions={m.max_positions}) take at most {m.max_positions - 1}"
-                )
+    # each side in its own vocabulary (a VocabPair's target pieces are not its source's)
+    for name, text, side in zip(("text", "translation"), (source, target), sides(vocab)):
+        n = len(side.encode(text.strip()))
+        if n > DRAWN_MAX_TOKENS:  # the answer grows with their product: 2,000 x 2,000 was 28 MB
+            raise UserError(
+                f"'{name}' has {n} subword tokens; attention is given for at most "
+                f"{DRAWN_MAX_TOKENS} a side (one sentence)"
+            )
+        if m.positional == "learned" and n + 1 > m.max_positions:  # each side: pieces + 1
+            raise UserError(
+                f"'{name}' has {n} subword tokens; this model's learned positions "
+                f"(max_positions={m.max_positions}) take at most {m.max_positions - 1}"
+            )
     maps = attention_maps(translator.model, vocab, as_read(source, translator.cfg.task), target)
     weights = maps.cross[-1].mean(0)  # (H, T, S) -> (T, S)
     return {

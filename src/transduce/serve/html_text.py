@@ -1,0 +1,103 @@
+"""LibreTranslate's ``format: html`` (what Mastodon sends): the text between the tags is
+translated, the markup kept as it is.
+
+Each run of text between two tags (``<p>``, ``<br>``, ``<a ...>``, ...) is one segment for the
+model, its whitespace folded to single spaces and its character references read (``&amp;`` is
+``&``); the translation goes back in its place, escaped, with the run's leading and trailing
+whitespace. Tags, comments and declarations are written back as they came (an end tag in lower
+case), and the text inside ``script``, ``style``, ``code`` and ``pre`` is not prose: it is kept.
+A sentence cut by an inline tag (``a <b>big</b> dog``) is translated in its pieces, as
+LibreTranslate's own HTML mode does with its tags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from html.parser import HTMLParser
+
+KEPT = frozenset({"script", "style", "code", "pre"})  # their text is kept, not translated
+
+
+@dataclass(frozen=True)
+class HtmlText:
+    """An HTML text cut into its markup and its segments of text: ``parts`` in order, the
+    segments' places among them (``slots``), each segment's text (``segments``, whitespace
+    folded) and the whitespace around it (``edges``)."""
+
+    parts: tuple[str, ...]
+    slots: tuple[int, ...]
+    segments: tuple[str, ...]
+    edges: tuple[tuple[str, str], ...]
+
+    def rebuild(self, translations: Sequence[str]) -> str:
+        """The HTML with each segment replaced by its translation (one per segment)."""
+        if len(translations) != len(self.slots):
+            raise ValueError(f"{len(translations)} translations for {len(self.slots)} segments")
+        parts = list(self.parts)
+        for slot, text, (before, after) in zip(self.slots, translations, self.edges, strict=True):
+            parts[slot] = before + escape(text, quote=False) + after
+        return "".join(parts)
+
+
+class _Splitter(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.slots: list[int] = []
+        self.segments: list[str] = []
+        self.edges: list[tuple[str, str]] = []
+        self.kept = 0  # inside how many KEPT elements
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.parts.append(self.get_starttag_text() or f"<{tag}>")
+        self.kept += tag in KEPT
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.parts.append(self.get_starttag_text() or f"<{tag}/>")
+
+    def handle_endtag(self, tag: str) -> None:
+        self.parts.append(f"</{tag}>")
+        if tag in KEPT and self.kept:
+            self.kept -= 1
+
+    def handle_data(self, data: str) -> None:
+        text = " ".join(data.split())
+        if self.kept or not text:
+            self.parts.append(escape(data, quote=False))
+            return
+        stripped = data.strip()
+        start = data.index(stripped[0])
+        self.edges.append((data[:start], data[start + len(stripped) :]))
+        self.slots.append(len(self.parts))
+        self.segments.append(text)
+        self.parts.append("")  # the translation's place
+
+    def handle_comment(self, data: str) -> None:
+        self.parts.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl: str) -> None:
+        self.parts.append(f"<!{decl}>")
+
+    def handle_pi(self, data: str) -> None:
+        self.parts.append(f"<?{data}>")
+
+    def unknown_decl(self, data: str) -> None:
+        self.parts.append(f"<![{data}]>")
+
+
+def split_html(html: str) -> HtmlText:
+    """``html`` cut into its markup and the segments of text to translate."""
+    splitter = _Splitter()
+    splitter.feed(html)
+    splitter.close()
+    return HtmlText(
+        tuple(splitter.parts),
+        tuple(splitter.slots),
+        tuple(splitter.segments),
+        tuple(splitter.edges),
+    )
+
+
+__all__ = ["KEPT", "HtmlText", "split_html"]
