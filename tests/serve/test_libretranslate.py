@@ -499,3 +499,25 @@ def test_html_as_mastodon_sends_it_keeps_the_markup(server, translators) -> None
     assert status == 200 and out == {"translatedText": want}
     status, out = call(lt_url(server) + "translate", {**body, "q": "<p></p>"})
     assert status == 200 and out == {"translatedText": "<p></p>"}  # no text: nothing asked
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "said"),
+    [
+        ("POST", "suggest", 403, "Suggestions are disabled"),
+        ("POST", "translate_file", 403, "Files translation are disabled"),
+        ("GET", "translate", 405, "takes POST"),
+        ("POST", "languages", 405, "takes GET"),
+        ("GET", "nowhere", 404, "Not Found"),
+    ],
+)
+def test_other_paths_get_libretranslate_errors_with_cors(
+    server, method, path, status, said
+) -> None:
+    body = b"q=a" if method == "POST" else None
+    req = urllib.request.Request(lt_url(server) + path, data=body, method=method)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=TIMEOUT)
+    with e.value as answer:
+        assert answer.code == status and said in json.loads(answer.read())["error"]
+        assert answer.headers["Access-Control-Allow-Origin"] == "*"

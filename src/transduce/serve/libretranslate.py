@@ -110,6 +110,15 @@ def _answer(content: Any, status: int = 200, headers: dict[str, str] | None = No
     return JSONResponse(content, status_code=status, headers={**CORS, **(headers or {})})
 
 
+# LibreTranslate's endpoints this server does not offer, with what LibreTranslate says when they
+# are disabled; and the method of each one it offers
+_DISABLED = {
+    "suggest": "Suggestions are disabled on this server.",
+    "translate_file": "Files translation are disabled on this server.",
+}
+_METHODS = {"translate": "POST", "detect": "POST", "languages": "GET", "frontend/settings": "GET"}
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return _answer({"error": message}, status, headers)
 
@@ -192,6 +201,15 @@ def add_libretranslate(
             return _answer([{"confidence": 100.0, "language": sources[0]}])
         except ApiError as e:
             return _lt_error(e)
+
+    # last: what no route above takes, in LibreTranslate's error shape with its CORS headers
+    @app.api_route(PREFIX + "/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def elsewhere(path: str) -> JSONResponse:
+        if path in _DISABLED:  # as a LibreTranslate server with these off answers them
+            return _error(403, _DISABLED[path])
+        if path in _METHODS:
+            return _error(405, f"Method Not Allowed: {PREFIX}/{path} takes {_METHODS[path]}")
+        return _error(404, f"Not Found: {PREFIX}/{path}")
 
 
 # -- reading a request -------------------------------------------------------------------------
