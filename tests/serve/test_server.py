@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -468,3 +469,19 @@ def test_serve_refuses_a_thread_that_is_not_the_main_one(translator) -> None:
     thread.start()
     thread.join(TIMEOUT)
     assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+def test_a_request_over_max_request_chars_in_all_is_refused(translator) -> None:
+    limits = replace(LIMITS, max_request_chars=500)
+    from transduce.serve.server import ServedModel
+
+    served = [ServedModel(translator, "en", "de", name="m.pt")]
+    with ServerThread(create_app(served, limits=limits)) as srv:
+        status, out = request(srv.url + "/translate", {"text": ["the dog runs " * 20] * 3})
+        assert status == 413 and "780 characters in all (at most 500 a request)" in out["error"]
+        body = {"q": "the dog runs " * 20 + "\n" + "a cat " * 50, "source": "en", "target": "de"}
+        status, out = request(srv.url + "/libretranslate/translate", body)
+        assert (
+            status == 400 and "(560 characters) exceeds text limit (500 a request)" in out["error"]
+        )
+        assert translate(srv, {"text": ["the dog runs"]}) == translator.translate(["the dog runs"])

@@ -87,6 +87,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     numbers = (
         "max_sentences",
         "max_chars",
+        "max_request_chars",
         "max_body_bytes",
         "max_beam",
         "max_queue",
@@ -117,6 +118,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_sentences=args.max_sentences,
         max_chars=args.max_chars,
+        max_request_chars=args.max_request_chars,
         max_beam=args.max_beam,
         max_queue_sentences=args.max_queue,
         max_connections=args.max_connections,
@@ -208,6 +210,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2000,
         metavar="N",
         help="characters per sentence (default: 2000)",
+    )
+    p.add_argument(
+        "--max-request-chars",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="characters per request, all its sentences (default: 100000): bounds how long one "
+        "request holds the decoder",
     )
     p.add_argument(
         "--max-body-bytes",

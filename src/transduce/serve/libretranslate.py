@@ -406,6 +406,13 @@ def _check_limits(lines: list[str], limits: ServerLimits) -> None:
                 f"Invalid request: request ({len(line)} characters in a line) "
                 f"exceeds text limit ({limits.max_chars})",
             )
+    total = sum(map(len, lines))
+    if total > limits.max_request_chars:
+        raise ApiError(
+            400,
+            f"Invalid request: request ({total} characters) exceeds text limit "
+            f"({limits.max_request_chars} a request)",
+        )
 
 
 def _regroup(

@@ -67,6 +67,9 @@ class ServerLimits:
     max_body_bytes: int = 1_000_000
     max_sentences: int = 256  # sentences per request
     max_chars: int = 2_000  # characters per sentence
+    # characters per request, all its sentences: what one request may make the decoder do
+    # (256 sentences of 2,000 characters held it for minutes, every other request waiting)
+    max_request_chars: int = 100_000
     max_beam: int = 16
     max_alpha: float = 10.0
     max_queue_sentences: int = 8_192  # sentences waiting before new requests get 503
@@ -371,6 +374,13 @@ def check_texts(text: Any, limits: ServerLimits, name: str = "text") -> list[str
             raise ApiError(
                 413, f"'{name}[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
             )
+    total = sum(map(len, text))
+    if total > limits.max_request_chars:
+        raise ApiError(
+            413,
+            f"'{name}' is too long: {total} characters in all (at most "
+            f"{limits.max_request_chars} a request)",
+        )
     return text
 
 
