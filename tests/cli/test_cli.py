@@ -249,6 +249,13 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     same, _, _ = load_model(safe)
     for name, value in model.state_dict().items():
         assert torch.equal(same.state_dict()[name], value), name
+    # more than the run holds: the ones there, said; a file named twice: refused
+    many = ["average", "--run", str(run), "--last", "50", "--output", str(tmp_path / "m.pt")]
+    code, out, err = _run(many, capsys)
+    assert code == 0 and "holds 2 step checkpoints, not the 50 asked for" in err, err
+    twice = ["--checkpoints", averaged[0], averaged[0], "--output", str(tmp_path / "t.pt")]
+    code, _, err = _run(["average", *twice], capsys)
+    _assert_user_error(code, err, "names a file more than once")
 
 
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

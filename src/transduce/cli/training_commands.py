@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from transduce.cli.common import add_set
@@ -82,8 +83,18 @@ def _cmd_average(args: argparse.Namespace) -> int:
         if args.last is not None:
             raise UserError("--last goes with --run (--checkpoints names the files to average)")
         paths = [Path(p) for p in args.checkpoints]
+        seen = {p.resolve() for p in paths}
+        if len(seen) != len(paths):  # a file twice would weigh twice in silence
+            raise UserError("--checkpoints names a file more than once; name each once")
     else:
-        paths = checkpoint.last_checkpoints(args.run, 5 if args.last is None else args.last)
+        wanted = 5 if args.last is None else args.last
+        paths = checkpoint.last_checkpoints(args.run, wanted)
+        if len(paths) < wanted:
+            print(
+                f"transduce: note: {args.run} holds {len(paths)} step checkpoints, not the "
+                f"{wanted} asked for: averaging {len(paths)}",
+                file=sys.stderr,
+            )
     averaged = checkpoint.average(paths)
     checkpoint.save_model_file(averaged, args.output)  # .safetensors: that format
     print(json.dumps({"output": str(args.output), "averaged": [str(p) for p in paths]}))
