@@ -202,3 +202,20 @@ def test_multi30k_shared_vocab():
     assert len(v) == 1000
     ok = sum(v.decode(ids) == s for ids, s in zip(v.encode_batch(pt.target), pt.target))
     assert ok / len(pt) > 0.99
+
+
+def test_a_sentence_over_the_length_limit_still_teaches_its_characters() -> None:
+    # SentencePiece leaves a sentence of over max_sentence_length bytes out: a character seen
+    # only there was <unk> though it was in the training text
+    from transduce.data.subword import _cut
+    from transduce.data.vocab import UNK
+
+    plain = ["the cat sat on the mat"] * 50
+    long = " ".join(["a dog ran far"] * 400 + ["Ω"])  # 5,600 bytes, Ω only here
+    vocab = train_sentencepiece([*plain, long], 40, max_sentence_length=4192)
+    assert UNK not in vocab.encode("Ω")
+    for limit in (7, 10):
+        text = "ab cd " * 10 + "x" * 25 + " éé " * 3
+        pieces = _cut(text, limit)
+        assert all(len(p.encode()) <= limit for p in pieces)
+        assert "".join(pieces).replace(" ", "") == text.replace(" ", "")

@@ -164,10 +164,15 @@ class SentencePieceVocab:
 
 class _Sentences:
     """The sentence iterator handed to SentencePiece: skips empty lines, counts the others, and
-    keeps an exception raised while reading (SentencePiece would turn it into a RuntimeError)."""
+    keeps an exception raised while reading (SentencePiece would turn it into a RuntimeError).
+    A sentence over ``limit`` bytes, which SentencePiece would leave out in silence (its
+    characters then unknown to the vocabulary), is given in pieces cut at spaces (pieces never
+    cross a space: nothing is lost), a word over the limit at a character boundary."""
 
-    def __init__(self, texts: Iterable[str]) -> None:
+    def __init__(self, texts: Iterable[str], limit: int) -> None:
         self._it = iter(texts)
+        self._limit = limit
+        self._cut: list[str] = []  # the rest of a sentence given in pieces
         self.count = 0
         self.error: BaseException | None = None
 
@@ -175,17 +180,47 @@ class _Sentences:
         return self
 
     def __next__(self) -> str:
+        if self._cut:
+            return self._cut.pop()
         try:
             while True:
                 t = next(self._it).strip()
                 if t:
                     self.count += 1
+                    if len(t.encode()) > self._limit:
+                        self._cut = _cut(t, self._limit)[::-1]
+                        return self._cut.pop()
                     return t
         except StopIteration:
             raise
         except BaseException as e:
             self.error = e
             raise StopIteration from None
+
+
+def _cut(text: str, limit: int) -> list[str]:
+    """``text`` in pieces of at most ``limit`` UTF-8 bytes, cut at spaces where it can be."""
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    for word in text.split():
+        n = len(word.encode())
+        while n > limit:  # a word longer than the limit: at a character boundary
+            if current:
+                pieces.append(" ".join(current))
+                current, size = [], 0
+            head = word.encode()[:limit].decode(errors="ignore")
+            pieces.append(head)
+            word = word[len(head) :]
+            n = len(word.encode())
+        if current and size + 1 + n > limit:
+            pieces.append(" ".join(current))
+            current, size = [], 0
+        size += n + (1 if current else 0)
+        current.append(word)
+    if current:
+        pieces.append(" ".join(current))
+    return pieces
 
 
 def train_sentencepiece(
@@ -206,14 +241,15 @@ def train_sentencepiece(
     ``itertools.chain(pair.source, pair.target)``. Empty sentences are ignored.
 
     ``input_sentence_size`` > 0 trains on a random sample of that many sentences (seeded by
-    ``seed``); 0 uses them all. ``max_sentence_length`` is in bytes; longer sentences are left
-    out of training (SentencePiece's rule). ``threads`` > 1 is faster for ``unigram``.
+    ``seed``); 0 uses them all. ``max_sentence_length`` is in bytes; longer sentences are given to
+    SentencePiece in pieces cut at spaces (it would leave them out). ``threads`` > 1 is faster
+    for ``unigram``.
     """
     if vocab_size <= _N_SPECIAL:
         raise UserError(
             f"vocab_size must be more than {_N_SPECIAL} (the special ids), got {vocab_size}"
         )
-    sentences = _Sentences(texts)
+    sentences = _Sentences(texts, max_sentence_length)
     buf = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
