@@ -178,7 +178,7 @@ def test_sampling_is_reproducible_and_gives_k_samples(files, capsys) -> None:
         ],
         capsys,
     )
-    assert code == 2 and "top_p" in err
+    assert code == 2 and "--top-p" in err and "top_p" not in err  # the flag, not the key
 
 
 def test_prefix_file(files, capsys) -> None:

@@ -8,6 +8,7 @@ Not a command module: ``translation_commands`` and ``score_commands`` import it.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -96,7 +97,22 @@ def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfi
     changes = {k: v for k, v in given.items() if v is not None}
     if args.seed is not None:
         changes["sampling_seed"] = args.seed
-    return replace(decode, sampling=True, **changes)
+    try:
+        return replace(decode, sampling=True, **changes)
+    except UserError as e:  # DecodeConfig's checks name its keys: say the flags
+        message = str(e)
+        for key, flag in _FLAGS.items():
+            message = re.sub(rf"\b{key}\b", flag, message)
+        raise UserError(message) from None
+
+
+# the sampling flags by the DecodeConfig keys they set
+_FLAGS = {
+    "sampling_seed": "--seed",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+}
 
 
 def add_prefix_file(p: argparse.ArgumentParser) -> None:
