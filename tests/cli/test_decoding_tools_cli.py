@@ -333,13 +333,10 @@ def test_readme_decoding_tools_run_as_written(files, tmp_path, monkeypatch) -> N
     for run_dir, model in (("en_de", "tf"), ("en_de_seed2", "rnn")):
         (tmp_path / "runs" / run_dir).mkdir(parents=True)
         shutil.copy(files[model], tmp_path / "runs" / run_dir / "model.pt")
-    for name, key in (
-        ("test.en", "src"),
-        ("in.en", "src"),
-        ("test.de", "tgt"),
-        ("prefixes.de", "tgt"),
-    ):
+    for name, key in (("test.en", "src"), ("in.en", "src"), ("test.de", "tgt")):
         shutil.copy(files[key], tmp_path / name)
+    # a prefix per input line, none for the empty one (a prefix there is refused)
+    (tmp_path / "prefixes.de").write_text("a cat\n\n\nsmall\n", encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     transduce = f"{shlex.quote(sys.executable)} -m transduce --no-malloc-tuning"
     commands = [line for line in bash.splitlines() if line.startswith("transduce ")]

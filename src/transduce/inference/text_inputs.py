@@ -70,11 +70,11 @@ def check_lengths(
     longest = limit - 2 - max_len_offset  # source tokens, EOS not counted
     for j, x in enumerate(ids):
         if len(x) > longest:
-            raise SentenceError(
+            room = f" with max_len_offset={max_len_offset}" if max_len_offset else ""
+            raise SentenceError(  # (scoring decodes no further: no offset to name)
                 todo[j] + 1,
                 f" has {len(x)} subword tokens; this model's learned positions "
-                f"(max_positions={limit}) take at most {max(longest, 0)} with "
-                f"max_len_offset={max_len_offset}",
+                f"(max_positions={limit}) take at most {max(longest, 0)}{room}",
                 noun,
             )
 
