@@ -381,6 +381,15 @@ def test_a_yaml_key_given_twice_is_refused(tmp_path, text: str) -> None:
         load_config(path)
 
 
+def test_yaml_merge_keys_work(tmp_path) -> None:
+    # `<<:` merges a mapping in, and a key given beside it overrides it: not "given twice"
+    path = tmp_path / "merge.yaml"
+    text = "model: &m {n_layers: 1, d_model: 32}\ntrain:\n  <<: {max_steps: 3, warmup: 7}\n"
+    path.write_text(text + "  max_steps: 5\n", encoding="utf-8")
+    cfg = load_config(path)
+    assert (cfg.train.max_steps, cfg.train.warmup, cfg.model.d_model) == (5, 7, 32)
+
+
 def test_parsing_word_slots_are_named_once() -> None:
     from transduce.config import ParsingTaskConfig
 
