@@ -372,3 +372,21 @@ def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(tmp_path: Pa
     write_corpus(folder, n=50)
     with pytest.raises(UserError, match="workers must be 0"):
         prepare(config(folder), tmp_path / "out", workers=-3)
+
+
+def test_a_misnamed_gzip_or_a_file_of_bare_carriage_returns_is_named_as_reading_names_it(
+    tmp_path: Path,
+) -> None:
+    # the line count ran first and called either "parallel files differ in length"
+    import gzip
+
+    from transduce.data.prepare import scan_input
+
+    packed = tmp_path / "packed.en"
+    packed.write_bytes(gzip.compress(b"a line\nanother\n"))
+    with pytest.raises(UserError, match="packed.en: gzip data in a file not named .gz"):
+        scan_input(packed)
+    mac = tmp_path / "mac.en"
+    mac.write_bytes(b"one line\rtwo lines\rthree\r")
+    with pytest.raises(UserError, match=r"mac.en: line 1: carriage return"):
+        scan_input(mac)

@@ -26,6 +26,7 @@ from typing import BinaryIO
 from transduce.errors import UserError
 
 __all__ = [
+    "GZIP_MAGIC",
     "LineStats",
     "ParallelText",
     "check_line",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 _BOM = "\ufeff"
-_GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 
 
 @dataclass
@@ -142,7 +143,7 @@ def iter_lines(
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    if lineno == 1 and raw.startswith(_GZIP_MAGIC) and not compressed:
+                    if lineno == 1 and raw.startswith(GZIP_MAGIC) and not compressed:
                         raise UserError(
                             f"{name}: gzip data in a file not named .gz (name it so, or "
                             "decompress it)"

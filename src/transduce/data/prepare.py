@@ -41,7 +41,7 @@ from transduce.data.encoding import (
     encode_chunk,
     init_worker,
 )
-from transduce.data.parallel import iter_lines, resolve_data_path
+from transduce.data.parallel import GZIP_MAGIC, check_line, iter_lines, resolve_data_path
 from transduce.data.prepared import FORMAT, MANIFEST, VERSION, file_sha256, vocab_files
 from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.errors import UserError
@@ -81,9 +81,12 @@ def scan_input(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     lines, last = 0, b"\n"
+    compressed = path.suffix.lower() == ".gz"
     try:
-        with gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb") as f:
+        with gzip.open(path, "rb") if compressed else open(path, "rb") as f:
             while block := f.read(1 << 20):
+                if not lines and last == b"\n":  # the first block: what reading would refuse
+                    _check_start(block, path, compressed)
                 lines += block.count(b"\n")
                 last = block[-1:]
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # as parallel.iter_lines says it
@@ -97,6 +100,16 @@ def scan_input(path: Path) -> dict[str, Any]:
         "lines": lines + (last != b"\n"),
         "sha256": file_sha256(path),
     }
+
+
+def _check_start(block: bytes, path: Path, compressed: bool) -> None:
+    """The errors reading the file would give on its first line (``parallel.iter_lines``),
+    given before its lines are counted: a count of gzip bytes or of one line of \\r-ended
+    ones would be reported as files of different lengths."""
+    if block.startswith(GZIP_MAGIC) and not compressed:
+        raise UserError(f"{path}: gzip data in a file not named .gz (name it so, or decompress it)")
+    first = block.split(b"\n", 1)[0]
+    check_line(first.decode("utf-8", errors="replace"), str(path), 1)
 
 
 def _inputs(task: TranslationTaskConfig) -> dict[str, dict[str, Any]]:
