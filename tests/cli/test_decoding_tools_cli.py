@@ -413,6 +413,12 @@ def test_a_checkpoint_that_samples_takes_beam_and_the_sampling_flags(
     )
     scores = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and "beam" not in scores and scores["sampling"]["seed"] == 7
+    evaluate = ["evaluate", "--src", files["src"], "--ref", files["tgt"], "--beam", "1"]
+    code, out, _ = run([*evaluate, "--model", str(sampler)], capsys)
+    searched_scores = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and searched_scores["beam"] == 1 and "sampling" not in searched_scores
+    plain = json.loads(run([*evaluate, "--model", files["tf"]], capsys)[1].strip().splitlines()[-1])
+    assert searched_scores["bleu"] == plain["bleu"]  # the search, as the model's without sampling
 
 
 def test_score_warns_of_text_the_model_reads_as_unknown(files, capsys, tmp_path) -> None:

@@ -219,3 +219,4 @@ def test_a_sentence_over_the_length_limit_still_teaches_its_characters() -> None
         pieces = _cut(text, limit)
         assert all(len(p.encode()) <= limit for p in pieces)
         assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
+    assert _cut("😀😀 a", 3) == ["😀", "😀", "a"]  # a character over the limit: whole, not a hang

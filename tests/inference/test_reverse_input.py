@@ -25,11 +25,29 @@ def test_a_reversed_model_reads_its_sources_reversed(tmp_path: Path) -> None:
     as_is = Translator.load(plain)
     sources = ["12+345", "7+80", "1+2"]
     flipped = [s[::-1] for s in sources]
-    assert reversed_model.translate(sources) == as_is.translate(flipped)
+    # an untrained model's text says little: its n-best scores say which way it read
+    best = reversed_model.translate_nbest(sources, 2)
+    assert best == as_is.translate_nbest(flipped, 2)
+    assert [h.score for hyps in best for h in hyps] != [
+        h.score for hyps in as_is.translate_nbest(sources, 2) for h in hyps
+    ]
     targets = ["357", "87", "3"]
     got = [p.log_prob for p in reversed_model.score(sources, targets)]
     assert got == [p.log_prob for p in as_is.score(flipped, targets)]
     assert got != [p.log_prob for p in as_is.score(sources, targets)]  # the order matters
+    # the server's attention and the attention command read it so too
+    from transduce.cli.main import main
+    from transduce.serve.work import attention
+
+    assert attention(reversed_model, "12+345", "357") == attention(as_is, "543+21", "357")
+    assert attention(reversed_model, "12+345", "357") != attention(as_is, "12+345", "357")
+    pages = {}
+    for name, model, source in (("r", tmp_path / "reversed.pt", "12+345"), ("p", plain, "543+21")):
+        out = tmp_path / f"{name}.html"
+        argv = ["attention", "--model", str(model), "--src", source, "--tgt", "357"]
+        assert main(["--no-malloc-tuning", *argv, "--output", str(out)]) == 0
+        pages[name] = out.read_text(encoding="utf-8")
+    assert pages["r"] == pages["p"]
 
 
 def test_an_ensemble_of_models_that_read_alike_only(tmp_path: Path) -> None:

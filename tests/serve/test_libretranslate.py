@@ -521,3 +521,9 @@ def test_other_paths_get_libretranslate_errors_with_cors(
     with e.value as answer:
         assert answer.code == status and said in json.loads(answer.read())["error"]
         assert answer.headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_html_the_parser_cannot_read_is_a_400(server) -> None:
+    body = {"q": "a <![ b", "source": "en", "target": "de", "format": "html"}
+    status, out = call(lt_url(server) + "translate", body)
+    assert status == 400 and "not HTML that can be read" in out["error"]

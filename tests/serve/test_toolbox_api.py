@@ -439,3 +439,20 @@ def test_the_models_beam_is_capped_by_max_beam(translator) -> None:
         assert status == 422
         with urllib.request.urlopen(srv.url + "/health", timeout=TIMEOUT) as resp:
             assert json.loads(resp.read())["model"]["architecture"] == "transformer"
+
+
+def test_a_model_that_samples_draws_anew_each_request_and_searches_for_a_beam(tmp_path) -> None:
+    path = save_toy_translation_model(
+        tmp_path / "sampler.pt",
+        {"sampling": True, "sampling_seed": 7, "beam": 3, "temperature": 3.0},
+    )
+    sampler = Translator.load(path)
+    texts = toy_sentences(8, seed=6)
+    with ServerThread(create_app(sampler, limits=LIMITS)) as srv:
+        first, second = (ok(srv, "/translate", {"text": texts}) for _ in range(2))
+        assert first["seed"] != second["seed"] and first["translations"] != second["translations"]
+        drawn = replace(sampler.decode_config(), sampling_seed=first["seed"])
+        assert first["translations"] == sampler.translate(texts, drawn)
+        searched = ok(srv, "/translate", {"text": texts, "beam": 2})
+        search = replace(sampler.decode_config(beam=2), sampling=False)
+        assert searched == {"translations": sampler.translate(texts, search)}

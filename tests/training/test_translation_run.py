@@ -438,3 +438,16 @@ def test_a_resume_on_other_training_text_is_refused(tmp_path) -> None:
         train_translation(
             tiny_config(paths, max_steps=8), out, resume=True, show_progress=False, log=print
         )
+    # other files, allowed by name: taken, and recorded for the next resume
+    moved = {**paths, **{k: v for k, v in other.items() if k.startswith("train")}}
+    allow = ["train_src", "train_tgt"]
+    summary = train_translation(
+        tiny_config(moved, max_steps=6), out, resume=True, allow_change=allow, log=lambda _: None
+    )
+    assert summary["step"] == 6
+    assert json.loads((out / "training_text.json").read_text())["pairs"] == 19
+    (out / "training_text.json").write_text("{damaged", encoding="utf-8")
+    with pytest.raises(UserError, match="training_text.json: cannot read the run's record"):
+        train_translation(
+            tiny_config(moved, max_steps=8), out, resume=True, show_progress=False, log=print
+        )

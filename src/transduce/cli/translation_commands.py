@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from transduce.cli import decoding_tools as tools
 from transduce.cli.common import (
@@ -168,6 +169,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
+        if decode.sampling and args.beam is not None:  # a model that samples: --beam searches
+            decode = replace(decode, sampling=False)
         try:
             scores, hyps = evaluate_files(
                 translator,

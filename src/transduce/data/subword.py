@@ -209,10 +209,13 @@ def _cut(text: str, limit: int) -> list[str]:
             if current:
                 pieces.append(" ".join(current))
                 current, size = [], 0
-            head = word.encode()[:limit].decode(errors="ignore")
+            # a character over the limit alone (a 4-byte one under 4) goes whole: never none
+            head = word.encode()[:limit].decode(errors="ignore") or word[0]
             pieces.append(head)
             word = word[len(head) :]
             n = len(word.encode())
+        if not word:  # all of it given above
+            continue
         if current and size + 1 + n > limit:
             pieces.append(" ".join(current))
             current, size = [], 0

@@ -5,7 +5,8 @@ Each run of text between two tags (``<p>``, ``<br>``, ``<a ...>``, ...) is one s
 model, its whitespace folded to single spaces and its character references read (``&amp;`` is
 ``&``); the translation goes back in its place, escaped, with the run's leading and trailing
 whitespace. Tags, comments and declarations are written back as they came (an end tag in lower
-case), and the text inside ``script``, ``style``, ``code`` and ``pre`` is not prose: it is kept.
+case), and the text inside ``script``, ``style``, ``code`` and ``pre`` is not prose: it is kept
+(that of ``script`` and ``style`` byte for byte, unescaped, as HTML reads it).
 A sentence cut by an inline tag (``a <b>big</b> dog``) is translated in its pieces, as
 LibreTranslate's own HTML mode does with its tags.
 """
@@ -49,20 +50,16 @@ class _Splitter(HTMLParser):
         self.segments: list[str] = []
         self.edges: list[tuple[str, str]] = []
         self.kept = 0  # inside how many KEPT elements
+        self._data: list[str] = []  # text not yet placed: runs the parser hands in pieces
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.parts.append(self.get_starttag_text() or f"<{tag}>")
-        self.kept += tag in KEPT
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.parts.append(self.get_starttag_text() or f"<{tag}/>")
-
-    def handle_endtag(self, tag: str) -> None:
-        self.parts.append(f"</{tag}>")
-        if tag in KEPT and self.kept:
-            self.kept -= 1
-
-    def handle_data(self, data: str) -> None:
+    def _place(self) -> None:
+        """The text read since the last markup, as a segment (or kept as it is)."""
+        data, self._data = "".join(self._data), []
+        if not data:
+            return
+        if self.cdata_elem is not None:  # inside script or style: raw text
+            self.parts.append(data)
+            return
         text = " ".join(data.split())
         if self.kept or not text:
             self.parts.append(escape(data, quote=False))
@@ -74,24 +71,51 @@ class _Splitter(HTMLParser):
         self.segments.append(text)
         self.parts.append("")  # the translation's place
 
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._place()
+        self.parts.append(self.get_starttag_text() or f"<{tag}>")
+        self.kept += tag in KEPT
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._place()
+        self.parts.append(self.get_starttag_text() or f"<{tag}/>")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._place()
+        self.parts.append(f"</{tag}>")
+        if tag in KEPT and self.kept:
+            self.kept -= 1
+
+    def handle_data(self, data: str) -> None:
+        self._data.append(data)  # a bare "<" ends a piece: "x < y" comes in three
+
     def handle_comment(self, data: str) -> None:
+        self._place()
         self.parts.append(f"<!--{data}-->")
 
     def handle_decl(self, decl: str) -> None:
+        self._place()
         self.parts.append(f"<!{decl}>")
 
     def handle_pi(self, data: str) -> None:
+        self._place()
         self.parts.append(f"<?{data}>")
 
     def unknown_decl(self, data: str) -> None:
-        self.parts.append(f"<![{data}]>")
+        self._place()
+        self.parts.append(f"<![{data}]]>" if data.startswith("CDATA[") else f"<![{data}]>")
 
 
 def split_html(html: str) -> HtmlText:
-    """``html`` cut into its markup and the segments of text to translate."""
+    """``html`` cut into its markup and the segments of text to translate; a ValueError for
+    markup Python's parser cannot read (``<![`` and no name after it)."""
     splitter = _Splitter()
-    splitter.feed(html)
-    splitter.close()
+    try:
+        splitter.feed(html)
+        splitter.close()
+    except AssertionError as e:  # html.parser's way of refusing some malformed markup
+        raise ValueError(f"not HTML that can be read: {e}") from None
+    splitter._place()
     return HtmlText(
         tuple(splitter.parts),
         tuple(splitter.slots),

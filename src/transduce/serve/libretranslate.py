@@ -371,7 +371,10 @@ async def _translate(
         )
     joins: list[Callable[[Sequence[str]], str]]
     if text_format == "html":  # the text between the tags, each run a segment
-        documents = [split_html(text) for text in texts]
+        try:
+            documents = [split_html(text) for text in texts]
+        except ValueError as e:
+            raise ApiError(400, f"Invalid request: q is {e}") from None
         lines = [list(d.segments) for d in documents]
         joins = [d.rebuild for d in documents]
     else:

@@ -89,7 +89,7 @@ def add_native_api(
             raise ApiError(
                 422, f"'nbest' ({options.nbest}) must not exceed the beam ({decode.beam})"
             )
-        seed = {"seed": decode.sampling_seed} if options.sampling is not None else {}
+        seed = {"seed": decode.sampling_seed} if decode.sampling else {}  # to draw it again
         if not asked.sentences:  # every field checked all the same
             return JSONResponse({**answer_json([], options), **seed})
         items = options.items(asked.sentences)

@@ -129,6 +129,11 @@ def _translate(limits: ServerLimits) -> dict[str, Any]:
             "nbest": {"type": "array", "items": {"type": "array", "items": hyp}},
             "scores": {"type": "array", "items": score},
             "alignments": {"type": "array", "items": {"type": "string"}},
+            "seed": {
+                "type": "integer",
+                "description": "where the answer was sampled: the seed of its draws (give it "
+                "in 'sampling' to draw them again)",
+            },
         },
     }
     return {"openapi_extra": {"requestBody": request}, "responses": _answers(ok)}

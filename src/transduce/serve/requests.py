@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -92,11 +92,17 @@ class ServerLimits:
 def served_decode(translator: Any, limits: ServerLimits, **settings: Any) -> DecodeConfig:
     """The model's decoding settings with a request's (``translator.decode_config``), the
     model's beam capped at ``limits.max_beam`` where the request gives none (every API decodes
-    within the server's limit); a UserError as the translator raises it."""
+    within the server's limit); a UserError as the translator raises it. A model whose config
+    samples searches where the request gives a beam, and else samples with a seed of its own."""
     cfg = getattr(translator, "cfg", None)
     if settings.get("beam") is None and cfg is not None and cfg.decode.beam > limits.max_beam:
         settings["beam"] = limits.max_beam
     decode: DecodeConfig = translator.decode_config(**settings)
+    if decode.sampling:  # a model whose config samples, as translate takes it:
+        if settings.get("beam") is not None:  # a beam asked for is a search
+            return replace(decode, sampling=False)
+        # each request a draw of its own (the seed is answered where the API can say it)
+        return replace(decode, sampling_seed=secrets.randbelow(2**32))
     return decode
 
 

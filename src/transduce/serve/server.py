@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import secrets
 import signal
 import socket
 import threading
@@ -222,7 +224,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return _error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        # as a decoding failure: the traceback to the log, the kind and an incident to the client
+        incident = secrets.token_hex(4)
+        logging.getLogger("uvicorn.error").error(
+            "internal error (incident %s)", incident, exc_info=exc
+        )
+        message = f"internal error: {type(exc).__name__} (incident {incident} in the server's log)"
+        return _error_response(500, message)
 
 
 def _add_health(

@@ -67,7 +67,11 @@ def train_translation(
     if not isinstance(cfg.task, TranslationTaskConfig):
         raise UserError(f"task.name is {cfg.task.name!r}, not 'translation'")
     check_new_run(out_dir, resume)
-    read = from_prepared if cfg.task.prepared else from_files  # prepared: from transduce prepare
+    read: Any = (  # prepared: from transduce prepare
+        from_prepared
+        if cfg.task.prepared
+        else functools.partial(from_files, allow_change=allow_change)
+    )
     data = read(
         cfg,
         Path(out_dir),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from transduce.data.parallel import resolve_data_path
 from transduce.data.vocab import VocabPair
 from transduce.errors import UserError
 from transduce.training import distributed
+from transduce.training.config_change import allowed_keys
 from transduce.training.feed import Resegment
 from transduce.training.fit import Log, TaskData, epoch_seed
 from transduce.training.validation import TextValidator, Validator
@@ -242,12 +243,23 @@ def _text_digest(text: ParallelText) -> str:
     return digest.hexdigest()
 
 
+def _pairs(record: Any) -> Any:
+    return record.get("pairs") if isinstance(record, dict) else "?"
+
+
 def _text_record(
-    text: ParallelText, task: TranslationTaskConfig, run_dir: Path, *, resume: bool, is_main: bool
+    text: ParallelText,
+    task: TranslationTaskConfig,
+    run_dir: Path,
+    *,
+    resume: bool,
+    is_main: bool,
+    allow_change: Sequence[str],
 ) -> None:
     """Check (on resume) or write ``training_text.json``: a resumed run takes up its place in
     the epoch of the same pairs, so other pairs would train on silently (another order, another
-    count) and the resume would not be exact."""
+    count) and the resume would not be exact. A resume that allows other training files
+    (``--allow-change task.train_src``/``train_tgt``) takes the new text, and records it."""
     record = {
         "train_src": task.train_src,
         "train_tgt": task.train_tgt,
@@ -255,13 +267,17 @@ def _text_record(
         "sha256": _text_digest(text),
     }
     path = run_dir / "training_text.json"
-    if resume and path.is_file():
-        before = json.loads(path.read_text(encoding="utf-8"))
-        if before.get("sha256") != record["sha256"]:
+    allowed = allowed_keys(allow_change) & {"task.train_src", "task.train_tgt"}
+    if resume and path.is_file() and not allowed:
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path}: cannot read the run's record of its text ({e})") from None
+        if not isinstance(before, dict) or before.get("sha256") != record["sha256"]:
             raise UserError(
                 f"{task.train_src} and {task.train_tgt}: not the training text this run started "
-                f"with ({before.get('pairs')} pairs, now {len(text)}; see {path}); resume with "
-                "those files, or start a new run"
+                f"with ({_pairs(before)} pairs, now {len(text)}; see {path}); resume with those "
+                "files, or allow other ones: --allow-change train_src (and train_tgt)"
             )
     if is_main:  # atomic: on resume the other ranks read it meanwhile
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
@@ -275,10 +291,12 @@ def from_files(
     resume: bool,
     log: Log,
     validator: TextValidator,
+    allow_change: Sequence[str] = (),
 ) -> TaskData:
     """The training and validation pairs of the files of ``cfg.task`` with the run's
     vocabulary (learned, or with ``resume`` read from ``run_dir``), ``validator`` of the
-    validation sentences, and the counts of what was read."""
+    validation sentences, and the counts of what was read. ``allow_change``: the resume's
+    (``training_text.json``)."""
     task = _translation(cfg)
     if not task.train_src or not task.train_tgt:
         raise UserError(
@@ -292,7 +310,14 @@ def from_files(
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
-    _text_record(train_text, task, run_dir, resume=resume, is_main=world.is_main)
+    _text_record(
+        train_text,
+        task,
+        run_dir,
+        resume=resume,
+        is_main=world.is_main,
+        allow_change=allow_change,
+    )
     vocab = _rank0_vocabulary(cfg, run_dir, train_text, resume=resume, log=log, world=world)
     train_pairs = list(
         zip(
