@@ -110,9 +110,10 @@ def bench_prepare(corpus: Path, out: Path, workers: int, vocab: Path | None) -> 
     started = time.monotonic()
     if vocab is None:
         vocab = out.with_name(out.name + "_vocab")
-        write_vocabulary(cfg, vocab, log=lambda _: None)
+        write_vocabulary(cfg, vocab, log=lambda _: None, force=True)  # its own scratch folder
     vocab_s = time.monotonic() - started
-    cfg = update(cfg, {"vocab_model": str(vocab)})
+    # reused: the sample it was learned on no longer applies (refused beside vocab_model)
+    cfg = update(cfg, {"vocab_model": str(vocab), "vocab_sample": 0})
     started = time.monotonic()
     manifest = prepare(cfg, out, workers=workers, show_progress=False, log=print)
     total_s = time.monotonic() - started
