@@ -220,33 +220,13 @@ def test_prefix_file(files, capsys) -> None:
         capsys,
     )
     assert code == 2 and f"{prefixes}: line 2 has" in err and len(err.strip().splitlines()) == 1
+    with_prefixes = ["translate", "--model", files["tf"], "--input", files["src"]]
+    with_prefixes += ["--prefix-file", str(prefixes)]
     prefixes.write_text("a cat\n\nthe dog\nsmall\n", encoding="utf-8")  # line 3 of input: empty
-    code, _, err = run(
-        [
-            "translate",
-            "--model",
-            files["tf"],
-            "--input",
-            files["src"],
-            "--prefix-file",
-            str(prefixes),
-        ],
-        capsys,
-    )
+    code, _, err = run(with_prefixes, capsys)
     assert code == 2 and f"{prefixes}: line 3: a prefix for an empty input line" in err
     prefixes.write_text("a cat\n", encoding="utf-8")
-    code, _, err = run(
-        [
-            "translate",
-            "--model",
-            files["tf"],
-            "--input",
-            files["src"],
-            "--prefix-file",
-            str(prefixes),
-        ],
-        capsys,
-    )
+    code, _, err = run(with_prefixes, capsys)
     assert code == 2 and "1 prefixes for 4 input lines" in err
 
 

@@ -15,16 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from training_testkit import TINY, cli, records, train_args, write_config
+from training_testkit import cli, records, tiny_trainer, train_args, write_config
 
 import transduce.training.trainer as trainer_module
 import transduce.training.updater as updater_module
 from transduce import checkpoint
-from transduce.config import Config, update
-from transduce.data.synthetic import make_task
-from transduce.model.transformer import make_model
 from transduce.training import late_read
-from transduce.training.tasks.synthetic import encode_pairs
 from transduce.training.trainer import Trainer
 
 # what metrics.jsonl's records hold that depends on the clock, not on the training
@@ -64,25 +60,9 @@ def late(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
     yield reads
 
 
-def _cfg(**values: Any) -> Config:
-    flat = {k: v for section in TINY.values() for k, v in section.items()}
-    return update(Config(), {**flat, **values})
-
-
-def _trainer(run_dir: Path, cfg: Config, **kwargs: Any) -> Trainer:
-    task = make_task(cfg.task)
-    torch.manual_seed(cfg.train.seed)
-    model = make_model(cfg.model, src_vocab_size=len(task.vocab))
-    return Trainer(
-        cfg,
-        model,
-        task.vocab,
-        encode_pairs(task.vocab, task.train),
-        run_dir=run_dir,
-        valid_pairs=encode_pairs(task.vocab, task.valid),
-        show_progress=False,
-        **kwargs,
-    )
+def _trainer(run_dir: Path, **values: Any) -> Trainer:
+    """TINY's Trainer with its validation pairs, ``values`` its config keys and Trainer's."""
+    return tiny_trainer(run_dir, valid=True, **values)
 
 
 def _without_clock(run_dir: Path) -> list[dict[str, Any]]:
@@ -123,7 +103,7 @@ def test_reading_late_trains_as_reading_at_once_bit_for_bit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: dict[str, Any]
 ) -> None:
     run = {**RUN, **more}  # the cool-down over steps: each rate from the step before it
-    at_once = _trainer(tmp_path / "a", _cfg(**run))
+    at_once = _trainer(tmp_path / "a", **run)
     at_once.train()
     assert not at_once.reads_late
     with monkeypatch.context() as m:
@@ -135,7 +115,7 @@ def test_reading_late_trains_as_reading_at_once_bit_for_bit(
         )
         real_read = late_read.read
         m.setattr(late_read, "read", lambda p: reads.events.append("read") or real_read(p))
-        late = _trainer(tmp_path / "b", _cfg(**run))
+        late = _trainer(tmp_path / "b", **run)
         late.train()
     assert late.reads_late and reads.queued_two_before_a_read()
     assert reads.events.count("step") == reads.events.count("read") == 13
@@ -155,13 +135,13 @@ def test_step_callbacks_fp16_and_cpus_read_at_once(
 ) -> None:
     assert not late_read.pays(torch.device("cpu"))
     monkeypatch.setattr(late_read, "pays", lambda device: True)
-    trainer = _trainer(tmp_path / "cb", _cfg(max_steps=2), callbacks=(lambda p: None,))
+    trainer = _trainer(tmp_path / "cb", max_steps=2, callbacks=(lambda p: None,))
     trainer.train()
     assert not trainer.reads_late
-    fp16 = _trainer(tmp_path / "fp16", _cfg(max_steps=2, precision="fp16"))
+    fp16 = _trainer(tmp_path / "fp16", max_steps=2, precision="fp16")
     fp16.train()  # its loss scaler reads its own flags
     assert not fp16.reads_late
-    plain = _trainer(tmp_path / "plain", _cfg(max_steps=2))
+    plain = _trainer(tmp_path / "plain", max_steps=2)
     plain.train()
     assert plain.reads_late
     sgd = torch.optim.SGD(plain.model.parameters(), lr=0.1)
@@ -175,14 +155,14 @@ def test_a_nan_update_is_skipped_on_the_device(
     # at a constant rate reading late changes nothing even across a skip: the same run as
     # reading at once, whose skip leaves weights, Adam's moments and step count as they were
     monkeypatch.setattr(trainer_module, "scheduled_rate", lambda step, cfg, done: 1e-3)
-    cfg = _cfg(max_steps=6, save_every=4, log_every=1)
+    run = {"max_steps": 6, "save_every": 4, "log_every": 1}
     _poison(monkeypatch, calls={bad})
-    late_run = _trainer(tmp_path / "late", cfg)
+    late_run = _trainer(tmp_path / "late", **run)
     late_run.train()
     assert late_run.reads_late and late.queued_two_before_a_read()
     monkeypatch.setattr(late_read, "pays", lambda device: False)
     _poison(monkeypatch, calls={bad})
-    at_once = _trainer(tmp_path / "once", cfg)
+    at_once = _trainer(tmp_path / "once", **run)
     at_once.train()
     assert not at_once.reads_late
     assert _same(at_once.model.state_dict(), late_run.model.state_dict())
@@ -204,7 +184,7 @@ def test_the_rate_after_a_skip_read_late_is_one_step_ahead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: Reads
 ) -> None:
     _poison(monkeypatch, calls={3})
-    trainer = _trainer(tmp_path, _cfg(max_steps=5, save_every=100, log_every=1))
+    trainer = _trainer(tmp_path, max_steps=5, save_every=100, log_every=1)
     trainer.train()
     rates = {r["step"]: r["lr"] for r in records(tmp_path) if "split" not in r}
     schedule = [trainer_module.scheduled_rate(s, trainer.cfg, 0.0) for s in range(1, 6)]
@@ -214,10 +194,10 @@ def test_the_rate_after_a_skip_read_late_is_one_step_ahead(
 
 
 def test_a_run_read_late_resumes_exactly(tmp_path: Path, late: Reads) -> None:
-    straight = _trainer(tmp_path / "a", _cfg(max_steps=12, save_every=4))
+    straight = _trainer(tmp_path / "a", max_steps=12, save_every=4)
     straight.train()
-    _trainer(tmp_path / "b", _cfg(max_steps=6, save_every=4)).train()  # checkpoints 4 and 6
-    second = _trainer(tmp_path / "b", _cfg(max_steps=12, save_every=4), resume=True)
+    _trainer(tmp_path / "b", max_steps=6, save_every=4).train()  # checkpoints 4 and 6
+    second = _trainer(tmp_path / "b", max_steps=12, save_every=4, resume=True)
     assert second.progress.step == 6
     second.train()
     assert second.reads_late and late.queued_two_before_a_read()

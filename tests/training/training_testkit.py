@@ -59,8 +59,16 @@ def write_config(path: Path, **train: Any) -> Path:
     return path
 
 
-def tiny_trainer(run_dir: Path, **train: Any) -> Trainer:
-    """A Trainer of TINY, its train keys updated with ``train``, silent."""
+def tiny_trainer(
+    run_dir: Path,
+    *,
+    valid: bool = False,
+    resume: bool = False,
+    callbacks: tuple[Callable[[Progress], None], ...] = (),
+    **train: Any,
+) -> Trainer:
+    """A Trainer of TINY, its keys updated with ``train``, silent; ``valid``: with the task's
+    validation pairs (validations at ``eval_every``)."""
     flat = {k: v for section in TINY.values() for k, v in section.items()}
     cfg = update(Config(), {**flat, **train})
     task = make_task(cfg.task)
@@ -72,6 +80,9 @@ def tiny_trainer(run_dir: Path, **train: Any) -> Trainer:
         task.vocab,
         encode_pairs(task.vocab, task.train),
         run_dir=run_dir,
+        valid_pairs=encode_pairs(task.vocab, task.valid) if valid else (),
+        resume=resume,
+        callbacks=callbacks,
         show_progress=False,
     )
 

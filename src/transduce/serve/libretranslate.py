@@ -53,6 +53,7 @@ from transduce.serve.requests import (
     ApiError,
     BodyBudget,
     ServerLimits,
+    chars_over,
     is_json_type,
     load_json,
     read_body,
@@ -409,8 +410,8 @@ def _check_limits(lines: list[str], limits: ServerLimits) -> None:
                 f"Invalid request: request ({len(line)} characters in a line) "
                 f"exceeds text limit ({limits.max_chars})",
             )
-    total = sum(map(len, lines))
-    if total > limits.max_request_chars:
+    total = chars_over(lines, limits)
+    if total is not None:
         raise ApiError(
             400,
             f"Invalid request: request ({total} characters) exceeds text limit "

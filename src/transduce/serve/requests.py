@@ -39,6 +39,7 @@ __all__ = [
     "check_beam",
     "check_integer",
     "check_language",
+    "chars_over",
     "check_texts",
     "is_json_type",
     "load_json",
@@ -380,14 +381,21 @@ def check_texts(text: Any, limits: ServerLimits, name: str = "text") -> list[str
             raise ApiError(
                 413, f"'{name}[{i}]' is too long: {len(s)} characters (at most {limits.max_chars})"
             )
-    total = sum(map(len, text))
-    if total > limits.max_request_chars:
+    total = chars_over(text, limits)
+    if total is not None:
         raise ApiError(
             413,
             f"'{name}' is too long: {total} characters in all (at most "
             f"{limits.max_request_chars} a request)",
         )
     return text
+
+
+def chars_over(texts: list[str], limits: ServerLimits) -> int | None:
+    """The characters of ``texts`` in all where they are over ``max_request_chars`` (each
+    API says so in its own words), else None."""
+    total = sum(map(len, texts))
+    return total if total > limits.max_request_chars else None
 
 
 def check_integer(name: str, value: Any, low: int, high: int) -> int:
