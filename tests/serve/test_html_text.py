@@ -22,6 +22,11 @@ def _upper(html: str) -> tuple[tuple[str, ...], str]:
         ("<pre>keep &lt;me&gt;</pre> ok", ("ok",), "<pre>keep &lt;me&gt;</pre> OK"),
         ("<![CDATA[y]]><b>a &amp; b</b>", ("a & b",), "<![CDATA[y]]><b>A &amp; B</b>"),
         (
+            "<svg><![cdata[x]]></svg><![if !IE]>z<![endif]>",
+            ("z",),
+            "<svg><![cdata[x]]></svg><![if !IE]>Z<![endif]>",
+        ),
+        (
             '<a href="/x?a=1&amp;b=2">go <br/> on</a>',
             ("go", "on"),
             '<a href="/x?a=1&amp;b=2">GO <br/> ON</a>',

@@ -485,3 +485,23 @@ def test_a_request_over_max_request_chars_in_all_is_refused(translator) -> None:
             status == 400 and "(560 characters) exceeds text limit (500 a request)" in out["error"]
         )
         assert translate(srv, {"text": ["the dog runs"]}) == translator.translate(["the dog runs"])
+
+
+def test_an_error_outside_decoding_is_a_500_with_an_incident_and_no_message(translator) -> None:
+    class Broken:  # a translator whose settings fail once serving: the catch-all answers
+        cfg = translator.cfg
+        calls = 0
+
+        def decode_config(self, **settings: object) -> object:
+            Broken.calls += 1
+            if Broken.calls == 1:  # create_app's, for /health
+                return translator.decode_config()
+            raise KeyError("/secret/path/of/the/server")
+
+        def translate(self, sentences: object, decode: object = None) -> object:
+            raise AssertionError("not reached")
+
+    with ServerThread(create_app(Broken())) as srv:  # type: ignore[arg-type]
+        status, out = request(srv.url + "/translate", {"text": ["a"]})
+    assert status == 500 and out["error"].startswith("internal error: KeyError (incident ")
+    assert "secret" not in out["error"]

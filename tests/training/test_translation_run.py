@@ -438,8 +438,14 @@ def test_a_resume_on_other_training_text_is_refused(tmp_path) -> None:
         train_translation(
             tiny_config(paths, max_steps=8), out, resume=True, show_progress=False, log=print
         )
-    # other files, allowed by name: taken, and recorded for the next resume
+    # other files, allowed by name: taken, and recorded for the next resume; a resume refused
+    # for another reason (train_tgt moved, not allowed) records nothing
     moved = {**paths, **{k: v for k, v in other.items() if k.startswith("train")}}
+    with pytest.raises(UserError, match="train_tgt"):
+        train_translation(
+            tiny_config(moved, max_steps=6), out, resume=True, allow_change=["train_src"], log=print
+        )
+    assert json.loads((out / "training_text.json").read_text())["pairs"] == 199
     allow = ["train_src", "train_tgt"]
     summary = train_translation(
         tiny_config(moved, max_steps=6), out, resume=True, allow_change=allow, log=lambda _: None

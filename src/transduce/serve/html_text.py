@@ -103,7 +103,9 @@ class _Splitter(HTMLParser):
 
     def unknown_decl(self, data: str) -> None:
         self._place()
-        self.parts.append(f"<![{data}]]>" if data.startswith("CDATA[") else f"<![{data}]>")
+        # a marked section (CDATA[...], in any case) closes with ]]>; <![if ...]> with ]>
+        marked = "[" in data and data.split("[", 1)[0].strip().isalpha()
+        self.parts.append(f"<![{data}]]>" if marked else f"<![{data}]>")
 
 
 def split_html(html: str) -> HtmlText:

@@ -73,6 +73,9 @@ class TaskData:
     score_key: str = "neg_valid_nll"
     resegment: Resegment | None = None
     counts: dict[str, Any] = field(default_factory=dict)
+    # run once the Trainer has accepted the run (a resume's config check passed): what the
+    # task records of its data in the run folder, so that a refused resume records nothing
+    after_start: Callable[[], None] | None = None
 
 
 def check_new_run(out_dir: str | Path, resume: bool) -> None:
@@ -154,6 +157,8 @@ def fit(
         callbacks=options.callbacks,
         allow_change=options.allow_change,
     )
+    if data.after_start is not None:
+        data.after_start()
     if log is not None and trainer.feed.n_filtered:
         log(
             f"train: {trainer.feed.n_filtered} pairs longer than max_len={cfg.train.max_len} "

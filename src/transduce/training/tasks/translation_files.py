@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -255,11 +255,12 @@ def _text_record(
     resume: bool,
     is_main: bool,
     allow_change: Sequence[str],
-) -> None:
-    """Check (on resume) or write ``training_text.json``: a resumed run takes up its place in
-    the epoch of the same pairs, so other pairs would train on silently (another order, another
-    count) and the resume would not be exact. A resume that allows other training files
-    (``--allow-change task.train_src``/``train_tgt``) takes the new text, and records it."""
+) -> Callable[[], None]:
+    """Check (on resume) ``training_text.json``, and return what writes it once the run is
+    accepted (``TaskData.after_start``): a resumed run takes up its place in the epoch of the
+    same pairs, so other pairs would train on silently (another order, another count) and the
+    resume would not be exact. A resume that allows other training files (``--allow-change
+    task.train_src``/``train_tgt``) takes the new text, and records it."""
     record = {
         "train_src": task.train_src,
         "train_tgt": task.train_tgt,
@@ -279,8 +280,12 @@ def _text_record(
                 f"with ({_pairs(before)} pairs, now {len(text)}; see {path}); resume with those "
                 "files, or allow other ones: --allow-change train_src (and train_tgt)"
             )
-    if is_main:  # atomic: on resume the other ranks read it meanwhile
-        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+
+    def write() -> None:
+        if is_main:  # atomic: on resume the other ranks read it meanwhile
+            write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+
+    return write
 
 
 def from_files(
@@ -310,7 +315,7 @@ def from_files(
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
-    _text_record(
+    record_text = _text_record(
         train_text,
         task,
         run_dir,
@@ -333,7 +338,7 @@ def from_files(
     }
     valid_pairs, bleu = _validation(cfg, vocab, valid_text, counts, log, validator)
     resegment = bpe_dropout_pairs(cfg, vocab, train_text)
-    return TaskData(vocab, train_pairs, valid_pairs, bleu, "bleu", resegment, counts)
+    return TaskData(vocab, train_pairs, valid_pairs, bleu, "bleu", resegment, counts, record_text)
 
 
 __all__ = ["bpe_dropout_pairs", "from_files"]
