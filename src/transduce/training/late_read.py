@@ -57,13 +57,26 @@ class Pending:
     lr: float
 
 
+def update_numbers(sums: Tensor, norm: Tensor) -> Tensor:
+    """An update's (loss, NLL) sums (batches, 2) and gradient norm (0-dim) as one vector
+    (2 * batches + 1,) on their device: what is read of an update, at once or late."""
+    dtype = torch.promote_types(sums.dtype, norm.dtype)
+    return torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
+
+
+def totals(numbers: Tensor) -> tuple[float, float, float]:
+    """``update_numbers`` read on the host (float64) -> (loss, NLL, gradient norm), the sums
+    over the batches."""
+    loss, nll = numbers[:-1].view(-1, 2).sum(0).tolist()
+    return loss, nll, numbers[-1].item()
+
+
 def step(
     optimizer: torch.optim.Optimizer, sums: Tensor, norm: Tensor, tokens: int, lr: float
 ) -> Pending:
     """One Adam step at ``lr`` that the device skips unless ``sums`` (batches, 2) and ``norm``
     (0-dim) are all finite, and their values on their way to the host, unread."""
-    dtype = torch.promote_types(sums.dtype, norm.dtype)
-    numbers = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
+    numbers = update_numbers(sums, norm)
     for group in optimizer.param_groups:
         group["lr"] = lr
     # fused Adam reads the flag on the device; it must be a float32 scalar
@@ -92,9 +105,7 @@ def wait(pending: Pending) -> None:
 def read(pending: Pending) -> tuple[float, float, float]:
     """(loss, NLL, gradient norm) of ``pending``, summed over its batches; waits for them."""
     wait(pending)
-    numbers = pending.numbers
-    loss, nll = numbers[:-1].view(-1, 2).sum(0).tolist()  # as the trainer sums a read at once
-    return loss, nll, numbers[-1].item()
+    return totals(pending.numbers)
 
 
-__all__ = ["Pending", "applies", "pays", "read", "step", "wait"]
+__all__ = ["Pending", "applies", "pays", "read", "step", "totals", "update_numbers", "wait"]

@@ -137,11 +137,9 @@ class Updater:
         has done the update's work) are read from the device and summed over the ranks once,
         before the step."""
         n_tokens, sums, norm = self.gradients(group)
-        dtype = torch.promote_types(sums.dtype, norm.dtype)
-        local = torch.cat([sums.flatten().to(dtype), norm.reshape(1).to(dtype)])
-        local = local.to("cpu", torch.float64)  # the one read of the device
-        loss, nll = local[:-1].view(-1, 2).sum(0).tolist()
-        grad_norm = local[-1].item()  # equal on every rank: DDP's gradients are
+        numbers = late_read.update_numbers(sums, norm)
+        # the one read of the device; the norm is equal on every rank (DDP's gradients are)
+        loss, nll, grad_norm = late_read.totals(numbers.to("cpu", torch.float64))
         bad = not math.isfinite(loss + nll + grad_norm)
         loss, nll, bad_ranks, signals = distributed.all_reduce_sum(
             [loss, nll, float(bad), float(signalled())], self.world, self.device
