@@ -394,9 +394,9 @@ def ct2_worker(spec_path: str) -> None:
 def time_ct2(
     model_dir: Path, sources: list[list[str]], target: list[str], args: argparse.Namespace
 ) -> dict:
-    """CTranslate2 on the fastest ISA that runs (decode.ISAS), each figure the faster of its two
-    matrix-product backends (decode.CT2_BACKENDS). The converted Marian model adds no ``</s>``
-    to the source: the pieces here end in it."""
+    """CTranslate2 on the fastest ISA that runs (of decode.cpu_isas()), each figure the faster
+    of its two matrix-product backends (decode.CT2_BACKENDS). The converted Marian model adds
+    no ``</s>`` to the source: the pieces here end in it."""
     tokens = [[*s, "</s>"] for s in sources]
     job = {
         "model_dir": str(model_dir),
@@ -409,7 +409,7 @@ def time_ct2(
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "job.json"
         spec.write_text(json.dumps(job))
-        for isa in decode.ISAS:
+        for isa in decode.cpu_isas():
             base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
             runs = {
                 name: decode.ct2_process(str(spec), {**base, **env}, args.timeout, __file__)

@@ -100,7 +100,7 @@ def run_ct2(model_dir: str, source: list[str], args: argparse.Namespace) -> dict
         threads = {"OMP_NUM_THREADS": str(args.threads)}
         runs = {}
         for name, env in decode.CT2_BACKENDS.items():
-            for isa in decode.ISAS:  # the fastest ISA that runs here
+            for isa in decode.cpu_isas():  # the fastest ISA that runs here
                 r = decode.ct2_process(
                     f.name, {**threads, **env, "CT2_FORCE_CPU_ISA": isa}, args.timeout, __file__
                 )
