@@ -27,6 +27,18 @@ from transduce.kernels import quantized
 corpus = upper_casing_pairs
 
 
+# 8-bit activations where the CPU has int8 dot products; without them (forced) fbgemm takes 7
+# (quantized._reduce_range): coarser, so the tolerances below are wider there
+EIGHT_BITS = bool(quantized.cpu_int8_flags())
+
+
+@pytest.fixture(autouse=True)
+def _int8_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 forced, so that these tests run on CPUs without int8 dot products too (an AMD Zen 3:
+    correct there, only slower); the refusal tests take the variable away again."""
+    monkeypatch.setenv(quantized.FORCE_VARIABLE, "1")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model.pt that has learned to upper-case, somewhat (BLEU 20 to 30 on held-out
@@ -58,7 +70,7 @@ def test_int8_translates_like_fp32(trained: Path, held_out, beam: int) -> None:
     # BLEU over 200 outputs of ~5 tokens: a few such changed outputs move it by about a point.
     assert same_where_right >= 0.95, [(a, b) for a, b in pairs if a != b]
     assert same >= 0.8, [(a, b) for a, b in pairs if a != b]
-    assert abs(bleu8 - bleu32) <= 2.0, (bleu32, bleu8)
+    assert abs(bleu8 - bleu32) <= (2.0 if EIGHT_BITS else 3.0), (bleu32, bleu8)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -70,7 +82,11 @@ def test_an_int8_translation_does_not_depend_on_its_batch(trained: Path, held_ou
     config = int8.decode_config(beam=beam)
     together = int8.translate(src, config)
     alone = [int8.translate([s], config)[0] for s in src]
-    assert together == alone, [(a, b) for a, b in zip(alone, together, strict=True) if a != b]
+    differ = [(a, b) for a, b in zip(alone, together, strict=True) if a != b]
+    # the products are the same row by row on every CPU; the float32 parts of a sentence alone
+    # (its folded attention) and in a batch part by rounding, which 7-bit activations turn into
+    # a flipped near tie now and then (one degenerate, repeating output of 60 on an AMD Zen 3)
+    assert not differ if EIGHT_BITS else len(differ) <= 2, differ
 
 
 def test_int8_scores_are_the_int8_model_s(trained: Path, held_out) -> None:

@@ -24,7 +24,7 @@ from transduce.training import late_read
 from transduce.training.trainer import Trainer
 
 # what metrics.jsonl's records hold that depends on the clock, not on the training
-CLOCK_KEYS = {"elapsed", "tokens_per_s", "data_share", "seconds", "time"}
+CLOCK_KEYS = {"elapsed", "tokens_per_s", "data_share", "seconds", "time", "valid_seconds"}
 
 
 class Reads:

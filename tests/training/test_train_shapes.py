@@ -139,8 +139,8 @@ def test_padding_leaves_the_loss_and_the_gradients() -> None:
     assert plain.tgt_in.shape == (3, 6) and padded.tgt_in.shape == (3, 8)
     assert loss_a == pytest.approx(loss_b, rel=1e-6) and nll_a == pytest.approx(nll_b, rel=1e-6)
     assert grads_a.keys() == grads_b.keys()
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+    for name in grads_a:  # (atol: AVX2's rounding parted one entry by 1.3e-7)
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-6)
 
 
 # --- compile ----------------------------------------------------------------------------------

@@ -45,14 +45,14 @@ def check_int8(model: Seq2Seq) -> None:
     """A one-line UserError where ``model`` cannot decode with int8 weights: not on a CPU
     (or a CPU without int8 dot-product instructions, unless forced: ``kernels.int8_refusal``),
     or not a Transformer (int8 lives in its inference engine)."""
-    why = kernels.int8_refusal(next(model.parameters()).device)
-    if why is not None:
-        raise UserError(f"precision int8: {why}")
-    if not isinstance(model, Transformer):
+    if not isinstance(model, Transformer):  # first: no CPU would make it one
         raise UserError(
             "precision int8 is for Transformer models (their inference engine); this model is "
             f"a {type(model).__name__}: use fp32 or bf16"
         )
+    why = kernels.int8_refusal(next(model.parameters()).device)
+    if why is not None:
+        raise UserError(f"precision int8: {why}")
 
 
 __all__ = ["WEIGHT_DTYPES", "WeightPrecision", "check_device", "check_int8", "weight_dtype"]

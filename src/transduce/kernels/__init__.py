@@ -41,6 +41,7 @@ from transduce.kernels.projection import (
     one_row_is_read_bound,
 )
 from transduce.kernels.quantized import int8_refusal
+from transduce.kernels.recurrent import lstm
 from transduce.kernels.topk_tiles import log_softmax_topk
 from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
@@ -62,6 +63,7 @@ __all__ = [
     "fp16_refusal",
     "grouped_queries_path",
     "int8_refusal",
+    "lstm",
     "kept_graph_bytes",
     "linear",
     "log_softmax_topk",

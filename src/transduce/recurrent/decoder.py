@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from transduce import kernels
 from transduce.recurrent.attention import Attention
 from transduce.recurrent.cache import RecurrentCache
 from transduce.recurrent.config import AttentionKind
@@ -88,7 +89,7 @@ class RecurrentDecoder(nn.Module):
             assert feed is not None  # h~_0 = 0 from _start
             out, state, feed = self._steps(x, state, feed, keys, memory, src_valid)
         else:
-            h, state = self.lstm(x, state)  # (N, T, H): fused over the T positions
+            h, state = kernels.lstm(self.lstm, x, state)  # (N, T, H): fused over T positions
             out = self._attentional(h, keys, memory, src_valid)
         if cache is not None:
             (cache.h, cache.c), cache.feed, cache.keys = state, feed, keys
@@ -116,7 +117,7 @@ class RecurrentDecoder(nn.Module):
         outs = []
         for t in range(x.size(1)):
             step_in = torch.cat([x[:, t], feed], dim=-1)[:, None]  # (N, E+H) -> (N, 1, E+H)
-            h, state = self.lstm(step_in, state)  # (N, 1, H)
+            h, state = kernels.lstm(self.lstm, step_in, state)  # (N, 1, H)
             out = self._attentional(h, keys, memory, src_valid)  # (N, 1, H)
             feed = out[:, 0]  # (N, 1, H) -> (N, H)
             outs.append(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from transduce import kernels
+
 
 class RecurrentEncoder(nn.Module):
     """Embedding, dropout, an L-layer bidirectional ``nn.LSTM`` (H per direction) run on packed
@@ -39,7 +41,7 @@ class RecurrentEncoder(nn.Module):
         lengths = src_valid.sum(dim=1).clamp(min=1).cpu()  # (B,)
         x = self.dropout(self.embed(src))  # (B, S, E)
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.lstm(packed)
+        out, _ = kernels.lstm(self.lstm, packed)  # (the CPU's bfloat16 rule: kernels)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
         return self.proj(out)  # (B, S, 2H) -> (B, S, H)
 
