@@ -241,10 +241,10 @@ def test_bodies_that_are_not_objects_or_forms(server) -> None:
     status, out = _send(req)
     assert status == 400 and out["error"].startswith("Invalid JSON format")
     req = urllib.request.Request(
-        url, data=b"--x--", headers={"Content-Type": "multipart/form-data; boundary=x"}
+        url, data=b"--x\r\nno headers", headers={"Content-Type": "multipart/form-data; boundary=x"}
     )
     status, out = _send(req)
-    assert status == 400 and "multipart/form-data is not supported" in out["error"]
+    assert status == 400 and "the multipart form cannot be read" in out["error"], out
     status, out = call(url, b"q=a&target=de")  # urllib's default content type: a form
     assert (status, out) == (400, {"error": "Invalid request: missing source parameter"})
 
@@ -527,3 +527,107 @@ def test_html_the_parser_cannot_read_is_a_400(server) -> None:
     body = {"q": "a <![ b", "source": "en", "target": "de", "format": "html"}
     status, out = call(lt_url(server) + "translate", body)
     assert status == 400 and "not HTML that can be read" in out["error"]
+
+
+def _multipart(fields: dict[str, str], files: dict[str, bytes] | None = None) -> tuple[bytes, str]:
+    """(body, content type) of a multipart/form-data form, as a browser's FormData sends it."""
+    boundary = "----transduce-test-boundary"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields.items()
+    ]
+    for name, data in (files or {}).items():
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+            f'filename="{name}.txt"\r\nContent-Type: text/plain\r\n\r\n{data.decode()}\r\n'
+        )
+    body = ("".join(parts) + f"--{boundary}--\r\n").encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def test_multipart_forms_as_libretranslates_page_sends_them(server, translators) -> None:
+    # LibreTranslate's own page posts a FormData (multipart); files are no endpoint's business
+    url = lt_url(server) + "translate"
+    text = "Grüße dog"
+    fields = {"q": text, "source": "en", "target": "de", "format": "text", "api_key": ""}
+    body, content_type = _multipart(fields)
+    status, _, answer = _raw(url, body, {"Content-Type": content_type})
+    assert status == 200, answer
+    assert json.loads(answer)["translatedText"] == translators["en-de"].translate([text])[0]
+    body, content_type = _multipart({"source": "en", "target": "de"}, {"q": b"a dog"})
+    status, _, answer = _raw(url, body, {"Content-Type": content_type})
+    assert status == 400 and "multipart form cannot be read" in json.loads(answer)["error"]
+
+
+def test_repeated_slashes_are_merged_as_werkzeug_merges_them(server, keyed_server) -> None:
+    # clients that join a base URL ending in / to /translate (Mastodon) send //translate
+    body = {"q": "a dog", "source": "en", "target": "de"}
+    status, out = call(server.url + "/libretranslate//translate", body)
+    assert status == 200 and "translatedText" in out
+    status, out = call(server.url + "//health", method="GET")
+    assert status == 200
+    # merged before the key is checked: no way around it through the slashes
+    status, out = call(keyed_server.url + "//translate", {"text": ["a dog"]})
+    assert status == 401
+
+
+def test_alternatives_as_a_whole_json_number_with_a_fraction(server) -> None:
+    body = {"q": "a dog", "source": "en", "target": "de", "alternatives": 2.0}
+    status, out = call(lt_url(server) + "translate", body)
+    assert status == 200 and isinstance(out["alternatives"], list)
+    status, out = call(lt_url(server) + "translate", {**body, "alternatives": 1.5})
+    assert status == 400 and "not a number" in out["error"]
+
+
+def test_a_large_html_text_is_parsed_off_the_event_loop(
+    translators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the markup's parsing holds until /health has answered: on the event loop it would wait
+    # for ever (the loop answers /health only once the parse returns)
+    import threading
+
+    import transduce.serve.libretranslate as lt
+
+    answered = threading.Event()
+    real = lt.split_html
+
+    def slow_split(text: str):
+        answered.wait(TIMEOUT)
+        return real(text)
+
+    monkeypatch.setattr(lt, "split_html", slow_split)
+    with ServerThread(_app(translators)) as srv:
+        result: list = []
+        body = {"q": "<b>a dog</b>", "source": "en", "target": "de", "format": "html"}
+        worker = threading.Thread(
+            target=lambda: result.append(call(lt_url(srv) + "translate", body))
+        )
+        worker.start()
+        try:
+            time.sleep(0.2)  # the request is in the parse by now (if not, it only waits less)
+            req = urllib.request.Request(srv.url + "/health")
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                assert resp.status == 200
+        finally:
+            answered.set()
+            worker.join(TIMEOUT)
+        assert answered.is_set() and result[0][0] == 200
+
+
+def test_the_libretranslate_routes_are_left_out_of_openapi(server) -> None:
+    status, schema = call(server.url + "/openapi.json", method="GET")
+    assert status == 200 and "/translate" in schema["paths"]
+    assert not [p for p in schema["paths"] if p.startswith("/libretranslate")]
+
+
+def test_max_request_chars_below_max_chars_is_refused(translators, capsys) -> None:
+    from dataclasses import replace
+
+    from transduce.cli.main import main
+
+    with pytest.raises(ValueError, match="max_request_chars .* must be at least max_chars"):
+        replace(LIMITS, max_request_chars=LIMITS.max_chars - 1)
+    model = str(translators["en-de.path"])
+    serve = ["--no-malloc-tuning", "serve", "--port", "0", "--model", model]
+    assert main([*serve, "--max-chars", "50", "--max-request-chars", "10"]) == 2
+    assert "--max-request-chars (10) must be at least --max-chars (50)" in capsys.readouterr().err

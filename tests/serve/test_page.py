@@ -182,3 +182,36 @@ def test_the_recurrent_model_and_a_small_max_beam_translate_without_an_error(
             page.wait_for_timeout(300)  # an attention answer, if any, would be in by then
             sync_api.expect(page.locator("#error")).to_be_empty()
             assert page.locator("#attention").is_hidden() == (model is rnn)
+
+
+class _UnderPrefix:
+    """What a reverse proxy serving the app under /mt/ does: /mt/... reaches it without the
+    prefix, anything else gets a 404 (and the app's lifespan still runs)."""
+
+    def __init__(self, app, prefix: str = "/mt") -> None:
+        self.app, self.prefix = app, prefix
+        self.state = app.state  # the server's limits, for uvicorn_server
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif scope["path"].startswith(self.prefix + "/"):
+            scope = {**scope, "path": scope["path"][len(self.prefix) :], "raw_path": None}
+            await self.app(scope, receive, send)
+        else:
+            from starlette.responses import PlainTextResponse
+
+            await PlainTextResponse("not here", status_code=404)(scope, receive, send)
+
+
+def test_the_page_works_behind_a_proxy_that_serves_it_under_a_prefix(translator, page) -> None:
+    with ServerThread(_UnderPrefix(create_app(translator))) as srv:  # type: ignore[arg-type]
+        page.goto(srv.url + "/mt/")
+        sync_api.expect(page.locator("#beam")).to_have_value("3")  # /health read
+        page.fill("#source", "a dog")
+        page.click("#translate")
+        sync_api.expect(page.locator("ol.nbest li .translation").first).to_have_text(
+            translator.translate(["a dog"])[0]
+        )
+        sync_api.expect(page.locator("#heatmap tbody tr").first).to_be_visible()  # /attention
+        sync_api.expect(page.locator("#error")).to_be_empty()

@@ -103,6 +103,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"--max-body-buffer ({args.max_body_buffer}) must be at least "
             f"--max-body-bytes ({args.max_body_bytes})"
         )
+    if args.max_request_chars < args.max_chars:
+        raise UserError(
+            f"--max-request-chars ({args.max_request_chars}) must be at least "
+            f"--max-chars ({args.max_chars}): a sentence at --max-chars could never be sent"
+        )
     api_key = None if args.api_key_file is None else ApiKey.from_file(args.api_key_file)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535; got {args.port}")

@@ -1,6 +1,7 @@
-"""The translation server's guards below the request handlers: the bearer-token check
-(``ApiKey``, ``RequireApiKey``), the deadline on a request's headers (``guarded_h11``: uvicorn
-has none), and the process's open-file limit (``raise_open_file_limit``, ``open_files_for``).
+"""The translation server's guards below the request handlers: repeated slashes in a path
+merged (``MergeSlashes``), the bearer-token check (``ApiKey``, ``RequireApiKey``), the deadline
+on a request's headers (``guarded_h11``: uvicorn has none), and the process's open-file limit
+(``raise_open_file_limit``, ``open_files_for``).
 
 Imports uvicorn: import it only when serving.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import resource
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,34 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transduce.errors import UserError
 
-__all__ = ["ApiKey", "RequireApiKey", "guarded_h11", "open_files_for", "raise_open_file_limit"]
+__all__ = [
+    "ApiKey",
+    "MergeSlashes",
+    "RequireApiKey",
+    "guarded_h11",
+    "open_files_for",
+    "raise_open_file_limit",
+]
+
+_SLASHES = re.compile(r"/{2,}")
+_RAW_SLASHES = re.compile(rb"/{2,}")
+
+
+class MergeSlashes:
+    """ASGI middleware: a path's repeated slashes merged into one before anything routes it, as
+    Werkzeug (LibreTranslate's server) merges them: clients that join a base URL ending in ``/``
+    to ``/translate`` send ``//translate``. Outermost, so the key check sees the merged path."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "//" in scope["path"]:
+            scope = dict(scope)
+            scope["path"] = _SLASHES.sub("/", scope["path"])
+            if scope.get("raw_path"):
+                scope["raw_path"] = _RAW_SLASHES.sub(b"/", scope["raw_path"])
+        await self.app(scope, receive, send)
 
 
 class ApiKey:

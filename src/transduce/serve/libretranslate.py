@@ -12,15 +12,17 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
   ``format`` (``text``, or ``html``: the text between the tags translated, the markup kept:
   ``serve/html_text.py``), ``alternatives`` (how many more translations to
   give, at most the beam less 1: the model's, capped at ``max_beam``), ``api_key``. The body is
-  JSON or a form (``application/x-www-form-urlencoded``, what ``libretranslatepy`` sends);
-  multipart forms are refused. Answers ``{"translatedText": ...}`` (a string, or a list for a
+  JSON or a form: ``application/x-www-form-urlencoded`` (what ``libretranslatepy`` sends) or
+  ``multipart/form-data`` (what LibreTranslate's own web page sends; fields only, no files).
+  Answers ``{"translatedText": ...}`` (a string, or a list for a
   list), with ``alternatives`` when asked for and ``detectedLanguage`` for ``auto``. A text of
   several lines is translated line by line (the models translate sentences) and joined back
   with ``\\n``.
 * ``GET /libretranslate/languages``: ``[{"code", "name", "targets"}]``, every served language.
   Open without a key, as LibreTranslate's is.
 * ``GET /libretranslate/frontend/settings``: what LibreTranslate's web page reads first (the
-  character limit, whether a key is needed, the first served pair as the default languages).
+  character limit ``max_chars``, whether a key is needed, the first served pair as the
+  default languages).
 * ``POST /libretranslate/detect``: no language is detected; with a single served source language,
   it is the answer (``[{"confidence": 100.0, "language": CODE}]``, the only candidate), else 400.
 
@@ -32,7 +34,10 @@ With ``--api-key-file``, ``api_key`` in the body (or the query string) is the ke
 limits, before the key in it can be checked. Form fields may also come in the query string (the
 query's first, as Flask's ``request.values`` gives them), and raw UTF-8 in a form is taken. Every
 answer carries LibreTranslate's CORS headers (``Access-Control-Allow-Origin: *``), and ``OPTIONS``
-preflights are answered, so browser apps on other origins can call it.
+preflights are answered, so browser apps on other origins can call it. Parsing a body (a form,
+an HTML text's markup) runs on a worker thread, so that a large one does not hold up the server's
+other requests. The routes are left out of ``/openapi.json``: LibreTranslate's own API
+description is theirs (https://libretranslate.com/docs).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
 
 from transduce.errors import UserError
 from transduce.serve.guard import ApiKey, authorization_header
@@ -138,11 +146,11 @@ def add_libretranslate(
 ) -> None:
     """Add the LibreTranslate endpoints under ``PREFIX`` (see the module docstring)."""
 
-    @app.options(PREFIX + "/{path:path}")
+    @app.options(PREFIX + "/{path:path}", include_in_schema=False)
     async def preflight(path: str) -> Response:
         return Response(status_code=204, headers=CORS)
 
-    @app.get(PREFIX + "/frontend/settings")
+    @app.get(PREFIX + "/frontend/settings", include_in_schema=False)
     async def frontend_settings() -> JSONResponse:
         sources = models.sources()
         source = sources[0] if sources else ""
@@ -150,7 +158,7 @@ def add_libretranslate(
         target = targets[0] if targets else ""
         return _answer(
             {
-                "charLimit": limits.max_chars,
+                "charLimit": limits.max_chars,  # (max_request_chars is at least this)
                 "frontendTimeout": 500,
                 "apiKeys": api_key is not None,
                 "keyRequired": api_key is not None,
@@ -164,7 +172,7 @@ def add_libretranslate(
             }
         )
 
-    @app.get(PREFIX + "/languages")
+    @app.get(PREFIX + "/languages", include_in_schema=False)
     async def languages() -> JSONResponse:
         return _answer(
             [
@@ -177,7 +185,7 @@ def add_libretranslate(
             ]
         )
 
-    @app.post(PREFIX + "/translate")
+    @app.post(PREFIX + "/translate", include_in_schema=False)
     async def translate(request: Request) -> JSONResponse:
         try:
             fields = await _read_fields(request, limits, budget, api_key)
@@ -185,7 +193,7 @@ def add_libretranslate(
         except ApiError as e:
             return _lt_error(e)
 
-    @app.post(PREFIX + "/detect")
+    @app.post(PREFIX + "/detect", include_in_schema=False)
     async def detect(request: Request) -> JSONResponse:
         try:
             fields = await _read_fields(request, limits, budget, api_key)
@@ -204,7 +212,11 @@ def add_libretranslate(
             return _lt_error(e)
 
     # last: what no route above takes, in LibreTranslate's error shape with its CORS headers
-    @app.api_route(PREFIX + "/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.api_route(
+        PREFIX + "/{path:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
     async def elsewhere(path: str) -> JSONResponse:
         if path in _DISABLED:  # as a LibreTranslate server with these off answers them
             return _error(403, _DISABLED[path])
@@ -222,7 +234,10 @@ async def _read_fields(
     """The request's fields (a JSON object or a form), its API key checked."""
     body = await read_body(request, limits, budget)
     content_type = request.headers.get("content-type", "")
-    fields = _parse_fields(body, content_type)
+    if _mime(content_type) == "multipart/form-data":
+        fields = await _multipart_fields(request, body)
+    else:  # off the event loop: a megabyte of form or JSON takes a while to parse
+        fields = await run_in_threadpool(_parse_fields, body, content_type)
     if not is_json_type(content_type):
         # Flask's request.values, as LibreTranslate reads a form: the query string first
         query = _form_pairs(request.scope.get("query_string", b""), "query string")
@@ -232,21 +247,47 @@ async def _read_fields(
     return fields
 
 
+def _mime(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
 def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
-    """A JSON body (``application/json`` or ``*+json``) as it is; any other as a URL-encoded form,
-    the first value of each field kept (as LibreTranslate's Flask ``request.values`` does)."""
-    mime = content_type.split(";")[0].strip().lower()
+    """A JSON body (``application/json`` or ``*+json``) as it is; any other but multipart as a
+    URL-encoded form, the first value of each field kept (as LibreTranslate's Flask
+    ``request.values`` does)."""
     if is_json_type(content_type):
         data = load_json(body)
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
         return data
-    if mime == "multipart/form-data":
+    return _form_pairs(body, "form")
+
+
+async def _multipart_fields(request: Request, body: bytes) -> dict[str, Any]:
+    """A ``multipart/form-data`` ``body`` (already read within the limits) as fields, the first
+    value of each kept; a file part is a 400 (no endpoint here takes files)."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, receive).form(max_files=0, max_fields=1_000)
+    except AssertionError:  # Starlette's word for python-multipart being absent
         raise ApiError(
             400,
-            "multipart/form-data is not supported: send JSON or application/x-www-form-urlencoded",
-        )
-    return _form_pairs(body, "form")
+            "multipart/form-data needs python-multipart on the server (pip install "
+            "'transduce[serve]'); send JSON or application/x-www-form-urlencoded",
+        ) from None
+    except (MultiPartException, StarletteHTTPException, ValueError) as e:
+        # (Starlette turns its MultiPartException into a 400 HTTPException inside an app)
+        detail = getattr(e, "message", None) or getattr(e, "detail", None) or str(e)
+        raise ApiError(400, f"the multipart form cannot be read: {detail}") from None
+    fields: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if not isinstance(value, str):  # cannot happen with max_files=0; kept as a guard
+            raise ApiError(400, f"Invalid request: {name} is a file; no endpoint here takes files")
+        fields.setdefault(name, value)
+    return fields
 
 
 def _form_pairs(data: bytes, what: str) -> dict[str, Any]:
@@ -303,6 +344,8 @@ def _texts(q: Any) -> tuple[list[str], bool]:
 
 def _alternatives(fields: dict[str, Any]) -> int:
     value = fields.get("alternatives", 0)
+    if isinstance(value, float) and value.is_integer():  # JSON's 2.0: int() takes it there too
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ApiError(400, "Invalid request: alternatives parameter is not a number")
     try:
@@ -372,8 +415,8 @@ async def _translate(
         )
     joins: list[Callable[[Sequence[str]], str]]
     if text_format == "html":  # the text between the tags, each run a segment
-        try:
-            documents = [split_html(text) for text in texts]
+        try:  # off the event loop: a megabyte of markup takes seconds to parse
+            documents = await run_in_threadpool(lambda: [split_html(text) for text in texts])
         except ValueError as e:
             raise ApiError(400, f"Invalid request: q is {e}") from None
         lines = [list(d.segments) for d in documents]

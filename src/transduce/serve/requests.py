@@ -88,6 +88,11 @@ class ServerLimits:
                 f"max_body_buffer ({self.max_body_buffer}) must be at least max_body_bytes "
                 f"({self.max_body_bytes}), or a body at the limit could never be read"
             )
+        if self.max_request_chars < self.max_chars:
+            raise ValueError(
+                f"max_request_chars ({self.max_request_chars}) must be at least max_chars "
+                f"({self.max_chars}), or a sentence at the limit could never be sent"
+            )
 
 
 def served_decode(translator: Any, limits: ServerLimits, **settings: Any) -> DecodeConfig:

@@ -63,6 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher, TranslatorLike
 from transduce.serve.guard import (
     ApiKey,
+    MergeSlashes,
     RequireApiKey,
     authorization_header,
     guarded_h11,
@@ -206,6 +207,7 @@ def create_app(
             open_paths=("/health", "/"),  # the page holds no secret; it asks for the key
             open_prefixes=(LIBRETRANSLATE_PREFIX + "/",),
         )
+    app.add_middleware(MergeSlashes)  # added last: outermost
     return app
 
 
