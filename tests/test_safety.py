@@ -510,3 +510,17 @@ def test_convert_refuses_a_file_that_holds_no_usable_model(files, tmp_path: Path
         code, _, err = _run(["convert", str(old), str(tmp_path / f"{name}_new.pt")], capsys)
         assert code == 2 and str(old) in err and err.count("\n") == 1, (name, err)
         assert not (tmp_path / f"{name}_new.pt").exists()
+
+
+def test_a_hugging_face_folder_given_as_a_model_says_how_to_import_it(
+    tmp_path: Path, capsys
+) -> None:
+    folder = tmp_path / "opus-mt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="transduce import huggingface"):
+        checkpoint.load_model(folder)
+    assert main(["--no-malloc-tuning", "translate", "--model", str(folder)]) == 2
+    assert "not a transduce model" in capsys.readouterr().err
+    with pytest.raises(UserError, match="checkpoint not found"):  # a folder of nothing
+        checkpoint.load_model(tmp_path)

@@ -271,3 +271,32 @@ def test_a_folder_without_tokenizer_or_record_is_refused(tmp_path: Path) -> None
     (tmp_path / "m" / "transduce.json").unlink()
     with pytest.raises(UserError, match="no sentencepiece.model and no transduce.json"):
         translate_with_ctranslate2(tmp_path / "m", ["w4 w5"])
+
+
+@pytest.mark.parametrize(("max_positions", "rows"), [(2048, 2048), (64, 1024)])
+def test_the_position_table_is_the_models_and_at_least_1024(
+    tmp_path: Path, max_positions: int, rows: int
+) -> None:
+    # ours grows with the input: the export's table is the model's max_positions, at least 1024,
+    # so that a 1,200-token source scores as ours (CTranslate2 would cut it to 1,024 in silence)
+    model = random_model(max_positions=max_positions)
+    info = export_model(model, TOKENS, tmp_path / "m")
+    assert info["max_positions"] == rows
+    if rows < 1200:
+        return
+    scorer = ctranslate2.Translator(str(tmp_path / "m"), intra_threads=1)
+    s = [4 + i % 46 for i in range(1200)]
+    with torch.no_grad():
+        logits = model(torch.tensor([[*s, EOS]]), torch.tensor([[BOS, 7, 8]]))[0]
+    ours = logits.log_softmax(-1)[torch.arange(3), torch.tensor([7, 8, EOS])]
+    res = scorer.score_batch(
+        [[TOKENS[i] for i in s]], [[TOKENS[7], TOKENS[8]]], max_input_length=0
+    )[0]
+    np.testing.assert_allclose(res.log_probs, ours.numpy(), atol=1e-4)
+
+
+def test_a_source_longer_than_the_table_is_refused_not_cut(trained, tmp_path: Path) -> None:
+    export_checkpoint(trained, tmp_path / "short", max_positions=12)
+    sentence = " ".join(["the dog runs"] * 6)
+    with pytest.raises(UserError, match=r"sentence 2 has \d+ pieces .* position table holds 12"):
+        translate_with_ctranslate2(tmp_path / "short", ["a dog", sentence])

@@ -233,12 +233,14 @@ def test_damaged_folders_are_one_line(tmp_path: Path) -> None:
     save_file(weights, str(missing / "model.safetensors"), metadata={"format": "pt"})
     truncated = damaged("truncated")
     (truncated / "model.safetensors").write_bytes((base / "model.safetensors").read_bytes()[:3000])
+    start = damaged("start", decoder_start_token_id=500)
+    (start / "generation_config.json").unlink()  # (which would name the start token instead)
     for folder, needle in (
         (missing, "missing tensors: model.encoder.layers.0.fc1.weight"),
         (truncated, "cannot load the Marian weights"),
         (damaged("dropout", dropout=None), "dropout must be a number"),
         (damaged("tie", tie_word_embeddings="no"), "tie_word_embeddings must be true or false"),
-        (damaged("start", decoder_start_token_id=500), "no id 500, the decoder's start"),
+        (start, "no id 500, the decoder's start"),
         (damaged("width", d_model=64), "shapes are not those config.json gives"),
     ):
         with pytest.raises(UserError, match=needle) as e:
@@ -294,6 +296,44 @@ def test_imported_model_exports_to_ctranslate2(marian: dict[str, Any], tmp_path:
     # on (measured: without it, it ends there too): those lines are left out
     kept = [k for k, text in enumerate(ours) if text]
     assert len(kept) > len(SOURCES) // 2
+    assert [theirs[k] for k in kept] == [ours[k] for k in kept]
+
+
+def test_a_language_code_reaches_ctranslate2_as_one_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multilingual OPUS-MT model's >>fra<< is one token on every path: MarianTokenizer's,
+    the import's and the CTranslate2 export's (SentencePiece alone splits it)."""
+    pytest.importorskip("ctranslate2")
+    import marian_testkit
+
+    from transduce.export.ctranslate2 import export_checkpoint, translate_with_ctranslate2
+
+    plain = marian_testkit.joint_vocab
+
+    def with_code(source: bytes, target: bytes) -> dict[str, int]:
+        vocab = plain(source, target)
+        pad = vocab.pop("<pad>")  # the padding stays the last id (the folder's start token)
+        vocab[">>fra<<"] = pad
+        vocab["<pad>"] = pad + 1
+        return vocab
+
+    monkeypatch.setattr(marian_testkit, "joint_vocab", with_code)
+    folder = marian_testkit.marian_folder(tmp_path / "multi")
+    import_marian(folder, tmp_path / "multi.pt")
+    translator = Translator.load(tmp_path / "multi.pt")
+    texts = [f">>fra<< {t}" for t in SOURCES]
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert (
+        tok.tokenize(texts[0])[0]
+        == ">>fra<<"
+        == translator.vocab.id_to_piece(translator.vocab.encode(texts[0])[0])
+    )
+    export_checkpoint(tmp_path / "multi.pt", tmp_path / "ct2")
+    ours = translator.translate(texts, translator.decode_config(beam=1, max_len_offset=5))
+    theirs = translate_with_ctranslate2(tmp_path / "ct2", texts, beam_size=1, max_len_offset=5)
+    kept = [k for k, text in enumerate(ours) if text]  # (as above: EOS first is left out)
+    assert len(kept) >= len(texts) // 2
     assert [theirs[k] for k in kept] == [ours[k] for k in kept]
 
 

@@ -151,6 +151,11 @@ def save(state: dict[str, Any], path: str | Path) -> None:
 def _resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
+        if not (p / "model.pt").is_file() and (p / "config.json").is_file():
+            raise UserError(
+                f"{path}: a folder with config.json but no model.pt: not a transduce model "
+                "(a Hugging Face/Marian folder? transduce import huggingface turns it into one)"
+            )
         p = p / "model.pt"
     if not p.is_file():
         raise UserError(f"checkpoint not found: {path}")

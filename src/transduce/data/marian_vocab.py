@@ -21,7 +21,7 @@ import sentencepiece as spm
 from transduce.data.vocab import SPECIALS, UNK
 from transduce.errors import UserError
 
-__all__ = ["MarianVocab"]
+__all__ = ["MarianVocab", "language_code"]
 
 _N_SPECIAL = len(SPECIALS)
 
@@ -36,7 +36,7 @@ def sentencepiece_processor(proto: bytes, name: str) -> spm.SentencePieceProcess
     return sp
 
 
-def _language_code(text: str) -> tuple[str | None, str]:
+def language_code(text: str) -> tuple[str | None, str]:
     """'>>fra<< text' -> ('>>fra<<', ' text'); no code -> (None, text)."""
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return text[: end + 2], text[end + 2 :]
@@ -75,12 +75,12 @@ class MarianVocab:
         return head + [get(p, UNK) for p in pieces]
 
     def encode(self, text: str) -> list[int]:
-        code, rest = _language_code(text)
+        code, rest = language_code(text)
         return self._ids(code, self._encoder.encode(rest, out_type=str))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``encode`` of each text, SentencePiece splitting them in one call."""
-        split = [_language_code(t) for t in texts]
+        split = [language_code(t) for t in texts]
         pieces = self._encoder.encode([rest for _, rest in split], out_type=str)
         return [self._ids(code, p) for (code, _), p in zip(split, pieces, strict=True)]
 

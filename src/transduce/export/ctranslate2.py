@@ -25,8 +25,9 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
 * sinusoidal positions: CTranslate2's built-in table puts the sines in the first half and the
   cosines in the second (as fairseq and Marian do), while the paper (and ``positional_table``)
   interleaves them, so our table is written explicitly into ``position_encodings``
-  (``max_positions`` rows, 1024 by default: longer inputs or outputs are an error in
-  CTranslate2). Learned positions are written as they are.
+  (the model's ``max_positions`` rows, at least 1024: ours grows with the input, CTranslate2's
+  is fixed; ``translate_with_ctranslate2`` refuses a longer source, where CTranslate2 would cut
+  it short, and caps outputs there). Learned positions are written as they are.
 * the source gets EOS appended (``add_source_eos``), the target starts from ``<s>``, as in
   training; the shared embedding / pre-softmax matrix is stored once (CTranslate2 aliases equal
   weights).
@@ -53,8 +54,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from transduce.data.marian_vocab import language_code
 from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, VocabPair
 from transduce.errors import UserError
+from transduce.export.positions import exported_positions
 from transduce.model.transformer import Transformer
 
 __all__ = [
@@ -80,7 +83,7 @@ SENTENCEPIECE_FILE = "sentencepiece.model"
 TARGET_SENTENCEPIECE_FILE = "target_sentencepiece.model"
 INFO_FILE = "transduce.json"
 CHARACTERS = "characters"  # transduce.json's tokenizer of a model of one token per character
-DEFAULT_MAX_POSITIONS = 1024
+LANGUAGE_CODES = "language_codes"  # transduce.json: a leading >>xx<< is one token (Marian's way)
 
 
 def _ct2() -> Any:
@@ -166,7 +169,7 @@ def _check_tokens(tokens: Sequence[str], vocab_size: int) -> list[str]:
 
 
 def build_spec(
-    model: Transformer, tokens: Sequence[str], *, max_positions: int = DEFAULT_MAX_POSITIONS
+    model: Transformer, tokens: Sequence[str], *, max_positions: int | None = None
 ) -> Any:
     """A filled ``ctranslate2.specs.TransformerSpec`` of ``model`` (a ``transduce.model.
     Transformer``) with ``tokens`` (the pieces by id) as its source and target vocabulary."""
@@ -206,7 +209,7 @@ def build_spec(
         embeddings.weight = _array(side.embed.weight)
         side_spec.scale_embeddings = True  # sqrt(d_model), as Embeddings does
         side_spec.position_encodings.encodings = _positions(
-            side.positions, cfg.d_model, max_positions
+            side.positions, cfg.d_model, exported_positions(cfg, max_positions)
         )
         if pre_norm:
             _set_norm(side_spec.layer_norm, side.final_norm)
@@ -250,12 +253,13 @@ def export_model(
     target_sentencepiece_model: bytes | None = None,
     quantization: str | None = None,
     force: bool = False,
-    max_positions: int = DEFAULT_MAX_POSITIONS,
+    max_positions: int | None = None,
     extra_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``model`` with vocabulary ``tokens`` as a CTranslate2 model folder; returns a dict
     describing it (also written to ``transduce.json``). ``quantization``: None (float32, as
-    trained) or one of ``QUANTIZATIONS``. An existing ``output_dir`` is an error unless
+    trained) or one of ``QUANTIZATIONS``. ``max_positions``: the sinusoidal table's rows (None:
+    ``export.positions.exported_positions``). An existing ``output_dir`` is an error unless
     ``force``, and even then unless it is empty or a previous export (holds ``model.bin``)."""
     ct2 = _ct2()
     from ctranslate2.converters.converter import Converter
@@ -300,7 +304,7 @@ def export_model(
         "n_layers": cfg.n_layers,
         "d_model": cfg.d_model,
         "n_heads": cfg.n_heads,
-        "max_positions": max_positions if cfg.positional == "sinusoidal" else cfg.max_positions,
+        "max_positions": exported_positions(cfg, max_positions),
         **(extra_info or {}),
     }
     tmp = out / (INFO_FILE + ".tmp")
@@ -316,9 +320,10 @@ def export_checkpoint(
     *,
     quantization: str | None = None,
     force: bool = False,
-    max_positions: int = DEFAULT_MAX_POSITIONS,
+    max_positions: int | None = None,
 ) -> dict[str, Any]:
-    """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it."""
+    """Export a checkpoint (file or run folder) with its SentencePiece vocabulary beside it
+    (``max_positions``: as ``export_model``'s)."""
     _ct2()  # before loading a large checkpoint
     from transduce.checkpoint import load_model
     from transduce.data.marian_vocab import MarianVocab
@@ -365,8 +370,23 @@ def export_checkpoint(
         quantization=quantization,
         force=force,
         max_positions=max_positions,
-        extra_info={"source_checkpoint": str(path), "decode": decode},
+        # a Marian vocabulary takes a leading >>xx<< language code as one token
+        extra_info={
+            "source_checkpoint": str(path),
+            "decode": decode,
+            LANGUAGE_CODES: isinstance(vocab, MarianVocab),
+        },
     )
+
+
+def _pieces(text: str, sp: Any, info: dict[str, Any]) -> list[str]:
+    """``text`` as the export's tokens: characters (no SentencePiece model), or SentencePiece
+    pieces after a leading ``>>xx<<`` language code kept whole where the vocabulary is Marian's
+    (as ``MarianVocab.encode`` and Hugging Face's ``MarianTokenizer`` split it)."""
+    if sp is None:
+        return list(text)
+    code, rest = language_code(text) if info.get(LANGUAGE_CODES) else (None, text)
+    return ([] if code is None else [code]) + sp.encode(rest, out_type=str)
 
 
 def translate_with_ctranslate2(
@@ -414,11 +434,16 @@ def translate_with_ctranslate2(
             max_len_offset = info.get("decode", {}).get("max_len_offset")
         texts = [s.strip() for s in sentences]
         out = [""] * len(texts)
-        pieces = {
-            i: list(t) if sp is None else sp.encode(t, out_type=str)
-            for i, t in enumerate(texts)
-            if t
-        }
+        pieces = {i: _pieces(t, sp, info) for i, t in enumerate(texts) if t}
+        positions = info.get("max_positions")
+        too_long = [i for i, p in pieces.items() if positions and len(p) + 1 > positions]
+        if too_long:  # CTranslate2 would cut the source short in silence (max_input_length)
+            i = too_long[0]
+            raise UserError(
+                f"sentence {i + 1} has {len(pieces[i])} pieces and EOS; this export's position "
+                f"table holds {positions}: export again with a larger max_positions"
+            )
+        options.setdefault("max_input_length", 0)  # no cut: the check above bounds the sources
         groups: dict[int | None, list[int]] = {}
         for i, p in pieces.items():  # one call per output cap
             groups.setdefault(None if max_len_offset is None else len(p), []).append(i)
@@ -426,7 +451,9 @@ def translate_with_ctranslate2(
         options.setdefault("min_decoding_length", 0)  # CTranslate2's 1 forbids </s> first
         for length, todo in groups.items():
             if length is not None and max_len_offset is not None:  # grouped by length: an offset
-                options["max_decoding_length"] = length + 1 + max_len_offset  # +1: the source EOS
+                cap = length + 1 + max_len_offset  # +1: the source EOS
+                # (and no more than the position table holds: CTranslate2's limit)
+                options["max_decoding_length"] = min(cap, positions) if positions else cap
             results = translator.translate_batch(
                 [pieces[i] for i in todo], beam_size=beam_size, **options
             )

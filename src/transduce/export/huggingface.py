@@ -27,9 +27,12 @@ What maps onto what (configurations: ``marian_config``; weights: ``marian_weight
   target embedding tied to the output layer or not as Marian's.
 
 Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
-BOS are never generated (``bad_words_ids``), as in transduce's searches. Their
-``generation_config.json`` holds the model's beam as ``num_beams``, its output length cap as
-``transduce_max_len_offset`` and its alpha as ``transduce_alpha`` (both of which an import reads
+BOS are never generated (``bad_words_ids``), as in transduce's searches. Their position table
+holds the model's ``max_positions``, at least 1024 (transduce's sinusoids grow with the input,
+Marian's table is fixed: ``export.positions``). Their ``generation_config.json`` holds a sampling
+model's ``do_sample``, ``temperature``, ``top_k`` and ``top_p`` (one beam; its seed as
+``transduce_sampling_seed``), and a searching model's beam as ``num_beams``, its output length
+cap as ``transduce_max_len_offset`` and its alpha as ``transduce_alpha`` (which an import reads
 back; a folder without them gets transduce's defaults) and as ``length_penalty``, which
 Hugging Face applies as ``log P / |Y| ** length_penalty`` where transduce applies the GNMT
 ``log P / ((5 + |Y|) / 6) ** alpha`` (the same only at 0). Greedy outputs are the same. Beams
@@ -38,11 +41,20 @@ keeps W live ones, and a forced EOS (at the length limit) counts
 its log-probability here and 0 there (tests/export/test_huggingface*.py: 39 of 40 lines alike
 on a trained model, the other one a choice of the search).
 
+An import takes ``generate``'s settings from ``generation_config.json`` (over ``config.json``):
+the start token, the beam, sampling (Hugging Face's defaults where unset, such as ``top_k`` 50).
+Its ``max_length`` is not read: transduce caps an output at the source's length plus
+``max_len_offset`` (a longer output than that is the only way the two can part on greedy search).
+
 What neither side can represent is refused in one line naming the field: on import
 ``normalize_before``, ``normalize_embedding`` / ``layernorm_embedding``, ``add_final_layer_norm``,
 ``static_position_embeddings: false``, ``scale_embedding: false``, unequal encoder and decoder
-shapes, an odd ``d_model``; on export the recurrent baseline, pre-norm, learned positions, word
-positions, d_k or d_v other than d_model / n_heads, vocabularies other than SentencePiece ones.
+shapes, an odd ``d_model``, generation settings transduce has none of (``no_repeat_ngram_size``,
+``repetition_penalty``, ``min_length``, ``forced_bos_token_id``, words banned other than the
+padding and start tokens, beam sampling, ... : ``marian_config.GENERATION_NO_OPS``), an EOS in
+``generation_config.json`` other than ``config.json``'s; on export the recurrent baseline,
+pre-norm, learned positions, word positions, d_k or d_v other than d_model / n_heads,
+vocabularies other than SentencePiece ones.
 """
 
 from __future__ import annotations
@@ -57,7 +69,7 @@ from typing import Any
 import torch
 
 from transduce.checkpoint import check_finite, load_model, save_model_file
-from transduce.config import Config, DecodeConfig, TranslationTaskConfig
+from transduce.config import Config, TranslationTaskConfig
 from transduce.data.marian_vocab import MarianVocab, sentencepiece_processor
 from transduce.data.vocab import (
     BOS,
@@ -71,15 +83,15 @@ from transduce.data.vocab import (
 )
 from transduce.errors import UserError
 from transduce.export.marian_config import (
-    ALPHA_KEY,
-    OFFSET_KEY,
     check_exportable,
     check_marian_config,
+    decode_config,
     generation_config,
     marian_config,
     model_config,
     quiet_transformers,
     transformers_module,
+    with_generation_ids,
 )
 from transduce.export.marian_weights import from_marian_state, to_marian_state
 from transduce.model.transformer import make_model
@@ -288,6 +300,10 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
         raise UserError(f"{output} exists; --force replaces it")
     c = _read_json(folder / "config.json")
     check_marian_config(c, folder / "config.json")
+    generation_file = folder / "generation_config.json"
+    generation = _optional_json(generation_file)
+    c = with_generation_ids(c, generation, generation_file)  # generate's ids, where it sets them
+    decode = decode_config(generation, c, generation_file)
     v = _read_vocabularies(folder, c)
     model_cfg = model_config(c, folder / "config.json")
     state = from_marian_state(
@@ -301,22 +317,6 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     src_size, tgt_size = vocab_sizes(v.vocab)
     model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(state)
-    generation_file = folder / "generation_config.json"
-    generation = _optional_json(generation_file)
-    beam = generation.get("num_beams", c.get("num_beams", 4))
-    # transduce's GNMT alpha, which an export writes beside Hugging Face's length_penalty (not
-    # the same penalty: a folder of another tool keeps transduce's default)
-    alpha = generation.get(ALPHA_KEY, DecodeConfig.alpha)
-    offset = generation.get(OFFSET_KEY, DecodeConfig.max_len_offset)  # likewise
-    for key, value, low in (("num_beams", beam, 1), (OFFSET_KEY, offset, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise UserError(f"{generation_file}: {key} {value!r}; expected an integer >= {low}")
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
-        raise UserError(f"{generation_file}: {ALPHA_KEY} {alpha!r}; expected a number")
-    try:
-        decode = DecodeConfig(beam=beam, alpha=float(alpha), max_len_offset=offset)
-    except UserError as e:  # a value out of transduce's range
-        raise UserError(f"{generation_file}: {e}") from None
     cfg = Config(model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share), decode=decode)
     written: dict[str, Any] = {
         "config": cfg.to_dict(),

@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from transduce.config import Config, ModelConfig
+from transduce.config import Config, DecodeConfig, ModelConfig
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.errors import UserError
+from transduce.export.positions import exported_positions
 from transduce.model.transformer import Transformer
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "OFFSET_KEY",
     "check_exportable",
     "check_marian_config",
+    "decode_config",
     "generation_config",
+    "with_generation_ids",
     "marian_config",
     "model_config",
     "quiet_transformers",
@@ -31,6 +34,35 @@ __all__ = [
 # is not (transduce.export.huggingface): an export writes it, an import reads it back
 ALPHA_KEY = "transduce_alpha"
 OFFSET_KEY = "transduce_max_len_offset"  # the output length cap past the source's
+SEED_KEY = "transduce_sampling_seed"  # a sampling model's seed: Hugging Face has no place for it
+# generation_config.json settings transduce's decoding has no counterpart for, with the values
+# that leave generate's outputs as transduce's (unset, or its default): another is refused on
+# import, naming the setting, since generate's outputs would differ from the import's
+GENERATION_NO_OPS: dict[str, tuple[Any, ...]] = {
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "forced_bos_token_id": (None,),
+    "num_beam_groups": (None, 1),
+    "diversity_penalty": (None, 0.0),
+    "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "min_p": (None, 0.0),
+    "exponential_decay_length_penalty": (None,),
+    "sequence_bias": (None, {}),
+    "force_words_ids": (None, []),
+    "penalty_alpha": (None, 0.0),
+    "guidance_scale": (None, 1.0),
+    "num_return_sequences": (None, 1),
+}
+# Hugging Face's sampling defaults, where generation_config.json leaves them unset
+HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
 # Marian's activation_function -> ModelConfig.activation, and back
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
@@ -203,7 +235,7 @@ def marian_config(cfg: Config, src: int, tgt: int, share: bool) -> Any:
         dropout=m.dropout,
         attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
-        max_position_embeddings=m.max_positions,
+        max_position_embeddings=exported_positions(m),  # transduce's table grows
         scale_embedding=True,
         pad_token_id=PAD,
         eos_token_id=EOS,
@@ -224,11 +256,98 @@ def generation_config(cfg: Config) -> Any:
         "pad_token_id": PAD,
         "forced_eos_token_id": EOS,
         "bad_words_ids": [[PAD], [BOS]],  # never generated
-        "max_length": cfg.model.max_positions,
+        "max_length": exported_positions(cfg.model),
         "num_beams": d.beam,
         ALPHA_KEY: d.alpha,  # unread by Hugging Face; transduce's import takes it back
         OFFSET_KEY: d.max_len_offset,  # likewise
     }
-    if d.beam > 1:  # Hugging Face warns of a length penalty without a beam
+    if d.sampling:  # a sampling model samples there too, one sample: no beam
+        options.update(
+            do_sample=True,
+            num_beams=1,
+            temperature=d.temperature,
+            top_k=d.top_k,  # 0: no cut, there as here
+            top_p=d.top_p,
+        )
+        options[SEED_KEY] = d.sampling_seed
+    elif d.beam > 1:  # Hugging Face warns of a length penalty without a beam
         options["length_penalty"] = d.alpha
     return transformers_module().GenerationConfig(**options)
+
+
+def with_generation_ids(
+    c: dict[str, Any], generation: dict[str, Any], where: Path
+) -> dict[str, Any]:
+    """config.json's fields ``c`` with the ids ``generate`` takes from generation_config.json
+    (``generation``, read from ``where``) where it sets them: the decoder's start token; its
+    EOS must be config.json's (transduce ends at one EOS token)."""
+    start = generation.get("decoder_start_token_id")
+    if start is not None:
+        c = {**c, "decoder_start_token_id": start}
+    eos = generation.get("eos_token_id")
+    if isinstance(eos, list) and len(eos) == 1:
+        eos = eos[0]
+    if eos is not None and eos != c.get("eos_token_id"):
+        raise UserError(
+            f"{where}: eos_token_id {eos!r} and config.json's {c.get('eos_token_id')!r}: "
+            "transduce ends at one EOS token; make them agree"
+        )
+    return c
+
+
+def _number(where: Path, key: str, value: Any, kind: type, low: float) -> Any:
+    ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    if not ok or isinstance(value, bool) or value < low:
+        raise UserError(f"{where}: {key} {value!r}; expected {kind.__name__} >= {low}")
+    return kind(value)
+
+
+def decode_config(generation: dict[str, Any], c: dict[str, Any], where: Path) -> DecodeConfig:
+    """The decoding settings of a Marian folder: its generation_config.json (``generation``, at
+    ``where``; {} where there is none) over its config.json ``c`` (with ``with_generation_ids``'s
+    ids): the beam (``num_beams``), sampling (``do_sample`` with one beam: ``temperature``,
+    ``top_k``, ``top_p``, Hugging Face's defaults where unset), an export's alpha, output cap and
+    seed. A setting transduce has no counterpart for (``GENERATION_NO_OPS``, words banned other
+    than the padding and start tokens, which it never generates) is a UserError naming it."""
+    for key, no_ops in GENERATION_NO_OPS.items():
+        if key in generation and generation[key] not in no_ops:
+            raise UserError(
+                f"{where}: {key} {generation[key]!r}: transduce's decoding has no such setting "
+                "(generate's outputs would differ from the import's); remove it to import"
+            )
+    never = {c.get("pad_token_id"), c.get("decoder_start_token_id")}
+    for words in generation.get("bad_words_ids") or []:
+        if not (isinstance(words, list) and len(words) == 1 and words[0] in never):
+            raise UserError(
+                f"{where}: bad_words_ids bans {words!r}: transduce bans only the padding and "
+                "start tokens, which it never generates; remove it to import"
+            )
+    beam = _number(where, "num_beams", generation.get("num_beams", c.get("num_beams", 4)), int, 1)
+    # transduce's GNMT alpha and output cap, which an export writes beside Hugging Face's
+    # length_penalty and max_length (not the same: a folder of another tool keeps the defaults)
+    alpha = _number(where, ALPHA_KEY, generation.get(ALPHA_KEY, DecodeConfig.alpha), float, 0)
+    offset = generation.get(OFFSET_KEY, DecodeConfig.max_len_offset)
+    offset = _number(where, OFFSET_KEY, offset, int, 0)
+    sampling = generation.get("do_sample") or False
+    if not isinstance(sampling, bool):
+        raise UserError(f"{where}: do_sample {sampling!r}; expected true or false")
+    settings: dict[str, Any] = {}
+    if sampling:
+        if beam != 1:
+            raise UserError(
+                f"{where}: do_sample with num_beams {beam} (beam sampling): transduce samples "
+                "one token at a time without a beam; set num_beams 1 or do_sample false"
+            )
+        got = {k: generation.get(k) for k in HF_SAMPLING_DEFAULTS}
+        got = {k: HF_SAMPLING_DEFAULTS[k] if v is None else v for k, v in got.items()}
+        settings = {
+            "sampling": True,
+            "temperature": _number(where, "temperature", got["temperature"], float, 0),
+            "top_k": _number(where, "top_k", got["top_k"], int, 0),
+            "top_p": _number(where, "top_p", got["top_p"], float, 0),
+            "sampling_seed": _number(where, SEED_KEY, generation.get(SEED_KEY, 0), int, 0),
+        }
+    try:
+        return DecodeConfig(beam=beam, alpha=alpha, max_len_offset=offset, **settings)
+    except UserError as e:  # a value out of transduce's range
+        raise UserError(f"{where}: {e}") from None
