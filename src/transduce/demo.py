@@ -16,6 +16,7 @@ from transduce.data.synthetic import make_task
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference.search import predict_ids, searchable
+from transduce.training.fit import check_new_run
 from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
@@ -74,6 +75,7 @@ def run_demo(
             "the demo scores greedy outputs (decode.beam 1, no sampling); for other decoding "
             "train with `transduce train --config configs/addition.yaml` and decode the model"
         )
+    check_new_run(out_dir, False, resumable=False)  # the demo has no --resume
     started = time.monotonic()
     summary = train_synthetic(cfg, out_dir, show_progress=show_progress)
     out = Path(out_dir)

@@ -17,6 +17,7 @@ from transduce.config import Config, from_dict, update
 from transduce.demo import DEMO_CONFIG
 from transduce.plotting.records import read_metrics
 from transduce.plotting.reversal import plot_reversal, reversal_summary
+from transduce.training.fit import check_new_run
 from transduce.training.run import train_synthetic
 
 SyntheticTask = Literal["addition", "copy", "reverse"]
@@ -54,6 +55,8 @@ def reversal(
     (None if never), and where the figure is."""
     out = Path(out)
     runs = {"baseline": out / "baseline", "reversed": out / "reversed"}
+    for run in runs.values():  # both, before either trains
+        check_new_run(run, False, resumable=False)
     for name, run in runs.items():
         cfg = reversal_config(task, minutes, reverse_input=name == "reversed")
         train_synthetic(cfg, run, show_progress=show_progress)

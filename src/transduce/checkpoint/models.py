@@ -158,14 +158,21 @@ def load_safetensors(path: str | Path) -> dict[str, Any]:
     return {"format": FORMAT, "config": config, "vocab": vocab, "model": tensors}
 
 
+def read_model_file(path: str | Path) -> dict[str, Any]:
+    """A model file's dict (config, vocab, model): a ``.safetensors`` file of
+    ``save_safetensors``, else a checkpoint or model file in the safe format (a run folder: its
+    ``model.pt``)."""
+    p = Path(path)
+    return load_safetensors(p) if p.suffix == ".safetensors" else load(p)
+
+
 def load_model(
     path: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[Seq2Seq, Vocab, Config]:
     """(model in eval mode, vocabulary, Config) from a checkpoint file, a run folder (its
     ``model.pt``) or a ``.safetensors`` file of ``save_safetensors``."""
     p = Path(path)
-    data = load_safetensors(p) if p.suffix == ".safetensors" else load(p)
-    model, vocab, cfg = _model_of(p, data)
+    model, vocab, cfg = _model_of(p, read_model_file(p))
     return model.to(device).eval(), vocab, cfg
 
 
@@ -208,8 +215,9 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> dict[st
     from the new file is exact). Returns a summary."""
     p = _resolve(old)
     out = Path(new)
-    try:
-        data, unpickled = _read_archive(p), False
+    try:  # a .safetensors file holds tensors and JSON alone: safe as it is
+        data = load_safetensors(p) if p.suffix == ".safetensors" else _read_archive(p)
+        unpickled = False
     except UnsafeCheckpoint:
         if not trust:
             raise UserError(

@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from transduce.checkpoint.files import load
-from transduce.checkpoint.models import _parts, check_finite
+from transduce.checkpoint.models import _parts, check_finite, read_model_file
 from transduce.errors import UserError
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -64,7 +63,7 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     first: dict[str, Any] = {}
     keys: set[str] | None = None
     for p in paths:
-        last = load(p)
+        last = read_model_file(p)  # a checkpoint, a model file, or its .safetensors
         if not isinstance(last["model"], dict) or not all(
             isinstance(v, torch.Tensor) for v in last["model"].values()
         ):

@@ -6,15 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
-from transduce.cli.common import Once
+from transduce.cli.common import Once, unknown_warning
 from transduce.errors import UserError
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
+    import sys
+
     from transduce.checkpoint import load_model
     from transduce.inference.attention_maps import draw_attention
     from transduce.inference.text_inputs import as_read
 
+    if args.kind == "encoder" and args.tgt is not None:
+        raise UserError("--tgt: encoder self-attention reads the source alone (give no --tgt)")
     model, vocab, cfg = load_model(args.model)
     path = draw_attention(
         model,
@@ -28,6 +32,10 @@ def _cmd_attention(args: argparse.Namespace) -> int:
         style=args.style,
         max_len_offset=cfg.decode.max_len_offset,  # the model's output limit, as translate's
     )
+    for text, target in ((args.src, False), (args.tgt, True)):  # once drawn: an error alone
+        warning = None if text is None else unknown_warning(vocab, [text], target=target)
+        if warning is not None:  # drawn as <unk>, as translate reads them
+            print(warning, file=sys.stderr)
     print(json.dumps({"output": str(path)}))
     return 0
 

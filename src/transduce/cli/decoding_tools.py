@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from transduce.inference.translator import Translator
 
 
+def check_alpha(alpha: float | None, decode: DecodeConfig, nbest: int = 1) -> None:
+    """A UserError where ``--alpha`` (``alpha``; None: not given) would change nothing: the
+    length penalty ranks a beam's hypotheses, or n-best samples, and greedy search or a single
+    sample has none to rank."""
+    if alpha is None:
+        return
+    if decode.sampling and nbest == 1:
+        raise UserError("--alpha ranks n-best samples (--nbest 2 or more); one sample has no rival")
+    if not decode.sampling and decode.beam == 1:
+        raise UserError("--alpha ranks a beam's hypotheses; greedy search (beam 1) has none")
+
+
 def load_translator(args: argparse.Namespace) -> Translator:
     """The Translator of ``--model`` (several: their ensemble), ``--device``, ``--precision``,
     ``--graphs`` (where the command has it; else the Translator's default)."""
@@ -200,6 +212,7 @@ __all__ = [
     "add_prefix_file",
     "add_sampling",
     "answer_lines",
+    "check_alpha",
     "line_by_line",
     "load_translator",
     "read_prefixes",

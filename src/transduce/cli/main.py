@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         subparser.add_argument(
             "--no-malloc-tuning", action="store_true", default=argparse.SUPPRESS, help=no_tuning
         )
+        # the innermost subcommand's parser, whose --help an unknown argument points to (a
+        # nested one's default is set after its parent's: it wins)
+        subparser.set_defaults(_subcommand_parser=subparser)
         for action in subparser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 pending.extend(action.choices.values())
@@ -94,7 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flag = empty.split("=", 1)[0]
         print(f"transduce: error: {empty}: give {flag} a value", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    command_parser = vars(args).pop("_subcommand_parser", parser)
+    if unknown:  # argparse's own would name the top-level --help
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.no_malloc_tuning:
         from transduce.kernels.process import enlarge_onednn_cache
         from transduce.runtime import tune_malloc

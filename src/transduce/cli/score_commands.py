@@ -70,6 +70,12 @@ def _parser_scores(args: argparse.Namespace, translator: Any, decode: Any) -> li
         raise UserError("--precision int8 is for translation models; a parser takes fp32 or bf16")
     parser = Parser(translator.model, translator.vocab, translator.cfg)
     sentences = [line.split() for line in read_lines(args.src)]
+    empty = next((i for i, words in enumerate(sentences) if not words), None)
+    if empty is not None:  # a tree file holds no blank lines: the counts would mislead
+        raise UserError(
+            f"{args.src}: line {empty + 1} is empty: every line of a parser's scoring needs "
+            f"words, and its tree on the same line of {args.tgt}"
+        )
     trees = read_tree_file(args.tgt)
     if len(trees) != len(sentences):
         raise UserError(f"{args.src} has {len(sentences)} lines but {args.tgt} {len(trees)} trees")

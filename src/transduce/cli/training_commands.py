@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from transduce.cli.common import add_set
+from transduce.cli.common import add_set, check_output
 from transduce.errors import UserError
 
 
@@ -57,11 +57,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_params(args: argparse.Namespace) -> int:
     from transduce.architectures import parameter_counts
-    from transduce.config import parse_overrides, preset_config, update
+    from transduce.config import parse_overrides, preset_config, resolve_key, update
 
     if args.vocab_size <= 0:
         raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
-    cfg = update(preset_config(args.preset), parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    elsewhere = [key for key in overrides if resolve_key(key)[0] != "model"]
+    if elsewhere:  # the count is the model section's, for one vocabulary of --vocab-size
+        raise UserError(
+            f"--set {elsewhere[0]}: params counts the model section's parameters for one "
+            "shared vocabulary of --vocab-size; other sections change nothing here"
+        )
+    cfg = update(preset_config(args.preset), overrides)
     parts = parameter_counts(cfg.model, args.vocab_size)
     print(
         json.dumps(
@@ -79,6 +86,9 @@ def _cmd_params(args: argparse.Namespace) -> int:
 def _cmd_average(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
+    if args.output == "-":  # a model file, not text: no stdout
+        raise UserError("--output names the model file to write (not -)")
+    check_output(args.output)  # before every checkpoint is read
     if args.checkpoints:
         if args.last is not None:
             raise UserError("--last goes with --run (--checkpoints names the files to average)")

@@ -46,6 +46,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     refuse_parser(translator.cfg.task.name, args.model[0], "translate")
     if args.alignments and args.nbest != 1:
         raise UserError("--alignments goes with one translation per line (--nbest 1)")
+    if args.alignments and len(args.model) > 1:  # whose attention? each member's differs
+        raise UserError("--alignments read one model's attention: give one --model, not several")
     if args.alignment_layer is not None and not args.alignments:
         raise UserError("--alignment-layer goes with --alignments")
     decode = translator.decode_config(
@@ -55,6 +57,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         max_len_offset=args.max_len_offset,
     )
     decode = tools.with_sampling(args, decode)
+    tools.check_alpha(args.alpha, decode, args.nbest)
     show_progress = None if not args.quiet else False
 
     def answer(sentences: list[str], first: int, prefixes: list[str] | None = None) -> list[str]:
@@ -148,6 +151,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         decode = parser.translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
+        tools.check_alpha(args.alpha, decode)
         scores, parses = evaluate_parser(
             parser,
             args.src,
@@ -171,6 +175,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         )
         if decode.sampling and args.beam is not None:  # a model that samples: --beam searches
             decode = replace(decode, sampling=False)
+        tools.check_alpha(args.alpha, decode)
         try:
             scores, hyps = evaluate_files(
                 translator,

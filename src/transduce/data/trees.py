@@ -20,11 +20,14 @@ and the root becomes ``TOP``.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transduce.data.parallel import GZIP_MAGIC
 from transduce.errors import UserError
 
 __all__ = [
@@ -278,13 +281,22 @@ def parse_trees(text: str, *, name: str = "<string>", clean: bool = False) -> li
 
 
 def read_tree_file(path: str | Path, *, clean: bool = False) -> list[Tree]:
-    """The trees of a UTF-8 file of brackets (``parse_trees``; errors name the file and line),
-    e.g. a ``{split}.trees`` file of ``transduce.data.ptb`` or a parser's output."""
+    """The trees of a UTF-8 file of brackets, plain or gzip-compressed (``.gz``): ``parse_trees``,
+    errors naming the file and line; e.g. a ``{split}.trees`` file of ``transduce.data.ptb`` or a
+    parser's output."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if path.suffix.lower() == ".gz":  # decompressed, as every other input file here
+        try:
+            data = gzip.decompress(data)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            detail = "truncated" if isinstance(e, EOFError) else str(e)
+            raise UserError(f"{path}: corrupt gzip file ({detail})") from None
+    elif data.startswith(GZIP_MAGIC):
+        raise UserError(f"{path}: gzip data in a file not named .gz (name it so, or decompress it)")
     try:
         text = data.decode("utf-8-sig")  # a byte order mark dropped, as every reader here does
     except UnicodeDecodeError as e:

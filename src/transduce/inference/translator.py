@@ -354,6 +354,13 @@ class Translator:
                     decoding = PrefixConstrained(decoding, [forced[j] for j in batch])
                 hyps_of_batch = generate(decoding, src, step_cfg, nbest)
                 for j, hyps in zip(batch, hyps_of_batch, strict=True):
+                    if not hyps:  # a constraint (a parser's trees) no output within the cap met
+                        raise SentenceError(
+                            todo[j] + 1,
+                            ": no output meets the search's constraint within the output limit "
+                            f"(its tokens + EOS + max_len_offset {cfg.max_len_offset}): raise "
+                            "max_len_offset",
+                        )
                     out[todo[j]] = [
                         Translation(self.vocab.decode(h.tokens), h.score, h.log_prob) for h in hyps
                     ]

@@ -78,14 +78,16 @@ class TaskData:
     after_start: Callable[[], None] | None = None
 
 
-def check_new_run(out_dir: str | Path, resume: bool) -> None:
+def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) -> None:
     """A UserError, before anything is read or written, when a new run (not ``resume``) would
     start in a folder that holds a run's checkpoints: it would mix with them (its model.pt an
-    average of theirs, its own last checkpoint pruned) and overwrite that run's metrics."""
+    average of theirs, its own last checkpoint pruned) and overwrite that run's metrics.
+    ``resumable``: whether the command has ``--resume`` to name in it."""
     if not resume and step_checkpoints(Path(out_dir) / "checkpoints"):
+        hint = "--resume continues it; " if resumable else ""
         raise UserError(
-            f"{out_dir} already holds a run (checkpoints/step_*.pt): --resume continues it; "
-            "a new run needs another folder (--out)"
+            f"{out_dir} already holds a run (checkpoints/step_*.pt): {hint}a new run needs "
+            "another folder (--out)"
         )
 
 
