@@ -518,9 +518,15 @@ def test_a_hugging_face_folder_given_as_a_model_says_how_to_import_it(
     folder = tmp_path / "opus-mt"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
+    (folder / "source.spm").write_bytes(b"")
     with pytest.raises(UserError, match="transduce import huggingface"):
         checkpoint.load_model(folder)
     assert main(["--no-malloc-tuning", "translate", "--model", str(folder)]) == 2
     assert "not a transduce model" in capsys.readouterr().err
     with pytest.raises(UserError, match="checkpoint not found"):  # a folder of nothing
         checkpoint.load_model(tmp_path)
+    run = tmp_path / "run"  # a run still training: its config.json, no model.pt yet
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="checkpoint not found"):
+        checkpoint.load_model(run)

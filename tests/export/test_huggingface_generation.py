@@ -188,3 +188,20 @@ def test_a_short_max_positions_exports_a_table_of_1024(tmp_path: Path) -> None:
         theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
         ours = net(src, tgt)
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_beam_is_one_where_generation_config_leaves_it_out(
+    folder: Path, tmp_path: Path
+) -> None:
+    # transformers saves only what differs from its defaults: a greedy or sampling folder has no
+    # num_beams, and generate then takes 1, not config.json's
+    copy = _copy(folder, tmp_path / "f")
+    config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    (copy / "config.json").write_text(json.dumps({**config, "num_beams": 6}), encoding="utf-8")
+    _with_generation(copy, num_beams=None)
+    assert import_marian(copy, tmp_path / "greedy.pt")["beam"] == 1
+    _with_generation(copy, do_sample=True, top_k=1)
+    import_marian(copy, tmp_path / "sample.pt")
+    assert load_model(tmp_path / "sample.pt")[2].decode.sampling
+    (copy / "generation_config.json").unlink()  # no file: config.json's, as before
+    assert import_marian(copy, tmp_path / "six.pt")["beam"] == 6

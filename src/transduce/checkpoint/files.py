@@ -151,7 +151,8 @@ def save(state: dict[str, Any], path: str | Path) -> None:
 def _resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
-        if not (p / "model.pt").is_file() and (p / "config.json").is_file():
+        marian = (p / "config.json").is_file() and (p / "source.spm").is_file()
+        if not (p / "model.pt").is_file() and marian:
             raise UserError(
                 f"{path}: a folder with config.json but no model.pt: not a transduce model "
                 "(a Hugging Face/Marian folder? transduce import huggingface turns it into one)"

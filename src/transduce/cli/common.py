@@ -16,14 +16,12 @@ from transduce.data.parallel import check_line
 from transduce.errors import UserError
 
 
-def add_set(p: argparse.ArgumentParser) -> None:
+def add_set(
+    p: argparse.ArgumentParser,
+    help: str = "override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
+) -> None:
     p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (e.g. --set d_model=256 or --set train.max_steps=100)",
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
     )
 
 

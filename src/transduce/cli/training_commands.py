@@ -148,7 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("params", help="count a preset's parameters")
     p.add_argument("--preset", default="base", help="base, big or a Table 3 row (A1 .. E)")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size")
-    add_set(p)
+    add_set(p, "override a model key (e.g. --set d_model=256 or --set model.n_layers=3)")
     p.set_defaults(func=_cmd_params)
 
     p = sub.add_parser("average", help="average the last K checkpoints of a run")

@@ -305,10 +305,12 @@ def _number(where: Path, key: str, value: Any, kind: type, low: float) -> Any:
 def decode_config(generation: dict[str, Any], c: dict[str, Any], where: Path) -> DecodeConfig:
     """The decoding settings of a Marian folder: its generation_config.json (``generation``, at
     ``where``; {} where there is none) over its config.json ``c`` (with ``with_generation_ids``'s
-    ids): the beam (``num_beams``), sampling (``do_sample`` with one beam: ``temperature``,
-    ``top_k``, ``top_p``, Hugging Face's defaults where unset), an export's alpha, output cap and
-    seed. A setting transduce has no counterpart for (``GENERATION_NO_OPS``, words banned other
-    than the padding and start tokens, which it never generates) is a UserError naming it."""
+    ids): the beam (``num_beams``: 1 where the file leaves it out, as ``generate`` takes it;
+    config.json's, else 4, where there is no file), sampling (``do_sample`` with one beam:
+    ``temperature``, ``top_k``, ``top_p``, Hugging Face's defaults where unset), an export's
+    alpha, output cap and seed. A setting transduce has no counterpart for
+    (``GENERATION_NO_OPS``, words banned other than the padding and start tokens, which it never
+    generates) is a UserError naming it."""
     for key, no_ops in GENERATION_NO_OPS.items():
         if key in generation and generation[key] not in no_ops:
             raise UserError(
@@ -322,7 +324,10 @@ def decode_config(generation: dict[str, Any], c: dict[str, Any], where: Path) ->
                 f"{where}: bad_words_ids bans {words!r}: transduce bans only the padding and "
                 "start tokens, which it never generates; remove it to import"
             )
-    beam = _number(where, "num_beams", generation.get("num_beams", c.get("num_beams", 4)), int, 1)
+    # generate reads num_beams from generation_config.json alone where there is one (its
+    # default 1: transformers leaves 1 out of the files it saves), else config.json's
+    default_beam = 1 if where.is_file() else c.get("num_beams", 4)
+    beam = _number(where, "num_beams", generation.get("num_beams", default_beam), int, 1)
     # transduce's GNMT alpha and output cap, which an export writes beside Hugging Face's
     # length_penalty and max_length (not the same: a folder of another tool keeps the defaults)
     alpha = _number(where, ALPHA_KEY, generation.get(ALPHA_KEY, DecodeConfig.alpha), float, 0)
