@@ -34,8 +34,9 @@ With ``--api-key-file``, ``api_key`` in the body (or the query string) is the ke
 limits, before the key in it can be checked. Form fields may also come in the query string (the
 query's first, as Flask's ``request.values`` gives them), and raw UTF-8 in a form is taken. Every
 answer carries LibreTranslate's CORS headers (``Access-Control-Allow-Origin: *``), and ``OPTIONS``
-preflights are answered, so browser apps on other origins can call it. Parsing a body (a form,
-an HTML text's markup) runs on a worker thread, so that a large one does not hold up the server's
+preflights are answered, so browser apps on other origins can call it. A request's fields are
+read by ``serve.lt_request``. Parsing a body (a form, an HTML text's markup) runs on a worker
+thread, so that a large one does not hold up the server's
 other requests. The routes are left out of ``/openapi.json``: LibreTranslate's own API
 description is theirs (https://libretranslate.com/docs).
 """
@@ -43,18 +44,16 @@ description is theirs (https://libretranslate.com/docs).
 from __future__ import annotations
 
 import re
-import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.formparsers import MultiPartException
 
 from transduce.errors import UserError
-from transduce.serve.guard import ApiKey, authorization_header
+from transduce.serve import lt_request
+from transduce.serve.guard import ApiKey
 from transduce.serve.html_text import split_html
 from transduce.serve.models import NoSuchPair, ServedModels
 from transduce.serve.requests import (
@@ -62,9 +61,6 @@ from transduce.serve.requests import (
     BodyBudget,
     ServerLimits,
     chars_over,
-    is_json_type,
-    load_json,
-    read_body,
     served_decode,
     translate_on,
 )
@@ -188,7 +184,7 @@ def add_libretranslate(
     @app.post(PREFIX + "/translate", include_in_schema=False)
     async def translate(request: Request) -> JSONResponse:
         try:
-            fields = await _read_fields(request, limits, budget, api_key)
+            fields = await lt_request.read_fields(request, limits, budget, api_key)
             return _answer(await _translate(request, fields, models, limits))
         except ApiError as e:
             return _lt_error(e)
@@ -196,7 +192,7 @@ def add_libretranslate(
     @app.post(PREFIX + "/detect", include_in_schema=False)
     async def detect(request: Request) -> JSONResponse:
         try:
-            fields = await _read_fields(request, limits, budget, api_key)
+            fields = await lt_request.read_fields(request, limits, budget, api_key)
             if not fields.get("q"):
                 raise ApiError(400, "Invalid request: missing q parameter")
             sources = models.sources()
@@ -223,135 +219,6 @@ def add_libretranslate(
         if path in _METHODS:
             return _error(405, f"Method Not Allowed: {PREFIX}/{path} takes {_METHODS[path]}")
         return _error(404, f"Not Found: {PREFIX}/{path}")
-
-
-# -- reading a request -------------------------------------------------------------------------
-
-
-async def _read_fields(
-    request: Request, limits: ServerLimits, budget: BodyBudget, api_key: ApiKey | None
-) -> dict[str, Any]:
-    """The request's fields (a JSON object or a form), its API key checked."""
-    body = await read_body(request, limits, budget)
-    content_type = request.headers.get("content-type", "")
-    if _mime(content_type) == "multipart/form-data":
-        fields = await _multipart_fields(request, body)
-    else:  # off the event loop: a megabyte of form or JSON takes a while to parse
-        fields = await run_in_threadpool(_parse_fields, body, content_type)
-    if not is_json_type(content_type):
-        # Flask's request.values, as LibreTranslate reads a form: the query string first
-        query = _form_pairs(request.scope.get("query_string", b""), "query string")
-        fields = {**fields, **query}
-    if api_key is not None:
-        _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
-    return fields
-
-
-def _mime(content_type: str) -> str:
-    return content_type.split(";")[0].strip().lower()
-
-
-def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:
-    """A JSON body (``application/json`` or ``*+json``) as it is; any other but multipart as a
-    URL-encoded form, the first value of each field kept (as LibreTranslate's Flask
-    ``request.values`` does)."""
-    if is_json_type(content_type):
-        data = load_json(body)
-        if not isinstance(data, dict):
-            raise ApiError(400, "Invalid JSON format: the body must be a JSON object")
-        return data
-    return _form_pairs(body, "form")
-
-
-async def _multipart_fields(request: Request, body: bytes) -> dict[str, Any]:
-    """A ``multipart/form-data`` ``body`` (already read within the limits) as fields, the first
-    value of each kept; a file part is a 400 (no endpoint here takes files)."""
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    try:
-        form = await Request(request.scope, receive).form(max_files=0, max_fields=1_000)
-    except AssertionError:  # Starlette's word for python-multipart being absent
-        raise ApiError(
-            400,
-            "multipart/form-data needs python-multipart on the server (pip install "
-            "'transduce[serve]'); send JSON or application/x-www-form-urlencoded",
-        ) from None
-    except (MultiPartException, StarletteHTTPException, ValueError) as e:
-        # (Starlette turns its MultiPartException into a 400 HTTPException inside an app)
-        detail = getattr(e, "message", None) or getattr(e, "detail", None) or str(e)
-        raise ApiError(400, f"the multipart form cannot be read: {detail}") from None
-    fields: dict[str, Any] = {}
-    for name, value in form.multi_items():
-        if not isinstance(value, str):  # cannot happen with max_files=0; kept as a guard
-            raise ApiError(400, f"Invalid request: {name} is a file; no endpoint here takes files")
-        fields.setdefault(name, value)
-    return fields
-
-
-def _form_pairs(data: bytes, what: str) -> dict[str, Any]:
-    """URL-encoded ``data`` as fields, the first value of each kept; raw UTF-8 is taken as
-    well as percent-escapes (as Werkzeug's form parser does: curl's ``-d`` sends it raw)."""
-    try:
-        pairs = urllib.parse.parse_qsl(
-            data.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict"
-        )
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, f"the {what} is not valid URL-encoded UTF-8: {e}") from None
-    fields: dict[str, Any] = {}
-    for name, value in pairs:
-        fields.setdefault(name, value)
-    return fields
-
-
-def _check_key(key: ApiKey, given: Any, authorization: bytes | None) -> None:
-    """LibreTranslate's answers: no key is 400, a wrong one 403."""
-    if given is None or given == "":
-        if key.accepts(authorization):
-            return
-        if authorization is not None:  # a key was sent, in the header: a wrong one
-            raise ApiError(403, "Invalid API key")
-        raise ApiError(400, "this server needs an API key: send api_key (ask its operator)")
-    if not isinstance(given, str) or not key.matches(given):
-        raise ApiError(403, "Invalid API key")
-
-
-def _text_field(fields: dict[str, Any], name: str) -> str:
-    value = fields.get(name)
-    if value is None or value == "":
-        raise ApiError(400, f"Invalid request: missing {name} parameter")
-    if not isinstance(value, str):
-        raise ApiError(400, f"Invalid request: {name} must be a string")
-    return value
-
-
-def _texts(q: Any) -> tuple[list[str], bool]:
-    """(the texts of ``q``, whether ``q`` was a list); ApiError 400 unless strings."""
-    if q is None or q == "" or q == []:
-        raise ApiError(400, "Invalid request: missing q parameter")
-    batch = isinstance(q, list)
-    texts = q if batch else [q]
-    for text in texts:
-        if not isinstance(text, str):
-            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800" in JSON
-            raise ApiError(400, f"Invalid request: q is not valid Unicode ({e.reason})") from None
-    return texts, batch
-
-
-def _alternatives(fields: dict[str, Any]) -> int:
-    value = fields.get("alternatives", 0)
-    if isinstance(value, float) and value.is_integer():  # JSON's 2.0: int() takes it there too
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ApiError(400, "Invalid request: alternatives parameter is not a number")
-    try:
-        return max(0, int(value))
-    except ValueError:
-        raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
 
 
 # -- translating -------------------------------------------------------------------------------
@@ -395,12 +262,15 @@ def _pick(models: ServedModels, source: str, target: str) -> tuple[int, str, dic
 async def _translate(
     request: Request, fields: dict[str, Any], models: ServedModels, limits: ServerLimits
 ) -> dict[str, Any]:
-    texts, batch = _texts(fields.get("q"))
-    source, target = _text_field(fields, "source"), _text_field(fields, "target")
+    texts, batch = lt_request.texts_of(fields.get("q"))
+    source, target = (
+        lt_request.text_field(fields, "source"),
+        lt_request.text_field(fields, "target"),
+    )
     text_format = fields.get("format") or "text"
     if text_format not in ("text", "html"):
         raise ApiError(400, f"{text_format} format is not supported (text or html)")
-    n_alternatives = _alternatives(fields)
+    n_alternatives = lt_request.alternatives_of(fields)
     index, source, detected = _pick(models, source, target)
     translator, batcher = models.models[index].translator, models.batchers[index]
     try:
