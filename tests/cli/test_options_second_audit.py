@@ -9,33 +9,17 @@ one line."""
 from __future__ import annotations
 
 import gzip
-import io
 import json
-import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
+from cli_testkit import one_error, run_cli
 
 from transduce.cli.main import main
 from transduce.data.trees import read_tree_file
 from transduce.errors import UserError
 
-
-def _run(
-    argv: list[str], capsys: pytest.CaptureFixture[str], stdin: str = ""
-) -> tuple[int, str, str]:
-    with mock.patch.object(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), "utf-8")):
-        code = main(["--no-malloc-tuning", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_error(code: int, out: str, err: str, *needles: str) -> None:
-    assert code == 2 and not out, (code, out, err)
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("transduce: error: "), err
-    assert all(n in lines[0] for n in needles), err
+_run, _one_error = run_cli, one_error
 
 
 def test_a_constrained_parse_with_no_room_for_a_tree_is_one_line(
