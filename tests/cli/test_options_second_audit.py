@@ -183,3 +183,14 @@ def test_commands_without_resume_do_not_offer_it(tmp_path: Path) -> None:
     assert not (tmp_path / "rev" / "baseline").exists()  # refused before the first run
     with pytest.raises(UserError, match="--resume continues it"):  # train has it
         check_new_run(tmp_path / "rev" / "reversed", False)
+
+
+def test_the_python_api_refuses_an_ensembles_alignments_too(model_kinds) -> None:
+    # the CLI is a shell over it: an ensemble Translator's model is its first member alone
+    from transduce.inference.translator import Translator
+
+    shared = model_kinds["shared"]
+    ensemble = Translator.load_ensemble([shared, shared])
+    with pytest.raises(UserError, match="an ensemble's members attend differently"):
+        ensemble.align(["the dog"], ["der hund"])
+    assert Translator.load(shared).align(["the dog"], ["der hund"])[0]  # one model: aligned

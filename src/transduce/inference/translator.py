@@ -433,6 +433,11 @@ class Translator:
         """For each pair, the Pharaoh word alignment (``i-j``: source word i, target word j) of
         the model's encoder-decoder attention in ``layer`` (default: the last), averaged over its
         heads (``inference.attention_maps.word_alignment``); "" where either side is empty."""
+        if isinstance(self.decoding, Ensemble):  # self.model is only its first member
+            raise UserError(
+                "alignments read one model's attention; an ensemble's members attend "
+                "differently: align with one member's Translator"
+            )
         if not isinstance(self.model, Transformer):
             raise UserError("alignments come from a Transformer's attention, not the rnn's")
         n_layers = self.cfg.model.n_layers
