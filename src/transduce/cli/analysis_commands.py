@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from transduce.cli.common import Once, unknown_warning
@@ -11,8 +12,6 @@ from transduce.errors import UserError
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
-    import sys
-
     from transduce.checkpoint import load_model
     from transduce.inference.attention_maps import draw_attention
     from transduce.inference.text_inputs import as_read

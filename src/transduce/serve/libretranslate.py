@@ -36,9 +36,9 @@ query's first, as Flask's ``request.values`` gives them), and raw UTF-8 in a for
 answer carries LibreTranslate's CORS headers (``Access-Control-Allow-Origin: *``), and ``OPTIONS``
 preflights are answered, so browser apps on other origins can call it. A request's fields are
 read by ``serve.lt_request``. Parsing a body (a form, an HTML text's markup) runs on a worker
-thread, so that a large one does not hold up the server's
-other requests. The routes are left out of ``/openapi.json``: LibreTranslate's own API
-description is theirs (https://libretranslate.com/docs).
+thread, so that a large one does not hold up the server's other requests. The routes are left
+out of ``/openapi.json``: LibreTranslate's own API description is theirs
+(https://libretranslate.com/docs).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from transduce.serve.requests import (
     ServerLimits,
     is_json_type,
     load_json,
+    mime_type,
     read_body,
 )
 
@@ -33,7 +34,7 @@ async def read_fields(
     """The request's fields (a JSON object or a form), its API key checked."""
     body = await read_body(request, limits, budget)
     content_type = request.headers.get("content-type", "")
-    if _mime(content_type) == "multipart/form-data":
+    if mime_type(content_type) == "multipart/form-data":
         fields = await _multipart_fields(request, body)
     else:  # off the event loop: a megabyte of form or JSON takes a while to parse
         fields = await run_in_threadpool(_parse_fields, body, content_type)
@@ -44,10 +45,6 @@ async def read_fields(
     if api_key is not None:
         _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
     return fields
-
-
-def _mime(content_type: str) -> str:
-    return content_type.split(";")[0].strip().lower()
 
 
 def _parse_fields(body: bytes, content_type: str) -> dict[str, Any]:

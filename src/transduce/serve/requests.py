@@ -42,6 +42,7 @@ __all__ = [
     "chars_over",
     "check_texts",
     "is_json_type",
+    "mime_type",
     "load_json",
     "parse_translate_request",
     "read_body",
@@ -123,10 +124,15 @@ class ApiError(Exception):
         self.headers = headers
 
 
+def mime_type(content_type: str) -> str:
+    """A Content-Type header's media type, lower-cased, its parameters (``charset``) left out."""
+    return content_type.split(";")[0].strip().lower()
+
+
 def is_json_type(content_type: str) -> bool:
     """Whether a Content-Type header names JSON (``application/json``, ``application/*+json``,
     parameters such as ``charset`` aside)."""
-    mime = content_type.split(";")[0].strip().lower()
+    mime = mime_type(content_type)
     return mime == "application/json" or (
         mime.startswith("application/") and mime.endswith("+json")
     )
