@@ -454,10 +454,11 @@ def test_a_model_that_samples_draws_anew_each_request_and_searches_for_a_beam(tm
         drawn = replace(sampler.decode_config(), sampling_seed=first["seed"])
         assert first["translations"] == sampler.translate(texts, drawn)
         searched = ok(srv, "/translate", {"text": texts, "beam": 2})
-        search = replace(sampler.decode_config(beam=2), sampling=False)
+        search = sampler.decode_config(beam=2)  # a search
+        assert not search.sampling
         assert searched == {"translations": sampler.translate(texts, search)}
     # a server whose --max-beam is under the model's beam still samples (the cap is no request)
     with ServerThread(create_app(sampler, limits=replace(LIMITS, max_beam=2))) as srv:
         capped = ok(srv, "/translate", {"text": texts})
-        drawn = replace(sampler.decode_config(beam=2), sampling_seed=capped["seed"])
+        drawn = replace(sampler.decode_config(), sampling_seed=capped["seed"])
         assert capped["translations"] == sampler.translate(texts, drawn)

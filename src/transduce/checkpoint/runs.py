@@ -56,6 +56,8 @@ def average(paths: Sequence[str | Path]) -> dict[str, Any]:
     Returns a model checkpoint (config, vocab, model) with the newest one's config and vocab.
     Sums are kept in float64 so averaging 20 checkpoints (the paper's big model) loses nothing.
     """
+    if isinstance(paths, str | Path):  # a str is a Sequence of characters
+        raise UserError(f"average takes a list of checkpoints, not one: {paths}")
     if not paths:
         raise UserError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}
@@ -111,6 +113,13 @@ def _check_same_model(
             f"{path}: its model config differs from {first_path}'s "
             f"({', '.join(differ) or 'model'}); average checkpoints of one run"
         )
+    task, first_task = (d.get("config", {}).get("task") or {} for d in (data, first))
+    for key in ("name", "reverse_input"):  # what the model was trained to read and write
+        if task.get(key) != first_task.get(key):
+            raise UserError(
+                f"{path}: its task differs from {first_path}'s (task.{key}: "
+                f"{task.get(key)!r}, not {first_task.get(key)!r}); average checkpoints of one run"
+            )
 
 
 def last_checkpoints(run_dir: str | Path, last: int) -> list[Path]:

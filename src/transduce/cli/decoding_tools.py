@@ -84,26 +84,26 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     )
 
 
-def with_sampling(args: argparse.Namespace, decode: DecodeConfig) -> DecodeConfig:
+def with_sampling(args: argparse.Namespace, decode: DecodeConfig, samples: bool) -> DecodeConfig:
     """``decode`` with the sampling flags' settings (checked as config keys are).
 
-    ``--sampling`` samples; so does a checkpoint whose ``decode`` section samples, unless
-    ``--beam`` asks for a search. The sampling flags act wherever sampling does, and are
+    ``--sampling`` samples; so does a checkpoint whose ``decode`` section samples (``samples``),
+    unless ``--beam`` asks for a search. The sampling flags act wherever sampling does, and are
     refused where it does not."""
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     beam = getattr(args, "beam", None)
     if args.sampling and beam is not None:  # a sample is drawn, not searched: no beam
         raise UserError("--beam goes with search, not --sampling")
-    sampling = args.sampling or (decode.sampling and beam is None)
+    sampling = args.sampling or (samples and beam is None)
     if not sampling:
         stray = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
         if args.seed is not None:
             stray.append("--seed")
         if stray:
             verb = "goes" if len(stray) == 1 else "go"
-            why = " (--beam asks for a search)" if decode.sampling else ""
+            why = " (--beam asks for a search)" if samples else ""
             raise UserError(f"{', '.join(stray)} {verb} with --sampling{why}")
-        return replace(decode, sampling=False)
+        return decode.searching()
     if args.sampling and args.seed is None:
         raise UserError("--sampling needs --seed N (samples are reproducible for a seed)")
     changes = {k: v for k, v in given.items() if v is not None}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from transduce.cli import decoding_tools as tools
 from transduce.cli.common import (
@@ -56,7 +55,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         max_len_offset=args.max_len_offset,
     )
-    decode = tools.with_sampling(args, decode)
+    decode = tools.with_sampling(args, decode, translator.cfg.decode.sampling)
     tools.check_alpha(args.alpha, decode, args.nbest)
     show_progress = None if not args.quiet else False
 
@@ -170,11 +169,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             if len(args.model) == 1
             else tools.load_translator(args)
         )
+        # (a model that samples: --beam searches)
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
-        if decode.sampling and args.beam is not None:  # a model that samples: --beam searches
-            decode = replace(decode, sampling=False)
         tools.check_alpha(args.alpha, decode)
         try:
             scores, hyps = evaluate_files(

@@ -388,6 +388,8 @@ MAX_LEN_OFFSET = 10_000  # output tokens beyond the source's: more is no transla
 # a temperature near 0 overflows the division of the log-probabilities (inf, then NaN): greedy
 # search is the limit that such a temperature means
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+# DecodeConfig's settings of sampling, which a search (sampling: false) has no use for
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "sampling_seed")
 
 
 @dataclass(frozen=True)
@@ -432,6 +434,22 @@ class DecodeConfig(_Section):
             raise UserError(f"sampling_seed must be below 2**63; got {self.sampling_seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not self.sampling:  # a search would ignore them
+            stray = [
+                f.name
+                for f in fields(self)
+                if f.name in SAMPLING_KEYS and getattr(self, f.name) != f.default
+            ]
+            if stray:
+                verb = "goes" if len(stray) == 1 else "go"
+                raise UserError(f"{', '.join(stray)} {verb} with sampling: true (a search)")
+
+    def searching(self) -> DecodeConfig:
+        """These settings as a search: sampling off, its settings back to their defaults."""
+        defaults: dict[str, Any] = {
+            f.name: f.default for f in fields(self) if f.name in SAMPLING_KEYS
+        }
+        return dataclasses.replace(self, sampling=False, **defaults)
 
 
 @dataclass(frozen=True)

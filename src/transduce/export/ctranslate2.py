@@ -58,6 +58,7 @@ from transduce.data.marian_vocab import language_code
 from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, VocabPair
 from transduce.errors import UserError
 from transduce.export.positions import exported_positions
+from transduce.inference.text_inputs import text_list
 from transduce.model.transformer import Transformer
 
 __all__ = [
@@ -335,6 +336,11 @@ def export_checkpoint(
             f"{path}: CTranslate2 takes a Transformer; this is the {cfg.model.architecture!r} "
             "baseline (model.architecture)"
         )
+    if getattr(cfg.task, "reverse_input", False):  # CTranslate2 reads every source forward
+        raise UserError(
+            f"{path}: this model reads its sources reversed (task.reverse_input); CTranslate2 "
+            "has no such setting, so its translations would be of the wrong input"
+        )
     target_model: bytes | None = None
     if isinstance(vocab, SentencePieceVocab):
         tokens = [vocab.id_to_piece(i) for i in range(len(vocab))]
@@ -432,7 +438,7 @@ def translate_with_ctranslate2(
         translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
         if max_len_offset is None and "max_decoding_length" not in options:
             max_len_offset = info.get("decode", {}).get("max_len_offset")
-        texts = [s.strip() for s in sentences]
+        texts = [s.strip() for s in text_list(sentences, "sentence")]
         out = [""] * len(texts)
         pieces = {i: _pieces(t, sp, info) for i, t in enumerate(texts) if t}
         positions = info.get("max_positions")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -58,7 +58,9 @@ class AttentionMaps:
             return self.encoder, self.source, self.source
         if kind == "decoder":
             return self.decoder, self.outputs, self.inputs
-        return self.cross, self.outputs, self.source
+        if kind == "cross":
+            return self.cross, self.outputs, self.source
+        raise UserError(f"attention kind {kind!r}: one of {', '.join(get_args(Kind))}")
 
 
 def sides(vocab: Vocab) -> tuple[Vocab, Vocab]:
@@ -89,6 +91,16 @@ def _check_placed(side: str, ids: list[int], limit: int | None) -> None:
         raise UserError(f"the {side} has {len(ids)} subword tokens; {why}")
 
 
+def _check_pair(source: object, target: object, max_len_offset: object) -> None:
+    """A TypeError or UserError for a pair that is not text, or an offset that is not one."""
+    if not isinstance(source, str) or not isinstance(target, str | None):
+        raise TypeError("the source must be a str, and the target a str or None")
+    if isinstance(max_len_offset, bool) or not isinstance(max_len_offset, int):
+        raise TypeError(f"max_len_offset must be an int; got {max_len_offset!r}")
+    if max_len_offset < 0:
+        raise UserError(f"max_len_offset must be at least 0; got {max_len_offset}")
+
+
 @torch.no_grad()
 def attention_maps(
     model: Seq2Seq,
@@ -103,6 +115,7 @@ def attention_maps(
         raise UserError("attention maps are drawn of a Transformer (model.architecture)")
     model.eval()
     src_vocab, tgt_vocab = sides(vocab)
+    _check_pair(source, target, max_len_offset)
     src_ids = src_vocab.encode(source.strip())
     if not src_ids:
         raise UserError("the source sentence is empty")
@@ -210,6 +223,9 @@ def draw_attention(
     side of over ``DRAWN_MAX_TOKENS`` tokens is refused (a map of it is unreadable)."""
     from transduce.plotting.attention import plot_attention
 
+    _check_pair(source, target, max_len_offset)
+    if kind not in get_args(Kind):  # before the model runs
+        raise UserError(f"attention kind {kind!r}: one of {', '.join(get_args(Kind))}")
     src_vocab, tgt_vocab = sides(vocab)
     for side, text, side_vocab in (("source", source, src_vocab), ("target", target, tgt_vocab)):
         n = 0 if text is None else len(side_vocab.encode(text.strip()))

@@ -30,6 +30,12 @@ def evaluate_files(
     their signatures, ``bleu_lowercase`` (always lowercased) with its signature, ``lines``, and
     the ``beam`` and ``alpha`` used. Files of different line counts are a UserError naming both.
     """
+    if translator.cfg.task.name == "parsing":  # trees are scored by their brackets, not BLEU
+        raise UserError(
+            "a parsing model is evaluated with EVALB: transduce.parsing.parser.evaluate_parser"
+        )
+    if not isinstance(lowercase, bool):
+        raise TypeError(f"lowercase must be True or False; got {lowercase!r}")
     sources, references = read_aligned(src_path, ref_path, what="source and reference")
     if not sources:
         raise UserError(f"{src_path}: no lines to translate")

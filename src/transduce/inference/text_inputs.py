@@ -32,7 +32,8 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
 
 def text_list(values: Sequence[str], what: str, plural: str | None = None) -> list[str]:
     """``values`` as a list of strings; a TypeError for one string (or bytes) where a list is
-    wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...)."""
+    wanted, and for an item that is not a string, naming it (``what`` 3 is None, ...); a
+    SentenceError for one holding a lone surrogate (no tokenizer reads it)."""
     if isinstance(values, str | bytes):
         many = plural or f"{what}s"
         raise TypeError(f"a list of {many} is wanted, not one {type(values).__name__}")
@@ -40,6 +41,11 @@ def text_list(values: Sequence[str], what: str, plural: str | None = None) -> li
     for i, value in enumerate(out, start=1):
         if not isinstance(value, str):
             raise TypeError(f"{what} {i} is {type(value).__name__}, not a str")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no text a tokenizer can read
+            why = f" holds {value[e.start]!r}, which is not a character (UTF-8 cannot write it)"
+            raise SentenceError(i, why, what) from None
     return out
 
 
@@ -47,16 +53,17 @@ def check_lengths(
     ids: Sequence[Sequence[int]],
     todo: Sequence[int],
     limit: int | None,
-    max_len_offset: int,
+    max_len_offset: int | None,
     noun: str = "sentence",
 ) -> None:
     """A SentenceError naming the first of the sentences ``todo`` (their token ids ``ids``)
     longer than a model's learned positions, ``limit`` of them, can place. With
     n source tokens the encoder takes n + 1 positions (EOS) and the decoder n + 1 +
     max_len_offset + 1: BOS, then the longest output, whose last step forces EOS (see
-    ``inference.common``). The sinusoidal table has no such limit (it grows), nor has the
-    rnn: there a sentence of over ``MAX_SENTENCE_TOKENS`` is refused. ``noun``: what the error
-    calls one (``SentenceError``)."""
+    ``inference.common``). ``max_len_offset`` None: the tokens are scored, not decoded (n + 1
+    positions on either side: EOS after a source, BOS before a target). The sinusoidal table
+    has no such limit (it grows), nor has the rnn: there a sentence of over
+    ``MAX_SENTENCE_TOKENS`` is refused. ``noun``: what the error calls one (``SentenceError``)."""
     if limit is None:
         for j, x in enumerate(ids):
             if len(x) > MAX_SENTENCE_TOKENS:
@@ -67,7 +74,8 @@ def check_lengths(
                     noun,
                 )
         return
-    longest = limit - 2 - max_len_offset  # source tokens, EOS not counted
+    # tokens, EOS (or BOS) not counted
+    longest = limit - 1 if max_len_offset is None else limit - 2 - max_len_offset
     for j, x in enumerate(ids):
         if len(x) > longest:
             room = f" with max_len_offset={max_len_offset}" if max_len_offset else ""

@@ -18,9 +18,10 @@ How sentences are decoded:
 * Each line is stripped; an empty line translates to ``""`` without running the model, so
   outputs stay line-aligned with inputs.
 * Sentences are sorted by length and cut into batches of at most ``batch_tokens`` padded source
-  tokens (longest batch first, so an out-of-memory error shows at once, not at the end); outputs
-  come back in input order. Padding is masked, so a sentence's translation does not depend on the
-  batch it lands in (up to floating-point rounding): ``batch_tokens`` changes speed, not output.
+  tokens and ``decode_batch`` sentences (longest batch first, so an out-of-memory error shows at
+  once, not at the end); outputs come back in input order. Padding is masked, so a sentence's
+  translation does not depend on the batch it lands in (up to floating-point rounding):
+  ``batch_tokens`` and ``decode_batch`` change speed, not output.
   With int8 weights too: each product quantises each input row with its own scale
   (``kernels.quantized.fbgemm_linear_rows``), so the other sentences of a batch do not move a
   sentence's rounding.
@@ -43,6 +44,7 @@ float32.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from copy import deepcopy
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -155,7 +157,7 @@ class Translator:
         check_device(weights, dev)
         _check_graphs(graphs, dev)
         model, vocab, cfg = load_model(path, device=dev)
-        return cls.of_model(model, vocab, cfg, weights, graphs=graphs)
+        return cls._of_model(model, vocab, cfg, weights, graphs, copy=False)  # its own model
 
     @classmethod
     def of_model(
@@ -173,13 +175,31 @@ class Translator:
         README) after ``check_int8``. ``graphs``: the engine's steps replayed as CUDA graphs
         (``searchable``): True asks for them (a Transformer on a CUDA GPU, else a UserError),
         False for the engine step by step, None (the default) takes them wherever they apply
-        (``graphs_apply``: measured faster there, benchmarks/RESULTS.md)."""
+        (``graphs_apply``: measured faster there, benchmarks/RESULTS.md). A ``model`` of another
+        dtype than ``weights``' is converted as a copy: the caller's keeps its weights. Decoding
+        puts the model in eval mode."""
+        return cls._of_model(model, vocab, cfg, weights, graphs, copy=True)
+
+    @classmethod
+    def _of_model(
+        cls,
+        model: Seq2Seq,
+        vocab: Vocab,
+        cfg: Config,
+        weights: WeightPrecision,
+        graphs: bool | None,
+        *,
+        copy: bool,
+    ) -> Translator:
+        """``of_model``; ``copy``: convert a copy of ``model`` (False: ``model`` itself)."""
         dtype = weight_dtype(weights)
         device = next(model.parameters()).device
         check_device(weights, device)
         _check_graphs(graphs, device)  # before the model is converted
         if weights == "int8":
             check_int8(model)
+        if copy and next(model.parameters()).dtype != dtype:  # .to converts a module in place
+            model = deepcopy(model)
         model = model.to(dtype)
         if graphs is None:  # where they apply; int8 is the CPU's
             graphs = weights != "int8" and graphs_apply(model)
@@ -202,8 +222,11 @@ class Translator:
         (``inference.ensemble``); one path loads as ``load``. The models must share a
         vocabulary (else a UserError); the first one's configuration and decoding defaults
         are the Translator's (and its model the one ``align`` reads)."""
-        if isinstance(paths, (str, Path)) or not paths:  # a str is a Sequence of characters
+        if isinstance(paths, (str, Path)):  # a str is a Sequence of characters
             raise UserError(f"an ensemble takes a list of one or more checkpoints, not {paths!r}")
+        paths = list(paths)
+        if not paths:
+            raise UserError("an ensemble takes a list of one or more checkpoints, not none")
         if len(paths) == 1:
             return cls.load(paths[0], device, weights, graphs=graphs)
         members = [cls.load(path, device, weights, graphs=graphs) for path in paths]
@@ -239,7 +262,8 @@ class Translator:
     ) -> DecodeConfig:
         """The model's decoding settings (the checkpoint's ``decode`` section) with the given
         ones replaced (None keeps one), checked: what ``translate`` takes. Where a user's
-        settings meet the model's defaults (the CLI, the server, the Python API)."""
+        settings meet the model's defaults (the CLI, the server, the Python API). A ``beam``
+        asks for a search: a model whose settings sample searches with it (``searching``)."""
         changes: dict[str, Any] = {
             key: value
             for key, value in {
@@ -250,16 +274,21 @@ class Translator:
             }.items()
             if value is not None
         }
-        return self._fits(replace(self.cfg.decode, **changes))  # types and ranges checked
+        base = self.cfg.decode if beam is None else self.cfg.decode.searching()
+        return self._fits(replace(base, **changes))  # types and ranges checked
 
-    def _fits(self, decode: DecodeConfig | None) -> DecodeConfig:
-        """``decode`` (None: the model's), refused if its beam exceeds the vocabulary."""
+    def _given(self, decode: DecodeConfig | None) -> DecodeConfig:
+        """``decode`` (None: the model's), a TypeError if it is not a DecodeConfig."""
         if decode is not None and not isinstance(decode, DecodeConfig):
             raise TypeError(
                 f"decode must be a DecodeConfig (see Translator.decode_config), not "
                 f"{type(decode).__name__}"
             )
-        cfg = self.cfg.decode if decode is None else decode
+        return self.cfg.decode if decode is None else decode
+
+    def _fits(self, decode: DecodeConfig | None) -> DecodeConfig:
+        """``decode`` (None: the model's), refused if its beam exceeds the vocabulary."""
+        cfg = self._given(decode)
         if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
             raise UserError(
                 f"beam ({cfg.beam}) must not exceed the vocabulary size ({len(self.vocab)})"
@@ -319,20 +348,27 @@ class Translator:
                 raise UserError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
         todo = [i for i, t in enumerate(texts) if t]
-        for i, (text, prefix) in enumerate(zip(texts, prefixes or [""] * len(texts), strict=True)):
-            if not text and prefix.strip():  # an empty line is answered empty: the prefix lost
-                raise SentenceError(
-                    i + 1, f": a prefix for an empty input line ({prefix.strip()!r})", "prefix"
-                )
         read = [as_read(texts[i], self.cfg.task) for i in todo]
         encode_batch = getattr(self.vocab, "encode_batch", None)
         ids = encode_batch(read) if encode_batch is not None else list(map(self.vocab.encode, read))
+        # a line of no tokens (empty, or what the tokenizer drops: U+200B) is answered empty
+        todo, ids = [i for i, x in zip(todo, ids, strict=True) if x], [x for x in ids if x]
+        decoded = set(todo)
+        for i, prefix in enumerate(prefixes or []):
+            if prefix.strip() and i not in decoded:  # answered empty: the prefix would be lost
+                raise SentenceError(
+                    i + 1, f": a prefix for an empty input line ({prefix.strip()!r})", "prefix"
+                )
         check_lengths(ids, todo, self.max_positions, cfg.max_len_offset)
         forced = None if prefixes is None else self._prefix_ids(prefixes, ids, todo, cfg)
         self.model.eval()
         device = self.device
-        # +1: the EOS every source gets (collate), as in training.
-        batches = length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
+        # +1: the EOS every source gets (collate), as in training; at most decode_batch sentences
+        batches = [
+            batch[k : k + cfg.decode_batch]
+            for batch in length_batches([len(x) + 1 for x in ids], cfg.batch_tokens)
+            for k in range(0, len(batch), cfg.decode_batch)
+        ]
         # without a terminal (tqdm then shows nothing): a plain line every 30 s of long work
         lines = (
             PeriodicLines("translate", len(todo), unit="sentences")
@@ -407,7 +443,7 @@ class Translator:
         model gives the target (``inference.scoring.PairScore``: summed, per token and over
         the length penalty of ``decode.alpha``, the beam's ``score`` of that output), batched
         by ``decode.batch_tokens``. Empty lines are scored too (an empty target is EOS alone)."""
-        cfg = self._fits(decode)
+        cfg = self._given(decode)  # (its alpha and batch_tokens: no search, no beam)
         sources, targets = text_list(sources, "source"), text_list(targets, "target")
         if len(sources) != len(targets):
             raise UserError(f"{len(sources)} sources but {len(targets)} targets")
@@ -415,8 +451,9 @@ class Translator:
         target = sides(self.vocab)[1]  # a target is the target side's text
         tgt_ids = [target.encode(t.strip()) for t in targets]
         everything = list(range(len(sources)))
-        check_lengths(src_ids, everything, self.max_positions, 0)
-        check_lengths(tgt_ids, everything, self.max_positions, 0, "target")
+        # a source's n tokens + EOS, a target's BOS + m tokens: m + 1 positions each
+        check_lengths(src_ids, everything, self.max_positions, None)
+        check_lengths(tgt_ids, everything, self.max_positions, None, "target")
         self.model.eval()
         out: list[PairScore | None] = [None] * len(sources)
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
@@ -441,6 +478,8 @@ class Translator:
         if not isinstance(self.model, Transformer):
             raise UserError("alignments come from a Transformer's attention, not the rnn's")
         n_layers = self.cfg.model.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer must be an int; got {layer!r}")
         if not -n_layers <= layer < n_layers:
             raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")
         sentences = text_list(sentences, "sentence")

@@ -75,19 +75,34 @@ class Parser:
     def _constrained(self, max_len_offset: int) -> Translator:
         """A Translator whose searches run under the tree constraint."""
         assert isinstance(self.vocab, VocabPair)
-        target, source = self.vocab.target, self.vocab.source
+        target = self.vocab.target
         tokens = [getattr(target, "id_to_piece")(i) for i in range(len(target))]
         words = {tokens[i] for i in word_units(self.vocab)[1].nonzero().flatten().tolist()}
         constraint = TreeConstraint(tokens, eos=SPECIALS[2], word_tokens=words or {WORD_SLOT})
 
-        to_piece = getattr(source, "id_to_piece")
-
-        def n_words(ids: list[int]) -> int:  # SentencePiece starts every word with "▁"
-            return sum(to_piece(i).startswith("▁") for i in ids)
-
         # around the plain Translator's engine: one snapshot of the weights, not two
-        wrapped = ConstrainedTrees(self.translator.decoding, constraint, n_words, max_len_offset)
+        wrapped = ConstrainedTrees(
+            self.translator.decoding, constraint, self._word_starts, max_len_offset
+        )
         return Translator(self.model, self.vocab, self.cfg, decoding=wrapped)
+
+    def _word_starts(self, ids: list[int]) -> int:
+        """The words among source pieces ``ids``: SentencePiece starts every word with "▁"."""
+        to_piece = getattr(getattr(self.vocab, "source"), "id_to_piece")
+        return sum(to_piece(i).startswith("▁") for i in ids)
+
+    def _check_counted(self, sentences: list[list[str]]) -> None:
+        """A SentenceError naming the first word that the tree constraint would not count as
+        one word (it has no piece of its own, or holds "▁", which starts another)."""
+        encode = getattr(self.vocab, "source").encode
+        for i, words in enumerate(sentences):
+            for word in words:
+                if self._word_starts(encode(word)) != 1:
+                    raise SentenceError(
+                        i + 1,
+                        f": word {word!r} is not one word to the model's subword vocabulary "
+                        "(it makes no piece, or holds '▁'); the tree constraint counts words",
+                    )
 
     def score(
         self,
@@ -99,6 +114,7 @@ class Parser:
         gives its tree (``Translator.score`` of the tree's target text, ``parsing.targets``). A
         UserError naming the first tree with another number of words than its sentence or a
         label the model never saw."""
+        sentences = _word_lists(sentences)
         _check_scorable(self, sentences, trees)
         texts = parsing_targets(trees, sentences, self.task, getattr(self.vocab, "source"))
         return self.translator.score([" ".join(w) for w in sentences], texts, decode)
@@ -116,11 +132,18 @@ class Parser:
         the tree constraint when ``constrained`` (default: the task's). An empty sentence has no
         tree: a UserError naming it, before any decoding (``transduce parse`` keeps blank lines
         apart and writes them back blank)."""
+        sentences = _word_lists(sentences)
         empty = next((i for i, words in enumerate(sentences) if not words), None)
         if empty is not None:
             raise SentenceError(empty + 1, " is empty: a tree needs at least one word")
+        if decode is not None and not isinstance(decode, DecodeConfig):
+            raise TypeError(f"decode must be a DecodeConfig, not {type(decode).__name__}")
+        if constrained is not None and not isinstance(constrained, bool):
+            raise TypeError(f"constrained must be True, False or None; got {constrained!r}")
         cfg = self.cfg.decode if decode is None else decode
         use = self.task.constrained if constrained is None else constrained
+        if use:
+            self._check_counted(sentences)
         translator = self._constrained(cfg.max_len_offset) if use else self.translator
         texts = [" ".join(words) for words in sentences]
         decoded = translator.translate(texts, cfg, show_progress=show_progress)
@@ -134,15 +157,45 @@ class Parser:
         return out
 
 
+def _word_lists(sentences: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``sentences`` as lists of words; a TypeError for one string where sentences are wanted,
+    a sentence that is a string (not split into words) and a word that is not a string, a
+    SentenceError for a word that is empty or holds whitespace."""
+    if isinstance(sentences, str | bytes):
+        raise TypeError("a list of sentences (each a list of words) is wanted, not one str")
+    out = []
+    for i, words in enumerate(sentences, start=1):
+        if isinstance(words, str | bytes) or not isinstance(words, Sequence):
+            raise TypeError(
+                f"sentence {i} is a {type(words).__name__}, not a list of words "
+                "(str.split() makes one)"
+            )
+        for word in words:
+            if not isinstance(word, str):
+                raise TypeError(f"sentence {i}: word {word!r} is a {type(word).__name__}")
+            if not word or any(c.isspace() for c in word):
+                raise SentenceError(i, f": word {word!r} is empty or holds whitespace")
+        out.append(list(words))
+    return out
+
+
 def _check_scorable(
     parser: Parser, sentences: Sequence[Sequence[str]], trees: Sequence[Tree]
 ) -> None:
     """A UserError naming the first tree that is not its sentence's or holds a label (or tag)
     the model's target vocabulary lacks: it would be scored as <unk>, a score of nothing."""
+    if isinstance(trees, str | bytes):
+        raise TypeError("a list of trees is wanted, not one str")
+    trees = list(trees)
     if len(sentences) != len(trees):
         raise UserError(f"{len(sentences)} sentences but {len(trees)} trees")
     target = getattr(parser.vocab, "target")
     for i, (words, tree) in enumerate(zip(sentences, trees, strict=True)):
+        if not isinstance(tree, Tree):
+            raise TypeError(
+                f"tree {i + 1} is a {type(tree).__name__}, not a Tree (transduce.data.trees "
+                "reads bracketed text)"
+            )
         if len(tree.leaves()) != len(words):
             raise UserError(
                 f"tree {i + 1} has {len(tree.leaves())} words, its sentence {len(words)}"

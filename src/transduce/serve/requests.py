@@ -101,14 +101,12 @@ def served_decode(translator: Any, limits: ServerLimits, **settings: Any) -> Dec
     model's beam capped at ``limits.max_beam`` where the request gives none (every API decodes
     within the server's limit); a UserError as the translator raises it. A model whose config
     samples searches where the request gives a beam, and else samples with a seed of its own."""
-    cfg = getattr(translator, "cfg", None)
-    asked_beam = settings.get("beam") is not None  # (not the cap set below)
-    if not asked_beam and cfg is not None and cfg.decode.beam > limits.max_beam:
-        settings["beam"] = limits.max_beam
-    decode: DecodeConfig = translator.decode_config(**settings)
-    if decode.sampling:  # a model whose config samples, as translate takes it:
-        if asked_beam:  # a beam asked for is a search
-            return replace(decode, sampling=False)
+    model = getattr(translator, "cfg", None)
+    default = None if model is None or model.decode.sampling else model.decode.beam
+    if settings.get("beam") is None and default is not None and default > limits.max_beam:
+        settings["beam"] = limits.max_beam  # (not for a model that samples: a beam searches)
+    decode: DecodeConfig = translator.decode_config(**settings)  # a beam asked: a search
+    if decode.sampling:  # a model whose config samples, no beam asked:
         # each request a draw of its own (the seed is answered where the API can say it)
         return replace(decode, sampling_seed=secrets.randbelow(2**32))
     return decode

@@ -81,6 +81,11 @@ def train(
     progress after every update. ``allow_change``: with ``resume``, config keys that may differ
     from the run's beyond those free to (``training/config_change.py``); checked here, before
     any data is read."""
+    if not isinstance(cfg, Config):  # a dict, a YAML file's name: not yet a Config
+        raise TypeError(
+            f"cfg must be a Config (transduce.config.from_dict or load_config makes one), not "
+            f"{type(cfg).__name__}"
+        )
     allowed_keys(allow_change)  # a UserError naming a key that does not exist
     if allow_change and not resume:
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
