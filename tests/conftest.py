@@ -1,5 +1,6 @@
 """Shared test setup."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,3 +16,9 @@ for kit in ("model", "inference", "benchmarks"):
 # Tests use tiny tensors; one intra-op thread avoids oversubscribing shared CPUs (several times
 # faster than the default thread pool on a loaded 2-core machine).
 torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config: object) -> int:
+    """``-n auto``: a worker a core, at most 4 (each test uses one thread; the distributed tests
+    start two processes of their own, and more workers would only share the same cores)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))

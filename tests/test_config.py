@@ -242,7 +242,10 @@ def test_each_task_sees_only_its_own_keys() -> None:
     assert "min_digits" not in cfg.to_dict()["task"]
     with pytest.raises(UserError, match="min_digits is not a key of task TranslationTaskConfig"):
         update(cfg, {"min_digits": 2})
-    back = update(cfg, {"name": "copy", "max_length": 5})  # another task: its own defaults
+    # another task: its own defaults, where the old one's settings are not lost by it
+    with pytest.raises(UserError, match=r"settings \(task.train_src, task.vocab_size\) are not"):
+        update(cfg, {"name": "copy", "max_length": 5})
+    back = update(Config(), {"name": "copy", "max_length": 5})
     assert back.task == SyntheticTaskConfig(name="copy", max_length=5)
     with pytest.raises(UserError, match="train_src"):
         from_dict({"task": {"name": "addition", "train_src": "a.en"}})
@@ -326,25 +329,26 @@ def test_load_config_reads_yaml(tmp_path) -> None:
     assert cfg.train.warmup == 100 and cfg.train.lr_factor == 2.0
     assert cfg.task.name == "copy"
     empty = tmp_path / "empty.yaml"
-    empty.write_text("", encoding="utf-8")
-    assert load_config(str(empty)) == Config()
+    empty.write_text("", encoding="utf-8")  # no task named: a mistake, not the default task
+    with pytest.raises(UserError, match="empty.yaml: holds no settings"):
+        load_config(str(empty))
 
 
 def test_load_config_reads_toml_as_the_same_config(tmp_path) -> None:
     yaml_file, toml_file = tmp_path / "run.yaml", tmp_path / "run.TOML"
     yaml_file.write_text(
         "preset: C4\nmodel:\n  n_layers: 3\ntrain:\n  adam_eps: 1.0e-9\n  warmup: 100\n"
-        "task:\n  name: translation\n  train_src: a.txt\n  vocab_sample: 50\n",
+        "task:\n  name: translation\n  train_src: a.txt\n  vocab_sample: 500\n",
         encoding="utf-8",
     )
     toml_file.write_text(
         'preset = "C4"\n[model]\nn_layers = 3\n[train]\nadam_eps = 1.0e-9\nwarmup = 100\n'
-        '[task]\nname = "translation"\ntrain_src = "a.txt"\nvocab_sample = 50\n',
+        '[task]\nname = "translation"\ntrain_src = "a.txt"\nvocab_sample = 500\n',
         encoding="utf-8",
     )
     cfg = load_config(toml_file)
     assert cfg == load_config(yaml_file)
-    assert cfg.model.n_layers == 3 and cfg.model.d_model == 256 and cfg.task.vocab_sample == 50
+    assert cfg.model.n_layers == 3 and cfg.model.d_model == 256 and cfg.task.vocab_sample == 500
 
 
 @pytest.mark.parametrize(
@@ -425,3 +429,33 @@ def test_keys_a_run_would_ignore_are_refused() -> None:
     stored = Config().to_dict()
     stored["task"]["n_symbols"] = 40  # written before the check, read by no addition run
     assert from_dict(stored, stored=True).task.n_symbols == 10
+
+
+@pytest.mark.parametrize("sample", [1, 50, 100])
+def test_a_vocab_sample_sentencepiece_cannot_take_is_refused_naming_the_key(sample: int) -> None:
+    """SentencePiece refuses a sample of 1 to 100 sentences with an empty reason, and only once
+    the corpus has been read."""
+    task = {"name": "translation", "train_src": "a", "train_tgt": "b", "vocab_sample": sample}
+    with pytest.raises(UserError, match=rf"^config: vocab_sample must be 0 .* got {sample}$"):
+        from_dict({"task": task})
+    assert from_dict({"task": {**task, "vocab_sample": 101}}).task.vocab_sample == 101
+
+
+def test_a_set_that_would_lose_settings_or_mean_two_values_is_refused(tmp_path) -> None:
+    from transduce.config import load_config, parse_overrides, update
+
+    translation = from_dict({"task": {"name": "translation", "train_src": "a", "train_tgt": "b"}})
+    with pytest.raises(UserError, match=r"^task.name addition: the config's translation settings "):
+        update(translation, {"name": "addition"})
+    assert update(from_dict({}), {"name": "reverse"}).task.name == "reverse"  # nothing lost
+    with pytest.raises(UserError, match="^--set train.max_steps and --set max_steps set one key"):
+        parse_overrides(["max_steps=1", "train.max_steps=2"])
+    with pytest.raises(UserError, match="^--set d_model and --set d_model"):
+        parse_overrides(["d_model=1", "d_model=2"])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(UserError, match="empty.yaml: holds no settings"):
+        load_config(empty)
+    marked = tmp_path / "marked.toml"
+    marked.write_text('\ufeff[task]\nname = "reverse"\n', encoding="utf-8")
+    assert load_config(marked).task.name == "reverse"

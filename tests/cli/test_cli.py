@@ -306,9 +306,9 @@ def test_a_sampling_seed_past_64_bits_is_refused() -> None:
     from transduce.config import DecodeConfig
     from transduce.errors import UserError
 
-    DecodeConfig(sampling_seed=2**63 - 1)
+    DecodeConfig(sampling=True, sampling_seed=2**63 - 1)
     with pytest.raises(UserError, match="sampling_seed must be below 2\\*\\*63"):
-        DecodeConfig(sampling_seed=2**63)
+        DecodeConfig(sampling=True, sampling_seed=2**63)
 
 
 def test_addition_with_operands_past_a_float_builds() -> None:

@@ -271,7 +271,7 @@ def test_damaged_ids_or_validation_text_are_refused_before_training(
         ("clean_max_len", "5"),
         ("clean_dedup", "true"),
         ("clean_ratio", "2"),
-        ("vocab_sample", "50"),
+        ("vocab_sample", "500"),
         ("train_src", "/nowhere"),
     ],
 )
@@ -346,7 +346,8 @@ def test_vocab_command_and_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     # keys of learning a vocabulary, given with a reused one: refused, not ignored
     capsys.readouterr()
-    for key, value, said in (("vocab_size", 999, "keeps its size"), ("vocab_sample", 7, "none is")):
+    learning = (("vocab_size", 999, "keeps its size"), ("vocab_sample", 700, "none is"))
+    for key, value, said in learning:
         out = tmp_path / f"with_{key}"
         argv = ["prepare", *base, "--out", str(out), "--quiet", *reuse, "--set", f"{key}={value}"]
         assert main(argv) == 2
@@ -390,3 +391,15 @@ def test_a_misnamed_gzip_or_a_file_of_bare_carriage_returns_is_named_as_reading_
     mac.write_bytes(b"one line\rtwo lines\rthree\r")
     with pytest.raises(UserError, match=r"mac.en: line 1: carriage return"):
         scan_input(mac)
+
+
+def test_a_validation_split_of_no_pairs_is_refused(tmp_path: Path) -> None:
+    """Validation files whose every pair has an empty side were prepared into an empty split,
+    and training from that folder died at its first validation, steps after its last save."""
+    folder = tmp_path / "corpus"
+    write_corpus(folder, n=50)
+    (folder / "valid.src").write_text("a dog\n\n\n")
+    (folder / "valid.tgt").write_text("\nA CAT\n\n")
+    with pytest.raises(UserError, match=r"valid.src and .*valid.tgt: no sentence pairs left with"):
+        prepare(config(folder), tmp_path / "out", workers=1, log=lambda line: None)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -5,6 +5,7 @@ run stops cleanly (exit code 74, no traceback)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,36 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
     code, err = cli(capsys, *train_args(config, run, "--resume"))  # space again: it goes on
     assert code == 0, err
     assert checkpoint.load(run / "model.pt")["config"]["train"]["max_steps"] == 8
+
+
+def test_metrics_that_cannot_be_written_stop_the_run_at_its_next_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """metrics.jsonl on a full disk (/dev/full): training goes on to its next checkpoint, which is
+    written, then stops with 74 naming the file; the records wait, and once the disk has room
+    the resumed run's metrics.jsonl holds every step's record."""
+    config = write_config(tmp_path / "c.yaml", max_steps=8, save_every=4, log_every=1)
+    run = tmp_path / "run"
+
+    def fill_the_disk() -> None:  # after step 1 was logged
+        (run / "metrics.jsonl").unlink()
+        (run / "metrics.jsonl").symlink_to("/dev/full")
+
+    with_callbacks(monkeypatch, at_step(1, fill_the_disk))
+    code, err = cli(capsys, *train_args(config, run))
+    assert code == 74, err
+    saved = run / "checkpoints" / "step_00000004.pt"
+    assert err.strip().splitlines()[-1] == (
+        f"transduce: stopped: cannot write {run / 'metrics.jsonl'}: No space left on device "
+        f"(errno {errno.ENOSPC}); {saved} holds the run (3 records of its metrics unwritten). "
+        "Mend that, then resume with --resume"
+    )
+    assert err.count("transduce: warning: cannot write") == 1 and "Traceback" not in err
+    assert checkpoint.load(saved)["progress"]["step"] == 4
+    (run / "metrics.jsonl").unlink()  # room again (the records of steps 2 to 4 are gone)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # cut short
+    code, err = cli(capsys, *train_args(config, run, "--resume"))
+    assert code == 0, err
+    assert f"{run / 'metrics.jsonl'}: line 2 is not a record (a write cut short?): dropped" in err
+    steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").open()]
+    assert steps[0] == 1 and {5, 6, 7, 8} <= set(steps) and 2 not in steps

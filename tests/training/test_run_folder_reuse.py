@@ -25,6 +25,18 @@ def test_a_second_run_in_a_run_folder_is_refused(tmp_path: Path) -> None:
     assert summary["step"] == 6
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_whose_checkpoints_are_gone_is_not_replaced(tmp_path: Path, resume: bool) -> None:
+    cfg = update(from_dict(TINY), {"max_steps": 2, "save_every": 2})
+    train(cfg, tmp_path, show_progress=False)
+    for saved in (tmp_path / "checkpoints").iterdir():  # a finished run, cleaned up
+        saved.unlink()
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=r"already holds a run's model.pt \(and no checkpoint"):
+        train(cfg, tmp_path, resume=resume, show_progress=False)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
 def test_the_demo_twice_in_one_folder_is_refused(tmp_path: Path) -> None:
     from transduce.demo import run_demo
 
@@ -107,3 +119,28 @@ def test_a_failed_write_says_free_some_space_only_for_a_full_disk() -> None:
     full = _failure(Path("/r/model.pt"), OSError(errno.ENOSPC, "No space left"), Path("/r/c"))
     other = _failure(Path("/r/model.pt"), OSError(errno.EISDIR, "Is a directory"), Path("/r/c"))
     assert "Free some space" in full and "Free some space" not in other and "Mend that" in other
+
+
+def test_a_resume_names_the_checkpoint_before_a_damaged_or_model_only_newest(
+    tmp_path: Path,
+) -> None:
+    from transduce import checkpoint
+    from transduce.checkpoint.runs import average
+
+    cfg = update(from_dict(TINY), {"max_steps": 4, "save_every": 2})
+    train(cfg, tmp_path, show_progress=False)
+    saved = sorted((tmp_path / "checkpoints").iterdir())
+    newer = tmp_path / "checkpoints" / "step_00000005.pt"
+    checkpoint.save(average(saved), newer)  # an average written among the step checkpoints
+    longer = update(cfg, {"max_steps": 6})
+    with pytest.raises(UserError) as refused:
+        train(longer, tmp_path, resume=True, show_progress=False)
+    assert str(refused.value) == (
+        f"{newer} is a model file, not a training checkpoint (it holds no optimizer, progress, "
+        f"rng); to resume from the one before it, {saved[-1]}, remove it"
+    )
+    newer.write_bytes(saved[-1].read_bytes()[:3000])  # cut short
+    with pytest.raises(UserError, match=rf"to resume from the one before it, {saved[-1]}, remove"):
+        train(longer, tmp_path, resume=True, show_progress=False)
+    newer.unlink()
+    assert train(longer, tmp_path, resume=True, show_progress=False)["step"] == 6

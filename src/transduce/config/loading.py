@@ -77,7 +77,18 @@ def _updated_task(task: TaskConfig, changes: dict[str, Any]) -> TaskConfig:
         if key not in _hints(cls):
             keys = ", ".join(f.name for f in fields(cls))
             raise UserError(f"task.{key} is not a key of task {cls.__name__} (its keys: {keys})")
-    if not isinstance(task, cls):
+    if not isinstance(task, cls):  # another kind of task: the old one's settings would be lost
+        lost = [
+            f.name
+            for f in fields(task)
+            if f.name not in _hints(cls) and getattr(task, f.name) != f.default
+        ]
+        if lost:
+            raise UserError(
+                f"task.name {changes.get('name', task.name)}: the config's {task.name} settings "
+                f"({', '.join(f'task.{k}' for k in lost)}) are not of that task; start from a "
+                "config of it"
+            )
         return cls(**changes)
     name = changes.get("name", task.name)
     if name != task.name:  # another synthetic task: the keys it does not read from defaults
@@ -114,13 +125,20 @@ def update(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """['d_model=256', ...] -> {'d_model': '256'}."""
+    """['d_model=256', ...] -> {'d_model': '256'}; a key given twice (``max_steps`` and
+    ``train.max_steps`` are one) is a UserError: which of the two was meant?"""
     out: dict[str, str] = {}
+    seen: dict[tuple[str, str], str] = {}
     for pair in pairs:
         if "=" not in pair:
             raise UserError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        resolved = resolve_key(key)  # an unknown key: a UserError naming it
+        if resolved in seen:
+            raise UserError(f"--set {key} and --set {seen[resolved]} set one key twice")
+        seen[resolved] = key
+        out[key] = value.strip()
     return out
 
 
@@ -205,6 +223,7 @@ def load_config(path: str | Path) -> Config:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{p}: cannot read ({e})") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as editors on Windows write
     if p.suffix.lower() == ".toml":
         import tomllib
 
@@ -222,4 +241,6 @@ def load_config(path: str | Path) -> Config:
             problem = getattr(e, "problem", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
             raise UserError(f"{p}: not valid YAML: {where}{problem or e}") from None
-    return from_dict(data or {}, source=str(p))
+    if not data:  # it would train the default task (addition) as if that had been asked for
+        raise UserError(f"{p}: holds no settings; a config names at least its task (configs/)")
+    return from_dict(data, source=str(p))

@@ -315,6 +315,11 @@ class TranslationTaskConfig(_Section):
         _fraction(self, "bpe_dropout")
         if self.clean_ratio and self.clean_ratio < 1.0:
             raise UserError(f"clean_ratio must be 0 (off) or at least 1; got {self.clean_ratio}")
+        if 0 < self.vocab_sample <= 100:  # SentencePiece's own bound (input_sentence_size)
+            raise UserError(
+                f"vocab_sample must be 0 (every sentence) or more than 100 (SentencePiece "
+                f"samples no fewer); got {self.vocab_sample}"
+            )
         if self.vocab_model and self.vocab_sample:
             raise UserError(
                 f"vocab_sample ({self.vocab_sample}) is the sample a vocabulary is learned on; "

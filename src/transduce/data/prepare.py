@@ -21,6 +21,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import time
 import zlib
@@ -318,8 +319,9 @@ def _split(
         f.close()
     seconds = progress.close()
     shards = writer.close()
-    if split == "train" and not writer.pairs:
-        raise UserError(f"{src} and {tgt}: no sentence pairs left after cleaning ({removed})")
+    if not writer.pairs:  # (validation is not cleaned: its pairs with an empty side are gone)
+        after = "after cleaning " if split == "train" else "with both sides non-empty "
+        raise UserError(f"{src} and {tgt}: no sentence pairs left {after}({removed})")
     for shard in shards:
         shard["sha256"] = {
             kind: file_sha256(folder / f"{shard['name']}.{kind}")
@@ -370,6 +372,25 @@ def prepare(
         raise UserError(f"workers must be 0 (one per CPU core) or more; got {workers}")
     inputs = _inputs(task)
     folder = _out_folder(out_dir)
+    try:
+        return _prepare_into(folder, cfg, inputs, shard_pairs, workers, show_progress, log)
+    except BaseException:  # (an interrupt too) a folder without its manifest is of no use
+        for child in folder.iterdir():  # it was new or empty: all of it is this run's
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
+
+
+def _prepare_into(
+    folder: Path,
+    cfg: Config,
+    inputs: dict[str, dict[str, Any]],
+    shard_pairs: int,
+    workers: int,
+    show_progress: bool | None,
+    log: Log,
+) -> dict[str, Any]:
+    """``prepare``'s work, into the new (or empty) ``folder``."""
+    task = _translation(cfg)
     vocabs = vocabulary(cfg, inputs, log)
     names = vocab_files(task.shared_vocab)
     for vocab, name in zip(vocabs, names, strict=True):

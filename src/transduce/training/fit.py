@@ -78,16 +78,29 @@ class TaskData:
     after_start: Callable[[], None] | None = None
 
 
+# what a run leaves that a new run in its folder would replace
+FINISHED_RUN_FILES = ("model.pt", "best.pt", "model.safetensors")
+
+
 def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) -> None:
     """A UserError, before anything is read or written, when a new run (not ``resume``) would
     start in a folder that holds a run's checkpoints: it would mix with them (its model.pt an
-    average of theirs, its own last checkpoint pruned) and overwrite that run's metrics.
+    average of theirs, its own last checkpoint pruned) and overwrite that run's metrics; and
+    when any run (``resume`` too) would start in one that holds a run's model files but no
+    checkpoint, which it would replace.
     ``resumable``: whether the command has ``--resume`` to name in it."""
-    if not resume and step_checkpoints(Path(out_dir) / "checkpoints"):
+    checkpoints = step_checkpoints(Path(out_dir) / "checkpoints")
+    if not resume and checkpoints:
         hint = "--resume continues it; " if resumable else ""
         raise UserError(
             f"{out_dir} already holds a run (checkpoints/step_*.pt): {hint}a new run needs "
             "another folder (--out)"
+        )
+    models = [name for name in FINISHED_RUN_FILES if (Path(out_dir) / name).is_file()]
+    if models and not checkpoints:  # a run's result, its checkpoints gone: nothing to resume
+        raise UserError(
+            f"{out_dir} already holds a run's {models[0]} (and no checkpoint to resume from): "
+            "a new run would replace it; it needs another folder (--out)"
         )
 
 

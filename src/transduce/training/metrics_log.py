@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from transduce.checkpoint import write_text_atomic
+
 _tensorboard_notice_shown = False
 
 
@@ -39,18 +41,44 @@ class MetricsLog:
         self.tb_dir = run_dir / "tensorboard"
         self.tensorboard = tensorboard
         self._writer = None
+        # lines a failed write (a full disk) left unwritten, and that failure: written at the
+        # next try (``write``, ``flush``)
+        self.unwritten: list[str] = []
+        self.error: OSError | None = None
 
     def reset(self) -> None:
         self.path.write_text("")
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step``: a resumed run redoes them."""
+        """Drop records of steps after ``step``: a resumed run redoes them. A line that is not a
+        record (a write cut short by a kill or a full disk) is dropped, with a note naming it."""
         kept = []
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip() and json.loads(line).get("step", 0) <= step:
+            text = self.path.read_bytes().decode("utf-8", errors="replace")
+            for number, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    record_step = record.get("step", 0) if isinstance(record, dict) else None
+                except ValueError:
+                    record_step = None
+                if not isinstance(record_step, int):
+                    print(
+                        f"transduce: note: {self.path}: line {number} is not a record (a write "
+                        "cut short?): dropped",
+                        file=sys.stderr,
+                    )
+                elif record_step <= step:
                     kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
+
+    def flush(self) -> None:
+        """Append the records a failed write left (an OSError where it fails again)."""
+        if self.unwritten:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("".join(self.unwritten))
+            self.unwritten, self.error = [], None
 
     def open(self, step: int) -> None:
         if self.tensorboard and self._writer is None:
@@ -65,12 +93,23 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record``; a number that is not finite is written as the string ``"nan"``,
         ``"inf"`` or ``"-inf"``: a bare ``NaN`` is not JSON, and readers of it would choke."""
-        record = {
+        shown = {
             k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
             for k, v in record.items()
         }
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        self.unwritten.append(json.dumps(shown) + "\n")
+        try:
+            self.flush()
+        except OSError as e:  # kept for the next try; the run's next checkpoint stops it
+            if self.error is None:
+                print(
+                    f"transduce: warning: cannot write {self.path}: {e.strerror or e}; its "
+                    "records wait, and the run stops at its next checkpoint unless they can "
+                    "be written then",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.error = e
         if self._writer is not None:
             group = record.get("split", "train")
             for key, value in record.items():

@@ -24,7 +24,7 @@ from transduce import checkpoint
 from transduce.architectures import Seq2Seq
 from transduce.config import Config
 from transduce.data.vocab import Vocab
-from transduce.errors import UserError
+from transduce.errors import CheckpointNotWritten, UserError
 from transduce.training import config_change, distributed, saving
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.progress import Progress
@@ -50,6 +50,10 @@ class Training(Protocol):
 # run would train for nothing and fail at its first checkpoint or at the end
 _RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "model.pt", "model.safetensors")
 _RUN_FOLDERS = ("checkpoints",)
+
+
+# what a step checkpoint holds beside the model, and a resume reads
+TRAINING_STATE = ("optimizer", "progress", "rng")
 
 
 def _check_layout(path: Path) -> None:
@@ -98,8 +102,21 @@ class RunFolder:
         return progress
 
     def _resume(self, allow_change: tuple[str, ...]) -> Progress:
-        path, run = checkpoint.step_checkpoints(self.checkpoints)[-1], self.training
-        state = checkpoint.load(path)
+        saved, run = checkpoint.step_checkpoints(self.checkpoints), self.training
+        path = saved[-1]
+        fallback = (
+            f"; to resume from the one before it, {saved[-2]}, remove it" if saved[1:] else ""
+        )
+        try:
+            state = checkpoint.load(path)
+        except UserError as e:  # a damaged file: the one before it may be whole
+            raise UserError(f"{e}{fallback}") from None
+        lacks = [key for key in TRAINING_STATE if key not in state]
+        if lacks:  # e.g. `transduce average --output` written among the step checkpoints
+            raise UserError(
+                f"{path} is a model file, not a training checkpoint (it holds no "
+                f"{', '.join(lacks)}){fallback}"
+            )
         now = config_change.Setting(self.world.size, run.precision)
         config_change.check_checkpoint(state, path, self.cfg, allow_change, now, self.world.is_main)
         if "vocab" in state and state["vocab"] != run.vocab.to_dict():
@@ -160,12 +177,27 @@ class RunFolder:
                 "rng_ranks": rngs,
             }
 
-        saving.write_model_file(self.world, path, state, self.checkpoints)
+        saving.write_model_file(self.world, path, state, self.checkpoints, self._save_and_log)
         if self.world.is_main:
             t = self.cfg.train
             checkpoint.prune(self.checkpoints, t.keep_last, t.save_every, self._schedule_from)
         self._saved_at = (progress.step, progress.epoch, progress.batch_index)
         return path
+
+    def _save_and_log(self, data: dict[str, Any], path: Path) -> None:
+        """Save the checkpoint ``data`` to ``path``, then write the records ``metrics.jsonl``
+        could not take: where it still cannot, ``CheckpointNotWritten`` stops the run (on every
+        rank: ``saving.write_on_main``), its checkpoint written and nothing lost but them."""
+        checkpoint.save(data, path)
+        try:
+            self.log.flush()
+        except OSError as e:
+            n = len(self.log.unwritten)
+            raise CheckpointNotWritten(
+                f"cannot write {self.log.path}: {e.strerror or e} (errno {e.errno}); {path} "
+                f"holds the run ({n} record{'s' * (n != 1)} of its metrics unwritten). Mend "
+                "that, then resume with --resume"
+            ) from None
 
     def save_now(self, progress: Progress) -> Path:
         """The step checkpoint of this very moment: written unless the last save was of it."""
