@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -403,3 +404,85 @@ def test_a_validation_split_of_no_pairs_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"valid.src and .*valid.tgt: no sentence pairs left with"):
         prepare(config(folder), tmp_path / "out", workers=1, log=lambda line: None)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _edited(folder: Path, edit) -> None:  # noqa: ANN001
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "damage,said",
+    [
+        (lambda m: m.pop("vocab"), "no vocab section"),
+        (lambda m: m.update(dtype="float99"), "dtype 'float99'"),
+        (lambda m: m["splits"]["train"].pop("shards"), "split 'train' has no shards"),
+        (
+            lambda m: m["splits"]["train"]["shards"][0].update(pairs="many"),
+            "split 'train', shard 0",
+        ),
+    ],
+)
+def test_a_damaged_manifest_is_named_not_a_traceback(tmp_path: Path, damage, said) -> None:  # noqa: ANN001
+    folder = tmp_path / "corpus"
+    write_corpus(folder, n=50)
+    prepare(config(folder), tmp_path / "p", workers=1, log=lambda line: None)
+    _edited(tmp_path / "p", damage)
+    with pytest.raises(UserError, match=rf"manifest.json: damaged manifest \({re.escape(said)}"):
+        PreparedSplit(tmp_path / "p", "train")
+
+
+def test_a_changed_index_or_pair_count_is_refused(tmp_path: Path) -> None:
+    """An edited idx.npy moved pairs' bounds in silence (pairs read as others' ids, one empty);
+    a manifest's pair count that disagreed with the index was said in bytes that agreed."""
+    folder = tmp_path / "corpus"
+    write_corpus(folder, n=50)
+    prepare(config(folder), tmp_path / "p", workers=1, log=lambda line: None)
+    shutil.copytree(tmp_path / "p", tmp_path / "q")
+    index = np.load(tmp_path / "p" / "train.000.idx.npy")
+    index[5] = index[7]
+    np.save(tmp_path / "p" / "train.000.idx.npy", index)
+    with pytest.raises(UserError, match="train.000.idx.npy: its pairs' bounds disagree with"):
+        PreparedSplit(tmp_path / "p", "train")
+    _edited(tmp_path / "q", lambda m: m["splits"]["train"]["shards"][0].update(pairs=10))
+    with pytest.raises(UserError, match=r"train.000.idx.npy: \d+ pairs, the manifest says 10;"):
+        PreparedSplit(tmp_path / "q", "train")
+
+
+@pytest.mark.parametrize(
+    "command,key",
+    [
+        ("prepare", "d_model=64"),
+        ("prepare", "bpe_dropout=0.1"),
+        ("prepare", "max_valid_sentences=3"),
+        ("vocab", "clean_dedup=true"),
+        ("vocab", "valid_src=x"),
+        ("vocab", "beam=2"),
+    ],
+)
+def test_a_set_the_data_commands_do_not_read_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, key: str
+) -> None:
+    write_corpus(tmp_path, n=50)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    argv = [command, "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--set", key]) == 2
+    err = capsys.readouterr().err
+    assert f"--set {key.split('=')[0]}: {command} reads only the task's files" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["prepare", "vocab"])
+def test_a_training_file_of_empty_lines_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """vocab learned on the other side alone; prepare said "no non-empty sentences", no file."""
+    write_corpus(tmp_path, n=50)
+    (tmp_path / "train.src").write_text("\n" * 76 + "  \n")  # as many lines as train.tgt
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    argv = [command, "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'train.src'} (task.train_src): all 77 lines are empty" in err, err

@@ -77,7 +77,8 @@ def test_a_resume_of_another_task_is_refused_before_a_vocabulary_is_learned(
 ) -> None:
     cfg = update(from_dict(TINY), {"max_steps": 2, "save_every": 2})
     train(cfg, tmp_path, show_progress=False)
-    other = update(cfg, {"name": "translation", "train_src": "a.txt", "train_tgt": "b.txt"})
+    translation = {"name": "translation", "train_src": "a.txt", "train_tgt": "b.txt"}
+    other = update(from_dict({**TINY, "task": translation}), {"max_steps": 2, "save_every": 2})
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(UserError, match="holds a run of task"):
         train(other, tmp_path, resume=True, show_progress=False)
@@ -94,8 +95,10 @@ def test_compile_reduce_overhead_on_a_cpu_is_refused_before_the_run_folder(tmp_p
 @pytest.mark.parametrize(
     ("name", "make", "said"),
     [
-        ("checkpoints", "file", "is a file; the run keeps its checkpoints in a folder"),
+        ("checkpoints", "file", "is a file; the run writes a folder there"),
+        ("tensorboard", "file", "is a file; the run writes a folder there"),
         ("model.pt", "folder", "is a folder; the run writes a file there"),
+        ("training_text.json", "folder", "is a folder; the run writes a file there"),
     ],
 )
 def test_a_run_path_of_the_wrong_kind_is_refused_before_training(
@@ -144,3 +147,9 @@ def test_a_resume_names_the_checkpoint_before_a_damaged_or_model_only_newest(
         train(longer, tmp_path, resume=True, show_progress=False)
     newer.unlink()
     assert train(longer, tmp_path, resume=True, show_progress=False)["step"] == 6
+
+
+def test_a_model_too_large_for_memory_is_said_with_its_size(tmp_path: Path) -> None:
+    cfg = update(from_dict(TINY), {"d_ff": 4_000_000_000, "max_steps": 1})  # 16 TB of weights
+    with pytest.raises(UserError, match=r"^the model \([\d,]+ parameters: [\d,.]+ GiB of float32"):
+        train(cfg, tmp_path / "run", show_progress=False)

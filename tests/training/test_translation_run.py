@@ -280,8 +280,13 @@ def test_corpus_errors_name_file_and_line(tmp_path) -> None:
     assert paths["valid_src"] in str(e.value)
 
     missing = dict(paths, train_tgt=str(tmp_path / "nope.tgt"))
-    with pytest.raises(UserError, match="nope.tgt: no such file"):
+    with pytest.raises(UserError, match="^task.train_tgt: .*nope.tgt: no such file"):
         train_translation(tiny_config(missing), tmp_path / "run", log=lambda _: None)
+    lines: list[str] = []  # a missing validation file: said before the training text is read
+    missing = dict(paths, valid_src=str(tmp_path / "nope.src"))
+    with pytest.raises(UserError, match="^task.valid_src: .*nope.src: no such file"):
+        train_translation(tiny_config(missing), tmp_path / "run", log=lines.append)
+    assert not any("sentence pairs from" in line for line in lines)
 
 
 def test_missing_settings(tmp_path) -> None:
@@ -426,7 +431,7 @@ def test_resume_refuses_the_other_vocabulary_layout_before_learning_one(
     assert sorted(p.name for p in out.iterdir()) == files
 
 
-def test_a_resume_on_other_training_text_is_refused(tmp_path) -> None:
+def test_a_resume_on_other_training_text_is_refused(tmp_path, capsys) -> None:
     paths = write_corpus(tmp_path / "data")
     out = tmp_path / "run"
     train_translation(tiny_config(paths, max_steps=4), out, show_progress=False, log=lambda _: None)
@@ -457,3 +462,24 @@ def test_a_resume_on_other_training_text_is_refused(tmp_path) -> None:
         train_translation(
             tiny_config(moved, max_steps=8), out, resume=True, show_progress=False, log=print
         )
+    (out / "training_text.json").unlink()  # no record: resumed, and said
+    train_translation(
+        tiny_config(moved, max_steps=8), out, resume=True, show_progress=False, log=print
+    )
+    assert "training_text.json is missing: this resume cannot check" in capsys.readouterr().err
+
+
+def test_a_resume_restores_missing_vocabulary_files_from_its_checkpoint(tmp_path) -> None:
+    """A resumed run without vocab.model learned a vocabulary anew (of another sample: other
+    pieces) and wrote it into the run, then refused to resume with it."""
+    paths = write_corpus(tmp_path / "data")
+    out = tmp_path / "run"
+    train_translation(tiny_config(paths, max_steps=4), out, show_progress=False, log=lambda _: None)
+    before = (out / "vocab.model").read_bytes()
+    (out / "vocab.model").unlink()
+    lines: list[str] = []
+    summary = train_translation(
+        tiny_config(paths, max_steps=6), out, resume=True, show_progress=False, log=lines.append
+    )
+    assert summary["step"] == 6 and (out / "vocab.model").read_bytes() == before
+    assert any("vocab.model missing, restored from" in line for line in lines)

@@ -8,11 +8,29 @@ import json
 import sys
 
 from transduce.cli.common import add_set
-from transduce.config import Config, load_config, parse_overrides, update
+from transduce.config import Config, load_config, parse_overrides, resolve_key, update
+from transduce.errors import UserError
+
+# what each command reads of a (training) config; a --set of any other key would change nothing
+_FILES = ("name", "train_src", "train_tgt", "vocab_size", "vocab_sample", "shared_vocab")
+_CLEANING = ("clean_max_len", "clean_ratio", "clean_identical", "clean_dedup")
+READS = {
+    "prepare": {("train", "seed")}
+    | {("task", key) for key in (*_FILES, "valid_src", "valid_tgt", "vocab_model", *_CLEANING)},
+    "vocab": {("train", "seed")} | {("task", key) for key in (*_FILES, "vocab_model")},
+}
 
 
-def _config(args: argparse.Namespace) -> Config:
-    return update(load_config(args.config), parse_overrides(args.overrides))
+def _config(args: argparse.Namespace, command: str) -> Config:
+    overrides = parse_overrides(args.overrides)
+    for key in overrides:
+        if resolve_key(key) not in READS[command]:
+            raise UserError(
+                f"--set {key}: {command} reads only the task's files, vocabulary"
+                f"{' and cleaning' if command == 'prepare' else ''} keys (and train.seed); "
+                "this one changes nothing here"
+            )
+    return update(load_config(args.config), overrides)
 
 
 def _log(message: str) -> None:
@@ -23,7 +41,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from transduce.data.prepare import prepare
 
     manifest = prepare(
-        _config(args),
+        _config(args, "prepare"),
         args.out,
         workers=args.workers,
         shard_pairs=args.shard_pairs,
@@ -54,7 +72,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_vocab(args: argparse.Namespace) -> int:
     from transduce.data.prepare import write_vocabulary
 
-    paths = write_vocabulary(_config(args), args.out, log=_log, force=args.force)
+    paths = write_vocabulary(_config(args, "vocab"), args.out, log=_log, force=args.force)
     print(json.dumps({"vocabulary": [str(p) for p in paths]}))
     return 0
 

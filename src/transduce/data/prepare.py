@@ -77,11 +77,12 @@ def _translation(cfg: Config, command: str = "prepare") -> TranslationTaskConfig
 
 
 def scan_input(path: Path) -> dict[str, Any]:
-    """``{"path", "bytes", "lines", "sha256"}`` of an input file (lines of the decompressed text
-    for ``.gz``; the hash and size of the file as it is)."""
+    """``{"path", "bytes", "lines", "sha256", "blank"}`` of an input file (lines of the
+    decompressed text for ``.gz``; the hash and size of the file as it is; ``blank``: nothing but
+    whitespace in it)."""
     if not path.is_file():
         raise UserError(f"{path}: no such file")
-    lines, last = 0, b"\n"
+    lines, last, blank = 0, b"\n", True
     compressed = path.suffix.lower() == ".gz"
     try:
         with gzip.open(path, "rb") if compressed else open(path, "rb") as f:
@@ -90,6 +91,7 @@ def scan_input(path: Path) -> dict[str, Any]:
                     _check_start(block, path, compressed)
                 lines += block.count(b"\n")
                 last = block[-1:]
+                blank = blank and not block.strip()
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # as parallel.iter_lines says it
         detail = "truncated" if isinstance(e, EOFError) else str(e)
         raise UserError(f"{path}: corrupt gzip file ({detail})") from None
@@ -100,6 +102,7 @@ def scan_input(path: Path) -> dict[str, Any]:
         "bytes": path.stat().st_size,
         "lines": lines + (last != b"\n"),
         "sha256": file_sha256(path),
+        "blank": blank,
     }
 
 
@@ -120,6 +123,9 @@ def _inputs(task: TranslationTaskConfig) -> dict[str, dict[str, Any]]:
         if not getattr(task, key):
             raise UserError(f"task.{key} is not set; name the training files to prepare")
     found = {key: scan_input(resolve_data_path(getattr(task, key), key)) for key in keys}
+    for key, scan in found.items():  # as reading it for training refuses it
+        if scan.pop("blank"):
+            raise UserError(f"{scan['path']} (task.{key}): all {scan['lines']} lines are empty")
     for split in ("train", "valid"):
         if f"{split}_src" in found:
             a, b = found[f"{split}_src"], found[f"{split}_tgt"]

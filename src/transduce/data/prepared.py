@@ -76,6 +76,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
             f"{path}: format version {manifest.get('version')}, this transduce reads {VERSION}; "
             "prepare the data again"
         )
+    _check_structure(manifest, path)
     for name, digest in manifest["vocab"]["sha256"].items():
         if file_sha256(folder / name) != digest:
             raise UserError(
@@ -83,6 +84,36 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
                 "after transduce prepare (prepare it again)"
             )
     return manifest
+
+
+def _check_structure(manifest: dict[str, Any], path: Path) -> None:
+    """A UserError naming what of a manifest's structure is missing or of the wrong type (an
+    edited or damaged file), before anything reads it."""
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise UserError(f"{path}: damaged manifest ({what}); prepare the data again")
+
+    vocab, splits = manifest.get("vocab"), manifest.get("splits")
+    need(isinstance(vocab, dict), "no vocab section")
+    assert isinstance(vocab, dict)
+    need(isinstance(vocab.get("sha256"), dict) and bool(vocab["sha256"]), "no vocabulary hashes")
+    need(isinstance(vocab.get("shared"), bool), "vocab.shared is not true or false")
+    need(manifest.get("dtype") in ("uint16", "uint32"), f"dtype {manifest.get('dtype')!r}")
+    need(isinstance(splits, dict) and "train" in splits, "no train split")
+    assert isinstance(splits, dict)
+    for name, split in splits.items():
+        shards = split.get("shards") if isinstance(split, dict) else None
+        need(isinstance(shards, list) and bool(shards), f"split {name!r} has no shards")
+        assert isinstance(shards, list)
+        for k, shard in enumerate(shards):
+            need(
+                isinstance(shard, dict)
+                and isinstance(shard.get("name"), str)
+                and isinstance(shard.get("pairs"), int)
+                and shard["pairs"] >= 0,
+                f"split {name!r}, shard {k}: no name or pair count",
+            )
 
 
 class PreparedSplit(Sequence[Pair]):
@@ -108,6 +139,15 @@ class PreparedSplit(Sequence[Pair]):
                 f"{lengths_path}: {self._lengths.shape[0]} pairs, manifest says "
                 f"{int(self._starts[-1])}; prepare the data again"
             )
+        for k, (shard, (index, _, _)) in enumerate(zip(info["shards"], self._shards, strict=True)):
+            # each pair's ids as the index bounds them, against the length index (one pass)
+            lengths = self._lengths[int(self._starts[k]) : int(self._starts[k + 1])]
+            if index[0].any() or not np.array_equal(np.diff(index, axis=0), lengths):
+                raise UserError(
+                    f"{self.folder / (shard['name'] + '.idx.npy')}: its pairs' bounds disagree "
+                    f"with {lengths_path}; the prepared folder is damaged or changed (prepare it "
+                    "again)"
+                )
         self._rows: np.ndarray | None = None  # the pairs numbered (select), or all
 
     def _load(self, path: Path, *, mmap: bool) -> np.ndarray:
@@ -117,13 +157,19 @@ class PreparedSplit(Sequence[Pair]):
             raise UserError(f"{path}: cannot read ({e})") from None
 
     def _open_shard(self, name: str, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        index = self._load(self.folder / f"{name}.idx.npy", mmap=True)
+        index_path = self.folder / f"{name}.idx.npy"
+        index = self._load(index_path, mmap=True)
+        if index.shape != (pairs + 1, 2):
+            raise UserError(
+                f"{index_path}: {index.shape[0] - 1 if index.ndim == 2 else '?'} pairs, the "
+                f"manifest says {pairs}; the prepared folder is incomplete or changed"
+            )
         sides = []
         for side, column in (("src", 0), ("tgt", 1)):
             path = self.folder / f"{name}.{side}.bin"
             expected = int(index[-1, column]) * self.dtype.itemsize
             size = path.stat().st_size if path.is_file() else -1
-            if size != expected or index.shape != (pairs + 1, 2):
+            if size != expected:
                 raise UserError(
                     f"{path}: {size} bytes, the index says {expected}; the prepared "
                     "folder is incomplete or changed"

@@ -23,6 +23,7 @@ from transduce.data.vocab import Vocab, vocab_sizes
 from transduce.errors import UserError
 from transduce.training.distributed import World
 from transduce.training.feed import Resegment
+from transduce.training.run_folder import check_layout
 from transduce.training.trainer import StepCallback, Trainer
 from transduce.training.validation import Validator
 
@@ -82,6 +83,22 @@ class TaskData:
 FINISHED_RUN_FILES = ("model.pt", "best.pt", "model.safetensors")
 
 
+def _built(cfg: Config, src_size: int, tgt_size: int | None) -> Seq2Seq:
+    """The model of ``cfg.model``; a UserError with its size where memory cannot hold it."""
+    try:
+        return build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    except (RuntimeError, MemoryError) as e:  # CUDA's OutOfMemoryError is a RuntimeError
+        if not any(s in str(e) for s in ("can't allocate memory", "out of memory")):
+            raise
+    with torch.device("meta"):  # shapes only
+        meta = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    n = sum(p.numel() for p in meta.parameters())
+    raise UserError(
+        f"the model ({n:,} parameters: {n * 4 / 2**30:,.1f} GiB of float32 weights, about 4x "
+        "that to train with Adam) does not fit in memory: make it smaller (model.*)"
+    )
+
+
 def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) -> None:
     """A UserError, before anything is read or written, when a new run (not ``resume``) would
     start in a folder that holds a run's checkpoints: it would mix with them (its model.pt an
@@ -89,6 +106,8 @@ def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) 
     when any run (``resume`` too) would start in one that holds a run's model files but no
     checkpoint, which it would replace.
     ``resumable``: whether the command has ``--resume`` to name in it."""
+    if Path(out_dir).is_dir():  # before any data is read: a path of the wrong kind
+        check_layout(Path(out_dir))
     checkpoints = step_checkpoints(Path(out_dir) / "checkpoints")
     if not resume and checkpoints:
         hint = "--resume continues it; " if resumable else ""
@@ -154,7 +173,7 @@ def fit(
     valid_pairs = _placeable_valid_pairs(cfg, data, log)
     torch.manual_seed(cfg.train.seed)
     src_size, tgt_size = vocab_sizes(data.vocab)
-    model = build_model(cfg.model, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
+    model = _built(cfg, src_size, tgt_size)
     if adapt is not None:
         adapt(model)
     trainer = Trainer(

@@ -48,22 +48,29 @@ class Training(Protocol):
 
 # what a run writes in its folder: each must be a file (or a folder) or not there yet, else the
 # run would train for nothing and fail at its first checkpoint or at the end
-_RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "model.pt", "model.safetensors")
-_RUN_FOLDERS = ("checkpoints",)
+_RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "best.pt",
+    "model.pt",
+    "model.safetensors",
+    "training_text.json",
+)
+_RUN_FOLDERS = ("checkpoints", "tensorboard")
 
 
 # what a step checkpoint holds beside the model, and a resume reads
 TRAINING_STATE = ("optimizer", "progress", "rng")
 
 
-def _check_layout(path: Path) -> None:
+def check_layout(path: Path) -> None:
     """A UserError naming the first of the run's paths in ``path`` that is of the wrong kind."""
     for name in _RUN_FILES:
         if (path / name).is_dir():
             raise UserError(f"{path / name}: is a folder; the run writes a file there")
     for name in _RUN_FOLDERS:
         if (path / name).exists() and not (path / name).is_dir():
-            raise UserError(f"{path / name}: is a file; the run keeps its checkpoints in a folder")
+            raise UserError(f"{path / name}: is a file; the run writes a folder there")
 
 
 class RunFolder:
@@ -84,7 +91,7 @@ class RunFolder:
             except OSError as e:
                 why = e.strerror or e
                 raise UserError(f"{path}: cannot create the run folder ({why})") from None
-            _check_layout(path)
+            check_layout(path)
 
     def start(self, *, resume: bool, allow_change: tuple[str, ...]) -> Progress:
         """Where the run stands: at its last checkpoint with ``resume`` (the model, optimizer,

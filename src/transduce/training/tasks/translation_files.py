@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transduce.checkpoint import write_text_atomic
+from transduce.checkpoint import step_checkpoints, write_text_atomic
 from transduce.config import Config, TranslationTaskConfig
 from transduce.data.batching import Pair
 from transduce.data.parallel import resolve_data_path
@@ -73,6 +74,22 @@ def _learn(texts: Iterable[str], task: TranslationTaskConfig, seed: int) -> Sent
     )
 
 
+def _restore_vocabulary(saved: Path, paths: list[Path], log: Log) -> None:
+    """Write the vocabulary files ``paths`` (one shared, or source and target) from the step
+    checkpoint ``saved``, where a resumed run finds them missing: a vocabulary learned anew
+    would differ from the one the checkpoint's model reads."""
+    from transduce.checkpoint import load, vocab_from_dict
+
+    vocab = vocab_from_dict(load(saved)["vocab"])
+    if (len(paths) == 1) == isinstance(vocab, VocabPair):  # the other layout: refused later
+        return
+    sides = [vocab] if len(paths) == 1 else [getattr(vocab, "source"), getattr(vocab, "target")]
+    for side, path in zip(sides, paths, strict=True):
+        if not path.is_file():
+            getattr(side, "save")(path)
+    log(f"vocabulary: {', '.join(map(str, paths))} missing, restored from {saved}")
+
+
 def _vocabulary(
     cfg: Config, run_dir: Path, train: ParallelText, *, resume: bool, log: Log
 ) -> SentencePieceVocab | VocabPair:
@@ -100,6 +117,9 @@ def _vocabulary(
             f"{str(task.shared_vocab).lower()}: a resumed run keeps its checkpoint's vocabulary "
             "(--allow-change or not); a new vocabulary needs a new run"
         )
+    saved = step_checkpoints(run_dir / "checkpoints") if resume else []
+    if saved and not all(p.is_file() for p in paths):  # its checkpoint holds the vocabulary
+        _restore_vocabulary(saved[-1], paths, log)
     if resume and all(p.is_file() for p in paths):
         loaded = [SentencePieceVocab.load(p) for p in paths]
         log(
@@ -269,6 +289,13 @@ def _text_record(
     }
     path = run_dir / "training_text.json"
     allowed = allowed_keys(allow_change) & {"task.train_src", "task.train_tgt"}
+    resuming = resume and bool(step_checkpoints(run_dir / "checkpoints"))
+    if resuming and not path.is_file() and not allowed and is_main:  # said, not skipped silently
+        print(
+            f"transduce: note: {path} is missing: this resume cannot check that its training "
+            "text is the one the run started with",
+            file=sys.stderr,
+        )
     if resume and path.is_file() and not allowed:
         try:
             before = json.loads(path.read_text(encoding="utf-8"))
@@ -312,6 +339,9 @@ def from_files(
             "the task.clean_* keys apply to transduce prepare; training from the files keeps "
             "every pair with both sides non-empty"
         )
+    for key in ("valid_src", "valid_tgt", "vocab_model"):  # before minutes of reading
+        if getattr(task, key):
+            resolve_data_path(getattr(task, key), key)
     train_text = _read_split(cfg, "train", log)
     valid_text = _read_split(cfg, "valid", log)
     assert train_text is not None
