@@ -523,12 +523,12 @@ def test_a_hugging_face_folder_given_as_a_model_says_how_to_import_it(
         checkpoint.load_model(folder)
     assert main(["--no-malloc-tuning", "translate", "--model", str(folder)]) == 2
     assert "not a transduce model" in capsys.readouterr().err
-    with pytest.raises(UserError, match="a folder without a model.pt; name"):  # of nothing
-        checkpoint.load_model(tmp_path)
+    with pytest.raises(UserError, match="not found: .* a folder without a model.pt; name"):
+        checkpoint.load_model(tmp_path)  # a folder of nothing
     run = tmp_path / "run"  # a run still training: its config.json, no model.pt yet
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.json").write_text("{}")
-    with pytest.raises(UserError, match="a folder without a model.pt; name"):
+    with pytest.raises(UserError, match="not found: .* a folder without a model.pt; name"):
         checkpoint.load_model(run)
     (run / "checkpoints" / "step_00000002.pt").write_bytes(b"")
     newest = f"(its newest step checkpoint: {run / 'checkpoints' / 'step_00000002.pt'})"

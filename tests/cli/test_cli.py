@@ -256,6 +256,18 @@ def test_train_end_to_end(tiny_config: Path, tmp_path: Path, capsys) -> None:
     twice = ["--checkpoints", averaged[0], averaged[0], "--output", str(tmp_path / "t.pt")]
     code, _, err = _run(["average", *twice], capsys)
     _assert_user_error(code, err, "names a file more than once")
+    # a model file there already: replaced with --force only; a step checkpoint's name: never
+    before = avg.read_bytes()
+    again = ["average", "--run", str(run), "--last", "1", "--output", str(avg)]
+    code, _, err = _run(again, capsys)
+    _assert_user_error(code, err, f"{avg} exists; --force replaces it")
+    assert avg.read_bytes() == before
+    assert _run([*again, "--force"], capsys)[0] == 0 and avg.read_bytes() != before
+    code, _, err = _run(["convert", str(safe), str(avg)], capsys)
+    _assert_user_error(code, err, f"{avg} exists; --force replaces it")
+    inside = str(run / "checkpoints" / "step_00000700.pt")
+    code, _, err = _run(["average", "--run", str(run), "--output", inside], capsys)
+    _assert_user_error(code, err, "a step checkpoint's name in a run's checkpoints/")
 
 
 def _subprocess(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

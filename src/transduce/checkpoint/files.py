@@ -160,7 +160,10 @@ def _resolve(path: str | Path) -> Path:
         if not (p / "model.pt").is_file():  # a folder, but not a finished run's
             saved = sorted(p.glob("step_*.pt")) or sorted(p.glob("checkpoints/step_*.pt"))
             hint = f" (its newest step checkpoint: {saved[-1]})" if saved else ""
-            raise UserError(f"{path}: a folder without a model.pt{hint}; name a model file")
+            raise UserError(
+                f"checkpoint not found: {path} is a folder without a model.pt{hint}; name a "
+                "model file"
+            )
         p = p / "model.pt"
     if not p.is_file():
         raise UserError(f"checkpoint not found: {path}")

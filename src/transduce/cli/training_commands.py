@@ -89,6 +89,14 @@ def _cmd_average(args: argparse.Namespace) -> int:
     if args.output == "-":  # a model file, not text: no stdout
         raise UserError("--output names the model file to write (not -)")
     check_output(args.output)  # before every checkpoint is read
+    _check_model_output(Path(args.output), args.force)
+    if Path(args.output).name.startswith("step_") and Path(args.output).parent.name == (
+        "checkpoints"
+    ):  # a resume would take it for the run's newest checkpoint
+        raise UserError(
+            f"{args.output}: a step checkpoint's name in a run's checkpoints/; a resume would "
+            "read it as the run's state: write the average elsewhere"
+        )
     if args.checkpoints:
         if args.last is not None:
             raise UserError("--last goes with --run (--checkpoints names the files to average)")
@@ -111,9 +119,18 @@ def _cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_model_output(path: Path, force: bool) -> None:
+    """A UserError where ``path`` is a file already and ``force`` is not given: a model file
+    (a run's model.pt, a checkpoint) replaced without a word is a model lost."""
+    if path.is_file() and not force:
+        raise UserError(f"{path} exists; --force replaces it")
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
+    in_place = Path(args.new).resolve() == Path(args.old).resolve()  # asked for by name
+    _check_model_output(Path(args.new), args.force or in_place)
     print(json.dumps(checkpoint.convert(args.old, args.new, trust=args.trust)))
     return 0
 
@@ -159,6 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--last", type=int, default=None, help="with --run: how many of its last (default 5)"
     )
     p.add_argument("--output", required=True, help="file to write the averaged model to")
+    p.add_argument("--force", action="store_true", help="replace --output if it exists")
     p.set_defaults(func=_cmd_average)
 
     p = sub.add_parser(
@@ -177,4 +195,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="unpickle OLD even though that runs code it names (only for files you trust)",
     )
+    p.add_argument("--force", action="store_true", help="replace NEW if it exists")
     p.set_defaults(func=_cmd_convert)

@@ -225,15 +225,15 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
 
 
-def resolve_data_path(value: str, key: str) -> Path:
+def resolve_data_path(value: str, key: str, *, must_exist: bool = True) -> Path:
     """A config path with ``$VAR`` / ``${VAR}`` and ``~`` expanded (relative paths stay relative
-    to the current directory); an unset variable, or a path where nothing is, is a UserError
-    naming the key."""
+    to the current directory); an unset variable, or (``must_exist``) a path where nothing is, is
+    a UserError naming the key."""
     expanded = os.path.expanduser(os.path.expandvars(value))
     m = _UNSET_VARIABLE.search(expanded)
     if m:
         name = m.group(1).strip("{}")
         raise UserError(f"task.{key} = {value!r}: environment variable {name} is not set")
-    if not os.path.exists(expanded):
+    if must_exist and not os.path.exists(expanded):
         raise UserError(f"task.{key}: {expanded}: no such file or folder")
     return Path(expanded)

@@ -49,7 +49,7 @@ _CLEANING_KEYS = {
 def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
     """Whether the config's ``value`` of file key ``key`` names the file the folder was prepared
     from: the same path, or a file of the same size (the folder moved to another machine)."""
-    path = resolve_data_path(value, key)
+    path = resolve_data_path(value, key, must_exist=False)  # a name compared, not read
     if path.resolve() == Path(recorded["path"]).resolve():
         return True
     return path.is_file() and path.stat().st_size == recorded.get("bytes")
