@@ -459,3 +459,14 @@ def test_a_set_that_would_lose_settings_or_mean_two_values_is_refused(tmp_path) 
     marked = tmp_path / "marked.toml"
     marked.write_text('\ufeff[task]\nname = "reverse"\n', encoding="utf-8")
     assert load_config(marked).task.name == "reverse"
+
+
+def test_a_stored_decode_section_with_sampling_settings_but_no_sampling_loads() -> None:
+    """A checkpoint's config written before such settings were refused without sampling: they
+    were unread, so they are dropped there (a config file with them is refused)."""
+    decode = {"beam": 3, "temperature": 0.7, "top_k": 5}
+    assert from_dict({"decode": decode}, stored=True).decode == DecodeConfig(beam=3)
+    with pytest.raises(UserError, match="temperature, top_k go with sampling: true"):
+        from_dict({"decode": decode})
+    sampler = {**decode, "sampling": True}
+    assert from_dict({"decode": sampler}, stored=True).decode.top_k == 5

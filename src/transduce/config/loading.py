@@ -10,6 +10,7 @@ from typing import Any, Literal
 from transduce.config.sections import (
     _TASK_CLASSES,
     ARCHITECTURE_KEYS,
+    SAMPLING_KEYS,
     SYNTHETIC_UNREAD,
     TASKS,
     Config,
@@ -155,8 +156,9 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
 
     ``stored``: a config kept inside a checkpoint. Those written before the task section was
     split by task hold every task's keys, and those written before the keys of the other
-    architecture were refused may hold some off their defaults (unread by the model); the keys
-    of other tasks and of the other architecture are dropped there."""
+    architecture (or sampling's settings without sampling) were refused may hold some off their
+    defaults (unread); the keys of other tasks, of the other architecture and of sampling where
+    it is off are dropped there."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
     data = dict(data)
@@ -178,6 +180,9 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
             if stored and section == "model":
                 unread = _keys_unread_by(values.get("architecture", cfg.model.architecture))
                 values = {k: v for k, v in values.items() if k not in unread}
+            if stored and section == "decode" and not values.get("sampling", False):
+                # written before sampling's settings were refused without it (unread there)
+                values = {k: v for k, v in values.items() if k not in SAMPLING_KEYS}
             for key, value in values.items():
                 flat[f"{section}.{key}"] = value
         return update(cfg, flat)
