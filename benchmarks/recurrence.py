@@ -97,7 +97,11 @@ def train(
     sets = [*task["arms"][arm], *extra, f"max_minutes={args.minutes}"]
     if args.eval_every:
         sets.append(f"eval_every={args.eval_every}")
-    options = [o for kv in sets for o in ("--set", kv)]
+    merged: dict[str, str] = {}  # a key once, the last setting of it (--set refuses a key twice)
+    for kv in sets:
+        key, _, value = kv.partition("=")
+        merged[key.strip().rsplit(".", 1)[-1]] = f"{key.strip()}={value}"
+    options = [o for kv in merged.values() for o in ("--set", kv)]
     transduce("train", "--config", task["config"], "--out", str(run), *options)
 
 

@@ -21,4 +21,5 @@ torch.set_num_threads(1)
 def pytest_xdist_auto_num_workers(config: object) -> int:
     """``-n auto``: a worker a core, at most 4 (each test uses one thread; the distributed tests
     start two processes of their own, and more workers would only share the same cores)."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, 4))

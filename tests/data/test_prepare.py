@@ -486,3 +486,14 @@ def test_a_training_file_of_empty_lines_is_refused_naming_it(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'train.src'} (task.train_src): all 77 lines are empty" in err, err
+
+
+def test_vocab_reads_the_training_files_alone(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """vocab learns on the training text; a config whose validation files are elsewhere (not
+    there on this machine) was refused for them."""
+    write_corpus(tmp_path, n=50)
+    (tmp_path / "valid.src").unlink()
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    argv = ["vocab", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "v")]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / "v" / "vocab.model").is_file()

@@ -94,3 +94,31 @@ def test_metrics_that_cannot_be_written_stop_the_run_at_its_next_checkpoint(
     assert f"{run / 'metrics.jsonl'}: line 2 is not a record (a write cut short?): dropped" in err
     steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").open()]
     assert steps[0] == 1 and {5, 6, 7, 8} <= set(steps) and 2 not in steps
+
+
+def test_a_record_written_in_part_is_cut_back_and_written_whole_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk can take part of a write and then fail; the retry wrote the whole text after
+    that part (a line that is not JSON, a record lost on resume)."""
+    from transduce.training.metrics_log import MetricsLog
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.reset()
+    log.write({"step": 1})
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def short_then_full(fd: int, data: bytes) -> int:
+        monkeypatch.setattr(os, "write", full)
+        return real_write(fd, data[:5])  # 5 bytes in, then the disk is full
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    log.write({"step": 2})  # warned, kept
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    monkeypatch.setattr(os, "write", real_write)
+    log.write({"step": 3})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]

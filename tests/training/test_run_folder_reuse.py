@@ -4,9 +4,11 @@ pruned) and overwrite the old metrics."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import torch
 from training_testkit import TINY
 
 from transduce.config import from_dict, update
@@ -32,9 +34,13 @@ def test_a_run_whose_checkpoints_are_gone_is_not_replaced(tmp_path: Path, resume
     for saved in (tmp_path / "checkpoints").iterdir():  # a finished run, cleaned up
         saved.unlink()
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(UserError, match=r"already holds a run's model.pt \(and no checkpoint"):
+    with pytest.raises(UserError, match=r"holds a finished run's model.pt \(and no checkpoint"):
         train(cfg, tmp_path, resume=resume, show_progress=False)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+    for name in ("model.pt", "model.safetensors"):  # a run killed before its first checkpoint
+        (tmp_path / name).unlink(missing_ok=True)
+    assert (tmp_path / "best.pt").is_file()  # (left by its first validation)
+    assert train(cfg, tmp_path, show_progress=False)["step"] == 2  # starts again there
 
 
 def test_the_demo_twice_in_one_folder_is_refused(tmp_path: Path) -> None:
@@ -149,7 +155,20 @@ def test_a_resume_names_the_checkpoint_before_a_damaged_or_model_only_newest(
     assert train(longer, tmp_path, resume=True, show_progress=False)["step"] == 6
 
 
-def test_a_model_too_large_for_memory_is_said_with_its_size(tmp_path: Path) -> None:
-    cfg = update(from_dict(TINY), {"d_ff": 4_000_000_000, "max_steps": 1})  # 16 TB of weights
-    with pytest.raises(UserError, match=r"^the model \([\d,]+ parameters: [\d,.]+ GiB of float32"):
+def test_a_model_too_large_for_memory_is_said_with_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transduce.training.fit as fit
+
+    def no_memory(*args: object, **kwargs: object) -> None:  # the allocator's own words
+        if str(torch.empty(0).device) != "meta":
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ...")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    real = fit.build_model
+    monkeypatch.setattr(fit, "build_model", no_memory)
+    cfg = update(from_dict(TINY), {"d_ff": 4_000_000, "max_steps": 1})
+    with pytest.raises(UserError) as said:
         train(cfg, tmp_path / "run", show_progress=False)
+    m = re.match(r"the model \(([\d,]+) parameters: [\d.,]+ GiB of float32", str(said.value))
+    assert m and int(m.group(1).replace(",", "")) > 2 * 16 * 4_000_000  # (its two FFN matrices)

@@ -114,11 +114,13 @@ def _check_same_model(
             f"({', '.join(differ) or 'model'}); average checkpoints of one run"
         )
     task, first_task = (d.get("config", {}).get("task") or {} for d in (data, first))
-    for key in ("name", "reverse_input"):  # what the model was trained to read and write
-        if task.get(key) != first_task.get(key):
+    for key, default in (("name", None), ("reverse_input", False)):  # what the model reads
+        # (configs stored before the task section was split hold reverse_input for every task)
+        this, that = task.get(key, default), first_task.get(key, default)
+        if this != that:
             raise UserError(
-                f"{path}: its task differs from {first_path}'s (task.{key}: "
-                f"{task.get(key)!r}, not {first_task.get(key)!r}); average checkpoints of one run"
+                f"{path}: its task differs from {first_path}'s (task.{key}: {this!r}, not "
+                f"{that!r}); average checkpoints of one run"
             )
 
 

@@ -129,7 +129,8 @@ def _check_model_output(path: Path, force: bool) -> None:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
-    in_place = Path(args.new).resolve() == Path(args.old).resolve()  # asked for by name
+    old = Path(args.old) / "model.pt" if Path(args.old).is_dir() else Path(args.old)
+    in_place = Path(args.new).resolve() == old.resolve()  # asked for by name
     _check_model_output(Path(args.new), args.force or in_place)
     print(json.dumps(checkpoint.convert(args.old, args.new, trust=args.trust)))
     return 0

@@ -247,5 +247,5 @@ def load_config(path: str | Path) -> Config:
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
             raise UserError(f"{p}: not valid YAML: {where}{problem or e}") from None
     if not data:  # it would train the default task (addition) as if that had been asked for
-        raise UserError(f"{p}: holds no settings; a config names at least its task (configs/)")
+        raise UserError(f"{p}: holds no settings (it would train the default task; see configs/)")
     return from_dict(data, source=str(p))

@@ -447,7 +447,11 @@ class DecodeConfig(_Section):
             ]
             if stray:
                 verb = "goes" if len(stray) == 1 else "go"
-                raise UserError(f"{', '.join(stray)} {verb} with sampling: true (a search)")
+                them = "it" if len(stray) == 1 else "them"
+                raise UserError(
+                    f"{', '.join(stray)} {verb} with sampling: true; a search (sampling: false) "
+                    f"ignores {them}"
+                )
 
     def searching(self) -> DecodeConfig:
         """These settings as a search: sampling off, its settings back to their defaults."""

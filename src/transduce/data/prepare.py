@@ -116,9 +116,10 @@ def _check_start(block: bytes, path: Path, compressed: bool) -> None:
     check_line(first.decode("utf-8", errors="replace"), str(path), 1)
 
 
-def _inputs(task: TranslationTaskConfig) -> dict[str, dict[str, Any]]:
-    """The scan of every input file the task names (train and, if set, valid)."""
-    keys = ["train_src", "train_tgt"] + (["valid_src", "valid_tgt"] if task.valid_src else [])
+def _inputs(task: TranslationTaskConfig, valid: bool = True) -> dict[str, dict[str, Any]]:
+    """The scan of every input file the task names (train and, if set and ``valid``, valid)."""
+    with_valid = valid and bool(task.valid_src)
+    keys = ["train_src", "train_tgt"] + (["valid_src", "valid_tgt"] if with_valid else [])
     for key in keys[:2]:
         if not getattr(task, key):
             raise UserError(f"task.{key} is not set; name the training files to prepare")
@@ -462,7 +463,7 @@ def write_vocabulary(
             f"{folder}: holds {', '.join(there)} already (a prepared folder or a run may depend "
             "on it); choose another --out, or add --force to replace it"
         )
-    vocabs = vocabulary(cfg, _inputs(task), log)
+    vocabs = vocabulary(cfg, _inputs(task, valid=False), log)  # learned on the training text
     for vocab, path in zip(vocabs, paths, strict=True):
         vocab.save(path)
     return paths

@@ -80,7 +80,7 @@ class TaskData:
 
 
 # what a run leaves that a new run in its folder would replace
-FINISHED_RUN_FILES = ("model.pt", "best.pt", "model.safetensors")
+FINISHED_RUN_FILES = ("model.pt", "model.safetensors")  # (best.pt: a run killed early has it)
 
 
 def _built(cfg: Config, src_size: int, tgt_size: int | None) -> Seq2Seq:
@@ -118,8 +118,8 @@ def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) 
     models = [name for name in FINISHED_RUN_FILES if (Path(out_dir) / name).is_file()]
     if models and not checkpoints:  # a run's result, its checkpoints gone: nothing to resume
         raise UserError(
-            f"{out_dir} already holds a run's {models[0]} (and no checkpoint to resume from): "
-            "a new run would replace it; it needs another folder (--out)"
+            f"{out_dir} already holds a finished run's {models[0]} (and no checkpoint to resume "
+            "from): a new run would replace it; it needs another folder (--out)"
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,27 @@ class MetricsLog:
         write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def flush(self) -> None:
-        """Append the records a failed write left (an OSError where it fails again)."""
-        if self.unwritten:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write("".join(self.unwritten))
-            self.unwritten, self.error = [], None
+        """Append the records a failed write left (an OSError where it fails again: the file
+        cut back to where it was, so that a part written is not written twice)."""
+        if not self.unwritten:
+            return
+        data = "".join(self.unwritten).encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:  # (not a regular file: /dev/full)
+                    pass
+                raise
+        finally:
+            os.close(fd)
+        self.unwritten, self.error = [], None
 
     def open(self, step: int) -> None:
         if self.tensorboard and self._writer is None:

@@ -126,7 +126,7 @@ def train_parsing(
     check_new_run(out_dir, resume)
     world, _ = distributed.init_from_env(cfg.train.device)
     log = rank_log(log, world)
-    folder = resolve_data_path(task.parse_data, "parse_data")
+    folder = resolve_data_path(task.parse_data, "parse_data", must_exist=False)  # (read_split)
     train_words, train_trees = read_split(folder, "train")
     dev_words, dev_trees = read_split(folder, "dev")
     vocab, targets = parsing_vocab(train_words, train_trees, task, cfg.train.seed)

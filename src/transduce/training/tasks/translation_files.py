@@ -339,7 +339,7 @@ def from_files(
             "the task.clean_* keys apply to transduce prepare; training from the files keeps "
             "every pair with both sides non-empty"
         )
-    for key in ("valid_src", "valid_tgt", "vocab_model"):  # before minutes of reading
+    for key in ("valid_src", "valid_tgt"):  # before minutes of reading the training text
         if getattr(task, key):
             resolve_data_path(getattr(task, key), key)
     train_text = _read_split(cfg, "train", log)

@@ -94,7 +94,7 @@ def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[s
 
 
 def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
-    folder = resolve_data_path(task.prepared, "prepared")
+    folder = resolve_data_path(task.prepared, "prepared", must_exist=False)  # (read_manifest)
     manifest = read_manifest(folder)  # format, version and vocabulary hashes checked
     if manifest["vocab"]["shared"] != task.shared_vocab:
         raise UserError(
