@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +156,38 @@ def test_pad_multiple_budgets_the_padded_lengths() -> None:
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert all(_cost(b, rounded) <= 160 for b in batches)  # as collate will pad them
     assert batches == token_batches(rounded, 160, seed=2, epoch=1)
+
+
+def _collate_row_by_row(pairs: list[tuple[list[int], list[int]]], multiple: int) -> Batch:
+    """The reference: each row written on its own, as collate once did."""
+    longest = np.array([max(len(s) for s, _ in pairs) + 1, max(len(t) for _, t in pairs) + 1])
+    s_len, t_len = padded_lengths(longest, multiple).tolist()
+    src = torch.full((len(pairs), s_len), PAD, dtype=torch.long)
+    tgt_in = torch.full((len(pairs), t_len), PAD, dtype=torch.long)
+    tgt_out = torch.full((len(pairs), t_len), PAD, dtype=torch.long)
+    for row, (s, t) in enumerate(pairs):
+        src[row, : len(s) + 1] = torch.tensor([*s, EOS])
+        tgt_in[row, : len(t) + 1] = torch.tensor([BOS, *t])
+        tgt_out[row, : len(t) + 1] = torch.tensor([*t, EOS])
+    return Batch(src, tgt_in, tgt_out, sum(len(t) + 1 for _, t in pairs))
+
+
+def test_collate_equals_writing_each_row() -> None:
+    """collate builds a batch with a few array operations: the same tensors as writing each
+    row, for lists, tuples and arrays, empty sides, one pair, and both pad multiples."""
+    rng = random.Random(5)
+    for trial in range(200):
+        pairs = _random_pairs(rng, rng.randint(1, 25), longest=rng.choice([1, 9, 40]))
+        given: list = pairs
+        if trial % 3 == 1:
+            given = [(tuple(s), tuple(t)) for s, t in pairs]
+        elif trial % 3 == 2:
+            given = [(np.array(s, dtype=np.int32), np.array(t, dtype=np.int64)) for s, t in pairs]
+        multiple = rng.choice([1, 8])
+        ours, ref = collate(given, multiple), _collate_row_by_row(pairs, multiple)
+        for a, b in zip(ours[:3], ref[:3], strict=True):
+            assert a.dtype == torch.long and torch.equal(a, b), (trial, a, b)
+        assert ours.n_tokens == ref.n_tokens and isinstance(ours.n_tokens, int)
+    big = [([70_000] * 3, [2**40])]  # ids past 16 and 32 bits kept
+    assert collate(big).src.tolist() == [[70_000] * 3 + [EOS]]
+    assert collate(big).tgt_out.tolist() == [[2**40, EOS]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -109,19 +110,47 @@ def padded_lengths(lengths: np.ndarray, multiple: int) -> np.ndarray:
 
 def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
     """Pad a list of (source, target) id lists into a Batch (adds EOS, BOS); each side's length
-    rounded up to a multiple of ``pad_multiple`` (``padded_lengths``)."""
+    rounded up to a multiple of ``pad_multiple`` (``padded_lengths``). A few numpy operations
+    per batch, none per sentence: the Trainer reads batches on a thread beside the one that
+    launches a GPU's kernels, and a read holding Python's lock for each of a thousand rows
+    halved `transduce train`'s rate there (benchmarks/RESULTS.md, benchmarks/train_gap.py)."""
     n = len(pairs)
-    longest = np.array([max(len(s) for s, _ in pairs) + 1, max(len(t) for _, t in pairs) + 1])
+    src_ids, src_lens = _flat([s for s, _ in pairs])
+    tgt_ids, tgt_lens = _flat([t for _, t in pairs])
+    longest = np.array([src_lens.max(initial=0) + 1, tgt_lens.max(initial=0) + 1])
     s_len, t_len = padded_lengths(longest, pad_multiple).tolist()
-    src = torch.full((n, s_len), PAD, dtype=torch.long)
-    tgt_in = torch.full((n, t_len), PAD, dtype=torch.long)
-    tgt_out = torch.full((n, t_len), PAD, dtype=torch.long)
-    for row, (s, t) in enumerate(pairs):
-        src[row, : len(s) + 1] = torch.tensor([*s, EOS])
-        tgt_in[row, : len(t) + 1] = torch.tensor([BOS, *t])
-        tgt_out[row, : len(t) + 1] = torch.tensor([*t, EOS])
-    n_tokens = sum(len(t) + 1 for _, t in pairs)
-    return Batch(src, tgt_in, tgt_out, n_tokens)
+    src = _padded(src_ids, src_lens, s_len, first=None, last=EOS)
+    tgt_in = _padded(tgt_ids, tgt_lens, t_len, first=BOS, last=None)
+    tgt_out = _padded(tgt_ids, tgt_lens, t_len, first=None, last=EOS)
+    n_tokens = int(tgt_lens.sum()) + n
+    src_t, tgt_in_t, tgt_out_t = (torch.from_numpy(x) for x in (src, tgt_in, tgt_out))
+    return Batch(src_t, tgt_in_t, tgt_out_t, n_tokens)
+
+
+def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of ``seqs`` end to end (int64) and each one's length."""
+    lens = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+    total = int(lens.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total)
+    return ids, lens
+
+
+def _padded(
+    ids: np.ndarray, lens: np.ndarray, width: int, *, first: int | None, last: int | None
+) -> np.ndarray:
+    """(rows, ``width``) int64, row i: ``first`` (if any), sequence i's ids, ``last`` (if any),
+    then PAD; ``ids`` the sequences end to end, ``lens`` their lengths."""
+    rows = len(lens)
+    out = np.full((rows, width), PAD, dtype=np.int64)
+    shift = int(first is not None)
+    starts = np.cumsum(lens) - lens  # (rows,) where each sequence begins in ids
+    row_of = np.repeat(np.arange(rows), lens)  # (total,)
+    out[row_of, np.arange(len(ids)) - starts[row_of] + shift] = ids
+    if first is not None:
+        out[:, 0] = first
+    if last is not None:
+        out[np.arange(rows), lens + shift] = last
+    return out
 
 
 def group_reader(
