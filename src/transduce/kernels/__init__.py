@@ -9,7 +9,8 @@ such rule lives in this package, so the paper's model (``transduce.model``) and 
 engine (``transduce.inference.engine``) only name the function they need
 (tests/kernels/test_vendor_rules_live_in_kernels.py).
 Each choice is a typed option passed explicitly (``KernelOptions``), "auto" by default; there is
-no process-wide switch. Measured figures behind the rules are in benchmarks/RESULTS.md.
+no process-wide switch but one, for the length of a training run (``training_attention``).
+Measured figures behind the rules are in benchmarks/RESULTS.md.
 """
 
 from transduce.kernels.attention import (
@@ -18,6 +19,7 @@ from transduce.kernels.attention import (
     attention_input,
     attention_weights,
     grouped_queries_path,
+    training_attention,
 )
 from transduce.kernels.device import (
     graphs_capture,
@@ -58,6 +60,7 @@ __all__ = [
     "attention",
     "attention_input",
     "attention_weights",
+    "training_attention",
     "dropout",
     "dropout_add",
     "fp16_refusal",

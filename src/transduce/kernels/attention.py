@@ -12,6 +12,8 @@ low-precision softmax runs in float32 (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +174,27 @@ def attention(
     return weights @ value
 
 
+@contextmanager
+def training_attention(device: torch.device) -> Iterator[None]:
+    """The fused kernel's backends while a run trains on ``device``: on a CUDA device without
+    cuDNN's attention (PyTorch's first choice on Hopper GPUs), restored on leaving; elsewhere, or
+    where cuDNN's attention is off already, nothing changes.
+
+    Measured on an H200 (benchmarks/RESULTS.md, three paired runs): the paper's step 1.06-1.17x
+    faster without it, and the first pass over an epoch's batches 5.9 s against 12.8-16.2 s
+    (cuDNN builds a plan for every new batch shape, and token batches bring many). The one
+    process-wide setting this package makes, for the length of a training run (``Trainer.train``):
+    a per-call choice would be traced into compiled graphs and cost every call."""
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        yield
+        return
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 __all__ = [
     "FORMULA_MAX_KEYS_CPU_TRAINING",
     "all_attendable",
@@ -179,4 +202,5 @@ __all__ = [
     "attention_input",
     "attention_weights",
     "grouped_queries_path",
+    "training_attention",
 ]
