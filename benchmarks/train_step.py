@@ -31,10 +31,11 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
                the same in inductor's ``reduce-overhead`` mode (``train.compile:
                reduce-overhead``: the forward and backward graphs replayed as CUDA graphs,
                one launch each; CUDA only)
-    transduce_at_once, transduce_cudagraphs_at_once
+    transduce_read_late, transduce_cudagraphs_read_late
                ``transduce`` and ``transduce_cudagraphs`` reading every update's loss and
-               gradient norm before its Adam step, where the Trainer reads them one update
-               late (on GPUs: ``training/late_read.py``); on a CPU both read at once
+               gradient norm one update late (``training/late_read.py``: the device skips a
+               non-finite update), on any device; the Trainer reads at once (on an H200
+               SMALL's graphed step ran 0.80x reading late: benchmarks/RESULTS.md)
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
@@ -128,8 +129,8 @@ SYSTEMS = (
     "transduce_reference",
     "transduce_compiled",
     "transduce_cudagraphs",
-    "transduce_at_once",
-    "transduce_cudagraphs_at_once",
+    "transduce_read_late",
+    "transduce_cudagraphs_read_late",
     "torch",
     "hf",
 )
@@ -381,8 +382,8 @@ BUILDERS = {
     "transduce_reference": build_transduce,
     "transduce_compiled": build_transduce,
     "transduce_cudagraphs": build_transduce,
-    "transduce_at_once": build_transduce,
-    "transduce_cudagraphs_at_once": build_transduce,
+    "transduce_read_late": build_transduce,
+    "transduce_cudagraphs_read_late": build_transduce,
     "torch": build_torch,
     "hf": build_hf,
 }
@@ -392,14 +393,14 @@ TRAINER_SYSTEMS = {
     "transduce_reference": "reference",
     "transduce_compiled": "auto",
     "transduce_cudagraphs": "auto",
-    "transduce_at_once": "auto",
-    "transduce_cudagraphs_at_once": "auto",
+    "transduce_read_late": "auto",
+    "transduce_cudagraphs_read_late": "auto",
 }
 # the systems compiled, and inductor's mode for each (None: the default mode)
 COMPILE_MODES: dict[str, str | None] = {
     "transduce_compiled": None,
     "transduce_cudagraphs": "reduce-overhead",
-    "transduce_cudagraphs_at_once": "reduce-overhead",
+    "transduce_cudagraphs_read_late": "reduce-overhead",
 }
 
 
@@ -426,14 +427,14 @@ class Runner:
 class TrainerRunner(Runner):
     """transduce's model stepped by the ``Trainer``'s own code (``training.updater.Updater``:
     forward and backward, the gradient norm, the read of the update's numbers and Adam's step,
-    read one update late where the Trainer does unless ``late`` is False), the loss computed by
+    read as the Trainer reads them, or one update late with ``late`` True), the loss computed by
     ``loss_method``: "auto" (what ``transduce train`` does) or "reference" (the two-pass loss,
     ``transduce_reference``)."""
 
     loss_method: str = "auto"
     compiles: bool = False  # the compiled systems: the module that runs compiled in place
     compile_mode: str | None = None  # inductor's mode (None: its default)
-    late: bool = True  # read one update late where the Trainer does (False: at once, always)
+    late: bool | None = None  # None: read as the Trainer reads (late_read.pays); True: late
     _updaters: dict[str, Any] = field(default_factory=dict)  # precision -> the Trainer's Updater
     _tokens: tuple[Tensor, int] | None = None  # tgt_out and its tokens
     _pending: Any = None  # the update left unread (reading late)
@@ -446,6 +447,12 @@ class TrainerRunner(Runner):
             net.compile(mode=self.compile_mode)
 
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
+        from transduce.kernels import training_attention
+
+        with training_attention(src.device):  # the attention backends Trainer.train uses
+            self._step(src, tgt_in, tgt_out, precision)
+
+    def _step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.data.batching import Batch
         from transduce.training import late_read
 
@@ -464,8 +471,9 @@ class TrainerRunner(Runner):
                 torch.compiler.cudagraph_mark_step_begin()
         updater = self._updater(precision)
         group = [Batch(src, tgt_in, tgt_out, self._tokens[1])]
-        # as the Trainer: read one update late where a read waits for the device (GPUs)
-        if self.late and late_read.pays(src.device) and late_read.applies(self.optimizer):
+        # as the Trainer (late where late_read.pays), or late wherever fused Adam can skip
+        late = late_read.pays(src.device) if self.late is None else self.late
+        if late and late_read.applies(self.optimizer):
             pending = updater.launch(group, LR)
             if self._pending is not None:
                 updater.resolve(self._pending, False)
@@ -526,7 +534,7 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
             loss_method=TRAINER_SYSTEMS[system],
             compiles=system in COMPILE_MODES,
             compile_mode=COMPILE_MODES.get(system),
-            late=not system.endswith("_at_once"),
+            late=True if system.endswith("_read_late") else None,
         )
     return Runner(model, forward, opt)
 

@@ -249,25 +249,26 @@ def test_the_compiled_systems_compile_the_module_that_runs(
     assert len(compiled) == 2
 
 
-def test_the_trainer_systems_read_one_update_late_where_the_trainer_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_read_late_systems_read_late_and_the_others_as_the_trainer() -> None:
+    """``transduce_read_late`` leaves each update unread until the next (on any device: fused
+    Adam skips on the CPU too), ``transduce`` reads as the Trainer does (at once: late_read.pays
+    is False everywhere, as measured); the same three updates either way."""
     from transduce.training import late_read
 
     ts = _train_step()
-    monkeypatch.setattr(late_read, "pays", lambda device: True)  # as on a GPU
+    assert not late_read.pays(torch.device("cpu")) and not late_read.pays(torch.device("cuda"))
     size = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_k": 8, "d_v": 8, "d_ff": 32, "vocab": 40}
     g = torch.Generator().manual_seed(0)
     tgt = torch.randint(4, 40, (4, 6), generator=g)
     src, tgt_in, tgt_out = torch.randint(4, 40, (4, 5), generator=g), tgt[:, :-1], tgt[:, 1:]
     runners = {}
-    for system in ("transduce", "transduce_at_once"):
+    for system in ("transduce", "transduce_read_late"):
         runner = ts.make_runner(system, size, torch.device("cpu"))
         torch.manual_seed(1)  # the same dropout for both
         for _ in range(3):
             runner.step(src, tgt_in, tgt_out, "fp32")
         runners[system] = runner
-    late, once = runners["transduce"], runners["transduce_at_once"]
+    late, once = runners["transduce_read_late"], runners["transduce"]
     assert late._pending is not None and once._pending is None  # the last one left unread
     for a, b in zip(late.model.parameters(), once.model.parameters(), strict=True):
         assert torch.equal(a, b)  # the same three updates

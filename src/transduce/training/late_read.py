@@ -13,12 +13,13 @@ instead:
 - the numbers are copied to pinned host memory without waiting (``Pending``), and ``read``
   waits for them only after the next update has been queued, when they are long computed.
 
-What differs from reading at once: the learning rate of the update after a skipped one is
+Measured no faster on an H200 (``pays``: the Trainer reads at once everywhere for now). What
+differs from reading at once: the learning rate of the update after a skipped one is
 the rate of one step later (the host sets it before it learns of the skip; warm-up's rate then
 grows by 1/step, the decay's falls by half of that), and a run that diverges stops after one
-more update was queued (nothing is written from it). The trainer reads at once where the read
-would not wait (CPUs: ``pays``), for fp16 (the loss scaler reads its own flags), with several
-ranks, and where step callbacks look at the weights after every update.
+more update was queued (nothing is written from it). Even where reading late would pay, the
+trainer reads at once for fp16 (the loss scaler reads its own flags), with several ranks, and
+where step callbacks look at the weights after every update.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transduce import kernels
-
 
 def pays(device: torch.device) -> bool:
-    """Whether reading late pays on ``device``: where a read waits for queued work (GPUs)."""
-    return not kernels.reads_are_cheap(device)
+    """Whether the Trainer reads its updates late on ``device``: nowhere, as measured. On an
+    H200 (benchmarks/RESULTS.md, the eighth session of 2026-11-27) SMALL's step read late ran
+    at 0.80x / 0.79x the rate of reading at once with its forward and backward on CUDA graphs
+    (fp32 / bf16-weights), 0.93x / 1.04x eager: the host time it adds outweighs the wait it
+    saves. The paper's base step read late is not measured yet; benchmarks/train_step.py's
+    ``*_read_late`` systems force it for that, and the tests keep the path correct."""
+    del device
+    return False
 
 
 def applies(optimizer: torch.optim.Optimizer) -> bool:
