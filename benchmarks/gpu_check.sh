@@ -7,6 +7,11 @@
 #   env          torch, CUDA, the GPUs (nvidia-smi)
 #   correctness  a tiny model trained on the CPU: its beam-4 outputs on the CPU and on the GPU
 #                equal, sentence for sentence
+#   gap          benchmarks/train_gap.py: `transduce train` of the base model at 25k-token
+#                batches (bf16-weights; Multi30k: 8,000 pieces, ~13 tokens a sentence) for ~30 s
+#                against the Trainer's own update over the same batches on the device, with
+#                --diagnose (fed as the Trainer feeds it; later epochs' new shapes);
+#                gap_expandable the same with the CUDA allocator's expandable segments
 #   decode       benchmarks/decode_gpu.py: the engine, and its static steps replayed as CUDA
 #                graphs (StaticDecoder), against transformers generate, bf16, batches 1, 32 and
 #                128, beam 4 and greedy (OPUS-MT-sized imported model)
@@ -20,7 +25,9 @@
 #   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
 #                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
 #                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights;
-#                profile_small: the graphed SMALL step's kernels and how busy the device is
+#                profile_small: the graphed SMALL step's kernels and how busy the device is;
+#                each SMALL system also read one update late (*_read_late; the Trainer reads at
+#                once), and step_paper_late the same at the paper batch
 #   profile      benchmarks/profile_step.py: the paper step's device time by kind of kernel
 #   probe        benchmarks/gpu_probe.py: attention kernels, layer norms and weight casts alone
 #   recipe       configs/multi30k_en_de_gpu.yaml for GPU_RECIPE_MINUTES (default 1.5; the
@@ -31,10 +38,8 @@
 #   recipe_fp16  its model decoded with --precision fp16 (test2016 BLEU against fp32's)
 #   recipe_graphs  the recipe again with train.compile reduce-overhead (CUDA graphs: the small
 #                model's update is bound by kernel launches), its updates and test2016 BLEU
-#   train_eager  `transduce train` of the base model at 25k-token batches (bf16-weights) for
-#                ~30 s: steady target tokens/s (Multi30k: 8,000 pieces, ~13 tokens a sentence;
-#                step_paper: 37,000, 24)
-#   train_compile  the same with train.compile default: its compile time and tokens/s
+#   train_compile  `transduce train` of the base model at 25k-token batches (bf16-weights)
+#                with train.compile default: its compile time and steady tokens/s
 #   fp16         a few fp16 steps (loss scaling): finite losses, a loss scale logged
 #   torchrun     2 ranks on NCCL (only with 2 GPUs or more), then the same compiled
 #
@@ -80,7 +85,7 @@ deadline="${GPU_CHECK_SECONDS:-360}"
 if [[ $device == cpu ]]; then  # the dry run's sizes
     dry=1 train_s=15 tiny_steps=30 tiny_valid=50 minutes_recipe=0.15 fp16_steps=4
     step_flags=(--batch 4 --src-len 6 --tgt-len 6 --rounds 1 --threads 2 --precisions fp32)
-    paper_flags=(--batch 16 --src-len 24 --tgt-len 24 --rounds 1 --threads 2)
+    paper_flags=(--batch 16 --src-len 24 --tgt-len 24 --rounds 1 --threads 2 --precisions fp32)
     big_tokens=1024 paper_size=small profile_flags=(--batch 8 --steps 2)
 else
     dry=0 train_s=30 tiny_steps=600 tiny_valid=200 minutes_recipe="${GPU_RECIPE_MINUTES:-1.5}"
@@ -198,6 +203,45 @@ else
     skip correctness "the tiny model did not train (tiny_train.log)"
 fi
 
+# --- transduce train against its own update on the same batches (benchmarks/train_gap.py) ------
+# The base model at 25k-token batches on Multi30k (8,000 pieces); the dry run a tiny model on the
+# synthetic reverse task. --diagnose: the update fed as the Trainer feeds it (reader_*), and over
+# later epochs' new batch shapes (epochs_*): where the command's time goes.
+cat > "$OUT/reverse.yaml" <<EOF
+model: {n_layers: 3, d_model: 256, d_ff: 1024, n_heads: 4, d_k: 64, d_v: 64, dropout: 0.1}
+train: {warmup: 400, max_steps: 100000, eval_every: 0, save_every: 100000, tensorboard: false}
+task: {name: reverse, train_size: 100000, valid_size: 50, min_length: 20, max_length: 24,
+       n_symbols: 52}
+decode: {beam: 1}
+EOF
+gap=(--set "device=$device" --set "max_tokens=$big_tokens" --set pad_multiple=auto
+    --seconds "$train_s" --passes 3 --diagnose)
+if [[ $dry == 1 ]]; then
+    gap+=(--config "$OUT/reverse.yaml" --set n_layers=1 --set d_model=32 --set d_ff=64
+        --set d_k=16 --set d_v=16 --set n_heads=2 --set precision=fp32 --set train_size=2000)
+    gap_data=reverse
+else
+    gap+=(--set precision=bf16-weights --set n_layers=6 --set d_model=512 --set d_ff=2048
+        --set n_heads=8 --set d_k=64 --set d_v=64 --set dropout=0.1)
+    if have_multi30k; then
+        gap+=(--config configs/multi30k_en_de_gpu.yaml --set "train_src=$data/train.en.gz"
+            --set "train_tgt=$data/train.de.gz" --set "valid_src=$data/val.en.gz"
+            --set "valid_tgt=$data/val.de.gz" --set max_valid_sentences=100)
+        gap_data=multi30k
+    else
+        gap+=(--config "$OUT/reverse.yaml")
+        gap_data=reverse
+    fi
+fi
+step gap 240 "$PY" benchmarks/train_gap.py "${gap[@]}" --out "$OUT/gap"
+figure "gap ($gap_data, $big_tokens-token batches; the target: cli_over_step >= 0.9): $(tail -n 1 "$OUT/gap.log")"
+# the same with the CUDA allocator's expandable segments: new batch shapes, fewer new blocks
+if [[ $dry == 0 ]]; then
+    step gap_expandable 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$PY" \
+        benchmarks/train_gap.py "${gap[@]}" --out "$OUT/gap_expandable"
+    figure "gap_expandable: $(tail -n 1 "$OUT/gap_expandable.log")"
+fi
+
 # --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
 if [[ $dry == 1 ]]; then
     step decode 240 "$PY" benchmarks/decode_gpu.py --device "$device" --quick --dtype fp32 \
@@ -231,13 +275,18 @@ if [[ $dry == 1 ]]; then
     skip step_compiled "inductor on a CPU: minutes of compiling"
 else
     step step_compiled 200 "$PY" benchmarks/train_step.py --quick --device "$device" --malloc on \
-        --systems transduce transduce_at_once transduce_cudagraphs transduce_cudagraphs_at_once \
+        --systems transduce transduce_read_late transduce_cudagraphs transduce_cudagraphs_read_late \
         --precisions fp32 bf16-weights --rounds 3
     figure "step_compiled (small 64 x 24): $(tail -n 1 "$OUT/step_compiled.log")"
     step step_compiled_paper 200 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
         --malloc on --systems transduce transduce_compiled --precisions bf16-weights --paper-batch \
         --rounds 3
     figure "step_compiled_paper: $(tail -n 1 "$OUT/step_compiled_paper.log")"
+    # reading each update late at the paper batch (the Trainer reads at once: late_read.pays)
+    step step_paper_late 150 "$PY" benchmarks/train_step.py --sizes base --device "$device" \
+        --malloc on --systems transduce transduce_read_late --precisions bf16-weights \
+        --paper-batch --rounds 3
+    figure "step_paper_late: $(tail -n 1 "$OUT/step_paper_late.log")"
     # SMALL's graphed step: how busy the device is (34% on an H200: bound by the host)
     step profile_small 120 "$PY" benchmarks/profile_step.py --device "$device" --size small \
         --system transduce_cudagraphs --precision fp32 --steps 10
@@ -298,48 +347,31 @@ else
     skip recipe "no Multi30k in $data (carry a copy: train, val, test_2016_flickr .en/.de .gz)"
 fi
 
-# --- transduce train: steady tokens/s at 25k-token batches, eager and compiled ---------------
-if have_multi30k; then
-    corpus=(--config configs/multi30k_en_de_gpu.yaml --set "train_src=$data/train.en.gz"
-        --set "train_tgt=$data/train.de.gz" --set "valid_src=$data/val.en.gz"
-        --set "valid_tgt=$data/val.de.gz" --set max_valid_sentences=100)
-    # the recipe's vocabulary, if it made one: no minute spent learning it twice more
-    [[ -f $OUT/recipe/vocab.model ]] && corpus+=(--set "vocab_model=$OUT/recipe/vocab.model")
-    corpus_name=multi30k
-    [[ $dry == 1 ]] && corpus+=(--set vocab_size=500)
+# --- transduce train compiled: its compile time and steady tokens/s at 25k-token batches --------
+# (the eager command against its own update: gap, above)
+if [[ $dry == 1 ]]; then
+    skip train_compile "inductor on a CPU: a minute or more of compiling a tiny model"
 else
-    cat > "$OUT/reverse.yaml" <<EOF
-model: {n_layers: 3, d_model: 256, d_ff: 1024, n_heads: 4, d_k: 64, d_v: 64, dropout: 0.1}
-train: {warmup: 400, max_steps: 100000, eval_every: 0, save_every: 100000, tensorboard: false}
-task: {name: reverse, train_size: 100000, valid_size: 50, min_length: 20, max_length: 24,
-       n_symbols: 52}
-decode: {beam: 1}
-EOF
-    corpus=(--config "$OUT/reverse.yaml")
-    corpus_name=reverse
-fi
-throughput=(--set "device=$device" --set "max_tokens=$big_tokens" --set log_every=10
-    --set pad_multiple=auto --set "max_minutes=$(awk "BEGIN {print $train_s / 60}")"
-    --set save_every=100000 --set eval_every=0 --set tensorboard=false --quiet)
-[[ $dry == 1 ]] && throughput+=(--set n_layers=1 --set d_model=32 --set d_ff=64 --set d_k=16 --set d_v=16 --set n_heads=2 --set precision=fp32)
-# on a GPU the paper's base model (step_paper's), in its better precision there
-[[ $dry == 0 ]] && throughput+=(--set precision=bf16-weights --set n_layers=6 --set d_model=512
-    --set d_ff=2048 --set n_heads=8 --set d_k=64 --set d_v=64 --set dropout=0.1)
-for mode in eager compile; do
-    extra=()
+    corpus=(--set "device=$device" --set "max_tokens=$big_tokens" --set log_every=10
+        --set pad_multiple=auto --set "max_minutes=$(awk "BEGIN {print ($train_s + 60) / 60}")"
+        --set save_every=100000 --set eval_every=0 --set tensorboard=false --quiet
+        --set compile=default --set precision=bf16-weights --set n_layers=6 --set d_model=512
+        --set d_ff=2048 --set n_heads=8 --set d_k=64 --set d_v=64 --set dropout=0.1)
+    if have_multi30k; then
+        corpus+=(--config configs/multi30k_en_de_gpu.yaml --set "train_src=$data/train.en.gz"
+            --set "train_tgt=$data/train.de.gz" --set "valid_src=$data/val.en.gz"
+            --set "valid_tgt=$data/val.de.gz" --set max_valid_sentences=100)
+        # the gap's vocabulary, if it made one: not learned again
+        [[ -f $OUT/gap/step/vocab.model ]] && corpus+=(--set "vocab_model=$OUT/gap/step/vocab.model")
+    else
+        corpus+=(--config "$OUT/reverse.yaml")
+    fi
     # compiling takes tens of seconds of the run's max_minutes: a minute more for it
-    [[ $mode == compile ]] && extra=(--set compile=default
-        --set "max_minutes=$(awk "BEGIN {print ($train_s + 60) / 60}")")
-    if [[ $mode == compile && $dry == 1 ]]; then
-        skip train_compile "inductor on a CPU: a minute or more of compiling a tiny model"
-        continue
+    if step train_compile $((train_s * 2 + 240)) "${transduce[@]}" train "${corpus[@]}" \
+        --out "$OUT/train_compile"; then
+        figure "train_compile ($gap_data, $big_tokens-token batches): $(tokens_per_s "$OUT/train_compile")"
     fi
-    limit=$((train_s * 2 + 180))
-    if step "train_$mode" "$limit" "${transduce[@]}" train "${corpus[@]}" "${throughput[@]}" \
-        "${extra[@]}" --out "$OUT/train_$mode"; then
-        figure "train_$mode ($corpus_name, $big_tokens-token batches): $(tokens_per_s "$OUT/train_$mode")"
-    fi
-done
+fi
 
 # --- fp16: a few steps with loss scaling -------------------------------------------------------
 if [[ $dry == 1 ]]; then

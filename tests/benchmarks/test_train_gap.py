@@ -1,0 +1,81 @@
+"""benchmarks/train_gap.py: `transduce train` against its own update on the same data. Its step
+measure covers one epoch's pairs exactly, its diagnosis runs, the command's steady rate is read
+from metrics.jsonl as gpu_check.sh reads it, and the ratio is the two rates'."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from benchmark_testkit import load_benchmark
+
+from transduce.config import Config, update
+from transduce.data.synthetic import make_task
+from transduce.training.tasks.synthetic import encode_pairs
+
+TINY = {
+    "model": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2, "d_k": 16, "d_v": 16},
+    "train": {"device": "cpu", "precision": "fp32", "max_tokens": 256, "warmup": 50,
+              "eval_every": 0, "save_every": 100000, "tensorboard": False},
+    "task": {"name": "reverse", "train_size": 300, "valid_size": 10, "min_length": 2,
+             "max_length": 7, "n_symbols": 10},
+}  # fmt: skip
+
+
+def _gap() -> types.ModuleType:
+    return load_benchmark("train_gap")
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _gap().main(
+        ["--config", str(_config(tmp_path)), "--seconds", "3", "--passes", "2", "--diagnose",
+         "--out", str(tmp_path / "gap")]
+    )  # fmt: skip
+    flat = {k: v for section in TINY.values() for k, v in section.items()}
+    task = make_task(update(Config(), flat).task)
+    # a pass is the first epoch: every training pair's target tokens (+ EOS) once
+    assert result["tokens_a_pass"] == sum(
+        len(t) + 1 for _, t in encode_pairs(task.vocab, task.train)
+    )
+    assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # a CPU reads at once
+    for key in ("step_tokens_per_s", "reader_tokens_per_s", "epochs_tokens_per_s",
+                "epochs_read_tokens_per_s", "cli_tokens_per_s"):  # fmt: skip
+        assert isinstance(result[key], int) and result[key] > 0, key
+    assert result["cli_over_step"] == round(
+        result["cli_tokens_per_s"] / result["step_tokens_per_s"], 3
+    )
+    assert result["updates"] > 0 and result["windows"] >= 1
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+
+
+def test_the_steady_rate_leaves_out_the_first_two_windows(tmp_path: Path) -> None:
+    lines = [
+        {"step": 10, "tokens_per_s": 1.0},
+        {"step": 20, "tokens_per_s": 2.0},
+        {"step": 20, "split": "valid", "tokens_per_s": 99.0},  # not a training window
+        {"step": 30, "tokens_per_s": 30.0},
+        {"step": 40, "tokens_per_s": 50.0},
+        {"step": 50, "tokens_per_s": 40.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rate = _gap().steady_rate(tmp_path)
+    assert rate == {"windows": 5, "cli_tokens_per_s": 40, "updates": 50}
+
+
+def test_a_used_folder_and_bad_counts_are_refused(tmp_path: Path) -> None:
+    gap = _gap()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    with pytest.raises(SystemExit, match="not empty"):
+        gap.main(["--config", str(_config(tmp_path)), "--out", str(tmp_path / "used")])
+    with pytest.raises(SystemExit):
+        gap.parse_args(["--config", "c.yaml", "--passes", "0"])
