@@ -11,7 +11,8 @@
 #                batches (bf16-weights; Multi30k: 8,000 pieces, ~13 tokens a sentence) for ~30 s
 #                against the Trainer's own update over the same batches on the device, with
 #                --diagnose (fed as the Trainer feeds it; later epochs' new shapes);
-#                gap_expandable the same with the CUDA allocator's expandable segments
+#                gap_expandable (after step_paper_late) the same without the diagnosis, with
+#                the CUDA allocator's expandable segments
 #   decode       benchmarks/decode_gpu.py: the engine, and its static steps replayed as CUDA
 #                graphs (StaticDecoder), against transformers generate, bf16, batches 1, 32 and
 #                128, beam 4 and greedy (OPUS-MT-sized imported model)
@@ -85,6 +86,7 @@ deadline="${GPU_CHECK_SECONDS:-360}"
 if [[ $device == cpu ]]; then  # the dry run's sizes
     dry=1 train_s=15 tiny_steps=30 tiny_valid=50 minutes_recipe=0.15 fp16_steps=4
     step_flags=(--batch 4 --src-len 6 --tgt-len 6 --rounds 1 --threads 2 --precisions fp32)
+    # fp32 only: bfloat16 is emulated on CPUs without it (an AVX2 Zen 3 ran out of time)
     paper_flags=(--batch 16 --src-len 24 --tgt-len 24 --rounds 1 --threads 2 --precisions fp32)
     big_tokens=1024 paper_size=small profile_flags=(--batch 8 --steps 2)
 else
@@ -215,7 +217,7 @@ task: {name: reverse, train_size: 100000, valid_size: 50, min_length: 20, max_le
 decode: {beam: 1}
 EOF
 gap=(--set "device=$device" --set "max_tokens=$big_tokens" --set pad_multiple=auto
-    --seconds "$train_s" --passes 3 --diagnose)
+    --seconds "$train_s" --passes 3)
 if [[ $dry == 1 ]]; then
     gap+=(--config "$OUT/reverse.yaml" --set n_layers=1 --set d_model=32 --set d_ff=64
         --set d_k=16 --set d_v=16 --set n_heads=2 --set precision=fp32 --set train_size=2000)
@@ -233,14 +235,10 @@ else
         gap_data=reverse
     fi
 fi
-step gap 240 "$PY" benchmarks/train_gap.py "${gap[@]}" --out "$OUT/gap"
+step gap 240 "$PY" benchmarks/train_gap.py "${gap[@]}" --diagnose --out "$OUT/gap"
 figure "gap ($gap_data, $big_tokens-token batches; the target: cli_over_step >= 0.9): $(tail -n 1 "$OUT/gap.log")"
-# the same with the CUDA allocator's expandable segments: new batch shapes, fewer new blocks
-if [[ $dry == 0 ]]; then
-    step gap_expandable 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$PY" \
-        benchmarks/train_gap.py "${gap[@]}" --out "$OUT/gap_expandable"
-    figure "gap_expandable: $(tail -n 1 "$OUT/gap_expandable.log")"
-fi
+# gap's vocabulary, if it made one, for the runs below: not learned again
+[[ -f $OUT/gap/step/vocab.model ]] && gap+=(--set "vocab_model=$OUT/gap/step/vocab.model")
 
 # --- decoding on the device against transformers generate (benchmarks/decode_gpu.py) ---------
 if [[ $dry == 1 ]]; then
@@ -287,6 +285,10 @@ else
         --malloc on --systems transduce transduce_read_late --precisions bf16-weights \
         --paper-batch --rounds 3
     figure "step_paper_late: $(tail -n 1 "$OUT/step_paper_late.log")"
+    # gap again with the CUDA allocator's expandable segments: new batch shapes, fewer new blocks
+    step gap_expandable 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$PY" \
+        benchmarks/train_gap.py "${gap[@]}" --out "$OUT/gap_expandable"
+    figure "gap_expandable: $(tail -n 1 "$OUT/gap_expandable.log")"
     # SMALL's graphed step: how busy the device is (34% on an H200: bound by the host)
     step profile_small 120 "$PY" benchmarks/profile_step.py --device "$device" --size small \
         --system transduce_cudagraphs --precision fp32 --steps 10
@@ -361,7 +363,6 @@ else
         corpus+=(--config configs/multi30k_en_de_gpu.yaml --set "train_src=$data/train.en.gz"
             --set "train_tgt=$data/train.de.gz" --set "valid_src=$data/val.en.gz"
             --set "valid_tgt=$data/val.de.gz" --set max_valid_sentences=100)
-        # the gap's vocabulary, if it made one: not learned again
         [[ -f $OUT/gap/step/vocab.model ]] && corpus+=(--set "vocab_model=$OUT/gap/step/vocab.model")
     else
         corpus+=(--config "$OUT/reverse.yaml")

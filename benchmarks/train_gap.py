@@ -119,7 +119,16 @@ def bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
     """``passes`` timed passes of ``trainer``'s own update over its first epoch's update groups
     (already on the device), after one untimed pass; target tokens/s of the timed ones. With
     ``diagnose``, also: the same passes read as the Trainer reads (``reader_*``), and epochs 1
-    to ``passes`` (new batch shapes), on the device beforehand (``epochs_*``) and as read."""
+    to ``passes`` (new batch shapes), on the device beforehand (``epochs_*``) and as read. Under
+    ``training_attention``, as ``Trainer.train`` trains. The step's rate is the median pass's,
+    the diagnosis's the total tokens over the total seconds."""
+    from transduce.kernels import training_attention
+
+    with training_attention(trainer.device):  # the attention backends Trainer.train uses
+        return _bare_updates(trainer, passes, diagnose)
+
+
+def _bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
     trainer.reads_late = trainer._reads_late()
     trainer.compiled.attach()
     groups = _on_device(trainer, 0)
@@ -178,7 +187,8 @@ def measure_step(
 
 def steady_rate(run: Path) -> dict[str, Any]:
     """A run folder's logged windows: their count and the median target tokens/s after the
-    first two (the first shapes, and with compile the compiling)."""
+    first two (the first shapes, and with compile the compiling); of all of them where there
+    are no more than two (``windows`` says so)."""
     lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and "split" not in r]
@@ -190,13 +200,17 @@ def steady_rate(run: Path) -> dict[str, Any]:
     }
 
 
-def measure_cli(config: str, sets: list[str], out: Path, seconds: float) -> dict[str, Any]:
-    """`transduce train` for ``seconds`` of training (``max_minutes``), its steady rate."""
+def measure_cli(
+    config: str, sets: list[str], out: Path, seconds: float, updates: int | None = None
+) -> dict[str, Any]:
+    """`transduce train` for ``seconds`` of training (``max_minutes``), or for ``updates``
+    updates (``max_steps``) where given; its steady rate."""
     command = [sys.executable, "-m", "transduce", "train", "--config", config, "--out", str(out)]
     for s in sets:
         command += ["--set", s]
     for s in (
-        f"max_minutes={seconds / 60}",
+        f"max_minutes={0 if updates else seconds / 60}",
+        *([f"max_steps={updates}"] if updates else []),
         f"log_every={LOG_EVERY}",
         "eval_every=0",
         "save_every=1000000",
@@ -218,13 +232,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="a training config (YAML/TOML)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seconds", type=float, default=30.0, help="the command's training time")
+    p.add_argument(
+        "--updates", type=int, help="the command's updates instead of --seconds (a test's)"
+    )
     p.add_argument("--passes", type=int, default=3, help="timed passes over the first epoch")
     p.add_argument("--out", default="runs/train_gap", help="a folder for the two runs")
     p.add_argument("--diagnose", action="store_true", help="the step fed as the Trainer feeds it")
     p.add_argument("--no-cli", action="store_true", help="the step measure alone")
     args = p.parse_args(argv)
-    if args.seconds <= 0 or args.passes < 1:
-        p.error("--seconds must be positive and --passes at least 1")
+    if args.seconds <= 0 or args.passes < 1 or (args.updates is not None and args.updates < 1):
+        p.error("--seconds must be positive, --passes and --updates at least 1")
     return args
 
 
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vocab = out / "step" / "vocab.model"
     if vocab.is_file() and not any(s.startswith("vocab_model=") for s in sets):
         sets.append(f"vocab_model={vocab}")  # learned once
-    cli = measure_cli(args.config, sets, out / "cli", args.seconds)
+    cli = measure_cli(args.config, sets, out / "cli", args.seconds, args.updates)
     ratio = None
     if cli["cli_tokens_per_s"]:
         ratio = round(cli["cli_tokens_per_s"] / step["step_tokens_per_s"], 3)

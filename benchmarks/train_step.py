@@ -36,6 +36,8 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
                gradient norm one update late (``training/late_read.py``: the device skips a
                non-finite update), on any device; the Trainer reads at once (on an H200
                SMALL's graphed step ran 0.80x reading late: benchmarks/RESULTS.md)
+    (the transduce systems train as ``Trainer.train`` does, under
+    ``kernels.training_attention``: on CUDA without cuDNN's attention, which the peers keep)
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static

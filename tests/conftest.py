@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-# The test kits (model_testkit, inference_testkit, benchmark_testkit) are imported by tests in
-# other folders too.
-for kit in ("model", "inference", "benchmarks"):
+# The test kits (model_testkit, inference_testkit, benchmark_testkit, training_testkit) are
+# imported by tests in other folders too.
+for kit in ("model", "inference", "benchmarks", "training"):
     path = str(Path(__file__).parent / kit)
     if path not in sys.path:
         sys.path.append(path)

@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from benchmark_testkit import load_benchmark
 
@@ -37,7 +38,7 @@ def _config(tmp_path: Path) -> Path:
 
 def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = _gap().main(
-        ["--config", str(_config(tmp_path)), "--seconds", "3", "--passes", "2", "--diagnose",
+        ["--config", str(_config(tmp_path)), "--updates", "40", "--passes", "2", "--diagnose",
          "--out", str(tmp_path / "gap")]
     )  # fmt: skip
     flat = {k: v for section in TINY.values() for k, v in section.items()}
@@ -46,14 +47,14 @@ def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFix
     assert result["tokens_a_pass"] == sum(
         len(t) + 1 for _, t in encode_pairs(task.vocab, task.train)
     )
-    assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # a CPU reads at once
+    assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # the Trainer reads at once
     for key in ("step_tokens_per_s", "reader_tokens_per_s", "epochs_tokens_per_s",
                 "epochs_read_tokens_per_s", "cli_tokens_per_s"):  # fmt: skip
         assert isinstance(result[key], int) and result[key] > 0, key
     assert result["cli_over_step"] == round(
         result["cli_tokens_per_s"] / result["step_tokens_per_s"], 3
     )
-    assert result["updates"] > 0 and result["windows"] >= 1
+    assert result["updates"] == 40 and result["windows"] == 4  # a log line every 10 updates
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
@@ -79,3 +80,26 @@ def test_a_used_folder_and_bad_counts_are_refused(tmp_path: Path) -> None:
         gap.main(["--config", str(_config(tmp_path)), "--out", str(tmp_path / "used")])
     with pytest.raises(SystemExit):
         gap.parse_args(["--config", "c.yaml", "--passes", "0"])
+
+
+def test_the_step_is_measured_under_the_trainers_attention_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command trains under training_attention (no cuDNN attention on CUDA): the step it is
+    held against must too, or the ratio compares two attention kernels."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    import transduce.kernels
+
+    entered: list[str] = []
+
+    @contextmanager
+    def recording(device: torch.device) -> Iterator[None]:
+        entered.append(device.type)
+        yield
+
+    monkeypatch.setattr(transduce.kernels, "training_attention", recording)
+    gap = _gap()
+    result = gap.measure_step(str(_config(tmp_path)), [], tmp_path / "step", 1)
+    assert entered == ["cpu"] and result["tokens_a_pass"] > 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_testkit import tiny_trainer
 
-from tests.training.training_testkit import tiny_trainer
 from transduce.kernels import training_attention
 from transduce.training import trainer as trainer_module
 

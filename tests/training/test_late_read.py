@@ -1,7 +1,8 @@
-"""Updates read one update late (training/late_read.py), as the trainer does where a read waits
-for the device: forced here on the CPU. The same run as reading at once, bit for bit, while no
-update is skipped; a non-finite update skipped on the device (weights, Adam's moments and step
-count untouched); exact resume; a stop signal's checkpoint; divergence's exit code 3."""
+"""Updates read one update late (training/late_read.py), where the trainer would if
+``late_read.pays`` (nowhere now, as measured): forced here on the CPU. The same run as reading
+at once, bit for bit, while no update is skipped; a non-finite update skipped on the device
+(weights, Adam's moments and step count untouched); exact resume; a stop signal's checkpoint;
+divergence's exit code 3."""
 
 from __future__ import annotations
 

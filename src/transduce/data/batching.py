@@ -111,9 +111,10 @@ def padded_lengths(lengths: np.ndarray, multiple: int) -> np.ndarray:
 def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
     """Pad a list of (source, target) id lists into a Batch (adds EOS, BOS); each side's length
     rounded up to a multiple of ``pad_multiple`` (``padded_lengths``). A few numpy operations
-    per batch, none per sentence: the Trainer reads batches on a thread beside the one that
-    launches a GPU's kernels, and a read holding Python's lock for each of a thousand rows
-    halved `transduce train`'s rate there (benchmarks/RESULTS.md, benchmarks/train_gap.py)."""
+    per batch rather than a few tensor operations per sentence: the Trainer reads batches on a
+    thread beside the one that launches a GPU's kernels, and fed by it the update ran at half
+    its rate on an H200, which points at that thread holding Python's lock (benchmarks/
+    RESULTS.md, benchmarks/train_gap.py; the fix is not yet measured there)."""
     n = len(pairs)
     src_ids, src_lens = _flat([s for s, _ in pairs])
     tgt_ids, tgt_lens = _flat([t for _, t in pairs])

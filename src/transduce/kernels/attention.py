@@ -180,9 +180,9 @@ def training_attention(device: torch.device) -> Iterator[None]:
     cuDNN's attention (PyTorch's first choice on Hopper GPUs), restored on leaving; elsewhere, or
     where cuDNN's attention is off already, nothing changes.
 
-    Measured on an H200 (benchmarks/RESULTS.md, three paired runs): the paper's step 1.06-1.17x
-    faster without it, and the first pass over an epoch's batches 5.9 s against 12.8-16.2 s
-    (cuDNN builds a plan for every new batch shape, and token batches bring many). The one
+    Measured on an H200 (benchmarks/RESULTS.md): the paper's step 1.06-1.16x faster without it
+    (two paired runs; 1.17x on Multi30k batches), and the first pass over an epoch's 26 batch
+    shapes 5.9 s against 16.2 s (cuDNN builds a plan for every new batch shape). The one
     process-wide setting this package makes, for the length of a training run (``Trainer.train``):
     a per-call choice would be traced into compiled graphs and cost every call."""
     if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
