@@ -2,8 +2,8 @@
 
 The end-to-end tests need the Multi30k mirror: TRANSDUCE_DATA names the folder holding
 ``multi30k/`` (they skip when it is unset). To learn something in seconds on a CPU, a tiny model
-is trained 400 steps on the 2,000 shortest Multi30k en-de training pairs (about 18 epochs) and
-evaluated on 100 of them (memorisation, not generalisation; about 77 BLEU): its BLEU must be far
+is trained 250 steps on the 2,000 shortest Multi30k en-de training pairs (about 11 epochs) and
+evaluated on 100 of them (memorisation, not generalisation; about 30 BLEU): its BLEU must be far
 above that of the same model untrained (about 0). The error tests at the end need no data.
 """
 
@@ -31,12 +31,12 @@ from transduce.data.subword import SentencePieceVocab, train_sentencepiece
 from transduce.inference.translator import Translator
 from transduce.model.transformer import make_model
 
-N_TRAIN, N_EVAL, STEPS, VOCAB = 2000, 100, 400, 500
+N_TRAIN, N_EVAL, STEPS, VOCAB = 2000, 100, 250, 500
 
 TINY_CONFIG = """\
 model: {n_layers: 2, d_model: 128, d_ff: 512, n_heads: 4, d_k: 32, d_v: 32, dropout: 0.0}
 train: {max_steps: %(steps)d, warmup: 50, lr_factor: 0.4, max_tokens: 2000, label_smoothing: 0.0,
-        eval_every: 200, save_every: 200, keep_last: 2, log_every: 20, valid_beam: 1, seed: 1}
+        eval_every: 125, save_every: 125, keep_last: 2, log_every: 20, valid_beam: 1, seed: 1}
 task:
   name: translation
   train_src: %(dir)s/train.en
@@ -167,7 +167,7 @@ def test_training_reports_data_and_logs_validation_bleu(trained) -> None:
     assert f"{VOCAB} shared BPE pieces" in trained["log"]
     valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in valid if r.get("split") == "valid"]
-    assert [r["step"] for r in valid] == [200, 400]
+    assert [r["step"] for r in valid] == [125, 250]
     assert all({"bleu", "chrf", "valid_ppl", "valid_loss"} <= set(r) for r in valid)
     for name in ("model.pt", "best.pt", "vocab.model", "config.json"):
         assert (run / name).is_file()
@@ -214,7 +214,7 @@ def test_evaluate_json_is_sacrebleu_on_the_output(trained, corpus, capsys, tmp_p
 def test_evaluate_in_bf16_scores_like_fp32(trained, corpus, capsys) -> None:
     fp32 = evaluate(capsys, trained["run"], corpus, "--beam", "1")
     bf16 = evaluate(capsys, trained["run"], corpus, "--beam", "1", "--precision", "bf16")
-    assert bf16["lines"] == N_EVAL and bf16["bleu"] > 30  # far above the untrained model
+    assert bf16["lines"] == N_EVAL and bf16["bleu"] > 20  # far above the untrained model (~0)
     assert abs(bf16["bleu"] - fp32["bleu"]) < 5, (fp32["bleu"], bf16["bleu"])
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage error, exit status 2
         run_cli(
