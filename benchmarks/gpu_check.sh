@@ -129,22 +129,11 @@ skip() {  # skip NAME REASON
 
 figure() { echo "$*" >> "$OUT/figures.txt"; }
 
-# steady target tokens/s of a run folder: the median of its logged windows after the first two
-# (the warm-up, and with compile the compiling); and its compile record, if any
+# steady target tokens/s of a run folder (train_gap.py's rule: the median of its logged windows
+# after the first two, the warm-up and with compile the compiling), and its compile record
 tokens_per_s() {
-    "$PY" - "$1" <<'EOF'
-import json, statistics, sys
-from pathlib import Path
-records = [json.loads(x) for x in (Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines()]
-rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and "split" not in r]
-steady = rates[2:] or rates
-compiled = [r for r in records if r.get("split") == "compile"]
-out = {"windows": len(rates), "steady_tokens_per_s": round(statistics.median(steady)) if steady else None,
-       "updates": max((r.get("step", 0) for r in records), default=0)}
-if compiled:
-    out.update({k: compiled[0][k] for k in ("first_update_s", "compile_s", "compiled_graphs")})
-print(json.dumps(out))
-EOF
+    "$PY" -c 'import json, sys; sys.path.insert(0, "benchmarks"); import train_gap
+print(json.dumps(train_gap.steady_rate(__import__("pathlib").Path(sys.argv[1]))))' "$1"
 }
 
 have_multi30k() { [[ -f $data/train.en.gz && -f $data/test_2016_flickr.de.gz ]]; }

@@ -188,16 +188,21 @@ def measure_step(
 def steady_rate(run: Path) -> dict[str, Any]:
     """A run folder's logged windows: their count and the median target tokens/s after the
     first two (the first shapes, and with compile the compiling); of all of them where there
-    are no more than two (``windows`` says so)."""
+    are no more than two (``windows`` says so). With train.compile, its record's first update,
+    compile seconds and graphs too (``benchmarks/gpu_check.sh`` reads compiled runs by it)."""
     lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and "split" not in r]
     steady = rates[2:] or rates
-    return {
+    out = {
         "windows": len(rates),
         "cli_tokens_per_s": round(statistics.median(steady)) if steady else None,
         "updates": max((r.get("step", 0) for r in records), default=0),
     }
+    compiled = [r for r in records if r.get("split") == "compile"]
+    if compiled:
+        out.update({k: compiled[0][k] for k in ("first_update_s", "compile_s", "compiled_graphs")})
+    return out
 
 
 def measure_cli(

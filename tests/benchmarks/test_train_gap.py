@@ -70,6 +70,16 @@ def test_the_steady_rate_leaves_out_the_first_two_windows(tmp_path: Path) -> Non
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     rate = _gap().steady_rate(tmp_path)
     assert rate == {"windows": 5, "cli_tokens_per_s": 40, "updates": 50}
+    compiled = {"step": 1, "split": "compile", "first_update_s": 9.5, "compile_s": 8.0,
+                "compiled_graphs": 2}  # fmt: skip
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(compiled) + "\n")
+    assert _gap().steady_rate(tmp_path) == {
+        **rate,
+        "first_update_s": 9.5,
+        "compile_s": 8.0,
+        "compiled_graphs": 2,
+    }  # gpu_check.sh's compiled runs read by the same rule
 
 
 def test_a_used_folder_and_bad_counts_are_refused(tmp_path: Path) -> None:
