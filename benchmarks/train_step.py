@@ -36,6 +36,10 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
                gradient norm one update late (``training/late_read.py``: the device skips a
                non-finite update), on any device; the Trainer reads at once (on an H200
                SMALL's graphed step ran 0.80x reading late: benchmarks/RESULTS.md)
+    transduce_sdpa
+               ``transduce`` with attention on PyTorch's fused kernel (``KernelOptions``'s
+               attention "fused"), not the Triton kernel for short sequences that "auto" takes
+               when training on CUDA (``kernels/short_attention.py``)
     (the transduce systems train as ``Trainer.train`` does, under
     ``kernels.training_attention``: on CUDA without cuDNN's attention, which the peers keep)
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
@@ -119,6 +123,8 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode  # noqa: E402  (benchmarks/decode.py: the model sizes shared with it)
 
+from transduce.kernels import KernelOptions  # noqa: E402
+
 PAD, BOS, EOS = 0, 2, 3
 BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
 PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a batch
@@ -133,6 +139,7 @@ SYSTEMS = (
     "transduce_cudagraphs",
     "transduce_read_late",
     "transduce_cudagraphs_read_late",
+    "transduce_sdpa",
     "torch",
     "hf",
 )
@@ -266,7 +273,9 @@ def step_peak_mib(step: Callable[[], None], device: torch.device, measure: str) 
 Forward = Callable[[Tensor, Tensor], Tensor]
 
 
-def build_transduce(size: dict[str, int]) -> tuple[nn.Module, Forward]:
+def build_transduce(
+    size: dict[str, int], options: KernelOptions | None = None
+) -> tuple[nn.Module, Forward]:
     from transduce.config import ModelConfig
     from transduce.model import make_model
 
@@ -279,8 +288,14 @@ def build_transduce(size: dict[str, int]) -> tuple[nn.Module, Forward]:
         d_v=size["d_v"],
         dropout=DROPOUT,
     )
-    model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD)
+    options = options or KernelOptions()
+    model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD, options=options)
     return model, model
+
+
+def build_transduce_sdpa(size: dict[str, int]) -> tuple[nn.Module, Forward]:
+    """``transduce`` with attention always on PyTorch's fused kernel (path "fused")."""
+    return build_transduce(size, KernelOptions(attention="fused"))
 
 
 class TorchSeq2Seq(nn.Module):
@@ -386,6 +401,7 @@ BUILDERS = {
     "transduce_cudagraphs": build_transduce,
     "transduce_read_late": build_transduce,
     "transduce_cudagraphs_read_late": build_transduce,
+    "transduce_sdpa": build_transduce_sdpa,
     "torch": build_torch,
     "hf": build_hf,
 }
@@ -397,6 +413,7 @@ TRAINER_SYSTEMS = {
     "transduce_cudagraphs": "auto",
     "transduce_read_late": "auto",
     "transduce_cudagraphs_read_late": "auto",
+    "transduce_sdpa": "auto",
 }
 # the systems compiled, and inductor's mode for each (None: the default mode)
 COMPILE_MODES: dict[str, str | None] = {

@@ -1,8 +1,10 @@
 """softmax(Q K^T / sqrt(d_k)) V on the fastest path for the device and dtype.
 
-Two paths compute the same function (tests/kernels/test_attention.py): PyTorch's fused kernel
+Three paths compute the same function (tests/kernels/test_attention.py): PyTorch's fused kernel
 (``F.scaled_dot_product_attention``) and the explicit formula (``attention_weights`` then a
-product). The fused kernel is the default; training on the CPU with short keys takes the formula,
+product), and a Triton kernel for short sequences (``short_attention``: training on CUDA, at most
+64 tokens, where PyTorch's kernels run at a tenth of the memory's speed). The fused kernel is
+the default; training on the CPU with short keys takes the formula,
 which is faster there: PyTorch's CPU flash-attention pays per (batch x head) block, and batches of
 many short sentences have thousands of them. On the CPU the fused kernel runs in float32 for
 bfloat16/float16 inputs too, its low-precision backward being several times slower, and a
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transduce.kernels import short_attention
 from transduce.kernels.options import AttentionPath
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -159,8 +162,11 @@ def attention(
     query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
     (B, H, T, T') with True = may attend. ``is_causal`` (T == T') adds the causal mask without
     building it, which lets the fused kernel skip the masked blocks. Returns (B, H, T, Dv) in the
-    dtype of ``query``. ``path``: see ``KernelOptions``.
+    dtype of ``query``. ``path``: see ``KernelOptions``; "auto" trains on CUDA through
+    ``short_attention`` where it takes the call (sequences of at most 64 tokens).
     """
+    if path == "auto" and short_attention.takes(query, key, value, mask, dropout_p, is_causal):
+        return short_attention.attention(query, key, value, mask, is_causal)
     fused = path == "fused" or (path == "auto" and not _formula_is_faster(query, key))
     if is_causal and (mask is not None or not fused):
         causal = _causal(query.size(-2), key.size(-2), query.device)
