@@ -7,9 +7,8 @@ one piece of a decoding step, a beam's top-k.
     attention  softmax(Q K^T / sqrt(d_k)) V forward and backward at the paper batch's shapes
                (1024 sentences x 8 heads x 24 positions x 64) and SMALL's (64 x 4 x 24 x 64),
                bf16, three cases (no mask, causal, a padding mask), on each SDPA backend
-               (cuDNN, flash, memory-efficient, math), transduce's explicit formula and its
-               Triton kernel for short sequences (``kernels/short_attention.py``), also at
-               12, 48 and 64 positions
+               (cuDNN, flash, memory-efficient, math) and transduce's explicit formula, also
+               at 12, 48 and 64 positions
     norm       LayerNorm(x + Dropout(y)) forward and backward on (24576, 512) bf16: PyTorch's
                kernels, that sum compiled by inductor into fused kernels, Liger's Triton layer
                norm (when liger-kernel is installed)
@@ -47,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_step  # noqa: E402  (the model sizes and builders of the speed benchmark)
 
 from transduce import kernels  # noqa: E402
-from transduce.kernels import short_attention  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -123,17 +121,6 @@ def attention_cases(
                 torch.autograd.grad(out, qkv[:3], qkv[3])
 
             calls[f"attention/{shape_name}/{case}/formula"] = formula
-
-            def short(
-                mask: Tensor | None = mask,
-                causal: bool = causal,
-                qkv: tuple[Tensor, ...] = (q, key, v, grad),
-            ) -> None:
-                out = short_attention.attention(*qkv[:3], mask, causal)
-                torch.autograd.grad(out, qkv[:3], qkv[3])
-
-            taken = short_attention.takes(q, key, v, mask, 0.0, causal)
-            calls[f"attention/{shape_name}/{case}/short"] = short if taken else None
     return calls
 
 
@@ -245,7 +232,7 @@ def main() -> None:
             "small": (64, 4, 24, 64),
             "t12": (2048, 8, 12, 64),  # Multi30k's 25k-token batches: ~13 pieces a sentence
             "t48": (512, 8, 48, 64),
-            "t64": (384, 8, 64, 64),  # the longest the short kernel takes
+            "t64": (384, 8, 64, 64),
         }
         norm_n, d = 1024 * 24, 512
         size = train_step.SIZES["base"]

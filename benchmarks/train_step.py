@@ -36,12 +36,13 @@ with betas (0.9, 0.98), eps 1e-9, fused where torch has it):
                gradient norm one update late (``training/late_read.py``: the device skips a
                non-finite update), on any device; the Trainer reads at once (on an H200
                SMALL's graphed step ran 0.80x reading late: benchmarks/RESULTS.md)
-    transduce_sdpa
-               ``transduce`` with attention on PyTorch's fused kernel (``KernelOptions``'s
-               attention "fused"), not the Triton kernel for short sequences that "auto" takes
-               when training on CUDA (``kernels/short_attention.py``)
+    transduce_flash
+               ``transduce`` with PyTorch's flash attention kernel left on (``Trainer.train``
+               turns it off on CUDA, where the memory-efficient kernel was faster on short
+               sentences); the same as ``transduce`` elsewhere
     (the transduce systems train as ``Trainer.train`` does, under
-    ``kernels.training_attention``: on CUDA without cuDNN's attention, which the peers keep)
+    ``kernels.training_attention``: on CUDA without cuDNN's attention or the flash kernel,
+    which the peers keep)
     torch      ``torch.nn.Transformer(batch_first=True)`` with the same embeddings and positions
                (it adds a final LayerNorm to encoder and decoder, which the paper's model lacks)
     hf         ``transformers.MarianMTModel`` (MarianConfig of the same sizes, relu, static
@@ -123,8 +124,6 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode  # noqa: E402  (benchmarks/decode.py: the model sizes shared with it)
 
-from transduce.kernels import KernelOptions  # noqa: E402
-
 PAD, BOS, EOS = 0, 2, 3
 BATCH, SRC_LEN, TGT_LEN = 64, 24, 24
 PAPER_BATCH = 1024  # x (24 + 24): 24,576 target tokens, about the paper's 25k a batch
@@ -139,7 +138,7 @@ SYSTEMS = (
     "transduce_cudagraphs",
     "transduce_read_late",
     "transduce_cudagraphs_read_late",
-    "transduce_sdpa",
+    "transduce_flash",
     "torch",
     "hf",
 )
@@ -273,9 +272,7 @@ def step_peak_mib(step: Callable[[], None], device: torch.device, measure: str) 
 Forward = Callable[[Tensor, Tensor], Tensor]
 
 
-def build_transduce(
-    size: dict[str, int], options: KernelOptions | None = None
-) -> tuple[nn.Module, Forward]:
+def build_transduce(size: dict[str, int]) -> tuple[nn.Module, Forward]:
     from transduce.config import ModelConfig
     from transduce.model import make_model
 
@@ -288,14 +285,8 @@ def build_transduce(
         d_v=size["d_v"],
         dropout=DROPOUT,
     )
-    options = options or KernelOptions()
-    model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD, options=options)
+    model = make_model(cfg, src_vocab_size=size["vocab"], pad_id=PAD)
     return model, model
-
-
-def build_transduce_sdpa(size: dict[str, int]) -> tuple[nn.Module, Forward]:
-    """``transduce`` with attention always on PyTorch's fused kernel (path "fused")."""
-    return build_transduce(size, KernelOptions(attention="fused"))
 
 
 class TorchSeq2Seq(nn.Module):
@@ -401,7 +392,7 @@ BUILDERS = {
     "transduce_cudagraphs": build_transduce,
     "transduce_read_late": build_transduce,
     "transduce_cudagraphs_read_late": build_transduce,
-    "transduce_sdpa": build_transduce_sdpa,
+    "transduce_flash": build_transduce,
     "torch": build_torch,
     "hf": build_hf,
 }
@@ -413,7 +404,7 @@ TRAINER_SYSTEMS = {
     "transduce_cudagraphs": "auto",
     "transduce_read_late": "auto",
     "transduce_cudagraphs_read_late": "auto",
-    "transduce_sdpa": "auto",
+    "transduce_flash": "auto",
 }
 # the systems compiled, and inductor's mode for each (None: the default mode)
 COMPILE_MODES: dict[str, str | None] = {
@@ -454,6 +445,7 @@ class TrainerRunner(Runner):
     compiles: bool = False  # the compiled systems: the module that runs compiled in place
     compile_mode: str | None = None  # inductor's mode (None: its default)
     late: bool | None = None  # None: read as the Trainer reads (late_read.pays); True: late
+    flash: bool = False  # keep PyTorch's flash attention on CUDA (the Trainer turns it off)
     _updaters: dict[str, Any] = field(default_factory=dict)  # precision -> the Trainer's Updater
     _tokens: tuple[Tensor, int] | None = None  # tgt_out and its tokens
     _pending: Any = None  # the update left unread (reading late)
@@ -468,7 +460,8 @@ class TrainerRunner(Runner):
     def step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
         from transduce.kernels import training_attention
 
-        with training_attention(src.device):  # the attention backends Trainer.train uses
+        # the attention backends Trainer.train uses (transduce_flash: flash kept)
+        with training_attention(src.device, flash=self.flash):
             self._step(src, tgt_in, tgt_out, precision)
 
     def _step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, precision: str) -> None:
@@ -554,6 +547,7 @@ def make_runner(system: str, size: dict[str, int], device: torch.device) -> Runn
             compiles=system in COMPILE_MODES,
             compile_mode=COMPILE_MODES.get(system),
             late=True if system.endswith("_read_late") else None,
+            flash=system == "transduce_flash",
         )
     return Runner(model, forward, opt)
 

@@ -1,5 +1,6 @@
-"""training_attention: on a CUDA device a run trains without cuDNN's attention (measured slower,
-benchmarks/RESULTS.md), the setting restored after; nothing changes elsewhere."""
+"""training_attention: on a CUDA device a run trains without cuDNN's attention and the flash
+kernel (both measured slower than the memory-efficient kernel, benchmarks/RESULTS.md), the
+settings restored after; nothing changes elsewhere."""
 
 from __future__ import annotations
 
@@ -17,39 +18,58 @@ from transduce.training import trainer as trainer_module
 CUDA = torch.device("cuda")  # the setting is process-wide: a CPU-only build holds it too
 
 
+BACKENDS = ("cudnn", "flash", "mem_efficient", "math")
+
+
+def enabled() -> dict[str, bool]:
+    return {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in BACKENDS}
+
+
 @pytest.fixture(autouse=True)
-def _cudnn_attention_on() -> Iterator[None]:
-    was = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(True)
+def _every_backend_on() -> Iterator[None]:
+    was = enabled()
+    for name in BACKENDS:
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(True)
     yield
-    torch.backends.cuda.enable_cudnn_sdp(was)
+    for name, on in was.items():
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
 
 
-def test_a_cuda_run_leaves_cudnn_out_and_puts_it_back() -> None:
+def test_a_cuda_run_leaves_cudnn_and_flash_out_and_puts_them_back() -> None:
     with training_attention(CUDA):
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-        # the others stay as they were
-        assert torch.backends.cuda.flash_sdp_enabled()
-        assert torch.backends.cuda.mem_efficient_sdp_enabled()
-    assert torch.backends.cuda.cudnn_sdp_enabled()
+        # the memory-efficient kernel and the math fallback stay
+        assert enabled() == {"cudnn": False, "flash": False, "mem_efficient": True, "math": True}
+    assert all(enabled().values())
+
+
+def test_flash_kept_when_asked_or_when_the_efficient_kernel_is_off() -> None:
+    with training_attention(CUDA, flash=True):
+        assert enabled() == {"cudnn": False, "flash": True, "mem_efficient": True, "math": True}
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    with training_attention(CUDA):
+        assert enabled() == {"cudnn": False, "flash": True, "mem_efficient": False, "math": True}
+    assert enabled() == {"cudnn": True, "flash": True, "mem_efficient": False, "math": True}
 
 
 def test_put_back_after_an_error_too() -> None:
     with pytest.raises(RuntimeError, match="boom"), training_attention(CUDA):
         raise RuntimeError("boom")
-    assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert all(enabled().values())
 
 
-def test_a_user_who_turned_it_off_finds_it_off() -> None:
+def test_a_user_who_turned_them_off_finds_them_off() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(False)
     with training_attention(CUDA):
         assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert not torch.backends.cuda.flash_sdp_enabled()
 
 
 def test_nothing_changes_on_a_cpu() -> None:
     with training_attention(torch.device("cpu")):
-        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert all(enabled().values())
 
 
 def test_the_trainer_trains_inside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

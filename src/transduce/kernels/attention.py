@@ -1,10 +1,8 @@
 """softmax(Q K^T / sqrt(d_k)) V on the fastest path for the device and dtype.
 
-Three paths compute the same function (tests/kernels/test_attention.py): PyTorch's fused kernel
+Two paths compute the same function (tests/kernels/test_attention.py): PyTorch's fused kernel
 (``F.scaled_dot_product_attention``) and the explicit formula (``attention_weights`` then a
-product), and a Triton kernel for short sequences (``short_attention``: training on CUDA, at most
-64 tokens, where PyTorch's kernels run at a tenth of the memory's speed). The fused kernel is
-the default; training on the CPU with short keys takes the formula,
+product). The fused kernel is the default; training on the CPU with short keys takes the formula,
 which is faster there: PyTorch's CPU flash-attention pays per (batch x head) block, and batches of
 many short sentences have thousands of them. On the CPU the fused kernel runs in float32 for
 bfloat16/float16 inputs too, its low-precision backward being several times slower, and a
@@ -21,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transduce.kernels import short_attention
 from transduce.kernels.options import AttentionPath
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -162,11 +159,8 @@ def attention(
     query (B, H, T, K), key (B, H, T', K), value (B, H, T', Dv), mask bool broadcastable to
     (B, H, T, T') with True = may attend. ``is_causal`` (T == T') adds the causal mask without
     building it, which lets the fused kernel skip the masked blocks. Returns (B, H, T, Dv) in the
-    dtype of ``query``. ``path``: see ``KernelOptions``; "auto" trains on CUDA through
-    ``short_attention`` where it takes the call (sequences of at most 64 tokens).
+    dtype of ``query``. ``path``: see ``KernelOptions``.
     """
-    if path == "auto" and short_attention.takes(query, key, value, mask, dropout_p, is_causal):
-        return short_attention.attention(query, key, value, mask, is_causal)
     fused = path == "fused" or (path == "auto" and not _formula_is_faster(query, key))
     if is_causal and (mask is not None or not fused):
         causal = _causal(query.size(-2), key.size(-2), query.device)
@@ -181,24 +175,39 @@ def attention(
 
 
 @contextmanager
-def training_attention(device: torch.device) -> Iterator[None]:
+def training_attention(device: torch.device, *, flash: bool = False) -> Iterator[None]:
     """The fused kernel's backends while a run trains on ``device``: on a CUDA device without
-    cuDNN's attention (PyTorch's first choice on Hopper GPUs), restored on leaving; elsewhere, or
-    where cuDNN's attention is off already, nothing changes.
+    cuDNN's attention (PyTorch's first choice on Hopper GPUs) and, unless ``flash``, without
+    the flash kernel (its next choice), so that PyTorch takes its memory-efficient kernel;
+    each restored on leaving. Elsewhere nothing changes; a backend off already stays off, and
+    flash stays on where the memory-efficient kernel is off.
 
-    Measured on an H200 (benchmarks/RESULTS.md): the paper's step 1.06-1.16x faster without it
-    (two paired runs; 1.17x on Multi30k batches), and the first pass over an epoch's 26 batch
-    shapes 5.9 s against 16.2 s (cuDNN builds a plan for every new batch shape). The one
-    process-wide setting this package makes, for the length of a training run (``Trainer.train``):
-    a per-call choice would be traced into compiled graphs and cost every call."""
-    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
-        yield
-        return
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    Measured on an H200 (benchmarks/RESULTS.md): the paper's step 1.06-1.16x faster without
+    cuDNN's attention (two paired runs; 1.17x on Multi30k batches), and the first pass over an
+    epoch's 26 batch shapes 5.9 s against 16.2 s (cuDNN builds a plan for every new batch
+    shape); alone, a forward and backward at 12-48 tokens a sentence (8 heads of 64, bf16) took
+    the memory-efficient kernel 0.33-0.71 ms, the flash kernel 0.59-1.83 (the decoder's causal
+    self-attention took flash). The one process-wide setting this package makes, for the
+    length of a training run (``Trainer.train``): a per-call choice would be traced into
+    compiled graphs and cost every call."""
+    backends = torch.backends.cuda
+    off = []
+    if device.type == "cuda" and backends.cudnn_sdp_enabled():
+        off.append(backends.enable_cudnn_sdp)
+    if (
+        device.type == "cuda"
+        and not flash
+        and backends.flash_sdp_enabled()
+        and backends.mem_efficient_sdp_enabled()
+    ):
+        off.append(backends.enable_flash_sdp)
+    for switch in off:
+        switch(False)
     try:
         yield
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(True)
+        for switch in off:
+            switch(True)
 
 
 __all__ = [

@@ -10,9 +10,8 @@ from typing import Literal, get_args
 Matmul = Literal["auto", "mkl", "onednn"]
 
 # The path of attention. "auto": the fused kernel, except where the formula is faster (training
-# on the CPU with short keys) or the short-sequence Triton kernel is (training on CUDA, at most
-# 64 tokens: kernels/short_attention.py); "fused": always PyTorch's fused kernel; "formula":
-# always the explicit softmax(QK^T/sqrt(d_k))V.
+# on the CPU with short keys); "fused": always PyTorch's fused kernel; "formula": always the
+# explicit softmax(QK^T/sqrt(d_k))V.
 AttentionPath = Literal["auto", "fused", "formula"]
 
 
