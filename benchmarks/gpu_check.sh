@@ -22,7 +22,8 @@
 #   step_small   benchmarks/train_step.py, SMALL at 64 x (24 + 24), fp32, bf16 and bf16-weights,
 #                against nn.Transformer and Hugging Face Marian; tokens/s, MFU, peak memory
 #   step_paper   BASE at --paper-batch (1024 x (24 + 24), ~25k target tokens), bf16 and ours in
-#                bf16-weights, the two-pass reference loss beside (transduce_reference)
+#                bf16-weights, the two-pass reference loss beside (transduce_reference), and
+#                the flash attention kernel kept on (transduce_flash; the Trainer turns it off)
 #   step_compiled  train_step.py's transduce_cudagraphs (inductor's reduce-overhead: CUDA graphs)
 #                against eager on SMALL 64 x 24, fp32 and bf16-weights; step_compiled_paper its
 #                transduce_compiled (inductor's default mode) at the paper batch, bf16-weights;
@@ -254,7 +255,7 @@ step step_small 240 "$PY" benchmarks/train_step.py --quick --device "$device" --
     --systems "${systems[@]}" "${step_flags[@]}"
 figure "step_small: $(tail -n 1 "$OUT/step_small.log")"
 step step_paper 240 "$PY" benchmarks/train_step.py --sizes "$paper_size" --device "$device" \
-    --malloc on --systems transduce transduce_reference "${systems[@]:1}" \
+    --malloc on --systems transduce transduce_reference transduce_flash "${systems[@]:1}" \
     --precisions bf16 bf16-weights "${paper_flags[@]}"
 figure "step_paper: $(tail -n 1 "$OUT/step_paper.log")"
 # --- train_step.py compiled (inductor): SMALL at 64 x 24 (launch-bound), BASE at the paper batch

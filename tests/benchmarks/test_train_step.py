@@ -272,3 +272,28 @@ def test_the_read_late_systems_read_late_and_the_others_as_the_trainer() -> None
     assert late._pending is not None and once._pending is None  # the last one left unread
     for a, b in zip(late.model.parameters(), once.model.parameters(), strict=True):
         assert torch.equal(a, b)  # the same three updates
+
+
+def test_transduce_flash_alone_keeps_the_flash_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer's systems step inside ``training_attention`` as ``Trainer.train`` does (flash
+    off on CUDA); ``transduce_flash`` asks it to keep flash, for the comparison."""
+    import contextlib
+
+    import transduce.kernels
+
+    ts = _train_step()
+    seen: list[bool] = []
+
+    @contextlib.contextmanager
+    def recording(device: torch.device, *, flash: bool = False):  # type: ignore[no-untyped-def]
+        seen.append(flash)
+        yield
+
+    monkeypatch.setattr(transduce.kernels, "training_attention", recording)
+    size = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_k": 8, "d_v": 8, "d_ff": 32, "vocab": 40}
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.randint(4, 40, (4, 6), generator=g)
+    src, tgt_in, tgt_out = torch.randint(4, 40, (4, 5), generator=g), tgt[:, :-1], tgt[:, 1:]
+    for system in ("transduce", "transduce_flash"):
+        ts.make_runner(system, size, torch.device("cpu")).step(src, tgt_in, tgt_out, "fp32")
+    assert seen == [False, True]
