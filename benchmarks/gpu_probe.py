@@ -8,7 +8,7 @@ one piece of a decoding step, a beam's top-k.
                (1024 sentences x 8 heads x 24 positions x 64) and SMALL's (64 x 4 x 24 x 64),
                bf16, three cases (no mask, causal, a padding mask), on each SDPA backend
                (cuDNN, flash, memory-efficient, math) and transduce's explicit formula, also
-               at 12, 48 and 64 positions
+               at 12, 48, 64, 128 and 256 positions (~25k tokens each)
     norm       LayerNorm(x + Dropout(y)) forward and backward on (24576, 512) bf16: PyTorch's
                kernels, that sum compiled by inductor into fused kernels, Liger's Triton layer
                norm (when liger-kernel is installed)
@@ -233,6 +233,8 @@ def main() -> None:
             "t12": (2048, 8, 12, 64),  # Multi30k's 25k-token batches: ~13 pieces a sentence
             "t48": (512, 8, 48, 64),
             "t64": (384, 8, 64, 64),
+            "t128": (192, 8, 128, 64),  # where flash may beat the memory-efficient kernel:
+            "t256": (96, 8, 256, 64),  # training turns flash off at every length
         }
         norm_n, d = 1024 * 24, 512
         size = train_step.SIZES["base"]

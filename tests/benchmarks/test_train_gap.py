@@ -95,8 +95,9 @@ def test_a_used_folder_and_bad_counts_are_refused(tmp_path: Path) -> None:
 def test_the_step_is_measured_under_the_trainers_attention_backends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The command trains under training_attention (no cuDNN attention on CUDA): the step it is
-    held against must too, or the ratio compares two attention kernels."""
+    """The command trains under training_attention (on CUDA without cuDNN's attention or the
+    flash kernel): the step it is held against must too, or the ratio compares two attention
+    kernels."""
     from collections.abc import Iterator
     from contextlib import contextmanager
 
