@@ -48,7 +48,8 @@ def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFix
         len(t) + 1 for _, t in encode_pairs(task.vocab, task.train)
     )
     assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # the Trainer reads at once
-    for key in ("step_tokens_per_s", "reader_tokens_per_s", "epochs_tokens_per_s",
+    for key in ("step_tokens_per_s", "reader_tokens_per_s", "reader_early_tokens_per_s",
+                "epochs_tokens_per_s",
                 "epochs_read_tokens_per_s", "cli_tokens_per_s"):  # fmt: skip
         assert isinstance(result[key], int) and result[key] > 0, key
     assert result["cli_over_step"] == round(

@@ -77,3 +77,22 @@ def test_read_ahead_gives_the_synchronous_batches() -> None:
         for g, e in zip(group, expected, strict=True):
             assert all(torch.equal(x, y) for x, y in zip(g[:3], e[:3], strict=True))
             assert g.n_tokens == e.n_tokens
+
+
+def test_start_reads_a_key_ahead_that_get_then_takes() -> None:
+    calls: list[int] = []
+    done = threading.Event()
+
+    def read(key: int) -> int:
+        calls.append(key)
+        done.set()
+        return key * 10
+
+    with ReadAhead(read) as reader:
+        assert reader.get(0, None) == 0  # nothing started after it
+        assert calls == [0]
+        reader.start(1)
+        assert done.wait(timeout=10)
+        reader.start(1)  # already being read: not read twice
+        assert reader.get(1, None) == 10
+    assert calls == [0, 1]

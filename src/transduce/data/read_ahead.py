@@ -21,7 +21,8 @@ class ReadAhead(Generic[T]):
     """``read(key)`` for the key asked now, while ``read(next_key)`` runs on a background thread.
 
     ``get(key, next_key)`` returns ``read(key)`` (the one read ahead when it was for ``key``, else
-    read now) and starts reading ``next_key`` (None: nothing more to read).
+    read now) and starts reading ``next_key`` (None: nothing more to read, or not yet: ``start``
+    begins a read later).
     """
 
     def __init__(self, read: Callable[[int], T]) -> None:
@@ -38,8 +39,17 @@ class ReadAhead(Generic[T]):
                 pending[1].cancel()
             item = self._read(key)
         if next_key is not None:
-            self._pending = (next_key, self._pool.submit(self._read, next_key))
+            self.start(next_key)
         return item
+
+    def start(self, key: int) -> None:
+        """Begin reading ``key`` on the background thread, for a ``get(key, ...)`` to come (a
+        read of another key pending is dropped)."""
+        if self._pending is not None and self._pending[0] == key:
+            return
+        if self._pending is not None:
+            self._pending[1].cancel()
+        self._pending = (key, self._pool.submit(self._read, key))
 
     def close(self) -> None:
         """Drop what was read ahead; the thread ends once its current read does."""

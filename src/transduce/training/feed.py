@@ -53,13 +53,24 @@ def pad_multiple_for(t: TrainConfig, device: torch.device) -> int:
 class EpochReader:
     """One epoch's ``batches`` of this rank (index arrays into the pairs), an update's worth
     (``update_freq`` batches, ``read(first)``) at a time, the next one read on a background
-    thread while the current one trains (``ReadAhead``)."""
+    thread while the current one trains (``ReadAhead``).
+
+    ``early``: the next read starts as ``next`` hands out the current group; else only at
+    ``read_ahead``, which the Trainer calls once the device has the update's work and the host
+    waits for it (on CUDA: reading is Python work, and beside the thread that launches the
+    update's kernels it held Python's lock from it; ``next`` reads what was not started)."""
 
     def __init__(
-        self, batches: list[np.ndarray], read: Callable[[int], list[Batch]], update_freq: int
+        self,
+        batches: list[np.ndarray],
+        read: Callable[[int], list[Batch]],
+        update_freq: int,
+        early: bool = True,
     ) -> None:
         self.batches, self.read, self.update_freq = batches, read, update_freq
+        self.early = early
         self._reader = ReadAhead(read)
+        self._ahead: int | None = None  # the next group's first batch, not yet being read
 
     def ended(self, p: Progress) -> bool:
         """Whether ``p`` stands past the epoch's last batch."""
@@ -74,14 +85,23 @@ class EpochReader:
         p.batch_index = min(first + self.update_freq, len(self.batches))
         waiting = time.monotonic()
         ahead = None if self.ended(p) else p.batch_index
-        group = self._reader.get(first, ahead)
+        group = self._reader.get(first, ahead if self.early else None)
         window.waited(time.monotonic() - waiting)
+        self._ahead = None if self.early else ahead
         return group
+
+    def read_ahead(self) -> None:
+        """Start reading the next group, if ``next`` left it (``early`` False) and it is not
+        being read yet."""
+        if self._ahead is not None:
+            self._reader.start(self._ahead)
+            self._ahead = None
 
     def __enter__(self) -> EpochReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._ahead = None  # read_ahead is a no-op once closed
         self._reader.close()
 
 
@@ -127,10 +147,11 @@ class BatchFeed:
         self.pairs = select_pairs(pairs, kept)
         self.lengths = lengths[kept]
 
-    def epoch(self, epoch: int, device: torch.device) -> EpochReader:
+    def epoch(self, epoch: int, device: torch.device, early: bool | None = None) -> EpochReader:
         """This rank's batches of ``epoch``, read in pinned memory for a CUDA ``device`` (the
         copy overlaps); called once as each epoch starts (or resumes), which is when
-        ``resegment`` draws that epoch's pairs."""
+        ``resegment`` draws that epoch's pairs. ``early`` (``EpochReader``): None = on every
+        device but CUDA."""
         t, multiple = self.t, pad_multiple_for(self.t, device)
         if self.resegment is not None:
             self._use(self.resegment(epoch))
@@ -151,7 +172,8 @@ class BatchFeed:
             pin=device.type == "cuda",
             pad_multiple=multiple,
         )
-        return EpochReader(batches, read, t.update_freq)
+        early = device.type != "cuda" if early is None else early
+        return EpochReader(batches, read, t.update_freq, early)
 
 
 __all__ = ["AUTO_PAD_MULTIPLE", "BatchFeed", "EpochReader", "Resegment", "pad_multiple_for"]

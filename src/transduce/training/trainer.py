@@ -64,6 +64,10 @@ from transduce.training.working_weights import WorkingWeights
 StepCallback = Callable[[Progress], None]
 
 
+def _nothing() -> None:
+    """``Trainer.reading`` outside an epoch."""
+
+
 class Trainer:
     """Trains ``model`` on ``train_pairs`` with the recipe in ``cfg.train``."""
 
@@ -133,6 +137,9 @@ class Trainer:
         self.compiled = CompiledForward(self.updater.net(), t.compile, self.device, self.precision)
         self.reads_late = False  # set as training starts (``_reads_late``)
         self._pending: late_read.Pending | None = None  # the update queued unread, if any
+        # called once an update's work is launched: the epoch's reader starts the next read
+        # (EpochReader.read_ahead); nothing outside an epoch
+        self.reading: Callable[[], None] = _nothing
 
     def _reads_late(self) -> bool:
         """Whether updates are read one update late (``training/late_read.py``): where that
@@ -156,7 +163,7 @@ class Trainer:
     def _update(self, group: list[Batch]) -> guard.Update:
         """One update on ``group``, read at once (``Updater.at_once``)."""
         lr = self._rate(self.progress.step + 1)
-        return self.updater.at_once(group, lr, lambda: self.signals.received)
+        return self.updater.at_once(group, lr, lambda: self.signals.received, self.reading)
 
     def _rate(self, step: int) -> float:
         """The learning rate of update ``step`` (from 1): with the cool-down's clock at the
@@ -171,7 +178,9 @@ class Trainer:
         """One update on ``group``, left unread (``Updater.launch``), at the rate of the step it
         makes if the update queued before it, if any, is applied."""
         step = self.progress.step + 1 + (self._pending is not None)
-        return self.updater.launch(group, self._rate(step))
+        pending = self.updater.launch(group, self._rate(step))
+        self.reading()  # the device has the update's work: the next batches can be read
+        return pending
 
     def _resolve(self, pending: late_read.Pending) -> guard.Update:
         """The ``guard.Update`` of a launched update, read (waiting for it if need be)."""
@@ -249,6 +258,7 @@ class Trainer:
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
             with self.feed.epoch(p.epoch, self.device) as epoch:
+                self.reading = epoch.read_ahead
                 while reason is None and (group := epoch.next(p, window)) is not None:
                     validated, reason = self._step(group, window, started, base_elapsed)
                     last_metrics = validated if validated is not None else last_metrics
@@ -256,6 +266,7 @@ class Trainer:
                     validated, reason = self._drain(window, started, base_elapsed)
                     last_metrics = validated if validated is not None else last_metrics
                 ended = epoch.ended(p)
+                self.reading = _nothing
             if ended:
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)

@@ -130,14 +130,23 @@ class Updater:
         norm = guard.gradient_norm(list(self.model.parameters()), self.t.clip_norm)
         return int(n_tokens), sums, norm
 
-    def at_once(self, group: list[Batch], lr: float, signalled: Callable[[], bool]) -> guard.Update:
+    def at_once(
+        self,
+        group: list[Batch],
+        lr: float,
+        signalled: Callable[[], bool],
+        waiting: Callable[[], None] | None = None,
+    ) -> guard.Update:
         """Forward/backward over ``group``, then one Adam step at ``lr`` unless the loss or
         the gradient norm is not finite (``training/guard.py``). The losses, the gradient norm,
         whether to skip and ``signalled()`` (whether a stop signal came, asked once the device
         has done the update's work) are read from the device and summed over the ranks once,
-        before the step."""
+        before the step. ``waiting()``, if given, is called just before that read, once the
+        update's gradient work is launched (the Trainer starts reading the next batches)."""
         n_tokens, sums, norm = self.gradients(group)
         numbers = late_read.update_numbers(sums, norm)
+        if waiting is not None:
+            waiting()
         # the one read of the device; the norm is equal on every rank (DDP's gradients are)
         loss, nll, grad_norm = late_read.totals(numbers.to("cpu", torch.float64))
         bad = not math.isfinite(loss + nll + grad_norm)
