@@ -105,27 +105,27 @@ def _on_device(trainer: Any, epoch: int) -> list[list[Any]]:
 
 def _read(trainer: Any, epoch: int, early: bool | None = None) -> Iterator[list[Any]]:
     """The update groups of ``epoch`` as the Trainer reads them while it trains: the feed's
-    ``EpochReader`` (pinned memory, the next group read ahead on a thread, started once the
-    update is launched on CUDA: ``Trainer.reading``); ``early`` True: started as each group is
-    handed out (the Trainer's way before, and on other devices)."""
+    ``EpochReader`` (pinned memory, the next group read ahead on a thread); ``early`` (None:
+    the Trainer's way, ``READ_EARLY_ON_CUDA`` on CUDA): started as each group is handed out
+    (True) or once the update's gradient work is launched (False, ``Trainer.reading``)."""
     from transduce.training.loss_window import LossWindow
     from transduce.training.progress import Progress
 
     p, window = Progress(), LossWindow()
     with trainer.feed.epoch(epoch, trainer.device, early) as reader:
-        trainer.reading = reader.read_ahead
+        before, trainer.reading = trainer.reading, reader.read_ahead
         try:
             while (group := reader.next(p, window)) is not None:
                 yield group
         finally:
-            trainer.reading = lambda: None
+            trainer.reading = before
 
 
 def bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
     """``passes`` timed passes of ``trainer``'s own update over its first epoch's update groups
     (already on the device), after one untimed pass; target tokens/s of the timed ones. With
     ``diagnose``, also: the same passes read as the Trainer reads (``reader_*``; and each next
-    read started as a group is handed out, ``reader_early_*``), and epochs 1
+    read started once the update is launched, ``reader_launched_*``), and epochs 1
     to ``passes`` (new batch shapes), on the device beforehand (``epochs_*``) and as read. Under
     ``training_attention``, as ``Trainer.train`` trains. The step's rate is the median pass's,
     the diagnosis's the total tokens over the total seconds."""
@@ -157,8 +157,8 @@ def _bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
         result["reader_tokens_per_s"] = rate(
             [_timed(trainer, lambda: _read(trainer, 0)) for _ in range(passes)]
         )
-        result["reader_early_tokens_per_s"] = rate(
-            [_timed(trainer, lambda: _read(trainer, 0, early=True)) for _ in range(passes)]
+        result["reader_launched_tokens_per_s"] = rate(
+            [_timed(trainer, lambda: _read(trainer, 0, early=False)) for _ in range(passes)]
         )
         later = range(1, passes + 1)  # epochs of new shapes, on the device before the clock
         result["epochs_tokens_per_s"] = rate(

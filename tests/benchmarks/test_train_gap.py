@@ -48,7 +48,7 @@ def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFix
         len(t) + 1 for _, t in encode_pairs(task.vocab, task.train)
     )
     assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # the Trainer reads at once
-    for key in ("step_tokens_per_s", "reader_tokens_per_s", "reader_early_tokens_per_s",
+    for key in ("step_tokens_per_s", "reader_tokens_per_s", "reader_launched_tokens_per_s",
                 "epochs_tokens_per_s",
                 "epochs_read_tokens_per_s", "cli_tokens_per_s"):  # fmt: skip
         assert isinstance(result[key], int) and result[key] > 0, key
@@ -115,3 +115,25 @@ def test_the_step_is_measured_under_the_trainers_attention_backends(
     gap = _gap()
     result = gap.measure_step(str(_config(tmp_path)), [], tmp_path / "step", 1)
     assert entered == ["cpu"] and result["tokens_a_pass"] > 0
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_the_diagnosis_reads_ahead_as_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: bool
+) -> None:
+    """``_read(early=False)`` starts each next read through the Trainer's hook, as the Trainer
+    would (``reader_launched_*``); ``early`` True as each group is handed out."""
+    from training_testkit import tiny_trainer
+
+    from transduce.data.read_ahead import ReadAhead
+
+    gap = _gap()
+    started: list[int] = []
+    start = ReadAhead.start
+    monkeypatch.setattr(
+        ReadAhead, "start", lambda self, key: (started.append(key), start(self, key))[1]
+    )
+    trainer = tiny_trainer(tmp_path / "run", max_steps=1)
+    tokens = gap._update_all(trainer, gap._read(trainer, 0, early=early))
+    assert tokens > 0 and len(started) > 1  # one start an update but the last
+    assert trainer.reading is not None and trainer.reading.__name__ == "_nothing"  # restored

@@ -1,8 +1,8 @@
-"""When the Trainer reads the next update's batches: on every device but CUDA as it hands out the
-current ones (``EpochReader.early``); on CUDA only once the update's work is launched
-(``Trainer.reading``, called by the updater just before it waits for the device), so that the
-reading thread's Python work does not compete with the launching of the update's kernels. Either
-way the same batches in the same order, and the same run."""
+"""When the Trainer reads the next update's batches: as it hands out the current ones
+(``EpochReader.early``, the default everywhere for now: ``READ_EARLY_ON_CUDA``), or only once the
+update's gradient work is launched (``Trainer.reading``, called by the updater just before it
+waits for the device; after the launch when reading late). Either way the same batches in the
+same order, and the same run."""
 
 from __future__ import annotations
 
@@ -61,13 +61,25 @@ def test_late_reads_the_next_group_only_when_asked() -> None:
         assert epoch.next(p, window) == [4]  # not started: read when asked, all the same
         assert epoch.next(p, window) is None
     assert log == ["read 0", "read 2", "read 4"]
-    epoch.read_ahead()  # closed: nothing
 
 
-def test_the_feed_reads_late_on_cuda_only(tmp_path: Path) -> None:
+def test_read_ahead_after_the_epoch_closed_does_nothing() -> None:
+    log: list[str] = []
+    with reader(False, log) as epoch:
+        assert epoch.next(Progress(), LossWindow()) == [0]  # group 2 left to read_ahead
+    epoch.read_ahead()  # closed: no read, no error from the closed thread pool
+    epoch._reader.start(2)
+    assert log == ["read 0"]
+
+
+def test_the_feed_reads_early_by_default_and_late_when_asked(tmp_path: Path) -> None:
     trainer = tiny_trainer(tmp_path / "run", max_steps=1)
-    assert trainer.feed.epoch(0, torch.device("cpu")).early
-    assert not trainer.feed.epoch(0, torch.device("cuda")).early
+    assert feed_module.READ_EARLY_ON_CUDA  # until a GPU measures the other way faster
+    for device in ("cpu", "cuda"):
+        with trainer.feed.epoch(0, torch.device(device)) as epoch:
+            assert epoch.early
+    with trainer.feed.epoch(0, torch.device("cpu"), early=False) as epoch:
+        assert not epoch.early
 
 
 def _run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, early: bool) -> tuple[list, list]:
@@ -86,6 +98,46 @@ def _run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, early: bool) -> tuple[l
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r and "step" in r]
     return losses, calls
+
+
+@pytest.mark.parametrize("reads_late", [False, True])
+def test_the_next_read_starts_once_the_gradient_work_is_launched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads_late: bool
+) -> None:
+    """Reading at once: gradients launched, the read started, then the device read (totals);
+    reading late: the update launched, then the read started."""
+    from transduce.training import late_read, updater
+    from transduce.training import trainer as trainer_module
+
+    events: list[str] = []
+
+    def logged(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            events.append(name)
+            return out
+
+        return wrapper
+
+    monkeypatch.setattr(trainer_module.Trainer, "_reads_late", lambda self: reads_late)
+    monkeypatch.setattr(
+        updater.Updater, "gradients", logged("gradients", updater.Updater.gradients)
+    )
+    monkeypatch.setattr(updater.Updater, "launch", logged("launch", updater.Updater.launch))
+    monkeypatch.setattr(late_read, "totals", logged("totals", late_read.totals))
+    monkeypatch.setattr(EpochReader, "read_ahead", logged("read_ahead", EpochReader.read_ahead))
+    epoch = feed_module.BatchFeed.epoch
+
+    def late(self: Any, n: int, device: torch.device, early: bool | None = None) -> Any:
+        return epoch(self, n, device, False)
+
+    monkeypatch.setattr(feed_module.BatchFeed, "epoch", late)
+    tiny_trainer(tmp_path / "run", max_steps=3).train()
+    if reads_late:  # the gradients are launched within launch; the read follows it
+        assert [e for e in events if e in ("launch", "read_ahead")] == ["launch", "read_ahead"] * 3
+    else:
+        updates = [e for e in events if e in ("gradients", "read_ahead", "totals")]
+        assert updates[:9] == ["gradients", "read_ahead", "totals"] * 3
 
 
 @pytest.mark.parametrize("reads_late", [False, True])

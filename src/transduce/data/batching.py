@@ -113,8 +113,9 @@ def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
     rounded up to a multiple of ``pad_multiple`` (``padded_lengths``). A few numpy operations
     per batch rather than a few tensor operations per sentence: the Trainer reads batches on a
     thread beside the one that launches a GPU's kernels, and fed by it the update ran at half
-    its rate on an H200, that thread holding Python's lock; this way, at 0.88 of its rate, and
-    `transduce train` at 0.92 (benchmarks/RESULTS.md, benchmarks/train_gap.py)."""
+    its rate on an H200, which pointed at that thread holding Python's lock; this way, at 0.88
+    of its rate, and `transduce train` at 0.92 (benchmarks/RESULTS.md, benchmarks/
+    train_gap.py)."""
     n = len(pairs)
     src_ids, src_lens = _flat([s for s, _ in pairs])
     tgt_ids, tgt_lens = _flat([t for _, t in pairs])

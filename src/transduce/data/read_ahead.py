@@ -29,6 +29,7 @@ class ReadAhead(Generic[T]):
         self._read = read
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transduce-read-ahead")
         self._pending: tuple[int, Future[T]] | None = None
+        self._closed = False
 
     def get(self, key: int, next_key: int | None) -> T:
         pending, self._pending = self._pending, None
@@ -44,8 +45,8 @@ class ReadAhead(Generic[T]):
 
     def start(self, key: int) -> None:
         """Begin reading ``key`` on the background thread, for a ``get(key, ...)`` to come (a
-        read of another key pending is dropped)."""
-        if self._pending is not None and self._pending[0] == key:
+        read of another key pending is dropped); nothing once closed."""
+        if self._closed or (self._pending is not None and self._pending[0] == key):
             return
         if self._pending is not None:
             self._pending[1].cancel()
@@ -53,7 +54,7 @@ class ReadAhead(Generic[T]):
 
     def close(self) -> None:
         """Drop what was read ahead; the thread ends once its current read does."""
-        self._pending = None
+        self._pending, self._closed = None, True
         self._pool.shutdown(wait=False, cancel_futures=True)  # a read not yet started is dropped
 
     def __enter__(self) -> ReadAhead[T]:

@@ -39,6 +39,14 @@ Resegment = Callable[[int], Sequence[Pair]]
 # graph of its own, and 8 is the multiple tensor cores want of a bf16/fp16 matrix dimension
 AUTO_PAD_MULTIPLE = 8
 
+# On CUDA, whether the next batches are read as the current ones are handed out (True), or only
+# once the update's gradient work is launched (False, EpochReader.read_ahead). On an H200 the
+# command ran at ~360k target tokens/s against its update's 458k, which points at the reading
+# thread and the launching thread taking turns at Python's lock (benchmarks/RESULTS.md); False
+# is built for that but not measured there yet (`benchmarks/train_gap.py --diagnose` times
+# both: reader_tokens_per_s, reader_launched_tokens_per_s): this stays True until it is
+READ_EARLY_ON_CUDA = True
+
 
 def pad_multiple_for(t: TrainConfig, device: torch.device) -> int:
     """The multiple that batch lengths are padded to: ``t.pad_multiple``, or for ``auto``
@@ -56,9 +64,10 @@ class EpochReader:
     thread while the current one trains (``ReadAhead``).
 
     ``early``: the next read starts as ``next`` hands out the current group; else only at
-    ``read_ahead``, which the Trainer calls once the device has the update's work and the host
-    waits for it (on CUDA: reading is Python work, and beside the thread that launches the
-    update's kernels it held Python's lock from it; ``next`` reads what was not started)."""
+    ``read_ahead``, which the Trainer calls once an update's gradient work is launched, just
+    before the host waits for the device (``Trainer.reading``), so that the read's Python work
+    does not take turns at Python's lock with the launching of the forward and backward
+    (``READ_EARLY_ON_CUDA``); ``next`` reads what was not started."""
 
     def __init__(
         self,
@@ -150,8 +159,8 @@ class BatchFeed:
     def epoch(self, epoch: int, device: torch.device, early: bool | None = None) -> EpochReader:
         """This rank's batches of ``epoch``, read in pinned memory for a CUDA ``device`` (the
         copy overlaps); called once as each epoch starts (or resumes), which is when
-        ``resegment`` draws that epoch's pairs. ``early`` (``EpochReader``): None = on every
-        device but CUDA."""
+        ``resegment`` draws that epoch's pairs. ``early`` (``EpochReader``): None = True, on
+        CUDA ``READ_EARLY_ON_CUDA``."""
         t, multiple = self.t, pad_multiple_for(self.t, device)
         if self.resegment is not None:
             self._use(self.resegment(epoch))
@@ -172,8 +181,16 @@ class BatchFeed:
             pin=device.type == "cuda",
             pad_multiple=multiple,
         )
-        early = device.type != "cuda" if early is None else early
+        if early is None:
+            early = READ_EARLY_ON_CUDA if device.type == "cuda" else True
         return EpochReader(batches, read, t.update_freq, early)
 
 
-__all__ = ["AUTO_PAD_MULTIPLE", "BatchFeed", "EpochReader", "Resegment", "pad_multiple_for"]
+__all__ = [
+    "AUTO_PAD_MULTIPLE",
+    "READ_EARLY_ON_CUDA",
+    "BatchFeed",
+    "EpochReader",
+    "Resegment",
+    "pad_multiple_for",
+]

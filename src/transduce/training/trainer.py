@@ -137,8 +137,9 @@ class Trainer:
         self.compiled = CompiledForward(self.updater.net(), t.compile, self.device, self.precision)
         self.reads_late = False  # set as training starts (``_reads_late``)
         self._pending: late_read.Pending | None = None  # the update queued unread, if any
-        # called once an update's work is launched: the epoch's reader starts the next read
-        # (EpochReader.read_ahead); nothing outside an epoch
+        # called once an update's gradient work is launched (before the device is waited for
+        # and Adam's step; after the launch when reading late): the epoch's reader starts the
+        # next read if it has not (EpochReader.read_ahead); nothing outside an epoch
         self.reading: Callable[[], None] = _nothing
 
     def _reads_late(self) -> bool:
@@ -259,14 +260,16 @@ class Trainer:
         while reason is None:
             with self.feed.epoch(p.epoch, self.device) as epoch:
                 self.reading = epoch.read_ahead
-                while reason is None and (group := epoch.next(p, window)) is not None:
-                    validated, reason = self._step(group, window, started, base_elapsed)
-                    last_metrics = validated if validated is not None else last_metrics
-                if reason is None:  # the epoch's last update, if still queued (reading late)
-                    validated, reason = self._drain(window, started, base_elapsed)
-                    last_metrics = validated if validated is not None else last_metrics
-                ended = epoch.ended(p)
-                self.reading = _nothing
+                try:
+                    while reason is None and (group := epoch.next(p, window)) is not None:
+                        validated, reason = self._step(group, window, started, base_elapsed)
+                        last_metrics = validated if validated is not None else last_metrics
+                    if reason is None:  # the epoch's last update, if still queued (reading late)
+                        validated, reason = self._drain(window, started, base_elapsed)
+                        last_metrics = validated if validated is not None else last_metrics
+                    ended = epoch.ended(p)
+                finally:
+                    self.reading = _nothing
             if ended:
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)
