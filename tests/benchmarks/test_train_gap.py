@@ -136,4 +136,4 @@ def test_the_diagnosis_reads_ahead_as_asked(
     trainer = tiny_trainer(tmp_path / "run", max_steps=1)
     tokens = gap._update_all(trainer, gap._read(trainer, 0, early=early))
     assert tokens > 0 and len(started) > 1  # one start an update but the last
-    assert trainer.reading is not None and trainer.reading.__name__ == "_nothing"  # restored
+    assert trainer.reading.__name__ == "_nothing"  # restored

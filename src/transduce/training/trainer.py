@@ -65,7 +65,7 @@ StepCallback = Callable[[Progress], None]
 
 
 def _nothing() -> None:
-    """``Trainer.reading`` outside an epoch."""
+    """``Trainer.reading`` before the first epoch."""
 
 
 class Trainer:
@@ -139,7 +139,7 @@ class Trainer:
         self._pending: late_read.Pending | None = None  # the update queued unread, if any
         # called once an update's gradient work is launched (before the device is waited for
         # and Adam's step; after the launch when reading late): the epoch's reader starts the
-        # next read if it has not (EpochReader.read_ahead); nothing outside an epoch
+        # next read if it has not (EpochReader.read_ahead); nothing before the first epoch
         self.reading: Callable[[], None] = _nothing
 
     def _reads_late(self) -> bool:
@@ -259,17 +259,14 @@ class Trainer:
         reason = self._should_stop(started, base_elapsed)
         while reason is None:
             with self.feed.epoch(p.epoch, self.device) as epoch:
-                self.reading = epoch.read_ahead
-                try:
-                    while reason is None and (group := epoch.next(p, window)) is not None:
-                        validated, reason = self._step(group, window, started, base_elapsed)
-                        last_metrics = validated if validated is not None else last_metrics
-                    if reason is None:  # the epoch's last update, if still queued (reading late)
-                        validated, reason = self._drain(window, started, base_elapsed)
-                        last_metrics = validated if validated is not None else last_metrics
-                    ended = epoch.ended(p)
-                finally:
-                    self.reading = _nothing
+                self.reading = epoch.read_ahead  # a no-op once the epoch is closed
+                while reason is None and (group := epoch.next(p, window)) is not None:
+                    validated, reason = self._step(group, window, started, base_elapsed)
+                    last_metrics = validated if validated is not None else last_metrics
+                if reason is None:  # the epoch's last update, if still queued (reading late)
+                    validated, reason = self._drain(window, started, base_elapsed)
+                    last_metrics = validated if validated is not None else last_metrics
+                ended = epoch.ended(p)
             if ended:
                 p.epoch, p.batch_index = p.epoch + 1, 0
                 reason = reason or self._should_stop(started, base_elapsed)
