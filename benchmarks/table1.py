@@ -86,9 +86,13 @@ def power_law_crossover(
     lengths: Sequence[float], a: Sequence[float], b: Sequence[float]
 ) -> float | None:
     """Where the power laws fitted to curves a and b meet (an extrapolation where the measured
-    curves do not cross); None for parallel fits."""
+    curves do not cross); None for parallel fits and for nearly parallel ones, whose meeting
+    point lies past what a float holds (noise in a quick run makes such fits)."""
     (pa, ca), (pb, cb) = fit_line(lengths, a), fit_line(lengths, b)
-    return None if abs(pa - pb) < 1e-9 else math.exp((cb - ca) / (pa - pb))
+    if abs(pa - pb) < 1e-9:
+        return None
+    log_n = (cb - ca) / (pa - pb)
+    return None if log_n > math.log(sys.float_info.max) else math.exp(log_n)
 
 
 def crossover(lengths: Sequence[float], a: Sequence[float], b: Sequence[float]) -> float | None:
