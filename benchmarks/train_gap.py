@@ -121,12 +121,25 @@ def _read(trainer: Any, epoch: int, early: bool | None = None) -> Iterator[list[
             trainer.reading = before
 
 
+def _read_alone(trainer: Any, epoch: int) -> tuple[float, int, int]:
+    """(seconds, target tokens, update groups) of reading ``epoch``'s update groups as the
+    Trainer's reader does (pinned for CUDA), one after another on this thread, with no update:
+    the host time a read holds beside the update's launching."""
+    with trainer.feed.epoch(epoch, trainer.device) as reader:
+        firsts = range(0, len(reader.batches), reader.update_freq)
+        started, tokens = time.perf_counter(), 0
+        for first in firsts:
+            tokens += sum(b.n_tokens for b in reader.read(first))
+        return time.perf_counter() - started, tokens, len(firsts)
+
+
 def bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
     """``passes`` timed passes of ``trainer``'s own update over its first epoch's update groups
     (already on the device), after one untimed pass; target tokens/s of the timed ones. With
     ``diagnose``, also: the same passes read as the Trainer reads (``reader_*``; and each next
     read started once the update is launched, ``reader_launched_*``), and epochs 1
-    to ``passes`` (new batch shapes), on the device beforehand (``epochs_*``) and as read. Under
+    to ``passes`` (new batch shapes), on the device beforehand (``epochs_*``) and as read, and
+    epochs 0 to ``passes`` - 1 read alone, with no update (``read_alone_*``). Under
     ``training_attention``, as ``Trainer.train`` trains. The step's rate is the median pass's,
     the diagnosis's the total tokens over the total seconds."""
     from transduce.kernels import training_attention
@@ -154,6 +167,12 @@ def _bare_updates(trainer: Any, passes: int, diagnose: bool) -> dict[str, Any]:
     }
     if diagnose:
         rate = _rate_of
+        # the reader alone, and its milliseconds an update (what a read holds of the host)
+        alone = [_read_alone(trainer, e) for e in range(passes)]
+        result["read_alone_tokens_per_s"] = rate([(s, t) for s, t, _ in alone])
+        result["read_alone_ms_an_update"] = round(
+            1000 * sum(s for s, _, _ in alone) / sum(n for _, _, n in alone), 3
+        )
         result["reader_tokens_per_s"] = rate(
             [_timed(trainer, lambda: _read(trainer, 0)) for _ in range(passes)]
         )

@@ -50,8 +50,15 @@ def test_both_measures_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(result["pass_s"]) == 2 and result["reads_late"] is False  # the Trainer reads at once
     for key in ("step_tokens_per_s", "reader_tokens_per_s", "reader_launched_tokens_per_s",
                 "epochs_tokens_per_s",
-                "epochs_read_tokens_per_s", "cli_tokens_per_s"):  # fmt: skip
+                "epochs_read_tokens_per_s", "read_alone_tokens_per_s",
+                "cli_tokens_per_s"):  # fmt: skip
         assert isinstance(result[key], int) and result[key] > 0, key
+    # the reader alone over epochs of the same pairs: its time an update agrees with its rate
+    per_update_s = result["read_alone_ms_an_update"] / 1000
+    assert per_update_s > 0
+    assert result["read_alone_tokens_per_s"] == pytest.approx(
+        result["tokens_a_pass"] / (per_update_s * result["updates_a_pass"]), rel=0.2
+    )
     assert result["cli_over_step"] == round(
         result["cli_tokens_per_s"] / result["step_tokens_per_s"], 3
     )

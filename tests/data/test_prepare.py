@@ -162,6 +162,29 @@ def test_uint32_for_a_large_vocabulary_and_select(tmp_path: Path) -> None:
     assert view[0:2] == [wide[5], wide[2]]
 
 
+def test_ids_read_a_batch_at_a_time_equal_the_pairs(tmp_path: Path) -> None:
+    """``ids_of`` (the Trainer's reader takes it) across shards, in any order, from a view."""
+    write_corpus(tmp_path)
+    prepare(
+        config(tmp_path),
+        tmp_path / "p",
+        workers=1,
+        shard_pairs=70,
+        show_progress=False,
+        log=lambda _: None,
+    )
+    train = PreparedSplit(tmp_path / "p", "train")
+    assert len(train.manifest["splits"]["train"]["shards"]) >= 3
+    rng = np.random.default_rng(0)
+    for split in (train, select_pairs(train, rng.permutation(len(train))[:150])):
+        rows = rng.integers(0, len(split), 60)  # shards mixed, repeats allowed
+        for k, side in enumerate(("src", "tgt")):
+            ids, lens = split.ids_of(rows, side)
+            want = [split[int(i)][k] for i in rows]
+            assert lens.tolist() == [len(w) for w in want]
+            assert ids.dtype == np.int64 and ids.tolist() == [x for w in want for x in w]
+
+
 def test_batches_from_an_array_equal_those_from_a_list() -> None:
     rng = random.Random(3)
     lengths = [(rng.randint(2, 40), rng.randint(2, 40)) for _ in range(500)]

@@ -199,7 +199,7 @@ def test_resegment_gives_each_epoch_its_own_pairs(tmp_path: Path) -> None:
     summary = trainer.train()
     assert calls == [0, 1, 2]  # once per epoch, not once per batch
     assert summary["step"] == sum(batches) and summary["stopped_by"] == "max_epochs"
-    assert trainer.feed.pairs == pairs(2)
+    assert list(trainer.feed.pairs) == pairs(2)
     assert trainer.feed.n_filtered == 0  # decided by train_pairs, not by an epoch's pairs
 
 

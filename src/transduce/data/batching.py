@@ -116,16 +116,23 @@ def collate(pairs: Sequence[Pair], pad_multiple: int = 1) -> Batch:
     its rate on an H200, which pointed at that thread holding Python's lock; this way, at 0.88
     of its rate, and `transduce train` at 0.92 (benchmarks/RESULTS.md, benchmarks/
     train_gap.py)."""
-    n = len(pairs)
-    src_ids, src_lens = _flat([s for s, _ in pairs])
-    tgt_ids, tgt_lens = _flat([t for _, t in pairs])
+    return collate_flat(_flat([s for s, _ in pairs]), _flat([t for _, t in pairs]), pad_multiple)
+
+
+def collate_flat(
+    src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], pad_multiple: int = 1
+) -> Batch:
+    """``collate`` of B pairs given each side as (its ids end to end (total,) int64, each
+    sentence's length (B,) int64)."""
+    (src_ids, src_lens), (tgt_ids, tgt_lens) = src, tgt
+    n = len(src_lens)
     longest = np.array([src_lens.max(initial=0) + 1, tgt_lens.max(initial=0) + 1])
     s_len, t_len = padded_lengths(longest, pad_multiple).tolist()
-    src = _padded(src_ids, src_lens, s_len, first=None, last=EOS)
+    src_pad = _padded(src_ids, src_lens, s_len, first=None, last=EOS)
     tgt_in = _padded(tgt_ids, tgt_lens, t_len, first=BOS, last=None)
     tgt_out = _padded(tgt_ids, tgt_lens, t_len, first=None, last=EOS)
     n_tokens = int(tgt_lens.sum()) + n
-    src_t, tgt_in_t, tgt_out_t = (torch.from_numpy(x) for x in (src, tgt_in, tgt_out))
+    src_t, tgt_in_t, tgt_out_t = (torch.from_numpy(x) for x in (src_pad, tgt_in, tgt_out))
     return Batch(src_t, tgt_in_t, tgt_out_t, n_tokens)
 
 
@@ -145,9 +152,9 @@ def _padded(
     rows = len(lens)
     out = np.full((rows, width), PAD, dtype=np.int64)
     shift = int(first is not None)
-    starts = np.cumsum(lens) - lens  # (rows,) where each sequence begins in ids
-    row_of = np.repeat(np.arange(rows), lens)  # (total,)
-    out[row_of, np.arange(len(ids)) - starts[row_of] + shift] = ids
+    # token j of ids goes to row r, column j - (where r begins in ids) + shift: as one flat index
+    row_begins = np.arange(rows) * width - (np.cumsum(lens) - lens) + shift  # (rows,)
+    out.reshape(-1)[np.repeat(row_begins, lens) + np.arange(len(ids))] = ids
     if first is not None:
         out[:, 0] = first
     if last is not None:
@@ -165,12 +172,18 @@ def group_reader(
 ) -> Callable[[int], list[Batch]]:
     """``read(first)``: the ``update_freq`` batches from ``batches[first]`` on (each an array of
     indices into ``pairs``), padded by ``collate`` (to ``pad_multiple``); in pinned memory if
-    ``pin`` (for a CUDA device, so that the copy overlaps). For ``ReadAhead``
-    (``data/read_ahead.py``)."""
+    ``pin`` (for a CUDA device, so that the copy overlaps). Pairs with ``ids_of`` (``data.
+    flat_pairs.FlatPairs``) are read a side at a time, with no Python step per pair. For
+    ``ReadAhead`` (``data/read_ahead.py``)."""
+    ids_of = getattr(pairs, "ids_of", None)
+
+    def one(b: np.ndarray) -> Batch:
+        if ids_of is not None:
+            return collate_flat(ids_of(b, "src"), ids_of(b, "tgt"), pad_multiple)
+        return collate([pairs[i] for i in b.tolist()], pad_multiple)
 
     def read(first: int) -> list[Batch]:
-        indices = batches[first : first + update_freq]
-        group = [collate([pairs[i] for i in b.tolist()], pad_multiple) for b in indices]
+        group = [one(b) for b in batches[first : first + update_freq]]
         return [g.pin_memory() for g in group] if pin else group
 
     return read

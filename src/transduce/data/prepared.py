@@ -218,6 +218,27 @@ class PreparedSplit(Sequence[Pair]):
     def __iter__(self) -> Iterator[Pair]:
         return (self[k] for k in range(len(self)))
 
+    def ids_of(self, rows: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
+        """rows (B,) int, numbers of this view -> (the ``side`` ("src" or "tgt") ids of those
+        pairs end to end, in that order, (total,) int64; each one's length (B,) int64): one
+        gather a shard, no Python step per pair (``data.flat_pairs`` says why)."""
+        column = ("src", "tgt").index(side)
+        pairs = np.asarray(rows, dtype=np.int64)
+        if self._rows is not None:
+            pairs = self._rows[pairs]
+        lens = self._lengths[pairs, column].astype(np.int64)  # (B,)
+        out_begins = np.cumsum(lens) - lens  # (B,) where each pair's ids begin in the output
+        out = np.empty(int(lens.sum()), dtype=np.int64)
+        shard_of = np.searchsorted(self._starts, pairs, side="right") - 1  # (B,)
+        for k in np.unique(shard_of).tolist():
+            here = np.flatnonzero(shard_of == k)  # (b,) the pairs in shard k
+            index, ids = self._shards[k][0], self._shards[k][1 + column]
+            first = index[pairs[here] - self._starts[k], column].astype(np.int64)  # (b,)
+            n = lens[here]
+            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # (t,) 0.. per pair
+            out[np.repeat(out_begins[here], n) + within] = ids[np.repeat(first, n) + within]
+        return out, lens
+
     def model_lengths(self) -> np.ndarray:
         """(N, 2) int32: (source + EOS, BOS + target) lengths, from the length index alone."""
         table = self._lengths if self._rows is None else self._lengths[self._rows]

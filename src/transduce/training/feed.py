@@ -24,6 +24,7 @@ from transduce.data.batching import (
     select_pairs,
     token_batch_arrays,
 )
+from transduce.data.flat_pairs import FlatPairs
 from transduce.data.read_ahead import ReadAhead
 from transduce.errors import UserError
 from transduce.training import distributed
@@ -144,8 +145,11 @@ class BatchFeed:
     def _use(self, pairs: Sequence[Pair]) -> None:
         """Train on ``pairs`` from now on, less those longer than max_len: chosen by their
         length index (a prepared dataset's is read from disk, no pair is), the kept ones a
-        view (``select_pairs``)."""
+        view (``select_pairs``). Pairs in lists are stored flat first (``FlatPairs``: a batch
+        read with no Python step per pair)."""
         max_len = self.t.max_len
+        if not callable(getattr(pairs, "select", None)):  # lists: stored flat, read by indexing
+            pairs = FlatPairs(pairs)
         lengths = length_index(pairs)  # (N, 2): source + EOS, BOS + target
         kept = np.flatnonzero(lengths.max(axis=1, initial=0) <= max_len)
         if not len(kept):
