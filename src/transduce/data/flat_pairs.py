@@ -35,7 +35,30 @@ def _end_to_end(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), starts
 
 
-class FlatPairs(Sequence[Pair]):
+class ArrayPairs(Sequence[Pair]):
+    """A sequence of (source ids, target ids) lists held in arrays, read one pair at a time by
+    the subclass's ``_pair(k)`` (0 <= k < len); here indexing, slices and iteration."""
+
+    def _pair(self, k: int) -> Pair:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> Pair: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Pair]: ...
+    def __getitem__(self, i: int | slice) -> Pair | list[Pair]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"pair {i} of {n}")
+        return self._pair(i % n)
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self[k] for k in range(len(self)))
+
+
+class FlatPairs(ArrayPairs):
     """A sequence of (source ids, target ids) lists, like a list of pairs, stored flat (see the
     module docstring); ``ids_of`` reads many pairs' ids at once, ``model_lengths`` and
     ``select`` serve batching (``data.batching.length_index``, ``select_pairs``)."""
@@ -55,22 +78,10 @@ class FlatPairs(Sequence[Pair]):
         rows = np.asarray(rows, dtype=np.int64)
         return rows if self.rows is None else self.rows[rows]
 
-    @overload
-    def __getitem__(self, i: int) -> Pair: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Pair]: ...
-    def __getitem__(self, i: int | slice) -> Pair | list[Pair]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"pair {i} of {n}")
-        pair = int(self._pair_numbers(np.array([i % n]))[0])
+    def _pair(self, k: int) -> Pair:
+        pair = int(self._pair_numbers(np.array([k]))[0])
         sides = [self.ids[s][self.starts[s][pair] : self.starts[s][pair + 1]] for s in SIDES]
         return sides[0].tolist(), sides[1].tolist()
-
-    def __iter__(self) -> Iterator[Pair]:
-        return (self[k] for k in range(len(self)))
 
     def ids_of(self, rows: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
         """rows (B,) int, numbers of this view -> (the ``side`` ids of those pairs end to end,
@@ -100,4 +111,4 @@ class FlatPairs(Sequence[Pair]):
         return view
 
 
-__all__ = ["FlatPairs"]
+__all__ = ["ArrayPairs", "FlatPairs"]

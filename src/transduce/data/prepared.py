@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
+from transduce.data.flat_pairs import ArrayPairs
 from transduce.errors import UserError
 
 __all__ = ["FORMAT", "VERSION", "PreparedSplit", "file_sha256", "read_manifest", "vocab_files"]
@@ -116,7 +116,7 @@ def _check_structure(manifest: dict[str, Any], path: Path) -> None:
             )
 
 
-class PreparedSplit(Sequence[Pair]):
+class PreparedSplit(ArrayPairs):
     """One split of a prepared folder as a sequence of (source ids, target ids) lists, like
     in-memory pairs; ``model_lengths()`` and ``select()`` let batching work from the length
     index alone (``transduce.data.batching.length_index``, ``select_pairs``)."""
@@ -198,25 +198,13 @@ class PreparedSplit(Sequence[Pair]):
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else int(self._starts[-1])
 
-    @overload
-    def __getitem__(self, i: int) -> Pair: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Pair]: ...
-    def __getitem__(self, i: int | slice) -> Pair | list[Pair]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"pair {i} of {n}")
-        pair = int(self._rows[i]) if self._rows is not None else i % n
+    def _pair(self, k: int) -> Pair:
+        pair = int(self._rows[k]) if self._rows is not None else k
         shard = int(np.searchsorted(self._starts, pair, side="right")) - 1
         index, src, tgt = self._shards[shard]
         row = pair - int(self._starts[shard])
         (s0, t0), (s1, t1) = index[row : row + 2].tolist()
         return src[s0:s1].tolist(), tgt[t0:t1].tolist()
-
-    def __iter__(self) -> Iterator[Pair]:
-        return (self[k] for k in range(len(self)))
 
     def ids_of(self, rows: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
         """rows (B,) int, numbers of this view -> (the ``side`` ("src" or "tgt") ids of those
