@@ -82,3 +82,15 @@ def test_the_feed_stores_lists_flat() -> None:
     kept = [p for p in pairs if max(len(p[0]), len(p[1])) + 1 <= 20]
     assert isinstance(feed.pairs, FlatPairs) and list(feed.pairs) == kept
     assert feed.n_filtered == len(pairs) - len(kept)
+
+
+def test_collate_flat_takes_lengths_of_any_integer_type() -> None:
+    """Unsigned lengths (a uint32 prepared folder's) would mix with int64 into float indices."""
+    from transduce.data.batching import collate, collate_flat
+
+    ids = np.array([5, 6, 7], dtype=np.int64)
+    batch = collate_flat(
+        (ids, np.array([3], dtype=np.uint32)), (ids[:1], np.array([1], dtype=np.uint32)), 8
+    )
+    want = collate([([5, 6, 7], [5])], 8)
+    assert all(torch.equal(a, b) for a, b in zip(batch[:3], want[:3], strict=True))

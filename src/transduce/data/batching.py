@@ -125,6 +125,7 @@ def collate_flat(
     """``collate`` of B pairs given each side as (its ids end to end (total,) int64, each
     sentence's length (B,) int64)."""
     (src_ids, src_lens), (tgt_ids, tgt_lens) = src, tgt
+    src_lens, tgt_lens = (np.asarray(x, dtype=np.int64) for x in (src_lens, tgt_lens))
     n = len(src_lens)
     longest = np.array([src_lens.max(initial=0) + 1, tgt_lens.max(initial=0) + 1])
     s_len, t_len = padded_lengths(longest, pad_multiple).tolist()
