@@ -145,6 +145,14 @@ def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, lens
 
 
+def spans(begins: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """begins (B,), lens (B,) int64 -> (sum(lens),) int64: begins[0], begins[0] + 1, ... (lens[0]
+    of them), then lens[1] from begins[1], ...: the positions of B spans end to end, for one
+    gather or scatter of many sequences."""
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)  # 0.. per span
+    return np.repeat(begins, lens) + within
+
+
 def _padded(
     ids: np.ndarray, lens: np.ndarray, width: int, *, first: int | None, last: int | None
 ) -> np.ndarray:
@@ -153,9 +161,7 @@ def _padded(
     rows = len(lens)
     out = np.full((rows, width), PAD, dtype=np.int64)
     shift = int(first is not None)
-    # token j of ids goes to row r, column j - (where r begins in ids) + shift: as one flat index
-    row_begins = np.arange(rows) * width - (np.cumsum(lens) - lens) + shift  # (rows,)
-    out.reshape(-1)[np.repeat(row_begins, lens) + np.arange(len(ids))] = ids
+    out.reshape(-1)[spans(np.arange(rows) * width + shift, lens)] = ids  # row r from column shift
     if first is not None:
         out[:, 0] = first
     if last is not None:

@@ -19,7 +19,7 @@ from typing import overload
 
 import numpy as np
 
-from transduce.data.batching import Pair
+from transduce.data.batching import Pair, spans
 
 SIDES = ("src", "tgt")
 
@@ -90,10 +90,7 @@ class FlatPairs(ArrayPairs):
         starts = self.starts[side]
         first = starts[pairs]  # (B,)
         lens = starts[pairs + 1] - first  # (B,)
-        # token j of the output is token (j - where its pair begins in the output) of its pair
-        out_starts = np.cumsum(lens) - lens  # (B,)
-        gather = np.repeat(first - out_starts, lens) + np.arange(int(lens.sum()))  # (total,)
-        return self.ids[side][gather].astype(np.int64), lens
+        return self.ids[side][spans(first, lens)].astype(np.int64), lens
 
     def model_lengths(self) -> np.ndarray:
         """(N, 2) int32: (source + EOS, BOS + target) lengths, read from the offsets."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce.data.batching import Pair, spans
 from transduce.data.flat_pairs import ArrayPairs
 from transduce.errors import UserError
 
@@ -37,8 +38,6 @@ __all__ = ["FORMAT", "VERSION", "PreparedSplit", "file_sha256", "read_manifest",
 FORMAT = "transduce-prepared"
 VERSION = 1
 MANIFEST = "manifest.json"
-
-Pair = tuple[list[int], list[int]]
 
 
 def file_sha256(path: Path) -> str:
@@ -222,9 +221,7 @@ class PreparedSplit(ArrayPairs):
             here = np.flatnonzero(shard_of == k)  # (b,) the pairs in shard k
             index, ids = self._shards[k][0], self._shards[k][1 + column]
             first = index[pairs[here] - self._starts[k], column].astype(np.int64)  # (b,)
-            n = lens[here]
-            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # (t,) 0.. per pair
-            out[np.repeat(out_begins[here], n) + within] = ids[np.repeat(first, n) + within]
+            out[spans(out_begins[here], lens[here])] = ids[spans(first, lens[here])]
         return out, lens
 
     def model_lengths(self) -> np.ndarray:
