@@ -94,3 +94,21 @@ def test_collate_flat_takes_lengths_of_any_integer_type() -> None:
     )
     want = collate([([5, 6, 7], [5])], 8)
     assert all(torch.equal(a, b) for a, b in zip(batch[:3], want[:3], strict=True))
+
+
+def test_arrays_give_back_the_same_pairs_and_damaged_ones_are_refused() -> None:
+    pairs = [([5, 6], [7]), ([], [8, 9, 10]), ([11], [])]
+    flat = FlatPairs(pairs)
+    arrays = flat.arrays()
+    assert list(FlatPairs.from_arrays(arrays)) == pairs
+    with pytest.raises(ValueError, match="a view"):
+        flat.select(np.array([0])).arrays()
+    short = {**arrays, "src_starts": arrays["src_starts"][:-1]}
+    with pytest.raises(ValueError, match="src_starts must rise from 0 to the 3 ids"):
+        FlatPairs.from_arrays(short)
+    with pytest.raises(ValueError, match="different numbers of pairs"):
+        FlatPairs.from_arrays(
+            {**arrays, "tgt_ids": arrays["tgt_ids"][:0], "tgt_starts": np.zeros(1)}
+        )
+    with pytest.raises(ValueError, match="tgt_ids and tgt_starts must be arrays"):
+        FlatPairs.from_arrays({k: v for k, v in arrays.items() if k != "tgt_ids"})

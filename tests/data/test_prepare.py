@@ -185,6 +185,18 @@ def test_ids_read_a_batch_at_a_time_equal_the_pairs(tmp_path: Path) -> None:
             assert ids.dtype == np.int64 and ids.tolist() == [x for w in want for x in w]
 
 
+def test_a_length_table_of_another_shape_is_named(tmp_path: Path) -> None:
+    write_corpus(tmp_path)
+    prepare(config(tmp_path), tmp_path / "p", workers=1, show_progress=False, log=lambda _: None)
+    table = tmp_path / "p" / "train.lengths.npy"
+    n = len(np.load(table))
+    for bad in (np.array(7, dtype=np.uint32), np.zeros((n, 3), dtype=np.uint32)):
+        np.save(table, bad)
+        said = re.escape(f"a table of shape {bad.shape}, the manifest says {n} pairs")
+        with pytest.raises(UserError, match=said):
+            PreparedSplit(tmp_path / "p", "train")
+
+
 def test_batches_from_an_array_equal_those_from_a_list() -> None:
     rng = random.Random(3)
     lengths = [(rng.randint(2, 40), rng.randint(2, 40)) for _ in range(500)]

@@ -327,3 +327,18 @@ def test_bf16_weights_on_two_ranks_match_one_process(tmp_path: Path) -> None:
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
         torch.testing.assert_close(rank0[key], final[key], rtol=1e-4, atol=1e-5)
+
+
+def test_an_epoch_with_fewer_batches_than_processes_is_refused() -> None:
+    """Every rank's share would be empty: epochs without an update, for ever."""
+    from transduce.config import TrainConfig
+    from transduce.training.feed import BatchFeed
+
+    pairs = [([5, 6, 7], [8, 9])] * 10  # one batch of max_tokens 1000
+    t = TrainConfig(max_tokens=1000)
+    one = BatchFeed(pairs, t, World())
+    assert len(one.epoch(0, torch.device("cpu")).batches) == 1
+    for rank in range(2):
+        feed = BatchFeed(pairs, t, World(rank=rank, size=2))
+        with pytest.raises(UserError, match="epoch 0 has 1 batch of max_tokens=1000 for 2 proc"):
+            feed.epoch(0, torch.device("cpu"))

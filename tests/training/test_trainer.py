@@ -215,21 +215,42 @@ def test_resegment_with_several_processes_is_refused(
         _trainer(tmp_path, _cfg(), resegment=_epoch_pairs())
 
 
-def test_resume_mid_epoch_draws_that_epochs_pairs_again(tmp_path: Path) -> None:
+def test_resume_mid_epoch_in_another_process_goes_on_with_the_saved_draw(tmp_path: Path) -> None:
+    # SentencePiece draws otherwise in another process: a resegment that gives the resumed
+    # epoch other pairs stands for it. The checkpoint's draw keeps that epoch's batches exact.
     cfg = _cfg(max_steps=12, save_every=5)
     straight = _trainer(tmp_path / "a", cfg, resegment=_epoch_pairs())
     straight.train()
     _trainer(tmp_path / "b", _cfg(max_steps=5, save_every=5), resegment=_epoch_pairs()).train()
-    calls: list[int] = []
-    second = _trainer(tmp_path / "b", cfg, resume=True, resegment=_epoch_pairs(calls))
+    saved = torch.load(checkpoint.step_path(tmp_path / "b" / "checkpoints", 5), weights_only=True)
+    resumed_epoch = saved["progress"]["epoch"]
+    assert saved["drawn"]["epoch"] == resumed_epoch
+    same, calls = _epoch_pairs(), list[int]()
+
+    def another_process(epoch: int) -> list[tuple[list[int], list[int]]]:
+        calls.append(epoch)
+        return same(epoch + 1 if epoch == resumed_epoch else epoch)
+
+    second = _trainer(tmp_path / "b", cfg, resume=True, resegment=another_process)
     assert second.progress.step == 5 and second.progress.batch_index > 0  # mid-epoch
-    resumed_epoch = second.progress.epoch
     second.train()
-    assert calls[0] == resumed_epoch
+    assert resumed_epoch not in calls  # that epoch's pairs came from the checkpoint
     want, got = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert [s for s, _ in want] == [s for s, _ in got] == list(range(1, 13))
     assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
     assert _same_state(straight.model.state_dict(), second.model.state_dict(), atol=1e-6)
+
+
+def test_a_damaged_draw_in_a_checkpoint_is_refused_naming_it(tmp_path: Path) -> None:
+    _trainer(tmp_path, _cfg(max_steps=5, save_every=5), resegment=_epoch_pairs()).train()
+    path = checkpoint.step_path(tmp_path / "checkpoints", 5)
+    state = torch.load(path, weights_only=True)
+    state["drawn"]["src_starts"] = state["drawn"]["src_starts"][:-1]  # a pair fewer
+    torch.save(state, path)
+    with pytest.raises(
+        UserError, match="step_00000005.pt: its draw of the training pairs is damaged"
+    ):
+        _trainer(tmp_path, _cfg(max_steps=8), resume=True, resegment=_epoch_pairs())
 
 
 # --- gradient accumulation --------------------------------------------------------------------

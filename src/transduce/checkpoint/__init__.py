@@ -10,7 +10,8 @@ run anything. A model file (``model.pt``, ``best.pt``, an average) holds ``forma
 (``Config.to_dict()``), ``vocab`` (``Vocab.to_dict()``) and ``model`` (the state dict), which is
 all that translation needs; a training checkpoint (``checkpoints/step_N.pt``) adds ``optimizer``,
 ``scaler``, ``progress``, ``rng`` and ``rng_ranks`` (random states as lists and tensors, see
-``training/rng.py``) and ``precision`` (as resolved on the device) for resuming; an average adds
+``training/rng.py``), ``precision`` (as resolved on the device) and, for a run with BPE-dropout,
+``drawn`` (the current epoch's pairs: ``BatchFeed.draw_state``) for resuming; an average adds
 ``averaged`` (the files averaged).
 
 Files written before format 2 (pickles holding NumPy objects, or dicts without ``format``) are

@@ -73,6 +73,34 @@ class FlatPairs(ArrayPairs):
     def __len__(self) -> int:
         return len(self.rows) if self.rows is not None else len(self.starts["src"]) - 1
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The stored pairs as four arrays (``src_ids``, ``src_starts``, ``tgt_ids``,
+        ``tgt_starts``; see the module docstring), for ``from_arrays``; not of a view."""
+        if self.rows is not None:
+            raise ValueError("arrays() of a view: select's views share their pairs' arrays")
+        return {
+            f"{s}_{k}": d[s] for s in SIDES for k, d in (("ids", self.ids), ("starts", self.starts))
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> FlatPairs:
+        """The pairs of ``arrays()``; a ValueError where the arrays do not describe pairs (a
+        damaged file): missing, of other kinds, starts not rising from 0 to the ids' length,
+        or the two sides of different counts."""
+        flat = cls([])
+        for s in SIDES:
+            ids, starts = arrays.get(f"{s}_ids"), arrays.get(f"{s}_starts")
+            if not isinstance(ids, np.ndarray) or not isinstance(starts, np.ndarray):
+                raise ValueError(f"{s}_ids and {s}_starts must be arrays")
+            if ids.ndim != 1 or starts.ndim != 1 or len(starts) == 0:
+                raise ValueError(f"{s}_ids and {s}_starts must be non-empty 1-d arrays")
+            if starts[0] != 0 or starts[-1] != len(ids) or (np.diff(starts) < 0).any():
+                raise ValueError(f"{s}_starts must rise from 0 to the {len(ids)} ids")
+            flat.ids[s], flat.starts[s] = ids.astype(np.int32), starts.astype(np.int64)
+        if len(flat.starts["src"]) != len(flat.starts["tgt"]):
+            raise ValueError("the two sides hold different numbers of pairs")
+        return flat
+
     def _pair_numbers(self, rows: np.ndarray) -> np.ndarray:
         """Numbers of this view (int array) -> numbers into the stored pairs."""
         rows = np.asarray(rows, dtype=np.int64)

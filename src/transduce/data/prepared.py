@@ -135,8 +135,9 @@ class PreparedSplit(ArrayPairs):
         self._lengths = self._load(lengths_path, mmap=False)
         if self._lengths.shape != (int(self._starts[-1]), 2):
             raise UserError(
-                f"{lengths_path}: {self._lengths.shape[0]} pairs, manifest says "
-                f"{int(self._starts[-1])}; prepare the data again"
+                f"{lengths_path}: a table of shape {self._lengths.shape}, the manifest says "
+                f"{int(self._starts[-1])} pairs (a table of that many rows of 2 lengths); "
+                "prepare the data again"
             )
         for k, (shard, (index, _, _)) in enumerate(zip(info["shards"], self._shards, strict=True)):
             # each pair's ids as the index bounds them, against the length index (one pass)

@@ -80,7 +80,9 @@ class SentencePieceVocab:
         Within one process the same ``(texts, dropout, seed)`` give the same ids (SentencePiece's
         generator is seeded with ``seed``, a process-wide setting, and encodes on one thread);
         another process draws differently (sentencepiece 0.2.3, measured), so a resumed run's
-        pieces are not the first run's and the Trainer refuses it with several processes.
+        pieces are not the first run's (its checkpoints keep the current epoch's, which a
+        resume finishes on: ``training/feed.py``) and the Trainer refuses it with several
+        processes.
         """
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")

@@ -4,13 +4,17 @@ read one update ahead.
 The batches of an epoch follow from the pairs' lengths, ``train.seed`` and the epoch alone
 (``token_batch_arrays``), so a resumed run, or another rank, recomputes them instead of storing
 them; each rank takes its own share (``distributed.shard``). Data drawn anew every epoch
-(BPE-dropout: ``resegment``) is refused with several processes, whose draws would disagree.
+(BPE-dropout: ``resegment``) is refused with several processes, whose draws would disagree;
+on one process the epoch's draw goes into each checkpoint (``draw_state``), since a resumed
+process would draw otherwise and cut the epoch's batches otherwise too: pairs seen twice and
+others not at all (``restore_draw``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,6 +143,10 @@ class BatchFeed:
                 "train on one process or set bpe_dropout to 0"
             )
         self.t, self.world, self.resegment = t, world, resegment
+        # with resegment: the epoch whose pairs were drawn last and those pairs (draw_state);
+        # a checkpoint's draw to take in place of drawing its epoch again (restore_draw)
+        self.drawn: tuple[int, FlatPairs] | None = None
+        self._restored: tuple[int, FlatPairs] | None = None
         self._use(pairs)
         self.n_filtered = len(pairs) - len(self.pairs)
 
@@ -167,17 +175,17 @@ class BatchFeed:
         CUDA ``READ_EARLY_ON_CUDA``."""
         t, multiple = self.t, pad_multiple_for(self.t, device)
         if self.resegment is not None:
-            self._use(self.resegment(epoch))
-        batches = distributed.shard(
-            token_batch_arrays(
-                self.lengths,
-                t.max_tokens,
-                seed=t.seed,
-                epoch=epoch,
-                pad_multiple=multiple,
-            ),
-            self.world,
+            self._use(self._draw(epoch))
+        every = token_batch_arrays(
+            self.lengths, t.max_tokens, seed=t.seed, epoch=epoch, pad_multiple=multiple
         )
+        if len(every) < self.world.size:  # every rank's share empty: epochs without an update
+            raise UserError(
+                f"epoch {epoch} has {len(every)} batch{'es' * (len(every) != 1)} of "
+                f"max_tokens={t.max_tokens} for {self.world.size} processes, so no process "
+                "would get one; lower max_tokens or train on fewer processes"
+            )
+        batches = distributed.shard(every, self.world)
         read = group_reader(
             self.pairs,
             batches,
@@ -188,6 +196,44 @@ class BatchFeed:
         if early is None:
             early = READ_EARLY_ON_CUDA if device.type == "cuda" else True
         return EpochReader(batches, read, t.update_freq, early)
+
+    def _draw(self, epoch: int) -> FlatPairs:
+        """``epoch``'s pairs from ``resegment``, or from the checkpoint's draw of it."""
+        assert self.resegment is not None
+        restored, self._restored = self._restored, None
+        if restored is not None and restored[0] == epoch:
+            drawn = restored[1]
+        else:
+            pairs = self.resegment(epoch)
+            drawn = pairs if isinstance(pairs, FlatPairs) else FlatPairs(pairs)
+        self.drawn = (epoch, drawn)
+        return drawn
+
+    def draw_state(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the pairs drawn for the current epoch (``resegment``):
+        the epoch and the pairs' arrays as tensors; None without ``resegment`` or before the
+        first epoch."""
+        if self.drawn is None:
+            return None
+        epoch, pairs = self.drawn
+        arrays = {k: torch.from_numpy(v) for k, v in pairs.arrays().items()}
+        return {"epoch": epoch, **arrays}
+
+    def restore_draw(self, state: dict[str, Any]) -> None:
+        """Take ``draw_state``'s pairs for its epoch instead of drawing them again, so that a
+        run resumed within that epoch cuts the batches it was cut into; a ValueError where
+        ``state`` is not such a draw."""
+        if self.resegment is None:
+            raise ValueError("a draw of the training pairs, but this run draws none")
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"the draw's epoch must be a non-negative int, not {epoch!r}")
+        arrays = {
+            k: v.numpy() if isinstance(v, torch.Tensor) else v
+            for k, v in state.items()
+            if k != "epoch"
+        }
+        self._restored = (epoch, FlatPairs.from_arrays(arrays))
 
 
 __all__ = [

@@ -26,15 +26,35 @@ from transduce.config import Config
 from transduce.data.vocab import Vocab
 from transduce.errors import CheckpointNotWritten, UserError
 from transduce.training import config_change, distributed, saving
+from transduce.training.feed import BatchFeed
 from transduce.training.metrics_log import MetricsLog
 from transduce.training.progress import Progress
 from transduce.training.resume import load_training_state, restore_position
 from transduce.training.rng import rng_state
 
 
+def _draw_note(progress: Progress, drawn: bool) -> str:
+    """What a resumed BPE-dropout run says of its pairs."""
+    head = (
+        "transduce: note: bpe_dropout: SentencePiece's BPE-dropout samples differ between "
+        "processes even with one seed, so "
+    )
+    if drawn:
+        return (
+            f"{head}epoch {progress.epoch} goes on with the pieces saved in the checkpoint, "
+            "and the epochs after it are segmented otherwise than the first run would have"
+        )
+    return (
+        f"{head}from here the resumed run segments its text otherwise than the first run "
+        f"would have (the checkpoint holds no draw: the rest of epoch {progress.epoch} is cut "
+        "into other batches, some of its pairs seen twice and others not at all)"
+    )
+
+
 class Training(Protocol):
     """What a run folder saves and restores: a ``Trainer``'s config, vocabulary, model,
-    optimizer, loss scaler and precision (as resolved), on its processes and device."""
+    optimizer, loss scaler and precision (as resolved), on its processes and device, and the
+    training pairs drawn for the current epoch (``feed``, with BPE-dropout)."""
 
     cfg: Config
     vocab: Vocab
@@ -44,6 +64,7 @@ class Training(Protocol):
     precision: str
     world: distributed.World
     device: torch.device
+    feed: BatchFeed
 
 
 # what a run writes in its folder: each must be a file (or a folder) or not there yet, else the
@@ -134,20 +155,28 @@ class RunFolder:
             )
         load_training_state(state, path, run.model, run.optimizer, run.scaler)
         progress = restore_position(state, path, self.world, self.cfg.train.seed, run.device)
+        drawn = self._restore_draw(state, path)
         before = state.get("config", {}).get("train", {}).get("save_every")
         if before != self.cfg.train.save_every:  # its checkpoints were of the other schedule
             self._schedule_from = progress.step
         if self.world.is_main:
             self.log.truncate_after(progress.step)
             if getattr(self.cfg.task, "bpe_dropout", 0.0) > 0:
-                print(
-                    "transduce: note: bpe_dropout: SentencePiece's BPE-dropout samples differ "
-                    "between processes even with one seed, so from here the resumed run "
-                    "segments its text otherwise than the first run would have",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(_draw_note(progress, drawn), file=sys.stderr, flush=True)
         return progress
+
+    def _restore_draw(self, state: dict[str, Any], path: Path) -> bool:
+        """Hand the checkpoint's draw of its epoch's pairs (BPE-dropout) to the feed; whether
+        there was one for a run that draws (a checkpoint from before draws were kept has
+        none). A damaged draw is a UserError naming the file."""
+        drawn, feed = state.get("drawn"), self.training.feed
+        if drawn is None or feed.resegment is None:
+            return False
+        try:
+            feed.restore_draw(drawn)
+        except (AttributeError, TypeError, ValueError) as e:
+            raise UserError(f"{path}: its draw of the training pairs is damaged ({e})") from None
+        return True
 
     def record(self, record: dict[str, Any]) -> None:
         """Append ``record`` to ``metrics.jsonl`` (and TensorBoard); rank 0 only."""
@@ -172,6 +201,7 @@ class RunFolder:
         run = self.training
         rngs = distributed.all_gather_objects(rng_state(run.device), self.world)
         path = checkpoint.step_path(self.checkpoints, progress.step)
+        drawn = run.feed.draw_state()  # BPE-dropout's pairs of this epoch: a resume reads them
 
         def state() -> dict[str, Any]:
             return {
@@ -182,6 +212,7 @@ class RunFolder:
                 "rng": rngs[0],
                 "precision": run.precision,  # as resolved: a resume must keep it
                 "rng_ranks": rngs,
+                **({} if drawn is None else {"drawn": drawn}),
             }
 
         saving.write_model_file(self.world, path, state, self.checkpoints, self._save_and_log)
