@@ -402,3 +402,38 @@ def test_a_sentence_too_long_is_named_by_its_file_and_line(model_kinds, tmp_path
         argv = ["score", "--model", model, "--src", str(tgt), "--tgt", str(src)]
         code, out, err = _run(argv, capsys)
         _one_error(code, out, err, f"{tgt}: line 1 has ")
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "shared", "separate", "parser", "recurrent"])
+def test_attention_names_text_that_is_not_utf8(model_kinds, tmp_path, capsys, kind) -> None:
+    # bytes of another encoding arrive in argv as lone surrogates: a traceback in the tokenizer
+    base = ["attention", "--model", str(model_kinds[kind]), "--output", str(tmp_path / "a.png")]
+    for option, texts in (
+        ("--src", ["--src", "the \udcff dog"]),
+        ("--tgt", ["--src", "the dog", "--tgt", "der \udcfe"]),
+    ):
+        code, out, err = _run([*base, *texts], capsys)
+        _one_error(code, out, err, f"{option}: character 5 is not text (bytes that are not UTF-8")
+
+
+def test_attention_reads_a_parsers_target_as_a_tree(model_kinds, tmp_path, capsys) -> None:
+    base = ["attention", "--model", str(model_kinds["parser"]), "--src", "the dog"]
+    base += ["--output", str(tmp_path / "a.png")]
+    code, _, err = _run([*base, "--tgt", "(S (NP (DT the) (NN dog)))"], capsys)
+    assert code == 0 and "<unk>" not in err, err  # linearised: (S (NP XX XX )NP )S
+    for tree, said in (
+        ("(S (NP (DT the)))", "--tgt: tree 1 has 1 words, its sentence 2"),
+        ("(S (NP (DT the) (NN dog))", "--tgt: line 1"),
+        ("(S (NP (DT the))) (S (NP (NN dog)))", "--tgt: a parser's target is one bracketed tree"),
+    ):
+        code, out, err = _run([*base, "--tgt", tree], capsys)
+        _one_error(code, out, err, said)
+
+
+def test_samples_beyond_the_cap_are_refused_before_decoding(model_kinds, capsys) -> None:
+    # K samples decode as K rows at once: 10,000,000 filled a 24 GB machine
+    base = ["translate", "--model", str(model_kinds["shared"]), "--sampling", "--seed", "1"]
+    code, out, err = _run([*base, "--nbest", "1001"], capsys, stdin="the dog runs\n")
+    _one_error(code, out, err, "nbest (1001): at most 1000 samples a sentence are drawn at once")
+    code, out, err = _run([*base, "--nbest", "3"], capsys, stdin="the dog runs\n")
+    assert code == 0 and len(out.splitlines()) == 3, (out, err)

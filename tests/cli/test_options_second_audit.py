@@ -194,3 +194,17 @@ def test_the_python_api_refuses_an_ensembles_alignments_too(model_kinds) -> None
     with pytest.raises(UserError, match="an ensemble's members attend differently"):
         ensemble.align(["the dog"], ["der hund"])
     assert Translator.load(shared).align(["the dog"], ["der hund"])[0]  # one model: aligned
+
+
+def test_the_alpha_refusal_names_nbest_only_where_the_command_has_it() -> None:
+    # evaluate and parse have no --nbest: their refusal pointed to it all the same
+    from transduce.cli.decoding_tools import check_alpha
+    from transduce.config import DecodeConfig
+    from transduce.errors import UserError
+
+    sampled = DecodeConfig(sampling=True, sampling_seed=1)
+    with pytest.raises(UserError, match=r"n-best samples \(--nbest 2 or more\)"):
+        check_alpha(1.0, sampled)
+    with pytest.raises(UserError, match=r"n-best samples \(this command draws one a sentence\)"):
+        check_alpha(1.0, sampled, has_nbest=False)
+    check_alpha(1.0, sampled, 2)  # n-best samples: ranked

@@ -155,9 +155,10 @@ def _transduce_model(path: Path, decode: DecodeConfig, max_positions: int = 1024
 def test_a_sampling_model_exports_sampling_and_comes_back(tmp_path: Path) -> None:
     decode = DecodeConfig(sampling=True, temperature=0.8, top_k=7, top_p=0.95, sampling_seed=3)
     model = _transduce_model(tmp_path / "m.pt", decode)
-    export_marian(model, tmp_path / "hf")
+    summary = export_marian(model, tmp_path / "hf")
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text("utf-8"))
     assert generation["do_sample"] is True and generation["num_beams"] == 1
+    assert (summary["num_beams"], summary["do_sample"]) == (1, True)  # what the file says
     assert (generation["temperature"], generation["top_k"], generation["top_p"]) == (0.8, 7, 0.95)
     assert "length_penalty" not in generation
     import_marian(tmp_path / "hf", tmp_path / "back.pt")

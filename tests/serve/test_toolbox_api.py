@@ -188,6 +188,8 @@ def test_attention_is_the_models_last_layer_mean_over_heads(server, translator) 
         ("/translate", {"text": ["a"], "nbest": 0}, "'nbest' must be between 1 and 8"),
         ("/translate", {"text": ["a"], "nbest": "2"}, "'nbest' must be an integer"),
         ("/translate", {"text": ["a"], "nbest": 5}, "'nbest' (5) must not exceed the beam (3)"),
+        ("/translate", {"text": ["a"], "beam": 1, "alpha": 1}, "'alpha' ranks a beam's hypo"),
+        ("/translate", {"text": ["a"], "sampling": {"seed": 7}, "alpha": 2}, "n-best samples"),
         ("/translate", {"text": ["a"], "scores": 1}, "'scores' must be a boolean"),
         ("/translate", {"text": ["a"], "alignments": "yes"}, "'alignments' must be a boolean"),
         ("/translate", {"text": ["a"], "sampling": True}, "'sampling' must be an object"),
@@ -219,6 +221,19 @@ def test_a_bad_field_is_a_422_naming_it(server, path, body, names) -> None:
     status, out = post(server, path, body)
     assert status == 422, out
     assert names in out["error"] and out["status"] == 422
+
+
+def test_alpha_acts_on_scores_where_it_ranks_nothing(server) -> None:
+    """Greedy search or one sample: alpha weighs the scores returned, so it is taken there."""
+    for extra in ({"beam": 1}, {"sampling": {"seed": 7}}):
+        asked = {"text": ["a b c"], "scores": True, **extra}
+        plain, weighed = (
+            ok(server, "/translate", asked),
+            ok(server, "/translate", {**asked, "alpha": 2.0}),
+        )
+        assert plain["translations"] == weighed["translations"]
+        assert plain["scores"][0]["log_prob"] == weighed["scores"][0]["log_prob"]
+        assert plain["scores"][0]["score"] != weighed["scores"][0]["score"]
 
 
 def test_an_integer_written_with_a_zero_fraction_is_that_integer(server) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from transduce.cli.common import Once, unknown_warning
 from transduce.errors import UserError
@@ -18,25 +19,59 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
     if args.kind == "encoder" and args.tgt is not None:
         raise UserError("--tgt: encoder self-attention reads the source alone (give no --tgt)")
+    for name, text in (("--src", args.src), ("--tgt", args.tgt)):
+        _check_text(name, text)
     model, vocab, cfg = load_model(args.model)
+    target = args.tgt
+    if target is not None and cfg.task.name == "parsing":  # a tree, linearised as trained
+        target = _parser_target(model, vocab, cfg, args.src, target)
     path = draw_attention(
         model,
         vocab,
         as_read(args.src, cfg.task),  # as the model reads it (a reversed synthetic task)
         Path(args.output),
-        target=args.tgt,
+        target=target,
         kind=args.kind,
         layer=args.layer,
         head=args.head,
         style=args.style,
         max_len_offset=cfg.decode.max_len_offset,  # the model's output limit, as translate's
     )
-    for text, target in ((args.src, False), (args.tgt, True)):  # once drawn: an error alone
-        warning = None if text is None else unknown_warning(vocab, [text], target=target)
+    for text, is_target in ((args.src, False), (target, True)):  # once drawn: an error alone
+        warning = None if text is None else unknown_warning(vocab, [text], target=is_target)
         if warning is not None:  # drawn as <unk>, as translate reads them
             print(warning, file=sys.stderr)
     print(json.dumps({"output": str(path)}))
     return 0
+
+
+def _check_text(name: str, text: str | None) -> None:
+    """A UserError naming the option whose text holds what UTF-8 cannot write (bytes of another
+    encoding on the command line arrive as lone surrogates)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(
+            f"{name}: character {e.start + 1} is not text (bytes that are not UTF-8?); give "
+            "UTF-8 text"
+        ) from None
+
+
+def _parser_target(model: Any, vocab: Any, cfg: Any, words: str, text: str) -> str:
+    """--tgt's bracketed tree for --src's words as a parsing model's target text (``score``
+    reads trees so too)."""
+    from transduce.data.trees import parse_trees
+    from transduce.parsing.parser import Parser
+
+    trees = parse_trees(text, name="--tgt")
+    if len(trees) != 1:
+        raise UserError(f"--tgt: a parser's target is one bracketed tree, not {len(trees)}")
+    try:
+        return Parser(model, vocab, cfg).target_texts([words.split()], trees)[0]
+    except UserError as e:  # about "tree 1"
+        raise UserError(f"--tgt: {e}") from None
 
 
 def _cmd_plot_curves(args: argparse.Namespace) -> int:

@@ -22,14 +22,17 @@ if TYPE_CHECKING:
     from transduce.inference.translator import Translator
 
 
-def check_alpha(alpha: float | None, decode: DecodeConfig, nbest: int = 1) -> None:
+def check_alpha(
+    alpha: float | None, decode: DecodeConfig, nbest: int = 1, *, has_nbest: bool = True
+) -> None:
     """A UserError where ``--alpha`` (``alpha``; None: not given) would change nothing: the
     length penalty ranks a beam's hypotheses, or n-best samples, and greedy search or a single
-    sample has none to rank."""
+    sample has none to rank. ``has_nbest``: whether the command has ``--nbest``."""
     if alpha is None:
         return
     if decode.sampling and nbest == 1:
-        raise UserError("--alpha ranks n-best samples (--nbest 2 or more); one sample has no rival")
+        more = "(--nbest 2 or more)" if has_nbest else "(this command draws one a sentence)"
+        raise UserError(f"--alpha ranks n-best samples {more}; one sample has no rival")
     if not decode.sampling and decode.beam == 1:
         raise UserError("--alpha ranks a beam's hypotheses; greedy search (beam 1) has none")
 

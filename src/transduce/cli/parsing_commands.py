@@ -22,7 +22,7 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     decode = parser.translator.decode_config(
         beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
     )
-    check_alpha(args.alpha, decode)
+    check_alpha(args.alpha, decode, has_nbest=False)
     todo = [i for i, words in enumerate(sentences) if words]  # a blank line stays blank
     with lines_named(name, todo):  # "sentence K" of those parsed is its line of the input
         parses = parser.parse(

@@ -67,7 +67,9 @@ def _parser_scores(args: argparse.Namespace, translator: Any, decode: Any) -> li
     if len(args.model) > 1:
         raise UserError("a parsing model is scored alone, not in an ensemble")
     if args.weights == "int8":  # the parser's own engine is the float model's
-        raise UserError("--precision int8 is for translation models; a parser takes fp32 or bf16")
+        raise UserError(
+            "--precision int8 is for translation models; a parser takes fp32, bf16 or fp16"
+        )
     parser = Parser(translator.model, translator.vocab, translator.cfg)
     sentences = [line.split() for line in read_lines(args.src)]
     empty = next((i for i, words in enumerate(sentences) if not words), None)

@@ -150,7 +150,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         decode = parser.translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
-        tools.check_alpha(args.alpha, decode)
+        tools.check_alpha(args.alpha, decode, has_nbest=False)
         scores, parses = evaluate_parser(
             parser,
             args.src,
@@ -173,7 +173,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
-        tools.check_alpha(args.alpha, decode)
+        tools.check_alpha(args.alpha, decode, has_nbest=False)
         try:
             scores, hyps = evaluate_files(
                 translator,

@@ -442,6 +442,7 @@ def export_marian(
         "separate_vocabs": separate,
         "share_encoder_decoder_embeddings": share,
         "tie_word_embeddings": cfg.model.tie_embeddings,
-        "num_beams": cfg.decode.beam,
+        "num_beams": 1 if cfg.decode.sampling else cfg.decode.beam,  # as generation_config.json
+        "do_sample": cfg.decode.sampling,
         "files": sorted(p.name for p in folder.iterdir()),
     }

@@ -77,7 +77,17 @@ from transduce.inference.weights import (
 )
 from transduce.model.transformer import Transformer
 
-__all__ = ["MAX_SENTENCE_TOKENS", "Translation", "Translator", "length_batches", "resolve_device"]
+__all__ = [
+    "MAX_SAMPLES",
+    "MAX_SENTENCE_TOKENS",
+    "Translation",
+    "Translator",
+    "length_batches",
+    "resolve_device",
+]
+
+# The most samples of one sentence ``translate_nbest`` draws (they decode as one batch's rows)
+MAX_SAMPLES = 1000
 
 
 @dataclass(frozen=True)
@@ -331,6 +341,11 @@ class Translator:
             raise UserError(f"nbest must be at least 1; got {nbest}")
         if nbest > cfg.beam and not cfg.sampling:
             raise UserError(f"nbest ({nbest}) must not exceed the beam size ({cfg.beam})")
+        if nbest > MAX_SAMPLES:  # K rows a sentence at once: 100,000 of a toy model took 3 GB
+            raise UserError(
+                f"nbest ({nbest}): at most {MAX_SAMPLES} samples a sentence are drawn at once; "
+                "draw more in several runs with other seeds"
+            )
         return self._decode(sentences, cfg, nbest, show_progress, prefixes)
 
     def _decode(

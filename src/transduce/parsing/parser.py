@@ -115,9 +115,15 @@ class Parser:
         UserError naming the first tree with another number of words than its sentence or a
         label the model never saw."""
         sentences = _word_lists(sentences)
-        _check_scorable(self, sentences, trees)
-        texts = parsing_targets(trees, sentences, self.task, getattr(self.vocab, "source"))
+        texts = self.target_texts(sentences, trees)
         return self.translator.score([" ".join(w) for w in sentences], texts, decode)
+
+    def target_texts(self, sentences: Sequence[Sequence[str]], trees: Sequence[Tree]) -> list[str]:
+        """Each sentence's tree as the model's target text (linearised as it was trained, what
+        ``score`` scores and attention maps draw); the UserErrors of ``score``."""
+        sentences = _word_lists(sentences)
+        _check_scorable(self, sentences, trees)
+        return parsing_targets(trees, sentences, self.task, getattr(self.vocab, "source"))
 
     def parse(
         self,

@@ -65,6 +65,26 @@ def _decode(translator: Any, limits: ServerLimits, **settings: Any) -> DecodeCon
     return decode
 
 
+def _check_alpha(alpha: float | None, decode: DecodeConfig, nbest: int, scores: bool) -> None:
+    """A 422 where ``alpha`` would change nothing (the CLI's ``--alpha`` refusal): it ranks a
+    beam's hypotheses or n-best samples and weighs the scores returned, and greedy search or a
+    single sample without ``scores`` has none of them."""
+    if alpha is None or scores or nbest > 1:
+        return
+    if decode.sampling:
+        raise ApiError(
+            422,
+            "'alpha' ranks n-best samples ('nbest' 2 or more) or weighs 'scores'; one "
+            "sample without them has neither",
+        )
+    if decode.beam == 1:
+        raise ApiError(
+            422,
+            "'alpha' ranks a beam's hypotheses or weighs 'scores'; greedy search (beam 1) "
+            "without them has neither",
+        )
+
+
 def add_native_api(
     app: FastAPI, models: ServedModels, limits: ServerLimits, budget: BodyBudget
 ) -> None:
@@ -89,6 +109,7 @@ def add_native_api(
             raise ApiError(
                 422, f"'nbest' ({options.nbest}) must not exceed the beam ({decode.beam})"
             )
+        _check_alpha(asked.alpha, decode, options.nbest or 1, options.scores)
         seed = {"seed": decode.sampling_seed} if decode.sampling else {}  # to draw it again
         if not asked.sentences:  # every field checked all the same
             return JSONResponse({**answer_json([], options), **seed})
