@@ -61,9 +61,14 @@ def _check_text(name: str, text: str | None) -> None:
 
 def _parser_target(model: Any, vocab: Any, cfg: Any, words: str, text: str) -> str:
     """--tgt's bracketed tree for --src's words as a parsing model's target text (``score``
-    reads trees so too)."""
+    reads trees so too); a target text already (every token the model's, as ``(S XX )S``) as
+    it is."""
     from transduce.data.trees import parse_trees
+    from transduce.data.vocab import UNK
     from transduce.parsing.parser import Parser
+
+    if UNK not in vocab.target.encode(text):
+        return text
 
     trees = parse_trees(text, name="--tgt")
     if len(trees) != 1:
