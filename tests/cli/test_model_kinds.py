@@ -437,3 +437,21 @@ def test_samples_beyond_the_cap_are_refused_before_decoding(model_kinds, capsys)
     _one_error(code, out, err, "nbest (1001): at most 1000 samples a sentence are drawn at once")
     code, out, err = _run([*base, "--nbest", "3"], capsys, stdin="the dog runs\n")
     assert code == 0 and len(out.splitlines()) == 3, (out, err)
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "shared", "separate", "recurrent"])
+def test_an_output_named_gz_is_gzip_as_inputs_so_named_are_read(
+    model_kinds, tmp_path, capsys, kind
+) -> None:
+    import gzip
+
+    from transduce.data.parallel import read_lines
+
+    source = "1+2\n2+2\n" if kind == "synthetic" else "the dog runs\na cat\n"
+    plain, packed = tmp_path / "out.txt", tmp_path / "out.txt.gz"
+    for out in (plain, packed):
+        argv = ["translate", "--model", str(model_kinds[kind]), "--output", str(out)]
+        code, _, err = _run(argv, capsys, stdin=source)
+        assert code == 0, err
+    assert gzip.decompress(packed.read_bytes()).decode("utf-8") == plain.read_text("utf-8")
+    assert read_lines(packed) == read_lines(plain) and len(read_lines(plain)) == 2

@@ -7,6 +7,7 @@ Command modules import this one and never each other; ``main`` puts them togethe
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,7 +176,8 @@ def check_output(path: str | None) -> None:
 
 
 def write_output(path: str | None, lines: Sequence[str]) -> None:
-    """Write ``lines`` (each + newline) to ``path`` or, when None or '-', stdout."""
+    """Write ``lines`` (each + newline) to ``path`` or, when None or '-', stdout; a ``.gz``
+    path gzip-compressed, as such inputs are read."""
     text = "".join(line + "\n" for line in lines)
     if path is None or path == "-":
         sys.stdout.write(text)
@@ -183,8 +185,9 @@ def write_output(path: str | None, lines: Sequence[str]) -> None:
         return
     out = Path(path)
     tmp = out.with_name(f".{out.name}.tmp")
+    data = text.encode("utf-8")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(gzip.compress(data, mtime=0) if out.suffix == ".gz" else data)
         tmp.replace(out)
     except OSError as e:
         tmp.unlink(missing_ok=True)

@@ -51,7 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, action=Once, help="checkpoint of a parsing run")
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
-    p.add_argument("--output", default=None, help="file to write (default: stdout)")
+    p.add_argument(
+        "--output", default=None, help="file to write (default: stdout; a .gz name: gzip)"
+    )
     p.add_argument("--beam", type=int, default=None, help="default: the model's (21)")
     p.add_argument("--alpha", type=float, default=None, help="default: the model's (0.3)")
     p.add_argument(

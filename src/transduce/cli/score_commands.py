@@ -119,7 +119,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="padded tokens per batch (default: the model's decode.batch_tokens, 4000)",
     )
-    p.add_argument("--output", default=None, help="file to write (default: stdout)")
+    p.add_argument(
+        "--output", default=None, help="file to write (default: stdout; a .gz name: gzip)"
+    )
     add_device(p)
     add_precision(p)
     p.set_defaults(func=_cmd_score)

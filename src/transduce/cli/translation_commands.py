@@ -219,7 +219,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tools.add_prefix_file(p)
     tools.add_line_by_line(p)
     p.add_argument("--input", default=None, help="text file, plain or .gz (default: stdin)")
-    p.add_argument("--output", default=None, help="file to write (default: stdout)")
+    p.add_argument(
+        "--output", default=None, help="file to write (default: stdout; a .gz name: gzip)"
+    )
     p.add_argument(
         "--nbest",
         type=int,
@@ -276,7 +278,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--output",
         default=None,
-        help="also write the translations (a parser's trees, one a line) to this file",
+        help="also write the translations (a parser's trees, one a line) to this file (a .gz "
+        "name: gzip)",
     )
     p.set_defaults(func=_cmd_evaluate)
 
