@@ -51,6 +51,11 @@ def test_views_select_as_lists_do() -> None:
     assert list(inner) == [want[5], want[0]]
     ids, lens = view.ids_of(np.array([], dtype=np.int64), "tgt")
     assert ids.shape == (0,) and lens.shape == (0,)
+    for bad in ([-1], [6], [0, 200]):  # numpy indexing would wrap -1 to the last pair
+        with pytest.raises(IndexError, match="pair numbers"):
+            view.ids_of(np.array(bad), "src")
+    with pytest.raises(IndexError, match="pair numbers"):
+        select_pairs(flat, np.array([-1]))
 
 
 @pytest.mark.parametrize("pad_multiple,update_freq", [(1, 1), (8, 2)])

@@ -104,6 +104,8 @@ class FlatPairs(ArrayPairs):
     def _pair_numbers(self, rows: np.ndarray) -> np.ndarray:
         """Numbers of this view (int array) -> numbers into the stored pairs."""
         rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):  # numpy would wrap -1
+            raise IndexError(f"pair numbers must lie in 0 .. {len(self) - 1}")
         return rows if self.rows is None else self.rows[rows]
 
     def _pair(self, k: int) -> Pair:
