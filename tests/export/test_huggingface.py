@@ -29,7 +29,7 @@ import torch
 from marian_testkit import corpus, marian_folder
 
 from transduce.checkpoint import load_model
-from transduce.data.vocab import BOS, EOS, PAD
+from transduce.data.vocab import BOS, EOS, PAD, sides
 from transduce.errors import UserError
 from transduce.export.huggingface import export_marian, import_marian
 from transduce.inference.beam import beam_search
@@ -125,6 +125,30 @@ def _check_teacher_forced(m: dict[str, Any]) -> None:
 
 def test_teacher_forced_log_probs_equal(marian: dict[str, Any]) -> None:
     _check_teacher_forced(marian)
+
+
+def test_target_text_is_split_by_target_spm(marian: dict[str, Any]) -> None:
+    """``score`` and prefixes read target text as ``MarianTokenizer(text_target=...)`` does:
+    split by target.spm (the shared vocabulary's source side splits by source.spm)."""
+    m = marian
+    translator = Translator(m["model"], m["vocab"], load_model(m["root"] / "opus.pt")[2])
+    sources, targets = corpus(6, seed=7)
+    target = sides(m["vocab"])[1]
+    split_apart = 0
+    for s, t in zip(sources, targets, strict=True):
+        enc = m["tok"]([s], text_target=[t], return_tensors="pt")
+        labels = enc["labels"][0].tolist()  # Marian ids, ending in </s>
+        assert target.encode(t) + [EOS] == [m["to_ours"][i] for i in labels]
+        split_apart += m["vocab"].encode(t) != target.encode(t)
+        with torch.no_grad():  # HF's mean over the labels, the start token put before them
+            loss = float(m["hf"](input_ids=enc["input_ids"], labels=enc["labels"]).loss)
+        assert translator.score([s], [t])[0].log_prob == pytest.approx(
+            -loss * len(labels), abs=1e-3
+        )
+    assert split_apart  # source.spm splits these targets otherwise: the test can tell
+    prefix = " ".join(targets[0].split()[:2])
+    out = translator.translate([sources[0]], prefixes=[prefix])[0]
+    assert out.startswith(prefix)
 
 
 @pytest.mark.parametrize("share", [True, False])

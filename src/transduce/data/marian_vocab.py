@@ -57,6 +57,7 @@ class MarianVocab:
         self.pieces = pieces
         self._index = {p: i for i, p in enumerate(pieces)}
         self.encoder_model, self.decoder_model = bytes(encoder_model), bytes(decoder_model)
+        self._target: MarianVocab | None = None
         self._encoder = sentencepiece_processor(
             self.encoder_model, "the source SentencePiece model"
         )
@@ -68,6 +69,16 @@ class MarianVocab:
 
     def __len__(self) -> int:
         return len(self.pieces)
+
+    def target_side(self) -> MarianVocab:
+        """This vocabulary for target text (references, prefixes, what ``score`` reads): the same
+        pieces, text split by the decoding model, as ``MarianTokenizer(text_target=...)``
+        splits it with ``target.spm``; itself where one model serves both sides."""
+        if self.decoder_model == self.encoder_model:
+            return self
+        if self._target is None:
+            self._target = MarianVocab(self.pieces, self.decoder_model, self.decoder_model)
+        return self._target
 
     def _ids(self, code: str | None, pieces: Sequence[str]) -> list[int]:
         get = self._index.get

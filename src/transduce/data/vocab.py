@@ -105,6 +105,17 @@ class VocabPair:
         return {"kind": "pair", "source": self.source.to_dict(), "target": self.target.to_dict()}
 
 
+def sides(vocab: Vocab) -> tuple[Vocab, Vocab]:
+    """(source vocabulary, target vocabulary) of a model's vocabulary: a ``VocabPair``'s two, or
+    one shared vocabulary twice; where the shared one splits target text its own way (an
+    OPUS-MT vocabulary: ``source.spm`` and ``target.spm`` over one list of pieces), its
+    ``target_side()`` for the target."""
+    if isinstance(vocab, VocabPair):
+        return vocab.source, vocab.target
+    target_side = getattr(vocab, "target_side", None)
+    return vocab, (target_side() if target_side is not None else vocab)
+
+
 def vocab_sizes(vocab: Vocab) -> tuple[int, int | None]:
     """(source size, target size or None for one shared vocabulary) of a model's vocabulary."""
     if isinstance(vocab, VocabPair):

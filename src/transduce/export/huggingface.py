@@ -12,10 +12,11 @@ What maps onto what (configurations: ``marian_config``; weights: ``marian_weight
   interleaving; the function is kept exactly), biases on every projection;
 * Marian's ``activation_function`` (OPUS-MT: swish) as ``ModelConfig.activation``, its
   ``final_logits_bias`` as the output layer's bias (``ModelConfig.output_bias``);
-* the vocabulary: a ``MarianVocab`` (``source.spm`` splits, ``target.spm`` joins, ``vocab.json``
-  gives the ids), ids reordered into transduce's (PAD 0, BOS 1, EOS 2, UNK 3, then the others in
-  Marian's order). Marian starts decoding from ``decoder_start_token_id`` (OPUS-MT: the pad id)
-  where transduce starts from BOS: BOS is then an added row holding that token's decoder
+* the vocabulary: a ``MarianVocab`` (``source.spm`` splits source text, ``target.spm`` splits
+  target text, as ``text_target``, and joins the output; ``vocab.json`` gives the ids), ids
+  reordered into transduce's (PAD 0, BOS 1, EOS 2, UNK 3, then the others in Marian's order).
+  Marian starts decoding from ``decoder_start_token_id`` (OPUS-MT: the pad id) where transduce
+  starts from BOS: BOS is then an added row holding that token's decoder
   embedding, which the output layer never predicts (bias ``NEVER``), so the searches need no
   start token of their own. (``MarianTokenizer`` joins the output of a joint vocabulary with
   ``source.spm``, ``MarianVocab`` with ``target.spm``: the same text for the pieces of either

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from transduce.architectures import Seq2Seq
 from transduce.data.batching import collate
-from transduce.data.vocab import SPECIALS, Vocab, VocabPair
+from transduce.data.vocab import SPECIALS, Vocab, sides
 from transduce.errors import UserError
 from transduce.inference.common import MAX_SENTENCE_TOKENS
 from transduce.inference.search import predict_ids, searchable
@@ -61,14 +61,6 @@ class AttentionMaps:
         if kind == "cross":
             return self.cross, self.outputs, self.source
         raise UserError(f"attention kind {kind!r}: one of {', '.join(get_args(Kind))}")
-
-
-def sides(vocab: Vocab) -> tuple[Vocab, Vocab]:
-    """(source vocabulary, target vocabulary) of a model's vocabulary: a ``VocabPair``'s two, or
-    one shared vocabulary twice."""
-    if isinstance(vocab, VocabPair):
-        return vocab.source, vocab.target
-    return vocab, vocab
 
 
 def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
