@@ -59,15 +59,20 @@ def test_int8_steps_are_close_to_float32(kw: dict) -> None:
     assert 0 < error < 0.05, error
 
 
-def test_one_sentence_folded_is_close_to_float32() -> None:
+def test_one_sentence_is_the_same_alone_and_in_a_batch() -> None:
+    """No float32 fold for one sentence: its int8 steps are its steps in a batch (each row's
+    activations quantised on their own), and close to float32."""
     model = tiny_model()
     src, tgt = tiny_batch()
-    src, tgt = src[:1], tgt[:1]
-    fast = DecodingModel(model, int8=True)
-    assert fast.layers[0].fold is not None  # the fold stays float32 (measured: it still pays)
-    ref = _steps(DecodingModel(model), src, tgt)
-    error = (_steps(fast, src, tgt) - ref).abs().max() / ref.abs().max()
+    int8 = DecodingModel(model, int8=True)
+    assert all(layer.fold is None for layer in int8.layers)
+    alone = _steps(int8, src[:1], tgt[:1])
+    torch.testing.assert_close(alone, _steps(int8, src, tgt)[:1], atol=1e-5, rtol=1e-5)
+    ref = _steps(DecodingModel(model), src[:1], tgt[:1])
+    error = (alone - ref).abs().max() / ref.abs().max()
     assert 0 < error < 0.05, error
+    with pytest.raises(ValueError, match="alone would be translated otherwise"):
+        DecodingModel(model, int8=True, fold_one_sentence=True)
 
 
 def test_several_positions_run_the_int8_steps() -> None:

@@ -124,15 +124,15 @@ class DecodingModel:
     ``fold_one_sentence``: for a batch of one sentence whose source is short enough
     (``fold_pays``), encoder-decoder attention in two products a step instead of four
     (``folded_attention.py``); None = on where one-row products are bound by reading the weights
-    (``kernels.one_row_is_read_bound``: float32 on the CPU); float32 only.
+    (``kernels.one_row_is_read_bound``: float32 on the CPU); float32 only, never with int8.
 
     ``int8``: every projection (the encoder's, the decoder's and the pre-softmax matrix) with
     its weights quantised to int8 per output channel and its input per row on every call
     (``kernels.Int8Projection``: a row's result the same whatever the other rows), float32 CPU
-    weights only. Embeddings, layer norms, softmax, attention over
-    the cache and the fold's per-sentence products stay float32 (the fold on the float32 W^Q,
-    W^O: ``FoldWeights``; with int8 it still paid: a batch-1 greedy search of
-    benchmarks/decode.py's SMALL took 0.94 of the time without it, 1 thread). Decoding several
+    weights only. Embeddings, layer norms, softmax and attention over the cache stay float32.
+    No fold: it would multiply a sentence alone by the float32 W^Q, W^O and the same sentence
+    in a batch by the int8 ones, so its translation would depend on its company (it saved 6%
+    of a batch-1 int8 greedy search of benchmarks/decode.py's SMALL, 1 thread). Decoding several
     positions at once (scoring) then runs one position at a time through the same int8 steps,
     so that every output of this model comes from the int8 weights. Memory: the int8 copies (a
     quarter of the float32 ones) in place of the float32 copies.
@@ -173,8 +173,13 @@ class DecodingModel:
         self.one_row_parts = layout.one_row_parts
         if fold_one_sentence and weight.dtype != torch.float32:
             raise ValueError(f"fold_one_sentence needs float32 weights, not {weight.dtype}")
+        if fold_one_sentence and int8:  # float32 W^Q, W^O for one sentence, int8 for several
+            raise ValueError(
+                "fold_one_sentence with int8: a sentence alone would be translated otherwise "
+                "than in a batch"
+            )
         if fold_one_sentence is None:
-            fold_one_sentence = kernels.one_row_is_read_bound(weight)
+            fold_one_sentence = not int8 and kernels.one_row_is_read_bound(weight)
         with torch.no_grad():
             self.encoder_layers = tuple(
                 encoder_layer_weights(cast(EncoderLayer, layer), layout)
