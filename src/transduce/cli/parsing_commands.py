@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="outputs of at most input + N tokens (default: the model's, 300)",
+        help="outputs of at most input tokens + 1 (its EOS) + N tokens (default: the model's, 300)",
     )
     p.add_argument(
         "--constrained",

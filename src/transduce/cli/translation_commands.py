@@ -234,7 +234,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="outputs have at most source tokens + N tokens (default: the model's, 50)",
+        help="outputs have at most source tokens + EOS + N tokens (default: the model's, 50)",
     )
     p.add_argument(
         "--alignments",

@@ -211,7 +211,7 @@ def draw_attention(
 ) -> Path:
     """Draw one layer's attention of ``kind`` on the pair into ``output`` (.png, .svg, .pdf or
     .html; ``transduce.plotting.plot_attention``): all heads, or ``head`` alone. Without a
-    ``target``, the model's greedy output of at most source tokens + ``max_len_offset``; a
+    ``target``, the model's greedy output of at most source tokens + EOS + ``max_len_offset``; a
     side of over ``DRAWN_MAX_TOKENS`` tokens is refused (a map of it is unreadable)."""
     from transduce.plotting.attention import plot_attention
 

@@ -26,8 +26,8 @@ How sentences are decoded:
   (``kernels.quantized.fbgemm_linear_rows``), so the other sentences of a batch do not move a
   sentence's rounding.
 * Greedy search when ``beam`` is 1, else beam search with the GNMT length penalty ``alpha``
-  (``transduce.inference.generate``). Outputs have at most (source tokens + ``max_len_offset``)
-  tokens.
+  (``transduce.inference.generate``). Outputs have at most (source tokens + 1 for its
+  EOS + ``max_len_offset``) tokens.
 
 The decoding toolbox: ``score`` gives the log-probabilities of given translations (forced
 decoding, ``inference.scoring``); ``load_ensemble`` decodes several checkpoints as one

@@ -127,7 +127,7 @@ def _placeable_valid_pairs(cfg: Config, data: TaskData, log: Log | None) -> Sequ
     """``data.valid_pairs`` less those a Transformer of learned positions (``max_positions``
     of them) cannot place, reported to ``log``; a UserError, before any training, where its
     training pairs (up to ``max_len``) or the validator's decoding of a validation source
-    (BOS, then up to source + ``decode.max_len_offset`` tokens) would run past the table.
+    (BOS, then up to source + EOS + ``decode.max_len_offset`` tokens) would run past the table.
     Sinusoidal positions and recurrent models place any length."""
     m, pairs = cfg.model, data.valid_pairs
     if m.positional != "learned" or m.architecture != "transformer":
