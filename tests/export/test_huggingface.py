@@ -266,6 +266,7 @@ def test_damaged_folders_are_one_line(tmp_path: Path) -> None:
         (damaged("tie", tie_word_embeddings="no"), "tie_word_embeddings must be true or false"),
         (start, "no id 500, the decoder's start"),
         (damaged("width", d_model=64), "shapes are not those config.json gives"),
+        (damaged("size", vocab_size=500), re.escape(f"{tmp_path / 'size' / 'vocab.json'} has")),
     ):
         with pytest.raises(UserError, match=needle) as e:
             import_marian(folder, tmp_path / "x.pt")

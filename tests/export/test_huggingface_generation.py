@@ -206,3 +206,44 @@ def test_the_beam_is_one_where_generation_config_leaves_it_out(
     assert load_model(tmp_path / "sample.pt")[2].decode.sampling
     (copy / "generation_config.json").unlink()  # no file: config.json's, as before
     assert import_marian(copy, tmp_path / "six.pt")["beam"] == 6
+
+
+def _without_generation_file(folder: Path, to: Path, **config: Any) -> Path:
+    """A copy of ``folder`` with no generation_config.json, ``config`` written into config.json
+    (None: removed), as older OPUS-MT folders keep their generation settings."""
+    copy = _copy(folder, to)
+    (copy / "generation_config.json").unlink()
+    path = copy / "config.json"
+    c = json.loads(path.read_text(encoding="utf-8"))
+    for key, value in config.items():
+        c.pop(key, None) if value is None else c.__setitem__(key, value)
+    path.write_text(json.dumps(c), encoding="utf-8")
+    return copy
+
+
+def test_without_generation_config_the_settings_are_config_json_s(
+    folder: Path, tmp_path: Path
+) -> None:
+    """generate takes config.json's generation settings where the file is missing: so does the
+    import (the beam 1 where config.json has none, sampling, refusals naming config.json)."""
+    plain = _without_generation_file(folder, tmp_path / "plain", num_beams=None)
+    hf = transformers.MarianMTModel.from_pretrained(str(plain))
+    beams = hf.generation_config.num_beams or 1  # None: generate's default, 1
+    assert import_marian(plain, tmp_path / "plain.pt")["beam"] == beams == 1
+    sample = _without_generation_file(folder, tmp_path / "sample", do_sample=True, top_k=5)
+    import_marian(sample, tmp_path / "sample.pt")
+    decode = load_model(tmp_path / "sample.pt")[2].decode
+    assert (decode.sampling, decode.top_k, decode.beam) == (True, 5, 1)
+    for key, value in (("no_repeat_ngram_size", 2), ("bad_words_ids", 5), ("max_new_tokens", 9)):
+        damaged = _without_generation_file(folder, tmp_path / key, **{key: value})
+        with pytest.raises(UserError, match=rf"config.json: {key}") as e:
+            import_marian(damaged, tmp_path / "x.pt")
+        assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("banned", [5, [[[75]]], [["a"]], [[True]]])
+def test_malformed_bad_words_ids_are_one_line(folder: Path, tmp_path: Path, banned: Any) -> None:
+    damaged = _copy(folder, tmp_path / "f")
+    _with_generation(damaged, bad_words_ids=banned)
+    with pytest.raises(UserError, match=r"generation_config.json: bad_words_ids .*token ids"):
+        import_marian(damaged, tmp_path / "x.pt")

@@ -88,6 +88,7 @@ from transduce.export.marian_config import (
     check_marian_config,
     decode_config,
     generation_config,
+    generation_in_config,
     marian_config,
     model_config,
     quiet_transformers,
@@ -259,7 +260,7 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
         eos=eos,
         unk=tgt_unk,
         start=start,
-        name="target_vocab.json" if separate else "vocab.json",
+        name=str(folder / ("target_vocab.json" if separate else "vocab.json")),
     )
     source_spm, target_spm = ((folder / f).read_bytes() for f in SPM_FILES)
     for f, proto in zip(SPM_FILES, (source_spm, target_spm), strict=True):
@@ -280,7 +281,7 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
         src_size,
         **ids,
         start=src_bos if isinstance(src_bos, int) else None,
-        name="vocab.json",
+        name=str(folder / "vocab.json"),
     )
     pair = VocabPair(
         MarianVocab(src_pieces, source_spm, source_spm),
@@ -302,7 +303,10 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     c = _read_json(folder / "config.json")
     check_marian_config(c, folder / "config.json")
     generation_file = folder / "generation_config.json"
-    generation = _optional_json(generation_file)
+    if generation_file.is_file():
+        generation = _read_json(generation_file)
+    else:  # generate takes config.json's settings then
+        generation, generation_file = generation_in_config(c), folder / "config.json"
     c = with_generation_ids(c, generation, generation_file)  # generate's ids, where it sets them
     decode = decode_config(generation, c, generation_file)
     v = _read_vocabularies(folder, c)

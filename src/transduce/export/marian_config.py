@@ -27,6 +27,7 @@ __all__ = [
     "marian_config",
     "model_config",
     "quiet_transformers",
+    "generation_in_config",
     "transformers_module",
 ]
 
@@ -60,6 +61,11 @@ GENERATION_NO_OPS: dict[str, tuple[Any, ...]] = {
     "penalty_alpha": (None, 0.0),
     "guidance_scale": (None, 1.0),
     "num_return_sequences": (None, 1),
+    "max_new_tokens": (None,),  # a cap of its own: transduce's is the source's length + offset
+    "stop_strings": (None,),
+    "constraints": (None,),
+    "top_h": (None,),
+    "watermarking_config": (None,),
 }
 # Hugging Face's sampling defaults, where generation_config.json leaves them unset
 HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
@@ -295,6 +301,13 @@ def with_generation_ids(
     return c
 
 
+def generation_in_config(c: dict[str, Any]) -> dict[str, Any]:
+    """The generation settings of config.json's fields ``c``: what ``generate`` takes from
+    config.json where a folder has no generation_config.json (older OPUS-MT folders)."""
+    keys = transformers_module().GenerationConfig().to_dict().keys()
+    return {k: v for k, v in c.items() if k in keys}
+
+
 def _number(where: Path, key: str, value: Any, kind: type, low: float) -> Any:
     ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
     if not ok or isinstance(value, bool) or value < low:
@@ -304,9 +317,9 @@ def _number(where: Path, key: str, value: Any, kind: type, low: float) -> Any:
 
 def decode_config(generation: dict[str, Any], c: dict[str, Any], where: Path) -> DecodeConfig:
     """The decoding settings of a Marian folder: its generation_config.json (``generation``, at
-    ``where``; {} where there is none) over its config.json ``c`` (with ``with_generation_ids``'s
-    ids): the beam (``num_beams``: 1 where the file leaves it out, as ``generate`` takes it;
-    config.json's, else 4, where there is no file), sampling (``do_sample`` with one beam:
+    ``where``; where there is none, ``generation_in_config`` of config.json, at that path) over
+    its config.json ``c`` (with ``with_generation_ids``'s ids): the beam (``num_beams``: 1 where
+    the settings leave it out, as ``generate`` takes it), sampling (``do_sample`` with one beam:
     ``temperature``, ``top_k``, ``top_p``, Hugging Face's defaults where unset), an export's
     alpha, output cap and seed. A setting transduce has no counterpart for
     (``GENERATION_NO_OPS``, words banned other than the padding and start tokens, which it never
@@ -318,16 +331,19 @@ def decode_config(generation: dict[str, Any], c: dict[str, Any], where: Path) ->
                 "(generate's outputs would differ from the import's); remove it to import"
             )
     never = {c.get("pad_token_id"), c.get("decoder_start_token_id")}
-    for words in generation.get("bad_words_ids") or []:
+    banned = generation.get("bad_words_ids") or []
+    if not isinstance(banned, list) or not all(
+        isinstance(w, list) and all(type(i) is int for i in w) for w in banned
+    ):
+        raise UserError(f"{where}: bad_words_ids {banned!r}; expected lists of token ids")
+    for words in banned:
         if not (isinstance(words, list) and len(words) == 1 and words[0] in never):
             raise UserError(
                 f"{where}: bad_words_ids bans {words!r}: transduce bans only the padding and "
                 "start tokens, which it never generates; remove it to import"
             )
-    # generate reads num_beams from generation_config.json alone where there is one (its
-    # default 1: transformers leaves 1 out of the files it saves), else config.json's
-    default_beam = 1 if where.is_file() else c.get("num_beams", 4)
-    beam = _number(where, "num_beams", generation.get("num_beams", default_beam), int, 1)
+    # generate's default 1 (transformers leaves 1 out of the files it saves)
+    beam = _number(where, "num_beams", generation.get("num_beams", 1), int, 1)
     # transduce's GNMT alpha and output cap, which an export writes beside Hugging Face's
     # length_penalty and max_length (not the same: a folder of another tool keeps the defaults)
     alpha = _number(where, ALPHA_KEY, generation.get(ALPHA_KEY, DecodeConfig.alpha), float, 0)
