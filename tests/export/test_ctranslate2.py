@@ -300,3 +300,28 @@ def test_a_source_longer_than_the_table_is_refused_not_cut(trained, tmp_path: Pa
     sentence = " ".join(["the dog runs"] * 6)
     with pytest.raises(UserError, match=r"sentence 2 has \d+ pieces .* position table holds 12"):
         translate_with_ctranslate2(tmp_path / "short", ["a dog", sentence])
+
+
+def test_the_folder_s_decoding_is_the_default(exported, trained, tmp_path: Path) -> None:
+    """transduce.json keeps the checkpoint's decoding, sampling settings included, and
+    translate_with_ctranslate2 decodes with them unless the call names its own."""
+    from transduce.checkpoint import load, save
+
+    sentences = corpus(20, seed=11)[0]
+    beam = json.loads((exported / "transduce.json").read_text())["decode"]["beam"]
+    assert beam > 1
+    by_default = translate_with_ctranslate2(exported, sentences, intra_threads=1)
+    assert by_default == translate_with_ctranslate2(
+        exported, sentences, beam_size=beam, intra_threads=1
+    )
+    raw = load(trained)
+    sampling = {"sampling": True, "beam": 1, "temperature": 3.0, "top_k": 0, "top_p": 0.95}
+    raw["config"]["decode"] = {**raw["config"]["decode"], **sampling, "sampling_seed": 7}
+    save(raw, tmp_path / "sample.pt")
+    export_checkpoint(tmp_path / "sample.pt", tmp_path / "s")
+    decode = json.loads((tmp_path / "s" / "transduce.json").read_text())["decode"]
+    assert decode == {**decode, **sampling, "sampling_seed": 7}
+    drawn = translate_with_ctranslate2(tmp_path / "s", sentences, intra_threads=1)
+    assert drawn == translate_with_ctranslate2(tmp_path / "s", sentences, intra_threads=1)
+    greedy = translate_with_ctranslate2(tmp_path / "s", sentences, beam_size=1, intra_threads=1)
+    assert drawn != greedy  # sampled, at temperature 3

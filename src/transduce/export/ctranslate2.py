@@ -362,11 +362,16 @@ def export_checkpoint(
             f"the CTranslate2 export takes one vocabulary shared by source and "
             f"target; this model's is a {type(vocab).__name__}{two}"
         )
-    decode = {
-        "beam": cfg.decode.beam,
-        "alpha": cfg.decode.alpha,
-        "max_len_offset": cfg.decode.max_len_offset,
-    }
+    d = cfg.decode
+    decode: dict[str, Any] = {"beam": d.beam, "alpha": d.alpha, "max_len_offset": d.max_len_offset}
+    if d.sampling:  # translate_with_ctranslate2 samples with them by default
+        decode.update(
+            sampling=True,
+            temperature=d.temperature,
+            top_k=d.top_k,
+            top_p=d.top_p,
+            sampling_seed=d.sampling_seed,
+        )
     return export_model(
         model,
         tokens,
@@ -395,11 +400,29 @@ def _pieces(text: str, sp: Any, info: dict[str, Any]) -> list[str]:
     return ([] if code is None else [code]) + sp.encode(rest, out_type=str)
 
 
+def _folder_decoding(
+    info: dict[str, Any], beam_size: int | None, options: dict[str, Any], ct2: Any
+) -> int:
+    """The beam size to use, given ``beam_size`` (None: the folder's) and the folder's
+    ``transduce.json`` ``info``; a sampling model's settings put into ``options`` (CTranslate2's
+    names; top_k 0 is all tokens in both) and its seed set, unless the call names a beam or
+    sampling of its own."""
+    decode = info.get("decode", {})
+    own = beam_size is not None or any(k.startswith("sampling_") for k in options)
+    if decode.get("sampling") and not own:
+        options["sampling_topk"] = decode["top_k"]
+        options["sampling_topp"] = decode["top_p"]
+        options["sampling_temperature"] = decode["temperature"]
+        ct2.set_random_seed(decode["sampling_seed"])
+        return 1
+    return int(decode.get("beam", 1)) if beam_size is None else beam_size
+
+
 def translate_with_ctranslate2(
     model_dir: str | Path,
     sentences: Sequence[str],
     *,
-    beam_size: int = 1,
+    beam_size: int | None = None,
     max_len_offset: int | None = None,
     device: str = "cpu",
     intra_threads: int = 0,
@@ -409,7 +432,9 @@ def translate_with_ctranslate2(
     a synthetic task's model, whose folder has no SentencePiece model), CTranslate2's
     ``translate_batch`` (``<pad>`` and ``<s>`` never generated, and ``</s>`` allowed first, as
     in ours: ``min_decoding_length`` 0), pieces joined back. Empty sentences give ``""``.
-    ``options`` go to ``translate_batch``.
+    ``options`` go to ``translate_batch``. ``beam_size`` None takes the checkpoint's decoding
+    from ``transduce.json``: its beam, or for a sampling model its temperature, top-k, top-p
+    and seed (one sample); 1 where the folder has none.
 
     Outputs are capped as ``Translator`` caps them, at (source pieces + EOS + ``max_len_offset``)
     pieces, by one ``translate_batch`` call per source length; ``max_len_offset`` None takes the
@@ -436,6 +461,7 @@ def translate_with_ctranslate2(
     threads = torch.get_num_threads()
     try:
         translator = ct2.Translator(str(model_dir), device=device, intra_threads=intra_threads)
+        beam_size = _folder_decoding(info, beam_size, options, ct2)
         if max_len_offset is None and "max_decoding_length" not in options:
             max_len_offset = info.get("decode", {}).get("max_len_offset")
         texts = [s.strip() for s in text_list(sentences, "sentence")]
