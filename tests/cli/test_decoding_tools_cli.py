@@ -293,6 +293,15 @@ def test_line_by_line_by_default_on_a_terminal(monkeypatch) -> None:
         line_by_line(args(input="file.txt", unbuffered=True))
     with pytest.raises(UserError, match="--output"):
         line_by_line(args(output="out.txt", interactive=True))
+    for kw in ({"unbuffered": True}, {"input": "file.txt"}, {"output": "out.txt"}):
+        with pytest.raises(UserError, match="--no-interactive reads a whole stdin"):
+            line_by_line(args(interactive=False, **kw))  # it would change nothing
+
+
+@pytest.mark.parametrize("option", [["--batch-tokens", "7"], ["--quiet"]])
+def test_options_of_a_whole_input_are_refused_line_by_line(files, capsys, option) -> None:
+    code, _, err = run(["translate", "--model", files["tf"], "--unbuffered", *option], capsys)
+    assert code == 2 and f"{option[0]} goes with a whole input, not line by line" in err
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"

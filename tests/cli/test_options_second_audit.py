@@ -152,6 +152,24 @@ def test_alignments_with_an_ensemble_are_refused_in_either_order(model_kinds, ca
 
 
 @pytest.mark.parametrize(
+    ("kind", "layer", "needle"),
+    [("recurrent", None, "not the rnn's"), ("shared", "7", "alignment layer 7: this model has")],
+)
+def test_alignments_are_refused_before_anything_is_translated(
+    model_kinds, capsys, monkeypatch: pytest.MonkeyPatch, kind: str, layer: str | None, needle: str
+) -> None:
+    from transduce.inference.translator import Translator
+
+    def no_decoding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("translated before refusing")
+
+    monkeypatch.setattr(Translator, "translate", no_decoding)
+    argv = ["translate", "--model", str(model_kinds[kind]), "--alignments", "--quiet"]
+    argv += [] if layer is None else ["--alignment-layer", layer]
+    _one_error(*_run(argv, capsys, stdin="the dog\n"), needle)
+
+
+@pytest.mark.parametrize(
     ("argv", "help_of"),
     [
         (["score", "--model", "m", "--src", "a", "--tgt", "b", "--bogus"], "transduce score"),

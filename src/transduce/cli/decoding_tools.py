@@ -173,6 +173,11 @@ def line_by_line(args: argparse.Namespace) -> bool:
     stdout."""
     reads_stdin = args.input is None or args.input == "-"
     writes_stdout = args.output is None or args.output == "-"
+    if args.interactive is False and (args.unbuffered or not (reads_stdin and writes_stdout)):
+        raise UserError(  # it would change nothing: say so, not ignore it
+            "--no-interactive reads a whole stdin before answering on stdout: not with "
+            "--unbuffered, --input or --output"
+        )
     if args.unbuffered or args.interactive:
         if not (reads_stdin and writes_stdout):
             raise UserError(

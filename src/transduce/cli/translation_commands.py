@@ -49,6 +49,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise UserError("--alignments read one model's attention: give one --model, not several")
     if args.alignment_layer is not None and not args.alignments:
         raise UserError("--alignment-layer goes with --alignments")
+    if args.alignments:  # refused before decoding, not after the whole input
+        translator.check_alignment(-1 if args.alignment_layer is None else args.alignment_layer)
     decode = translator.decode_config(
         beam=args.beam,
         alpha=args.alpha,
@@ -83,6 +85,12 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if tools.line_by_line(args):
         if args.prefix_file is not None:
             raise UserError("--prefix-file goes with a whole input, not line by line")
+        for given, option in (
+            (args.batch_tokens is not None, "--batch-tokens"),
+            (args.quiet, "--quiet"),
+        ):
+            if given:  # each line is a batch of its own, with no progress bar
+                raise UserError(f"{option} goes with a whole input, not line by line")
         show_progress = False
 
         def answer_warned(sentences: list[str], first: int) -> list[str]:

@@ -479,12 +479,9 @@ class Translator:
                 out[j] = pair
         return [pair for pair in out if pair is not None]
 
-    def align(
-        self, sentences: Sequence[str], translations: Sequence[str], *, layer: int = -1
-    ) -> list[str]:
-        """For each pair, the Pharaoh word alignment (``i-j``: source word i, target word j) of
-        the model's encoder-decoder attention in ``layer`` (default: the last), averaged over its
-        heads (``inference.attention_maps.word_alignment``); "" where either side is empty."""
+    def check_alignment(self, layer: int = -1) -> None:
+        """A UserError where ``align(..., layer=layer)`` would be refused: an ensemble, the
+        recurrent model, a layer this model lacks (so a caller can refuse before decoding)."""
         if isinstance(self.decoding, Ensemble):  # self.model is only its first member
             raise UserError(
                 "alignments read one model's attention; an ensemble's members attend "
@@ -497,6 +494,14 @@ class Translator:
             raise TypeError(f"layer must be an int; got {layer!r}")
         if not -n_layers <= layer < n_layers:
             raise UserError(f"alignment layer {layer}: this model has layers 0 to {n_layers - 1}")
+
+    def align(
+        self, sentences: Sequence[str], translations: Sequence[str], *, layer: int = -1
+    ) -> list[str]:
+        """For each pair, the Pharaoh word alignment (``i-j``: source word i, target word j) of
+        the model's encoder-decoder attention in ``layer`` (default: the last), averaged over its
+        heads (``inference.attention_maps.word_alignment``); "" where either side is empty."""
+        self.check_alignment(layer)
         sentences = text_list(sentences, "sentence")
         translations = text_list(translations, "translation")
         if len(sentences) != len(translations):
