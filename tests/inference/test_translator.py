@@ -117,6 +117,10 @@ def test_bad_options(translator) -> None:
         translator.decode_config(beam=61)
     with pytest.raises(UserError, match=r"beam \(61\) must not exceed the vocabulary size \(60\)"):
         translator.translate(["the dog"], DecodeConfig(beam=61))  # made without decode_config
+    sampled = DecodeConfig(beam=61, sampling=True, sampling_seed=1)  # sampling has no beam
+    assert translator.translate(["the dog"], sampled) == translator.translate(
+        ["the dog"], DecodeConfig(sampling=True, sampling_seed=1)
+    )
     for alpha in (float("nan"), float("inf"), 10.5):  # lp = ((5 + |Y|) / 6) ** alpha overflows
         with pytest.raises(UserError, match="alpha"):
             translator.decode_config(alpha=alpha)

@@ -297,9 +297,10 @@ class Translator:
         return self.cfg.decode if decode is None else decode
 
     def _fits(self, decode: DecodeConfig | None) -> DecodeConfig:
-        """``decode`` (None: the model's), refused if its beam exceeds the vocabulary."""
+        """``decode`` (None: the model's), refused if its search's beam exceeds the vocabulary
+        (sampling has no beam)."""
         cfg = self._given(decode)
-        if cfg.beam > len(self.vocab):  # more hypotheses than tokens to extend them with
+        if not cfg.sampling and cfg.beam > len(self.vocab):  # hypotheses > tokens to extend them
             raise UserError(
                 f"beam ({cfg.beam}) must not exceed the vocabulary size ({len(self.vocab)})"
             )
