@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -242,3 +244,54 @@ def test_batching_settings_are_checked() -> None:
         BatchingConfig(batch_wait_ms=-1)
     with pytest.raises(ValueError, match="batch_wait_ms"):
         BatchingConfig(batch_wait_ms=float("nan"))
+
+
+class Gated(Recorder):
+    """Holds every call until ``gate`` is set; ``entered`` is set once a call holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def translate(self, sentences, decode=None):
+        self.entered.set()
+        assert self.gate.wait(TIMEOUT)
+        return super().translate(sentences, decode)
+
+
+class Sentence:
+    """A sentence that tells (by a weak reference) whether anything still holds it."""
+
+
+def test_withdrawn_requests_leave_the_queue_while_the_worker_is_busy() -> None:
+    # 50 clients that went away while the worker was busy: their sentences are not kept in the
+    # queue until the worker gets to them, past max_queue_sentences
+    gated = Gated()
+    batcher = DynamicBatcher(gated, BatchingConfig(batch_wait_ms=0), max_queue_sentences=3)
+
+    async def scenario() -> tuple[list, list]:
+        batcher.start()
+        busy = batcher.submit(["a"], DEFAULT)
+        await asyncio.get_running_loop().run_in_executor(None, gated.entered.wait, TIMEOUT)
+        refs = []
+        for _ in range(50):
+            sentences = [Sentence(), Sentence()]
+            refs += [weakref.ref(s) for s in sentences]
+            batcher.submit(sentences, DEFAULT).cancel()  # within the limit: 1 + 2 <= 3
+            del sentences
+            await asyncio.sleep(0)  # the done callback runs
+        gc.collect()
+        held = [r for r in refs if r() is not None]
+        later = batcher.submit(["b", "c"], DEFAULT)
+        gated.gate.set()
+        return held, await asyncio.wait_for(asyncio.gather(busy, later), TIMEOUT)
+
+    try:
+        held, answers = asyncio.run(scenario())
+    finally:
+        gated.gate.set()
+        batcher.stop()
+    assert held == [], f"{len(held)} sentences of withdrawn requests still held"
+    assert answers == [["A"], ["B", "C"]]
+    stats = batcher.stats()
+    assert (stats["cancelled_requests"], stats["pending_sentences"]) == (50, 0)

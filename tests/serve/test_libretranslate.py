@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -621,8 +622,6 @@ def test_the_libretranslate_routes_are_left_out_of_openapi(server) -> None:
 
 
 def test_max_request_chars_below_max_chars_is_refused(translators, capsys) -> None:
-    from dataclasses import replace
-
     from transduce.cli.main import main
 
     with pytest.raises(ValueError, match="max_request_chars .* must be at least max_chars"):
@@ -631,3 +630,37 @@ def test_max_request_chars_below_max_chars_is_refused(translators, capsys) -> No
     serve = ["--no-malloc-tuning", "serve", "--port", "0", "--model", model]
     assert main([*serve, "--max-chars", "50", "--max-request-chars", "10"]) == 2
     assert "--max-request-chars (10) must be at least --max-chars (50)" in capsys.readouterr().err
+
+
+def test_html_over_the_limits_is_refused_before_it_is_parsed(
+    translators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python's HTML parser takes time quadratic in malformed markup ("<a" * 50,000: seconds):
+    # the limits are checked on the raw text, before any parsing
+    import transduce.serve.libretranslate as lt
+
+    parsed: list[str] = []
+    real = lt.split_html
+
+    def spy(text: str):
+        parsed.append(text)
+        if len(text) > 100:
+            raise AssertionError("parsed a text over the limits")  # (a 500: the test fails)
+        return real(text)
+
+    monkeypatch.setattr(lt, "split_html", spy)
+    limits = replace(LIMITS, max_request_chars=1_000, max_html_chars=600)
+    with ServerThread(
+        create_app([ServedModel(translators["en-de"], "en", "de")], limits=limits)
+    ) as srv:
+        url, body = lt_url(srv) + "translate", {"source": "en", "target": "de", "format": "html"}
+        status, out = call(url, {**body, "q": "<a" * 501})
+        error = "Invalid request: request (1002 characters) exceeds text limit (1000 a request)"
+        assert (status, out) == (400, {"error": error})
+        for q in ("<a" * 350, ["<a " * 100, "<a " * 101]):  # over max_html_chars, in all
+            status, out = call(url, {**body, "q": q})
+            assert status == 400 and "exceeds the html limit (600 a request" in out["error"]
+        assert parsed == []
+        status, out = call(url, {**body, "q": "<b>a dog</b>"})
+        want = f"<b>{translators['en-de'].translate(['a dog'])[0]}</b>"
+        assert (status, out) == (200, {"translatedText": want}) and parsed == ["<b>a dog</b>"]

@@ -103,6 +103,28 @@ def test_health(server, translator) -> None:
     assert {"requests", "sentences", "batches", "max_batch_requests"} <= set(out["stats"])
 
 
+def test_health_gives_each_vocabulary_and_the_fields_of_its_architecture(tmp_path) -> None:
+    from inference_testkit import save_toy_pair_translator
+
+    decode = {"max_len_offset": 4, "beam": 2}
+    pair = Translator.load(save_toy_pair_translator(tmp_path / "pair.pt", decode))
+    rnn_path = save_toy_translation_model(tmp_path / "rnn.pt", decode, {"architecture": "rnn"})
+    rnn = Translator.load(rnn_path)
+    models = {}
+    for name, translator in (("pair", pair), ("rnn", rnn)):
+        with ServerThread(create_app(translator)) as srv:
+            status, out = request(srv.url + "/health")
+            assert status == 200
+            models[name] = out["model"]
+    assert models["pair"]["source_vocab_size"] == 60 and models["pair"]["target_vocab_size"] == 45
+    assert "vocab_size" not in models["pair"]  # which side's would it be?
+    assert models["pair"]["n_heads"] == pair.cfg.model.n_heads
+    assert models["rnn"]["architecture"] == "rnn" and models["rnn"]["vocab_size"] == 60
+    assert models["rnn"]["input_feeding"] == rnn.cfg.model.input_feeding
+    assert models["rnn"]["rnn_attention"] == rnn.cfg.model.rnn_attention
+    assert not {"d_ff", "n_heads", "norm", "positional"} & set(models["rnn"])  # unused there
+
+
 def test_translations_equal_translator(server, translator) -> None:
     sentences = toy_sentences(10, seed=1)
     lines = sentences[:3] + ["", "  "] + sentences[3:]
@@ -300,6 +322,39 @@ def test_full_queue_is_503(translator) -> None:
             t.join(TIMEOUT)
         assert first["r"][0] == 200
         assert translate(srv, {"text": ["c", "d"]}) == translator.translate(["c", "d"])
+
+
+def test_requests_queued_at_shutdown_get_a_503_not_a_500(translator) -> None:
+    flaky = FlakyTranslator(translator)
+    app = create_app(flaky, batching=BatchingConfig(max_batch_sentences=1, batch_wait_ms=0))
+    batcher = app.state.batcher
+    with ServerThread(app) as srv:
+        flaky.release.clear()
+        flaky.entered.clear()
+        answers: dict[str, tuple] = {}
+
+        def send(key: str) -> None:
+            answers[key] = request(srv.url + "/translate", {"text": [key]})
+
+        clients = [threading.Thread(target=send, args=(key,)) for key in ("held", "queued")]
+        try:
+            clients[0].start()
+            assert flaky.entered.wait(TIMEOUT)  # the worker holds the first
+            clients[1].start()
+            deadline = time.monotonic() + TIMEOUT
+            while batcher.stats()["pending_sentences"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            batcher.stop(timeout=0.05)  # as the app's shutdown, once uvicorn stops waiting
+            clients[1].join(TIMEOUT)
+            after = request(srv.url + "/translate", {"text": ["after"]})
+        finally:
+            flaky.release.set()
+            for client in clients:
+                client.join(TIMEOUT)
+    shutting = "the server is shutting down: this request was not translated; try again later"
+    assert answers["queued"] == (503, {"error": shutting, "status": 503})
+    assert after == (503, {"error": shutting, "status": 503})  # none queued after the stop
+    assert answers["held"] == (200, {"translations": translator.translate(["held"])})
 
 
 def test_limits_are_checked() -> None:

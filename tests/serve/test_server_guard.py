@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,72 @@ def test_bodies_held_at_once_are_limited(translator) -> None:
         assert status == 503 and "busy reading" in out["error"] and headers["retry-after"] == "1"
         holder.close()  # its bytes are given back
         assert wait_until(lambda: call(srv, "POST", "/translate", padded)[0] == 200, 10)
+
+
+def test_requests_waiting_for_translation_hold_no_body(translator) -> None:
+    # max_body_buffer bounds the bodies held: a request that waits in the queue keeps its
+    # sentences, not its body (six 0.9 MB bodies held 5.4 MB past a 1 MB buffer)
+    gated = Gated(translator)
+    limits = ServerLimits(max_body_bytes=1_000_000, max_body_buffer=1_000_000)
+    padded = TRANSLATE_DOG + b" " * 900_000
+    batching = BatchingConfig(max_batch_sentences=1, batch_wait_ms=0)
+    answers: list = []
+    clients: list[threading.Thread] = []
+    with ServerThread(create_app(gated, limits=limits, batching=batching)) as srv:
+        gated.gate.clear()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for n in range(1, 7):  # one at a time: each body is read alone
+                clients.append(
+                    threading.Thread(
+                        target=lambda: answers.append(call(srv, "POST", "/translate", padded))
+                    )
+                )
+                clients[-1].start()
+                assert wait_until(lambda n=n: stats(srv)["pending_sentences"] == n)
+            held = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+            gated.gate.set()
+            for client in clients:
+                client.join(TIMEOUT)
+    assert held < 2_000_000, f"{held} bytes held while 6 requests wait"
+    assert [answer[0] for answer in answers] == [200] * 6
+
+
+def test_a_body_being_parsed_still_counts_in_the_body_buffer(
+    translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the LibreTranslate API parses a body on a worker thread: its bytes stay counted meanwhile
+    import transduce.serve.lt_request as lt_request
+
+    parsing, release = threading.Event(), threading.Event()
+    real = lt_request._parse_fields
+
+    def held_parse(body: bytes, content_type: str):
+        if not parsing.is_set():  # the first body alone is held in its parse
+            parsing.set()
+            assert release.wait(TIMEOUT)
+        return real(body, content_type)
+
+    monkeypatch.setattr(lt_request, "_parse_fields", held_parse)
+    limits = ServerLimits(max_body_bytes=100_000, max_body_buffer=150_000)
+    padded = json.dumps({"q": "the dog"}).encode() + b" " * 89_000
+    path = "/libretranslate/translate"
+    with ServerThread(create_app(translator, limits=limits)) as srv:
+        first: list = []
+        holder = threading.Thread(target=lambda: first.append(call(srv, "POST", path, padded)))
+        holder.start()
+        try:
+            assert parsing.wait(TIMEOUT)
+            status, _, out = call(srv, "POST", path, padded)
+        finally:
+            release.set()
+            holder.join(TIMEOUT)
+        assert status == 503 and "busy reading" in out["error"]
+        assert first[0][0] == 400  # read and parsed (this model was served without languages)
+        assert call(srv, "POST", path, padded)[0] == 400  # the bytes were given back
 
 
 # -- connections -------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ serves one request at a time. If a batch fails, its requests are translated agai
 only the request that fails gets the error.
 
 A request whose future is cancelled (the server does so when its client disconnects) gives its
-sentences back to the queue limit at once; the worker skips it if it has not started on it, and
-drops its translations if it has (the requests batched with it are answered as usual).
+sentences back to the queue limit at once and is taken off the queue, so that the sentences the
+queue holds stay within the limit however many clients go away; if the worker has started on it,
+its translations are dropped (the requests batched with it are answered as usual). Requests still
+queued when the worker stops fail with ``ShuttingDown``.
 
 Which thread decodes matters on the CPU. PyTorch's OpenMP runtime (GNU libgomp) lets the workers
 of a parallel region spin between regions only while no more OpenMP threads exist than CPUs;
@@ -44,7 +46,7 @@ from typing import Any, Protocol
 from transduce.config import DecodeConfig
 from transduce.serve.work import Work, do_work
 
-__all__ = ["BatchingConfig", "DynamicBatcher", "ServerBusy", "TranslatorLike"]
+__all__ = ["BatchingConfig", "DynamicBatcher", "ServerBusy", "ShuttingDown", "TranslatorLike"]
 
 
 class TranslatorLike(Protocol):
@@ -80,7 +82,7 @@ class BatchingConfig:
             )
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the queue removes this very job
 class _Job:
     sentences: list[Any]  # sentences, or the pairs that ``work`` takes (``serve.work``)
     decode: DecodeConfig
@@ -93,6 +95,13 @@ class _Job:
 
 class ServerBusy(Exception):
     """More sentences are waiting than the queue limit allows."""
+
+
+class ShuttingDown(RuntimeError):
+    """The worker stopped (the server is shutting down) before translating the request."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
 
 
 _STOP = object()
@@ -186,7 +195,7 @@ class DynamicBatcher:
             except queue.Empty:
                 break
             if isinstance(job, _Job):
-                self._resolve(job, None, RuntimeError("the server is shutting down"))
+                self._resolve(job, None, ShuttingDown())
         if self._running:  # timed out mid-batch: the loop must still find the signal
             self._queue.put(_STOP)
 
@@ -205,23 +214,26 @@ class DynamicBatcher:
         work: Work | None = None,
     ) -> asyncio.Future:
         """Queue one request (from the event loop), to be translated with ``decode``; raises
-        ServerBusy over the queue limit. The future's result is one translation per sentence,
+        ServerBusy over the queue limit, ShuttingDown once the worker was asked to stop. The
+        future's result is one translation per sentence,
         or with ``nbest`` over 1 a list of up to ``nbest`` translations per sentence (the
         translator's ``translate_nbest``); with ``work``, what ``serve.work.do_work`` gives for
         it (``nbest`` then ignored).
         Cancelling the returned future withdraws the request (see the module docstring)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        with self._lock:
+        job = _Job(sentences, decode, work or Work(nbest=nbest), future, loop)
+        # a cancelled request frees its place in the queue limit now, not when the worker gets to it
+        future.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
+        with self._lock:  # queued under the lock: ``stop`` drains no queue a job joins later
+            if self._stop_requested:
+                raise ShuttingDown
             if self._pending and self._pending + len(sentences) > self.max_queue_sentences:
                 raise ServerBusy(
                     f"the server is busy ({self._pending} sentences waiting); try again later"
                 )
             self._pending += len(sentences)
-        job = _Job(sentences, decode, work or Work(nbest=nbest), future, loop)
-        # a cancelled request frees its place in the queue limit now, not when the worker gets to it
-        future.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
-        self._queue.put(job)
+            self._queue.put(job)
         return future
 
     def _withdraw(self, job: _Job) -> None:
@@ -231,6 +243,13 @@ class DynamicBatcher:
             job.resolved = True
             self._pending -= len(job.sentences)
             self._stats["cancelled_requests"] += 1
+        self._unqueue(job)
+
+    def _unqueue(self, job: _Job) -> None:
+        """Take ``job`` off the queue if the worker has not taken it: a withdrawn job left there
+        would hold its sentences, uncounted, until the worker got to it."""
+        with self._queue.mutex, contextlib.suppress(ValueError):  # taken already
+            self._queue.queue.remove(job)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -255,7 +274,7 @@ class DynamicBatcher:
                     return
         finally:
             if carry is not None:  # taken from the queue, not translated
-                self._resolve(carry, None, RuntimeError("the server is shutting down"))
+                self._resolve(carry, None, ShuttingDown())
 
     def _collect(self, first: _Job) -> tuple[list[_Job], _Job | None, bool]:
         """The jobs of one batch starting with ``first``, the job that did not fit (kept for the

@@ -10,7 +10,8 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
 * ``POST /libretranslate/translate``: ``q`` (a string, or in JSON a list of strings), ``source``
   (a served source language, or ``auto`` when the target has a single one), ``target``,
   ``format`` (``text``, or ``html``: the text between the tags translated, the markup kept:
-  ``serve/html_text.py``), ``alternatives`` (how many more translations to
+  ``serve/html_text.py``; at most ``max_html_chars`` characters a request, markup included,
+  refused before they are parsed), ``alternatives`` (how many more translations to
   give, at most the beam less 1: the model's, capped at ``max_beam``), ``api_key``. The body is
   JSON or a form: ``application/x-www-form-urlencoded`` (what ``libretranslatepy`` sends) or
   ``multipart/form-data`` (what LibreTranslate's own web page sends; fields only, no files).
@@ -270,6 +271,8 @@ async def _translate(
     text_format = fields.get("format") or "text"
     if text_format not in ("text", "html"):
         raise ApiError(400, f"{text_format} format is not supported (text or html)")
+    if text_format == "html":
+        _check_markup(texts, limits)
     n_alternatives = lt_request.alternatives_of(fields)
     index, source, detected = _pick(models, source, target)
     translator, batcher = models.models[index].translator, models.batchers[index]
@@ -323,12 +326,29 @@ def _check_limits(lines: list[str], limits: ServerLimits) -> None:
                 f"Invalid request: request ({len(line)} characters in a line) "
                 f"exceeds text limit ({limits.max_chars})",
             )
-    total = chars_over(lines, limits)
+    _check_total(lines, limits)
+
+
+def _check_total(texts: list[str], limits: ServerLimits) -> None:
+    total = chars_over(texts, limits)
     if total is not None:
         raise ApiError(
             400,
             f"Invalid request: request ({total} characters) exceeds text limit "
             f"({limits.max_request_chars} a request)",
+        )
+
+
+def _check_markup(texts: list[str], limits: ServerLimits) -> None:
+    """HTML texts within the limits before they are parsed: malformed markup takes the parser
+    time quadratic in its length (seconds for 20,000 characters), markup and text alike."""
+    _check_total(texts, limits)
+    total = sum(map(len, texts))
+    if total > limits.max_html_chars:
+        raise ApiError(
+            400,
+            f"Invalid request: request ({total} characters of html) exceeds the html limit "
+            f"({limits.max_html_chars} a request, markup included)",
         )
 
 

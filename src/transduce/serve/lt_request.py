@@ -22,26 +22,33 @@ from transduce.serve.requests import (
     is_json_type,
     load_json,
     mime_type,
-    read_body,
+    read_parsed,
 )
 
-__all__ = ["alternatives_of", "read_fields", "text_field", "texts_of"]
+__all__ = ["FIELDS", "alternatives_of", "read_fields", "text_field", "texts_of"]
+
+FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")  # what the API reads
 
 
 async def read_fields(
     request: Request, limits: ServerLimits, budget: BodyBudget, api_key: ApiKey | None
 ) -> dict[str, Any]:
-    """The request's fields (a JSON object or a form), its API key checked."""
-    body = await read_body(request, limits, budget)
+    """The request's fields (a JSON object or a form) that LibreTranslate reads (``FIELDS``:
+    the others' values are not kept while the request waits), its API key checked."""
     content_type = request.headers.get("content-type", "")
-    if mime_type(content_type) == "multipart/form-data":
-        fields = await _multipart_fields(request, body)
-    else:  # off the event loop: a megabyte of form or JSON takes a while to parse
-        fields = await run_in_threadpool(_parse_fields, body, content_type)
+
+    async def parse(body: bytes) -> dict[str, Any]:
+        if mime_type(content_type) == "multipart/form-data":
+            return await _multipart_fields(request, body)
+        # off the event loop: a megabyte of form or JSON takes a while to parse
+        return await run_in_threadpool(_parse_fields, body, content_type)
+
+    fields = await read_parsed(request, limits, budget, parse)
     if not is_json_type(content_type):
         # Flask's request.values, as LibreTranslate reads a form: the query string first
         query = _form_pairs(request.scope.get("query_string", b""), "query string")
         fields = {**fields, **query}
+    fields = {name: fields[name] for name in FIELDS if name in fields}
     if api_key is not None:
         _check_key(api_key, fields.get("api_key"), authorization_header(request.scope))
     return fields

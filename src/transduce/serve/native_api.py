@@ -17,8 +17,9 @@ takes a body sent as ``Content-Type: application/json`` only (415 otherwise:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -38,7 +39,7 @@ from transduce.serve.requests import (
     BodyBudget,
     ServerLimits,
     parse_translate_request,
-    read_body,
+    read_parsed,
     require_json,
     served_decode,
     translate_on,
@@ -46,6 +47,23 @@ from transduce.serve.requests import (
 from transduce.serve.work import Work
 
 __all__ = ["add_native_api"]
+
+T = TypeVar("T")
+
+
+async def _read(
+    request: Request,
+    limits: ServerLimits,
+    budget: BodyBudget,
+    parse: Callable[[bytes, ServerLimits], T],
+) -> T:
+    """The JSON body parsed by ``parse``; the body's bytes end here, before any translation."""
+    require_json(request)
+
+    async def on_loop(body: bytes) -> T:  # on the event loop: a JSON body within max_body_bytes
+        return parse(body, limits)
+
+    return await read_parsed(request, limits, budget, on_loop)
 
 
 def _pick(models: ServedModels, source: str | None, target: str | None) -> int:
@@ -92,9 +110,7 @@ def add_native_api(
 
     @app.post("/translate", **route_docs("/translate", limits))
     async def translate(request: Request) -> JSONResponse:
-        require_json(request)
-        body = await read_body(request, limits, budget)
-        asked = parse_translate_request(body, limits)
+        asked = await _read(request, limits, budget, parse_translate_request)
         options = parse_options(asked.options, limits, len(asked.sentences))
         index = _pick(models, asked.source, asked.target)
         if options.sampling is not None and asked.beam is not None:  # as the CLI refuses it
@@ -120,9 +136,7 @@ def add_native_api(
 
     @app.post("/score", **route_docs("/score", limits))
     async def score(request: Request) -> JSONResponse:
-        require_json(request)
-        body = await read_body(request, limits, budget)
-        asked = parse_score_request(body, limits)
+        asked = await _read(request, limits, budget, parse_score_request)
         index = _pick(models, asked.source, asked.target)
         if not asked.pairs:
             return JSONResponse({"scores": []})
@@ -133,9 +147,7 @@ def add_native_api(
 
     @app.post("/attention", **route_docs("/attention", limits))
     async def attention(request: Request) -> JSONResponse:
-        require_json(request)
-        body = await read_body(request, limits, budget)
-        asked = parse_attention_request(body, limits)
+        asked = await _read(request, limits, budget, parse_attention_request)
         index = _pick(models, asked.source, asked.target)
         decode = _decode(models.models[index].translator, limits)
         work = Work(kind="attention")

@@ -17,14 +17,15 @@ import json
 import logging
 import math
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
 from transduce.config import DecodeConfig
 from transduce.errors import UserError
-from transduce.serve.dynamic_batching import DynamicBatcher, ServerBusy
+from transduce.serve.dynamic_batching import DynamicBatcher, ServerBusy, ShuttingDown
 from transduce.serve.work import Work
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "load_json",
     "parse_translate_request",
     "read_body",
+    "read_parsed",
     "require_json",
     "served_decode",
     "translate_on",
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 CLOSE = {"Connection": "close"}  # headers of a refusal answered before the body was read
+T = TypeVar("T")
+SHUTTING_DOWN = "the server is shutting down: this request was not translated; try again later"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,9 @@ class ServerLimits:
     # characters per request, all its sentences: what one request may make the decoder do
     # (256 sentences of 2,000 characters held it for minutes, every other request waiting)
     max_request_chars: int = 100_000
+    # characters of the LibreTranslate API's ``format: html`` texts per request, checked before
+    # parsing: Python's HTML parser takes time quadratic in malformed markup (0.5 s at 5,000)
+    max_html_chars: int = 5_000
     max_beam: int = 16
     max_alpha: float = 10.0
     max_queue_sentences: int = 8_192  # sentences waiting before new requests get 503
@@ -180,10 +187,28 @@ class BodyBudget:
         self.used -= n
 
 
+async def read_parsed(
+    request: Request,
+    limits: ServerLimits,
+    budget: BodyBudget,
+    parse: Callable[[bytes], Awaitable[T]],
+) -> T:
+    """``parse`` of the request body (read as ``read_body`` reads it), the body's bytes counted
+    in ``budget`` until ``parse`` returns: a request keeps what parsing gave while it waits for
+    its translation, never its body, so ``max_body_buffer`` bounds the bodies held."""
+    body = await read_body(request, limits, budget)
+    try:
+        return await parse(body)
+    finally:
+        budget.give_back(len(body))
+
+
 async def read_body(request: Request, limits: ServerLimits, budget: BodyBudget) -> bytes:
-    """The request body, or ApiError: 413 once it is known to exceed ``max_body_bytes`` (from
-    Content-Length alone when that declares over 8 times the limit), 408 when it takes over
-    ``body_timeout_s``, 503 when ``budget`` is spent; ClientGone if the client disconnects.
+    """The request body, its bytes taken from ``budget`` (the caller gives them back once it
+    has parsed it: ``read_parsed``), or ApiError: 413 once it is known to exceed
+    ``max_body_bytes`` (from Content-Length alone when that declares over 8 times the limit),
+    408 when it takes over ``body_timeout_s``, 503 when ``budget`` is spent; ClientGone if the
+    client disconnects.
 
     A body a few times over the limit is read to its end before answering, so the client gets
     the 413 rather than a connection reset while it is still sending."""
@@ -200,16 +225,19 @@ async def read_body(request: Request, limits: ServerLimits, budget: BodyBudget) 
     try:
         async with asyncio.timeout(limits.body_timeout_s):
             size = await _read_chunks(request, limit, budget, chunks)
+        if size > limit:
+            raise ApiError(413, f"the body is too large: {size}+ bytes (at most {limit})", CLOSE)
     except TimeoutError:
+        budget.give_back(sum(map(len, chunks)))
         raise ApiError(
             408, f"the body took over {limits.body_timeout_s:g} s to arrive", CLOSE
         ) from None
     except ClientDisconnect:
-        raise ClientGone from None
-    finally:  # parsing follows at once, with no await: no other body is read meanwhile
         budget.give_back(sum(map(len, chunks)))
-    if size > limit:
-        raise ApiError(413, f"the body is too large: {size}+ bytes (at most {limit})", CLOSE)
+        raise ClientGone from None
+    except BaseException:  # a 413, a 503 from the budget, a cancellation: nothing is parsed
+        budget.give_back(sum(map(len, chunks)))
+        raise
     return b"".join(chunks)
 
 
@@ -262,16 +290,20 @@ async def translate_on(
 ) -> list[Any]:
     """``sentences`` translated by ``batcher`` with ``decode`` (with ``nbest`` over 1, a list of
     up to that many translations for each, best first; with ``work``, what it asks:
-    ``serve.work``), or ApiError: 503 (with
-    Retry-After) when the queue is full, 422 for input the model cannot take (``UserError``
-    from the translator: longer than its learned positions reach), 500 when decoding fails;
-    ClientGone when the client disconnects first."""
+    ``serve.work``), or ApiError: 503 when the queue is full (with Retry-After) or the server
+    is shutting down, 422 for input the model cannot take (``UserError`` from the translator:
+    longer than its learned positions reach), 500 when decoding fails; ClientGone when the
+    client disconnects first."""
     try:
         future = batcher.submit(sentences, decode, nbest, work=work)
     except ServerBusy as e:
         raise ApiError(503, str(e), {"Retry-After": "1"}) from None
+    except ShuttingDown:
+        raise ApiError(503, SHUTTING_DOWN) from None
     try:
         out: list[Any] = await answer_unless_gone(request, future)
+    except ShuttingDown:  # queued still when the worker stopped: no failure of decoding
+        raise ApiError(503, SHUTTING_DOWN) from None
     except UserError as e:  # input this model cannot take: the client's to change
         raise ApiError(422, str(e)) from None
     except ClientGone:

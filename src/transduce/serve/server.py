@@ -32,7 +32,8 @@ it declares over 8 times that) or more sentences / characters than the limits al
 fields of the wrong type or out of range (unknown fields included) and for a sentence the model
 cannot take (``UserError`` from the translator: longer than learned positions reach), 503 when
 more sentences wait than ``max_queue_sentences`` or more body bytes are held than
-``max_body_buffer``, 500 when decoding fails. None of them stops the server, and a request
+``max_body_buffer`` or when the server shuts down before translating a request, 500 when
+decoding fails. None of them stops the server, and a request
 batched with a failing one is answered on its own. Over ``max_connections`` open connections,
 uvicorn answers 503 (plain text); a connection that sends no complete headers within
 ``header_timeout_s`` is closed (``serve.guard``). A client that disconnects while its request
@@ -60,6 +61,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from transduce.data.vocab import vocab_sizes
 from transduce.serve.dynamic_batching import BatchingConfig, DynamicBatcher, TranslatorLike
 from transduce.serve.guard import (
     ApiKey,
@@ -105,6 +107,13 @@ def _error_response(
 # -- the app -----------------------------------------------------------------------------------
 
 
+# the model keys /health shows that one architecture alone reads (the others: both)
+_ARCHITECTURE_INFO = {
+    "transformer": ("d_ff", "n_heads", "norm", "positional"),
+    "rnn": ("rnn_attention", "input_feeding"),
+}
+
+
 def _model_info(translator: Any) -> dict[str, Any]:
     info: dict[str, Any] = {}
     model = getattr(translator, "model", None)
@@ -118,18 +127,23 @@ def _model_info(translator: Any) -> dict[str, Any]:
             architecture=m.architecture,  # the page draws attention of a Transformer only
             n_layers=m.n_layers,
             d_model=m.d_model,
-            d_ff=m.d_ff,
-            n_heads=m.n_heads,
-            norm=m.norm,
-            positional=m.positional,
+            **{key: getattr(m, key) for key in _ARCHITECTURE_INFO.get(m.architecture, ())},
         )
     vocab = getattr(translator, "vocab", None)
     if vocab is not None:
-        info["vocab_size"] = len(vocab)
+        info.update(_vocab_info(vocab))
     device = getattr(translator, "device", None)
     if device is not None:
         info["device"] = str(device)
     return info
+
+
+def _vocab_info(vocab: Any) -> dict[str, int]:
+    """``vocab_size`` of a shared vocabulary, else each side's: the target's alone misled."""
+    source, target = vocab_sizes(vocab)
+    if target is None:
+        return {"vocab_size": source}
+    return {"source_vocab_size": source, "target_vocab_size": target}
 
 
 def _decode_defaults(translator: Any, limits: ServerLimits) -> dict[str, Any]:
