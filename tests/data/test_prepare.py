@@ -532,3 +532,71 @@ def test_vocab_reads_the_training_files_alone(tmp_path: Path, capsys) -> None:  
     argv = ["vocab", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "v")]
     assert main(argv) == 0, capsys.readouterr().err
     assert (tmp_path / "v" / "vocab.model").is_file()
+
+
+def test_a_carriage_return_in_a_kept_validation_line_trains_from_the_folder_as_from_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Line 2 of valid.src holds a \\r (accepted there: only a line 1 \\r means Mac line ends);
+    line 1 is dropped (empty), so the \\r line became line 1 of valid.src.txt, and training from
+    the folder refused the file prepare wrote (exit 2)."""
+    from transduce.data.parallel import read_lines, read_parallel
+
+    write_corpus(tmp_path, n=50)
+    (tmp_path / "valid.src").write_bytes(b"\nfoo\rbar dog\nthe cat\n")
+    (tmp_path / "valid.tgt").write_bytes(b"X\nFOO BAR\nTHE CAT\n")
+    folder = tmp_path / "p"
+    prepare(config(tmp_path), folder, workers=1, log=lambda line: None)
+    files = read_parallel(tmp_path / "valid.src", tmp_path / "valid.tgt")
+    assert (
+        read_lines(folder / "valid.src.txt", written=True)
+        == files.source
+        == [
+            "foo\rbar dog",
+            "the cat",
+        ]
+    )
+    capsys.readouterr()
+    base = ["--config", str(tmp_path / "run.yaml"), "--quiet", "--set", f"prepared={folder}"]
+    assert main(["train", *base, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+
+
+def test_another_file_of_the_same_size_is_not_taken_for_the_prepared_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train_src naming another file of the same byte size was taken for the file the folder
+    was prepared from: its data silently replaced by the folder's."""
+    from transduce.training.tasks.translation_prepared import _open
+
+    write_corpus(tmp_path, n=50)
+    folder = tmp_path / "p"
+    prepare(config(tmp_path), folder, workers=1, log=lambda line: None)
+    text = (tmp_path / "train.src").read_bytes()
+    (tmp_path / "copy.src").write_bytes(text)  # the folder moved with a copy: still accepted
+    cfg = config(tmp_path, prepared=str(folder), train_src=str(tmp_path / "copy.src"))
+    assert _open(cfg.task)[0] == folder  # type: ignore[arg-type]
+    (tmp_path / "other.src").write_bytes(text.replace(b"the", b"eht"))
+    assert len(text) == (tmp_path / "other.src").stat().st_size
+    capsys.readouterr()
+    base = ["--config", str(tmp_path / "run.yaml"), "--quiet", "--set", f"prepared={folder}"]
+    argv = ["train", *base, "--set", f"train_src={tmp_path / 'other.src'}"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "the config says train_src " in err, err
+    assert "other.src" in err and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_negative_or_past_the_end_pair_numbers_are_refused(tmp_path: Path) -> None:
+    """numpy wrapped -1 to the last pair, in ``ids_of`` and ``select``, of a split or a view."""
+    write_corpus(tmp_path, n=50)
+    prepare(config(tmp_path), tmp_path / "p", workers=1, log=lambda line: None)
+    train = PreparedSplit(tmp_path / "p", "train")
+    view = train.select(np.array([4, 1, 2]))
+    assert view.ids_of(np.array([2, 0]), "tgt")[1].tolist() == [len(train[2][1]), len(train[4][1])]
+    for split in (train, view):
+        for bad in (np.array([0, -1]), np.array([len(split)])):
+            with pytest.raises(IndexError, match="pair numbers must lie in 0 .. "):
+                split.ids_of(bad, "src")
+            with pytest.raises(IndexError, match="pair numbers must lie in 0 .. "):
+                split.select(bad)
+    assert len(view.select(np.array([], dtype=np.int64))) == 0

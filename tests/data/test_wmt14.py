@@ -148,3 +148,16 @@ def test_a_missing_mirror_or_archive_is_named_before_anything_is_created(tmp_pat
     with pytest.raises(UserError, match=r"mirror: no test\.tgz \(--from holds"):
         fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=md5, progress=False)
     assert not (tmp_path / "wmt").exists()
+
+
+def test_sgm_text_splits_on_newline_only_as_sacrebleu(tmp_path: Path) -> None:
+    sgm, out = tmp_path / "t.sgm", tmp_path / "t.txt"
+    body = '<seg id="1">Hello\rworld  x</seg>\r\n<seg id="2">two\x0bthree</seg>\n'
+    sgm.write_bytes(f'<srcset setid="x">\n<doc docid="d">\n{body}</doc>\n</srcset>\n'.encode())
+    assert wmt14._sgm_text(sgm, out) == 2
+    assert out.read_bytes() == b"Hello world x\ntwo three\n"
+    fake_sgml = pytest.importorskip("sacrebleu.dataset.fake_sgml")
+    theirs = tmp_path / "sacrebleu.txt"
+    dataset = object.__new__(fake_sgml.FakeSGMLDataset)  # no __init__: it would download
+    dataset._convert_format(str(sgm), str(theirs))
+    assert out.read_bytes() == theirs.read_bytes()

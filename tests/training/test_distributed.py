@@ -342,3 +342,37 @@ def test_an_epoch_with_fewer_batches_than_processes_is_refused() -> None:
         feed = BatchFeed(pairs, t, World(rank=rank, size=2))
         with pytest.raises(UserError, match="epoch 0 has 1 batch of max_tokens=1000 for 2 proc"):
             feed.epoch(0, torch.device("cpu"))
+
+
+def test_batches_left_out_for_equal_shares_are_said_once_on_rank_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """3 processes trained 982 of 1000 pairs an epoch, with no word of the 18 left out."""
+    from transduce.config import TrainConfig
+    from transduce.training.feed import BatchFeed
+
+    pairs = [([5] * (3 + i % 7), [6] * (2 + i % 5)) for i in range(1000)]
+    t = TrainConfig(max_tokens=100, max_len=40)
+    notes: list[list[str]] = [[], [], []]
+    feeds = [BatchFeed(pairs, t, World(rank=r, size=3), note=notes[r].append) for r in range(3)]
+    cpu = torch.device("cpu")
+    for epoch in range(3):
+        shares = []
+        for feed in feeds:
+            with feed.epoch(epoch, cpu) as reader:
+                shares.append(reader.batches)
+        trained = sum(len(b) for share in shares for b in share)
+        assert len({len(share) for share in shares}) == 1 and trained < len(pairs)
+        if epoch == 0:
+            with BatchFeed(pairs, t, World()).epoch(0, cpu) as one:
+                every = one.batches
+            left, left_pairs = len(every) % 3, len(pairs) - trained
+    assert notes[1] == notes[2] == []
+    plural = "es" * (left != 1)
+    assert notes[0] == [
+        f"epoch 0: {left} batch{plural} ({left_pairs} pairs) of {len(every)} left out so that "
+        "3 processes take equal shares; each epoch's shuffle leaves out others"
+    ]
+    with BatchFeed(pairs, t, World(rank=0, size=3)).epoch(0, cpu):
+        pass
+    assert f"({left_pairs} pairs) of" in capsys.readouterr().err  # the default: stderr

@@ -94,19 +94,20 @@ def _open_binary(path: Path, name: str, compressed: bool) -> BinaryIO:
         raise UserError(f"{name}: cannot open ({e.strerror or e})") from e
 
 
-def check_line(text: str, name: str, lineno: int) -> None:
+def check_line(text: str, name: str, lineno: int, *, written: bool = False) -> None:
     """A UserError naming line ``lineno`` of ``name`` if ``text`` (the line as read, its line end
     included) holds a NUL character (a binary file, or UTF-16 read as UTF-8) or, on line 1, a
     carriage return followed by more text: lines end in ``\\n``, so a file whose lines end in a
     bare ``\\r`` (classic Mac OS) would be one line. Every reader of text lines asks it (files
-    and stdin). A stray ``\\r`` on a later line is left to ``str.strip`` or the tokenizer."""
+    and stdin). A stray ``\\r`` on a later line is left to ``str.strip`` or the tokenizer, and
+    so is one on line 1 of a file transduce ``written`` (its lines end in ``\\n``)."""
     nul = text.find("\0")
     if nul >= 0:
         raise UserError(
             f"{name}: line {lineno}: NUL byte at character {nul + 1} of the line "
             "(a binary file, or text in UTF-16 rather than UTF-8?)"
         )
-    if lineno == 1:
+    if lineno == 1 and not written:
         cr = text.rstrip("\r\n").find("\r")
         if cr >= 0:
             raise UserError(
@@ -122,13 +123,15 @@ def iter_lines(
     name: str | None = None,
     compressed: bool | None = None,
     stats: LineStats | None = None,
+    written: bool = False,
 ) -> Iterator[str]:
     """Yield the stripped lines of a UTF-8 text file (``.gz`` files are decompressed).
 
     Empty lines are yielded (as ``""``) so that line numbers stay meaningful. ``name`` is how
     error messages call the file (default: the path); ``compressed`` says whether it is gzip
     (default: whether the name ends in ``.gz``); ``stats``, when given, counts the CRLF line
-    ends and the byte order mark.
+    ends and the byte order mark; ``written``: a file transduce wrote from the lines of others
+    (its line 1 read as any other line: once a later line there, as ``check_line`` says).
     """
     path = Path(path)
     name = name or str(path)
@@ -153,8 +156,8 @@ def iter_lines(
                         f"(byte offset {offset + e.start} in the "
                         f"{'decompressed ' if compressed else ''}file)"
                     ) from None
-                check_line(text, name, lineno)
-                if lineno == 1 and text.startswith(_BOM):
+                check_line(text, name, lineno, written=written)
+                if lineno == 1 and not written and text.startswith(_BOM):
                     text = text[1:]
                     if stats is not None:
                         stats.boms += 1
@@ -169,10 +172,12 @@ def iter_lines(
             raise UserError(f"{name}: read error after line {lineno} ({e})") from None
 
 
-def read_lines(path: str | Path, *, stats: LineStats | None = None) -> list[str]:
+def read_lines(
+    path: str | Path, *, stats: LineStats | None = None, written: bool = False
+) -> list[str]:
     """All stripped lines of a monolingual file, empty lines included (as ``""``), so that an
-    output written line by line stays aligned with the input."""
-    return list(iter_lines(path, stats=stats))
+    output written line by line stays aligned with the input (``written``: as ``iter_lines``)."""
+    return list(iter_lines(path, stats=stats, written=written))
 
 
 def read_aligned(

@@ -198,6 +198,13 @@ class PreparedSplit(ArrayPairs):
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else int(self._starts[-1])
 
+    def _pair_numbers(self, rows: np.ndarray) -> np.ndarray:
+        """Numbers of this view (int array) -> numbers of the split's pairs."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):  # numpy would wrap -1
+            raise IndexError(f"pair numbers must lie in 0 .. {len(self) - 1}")
+        return rows if self._rows is None else self._rows[rows]
+
     def _pair(self, k: int) -> Pair:
         pair = int(self._rows[k]) if self._rows is not None else k
         shard = int(np.searchsorted(self._starts, pair, side="right")) - 1
@@ -211,9 +218,7 @@ class PreparedSplit(ArrayPairs):
         pairs end to end, in that order, (total,) int64; each one's length (B,) int64): one
         gather a shard, no Python step per pair (``data.flat_pairs`` says why)."""
         column = ("src", "tgt").index(side)
-        pairs = np.asarray(rows, dtype=np.int64)
-        if self._rows is not None:
-            pairs = self._rows[pairs]
+        pairs = self._pair_numbers(rows)
         lens = self._lengths[pairs, column].astype(np.int64)  # (B,)
         out_begins = np.cumsum(lens) - lens  # (B,) where each pair's ids begin in the output
         out = np.empty(int(lens.sum()), dtype=np.int64)
@@ -235,6 +240,5 @@ class PreparedSplit(ArrayPairs):
         memory maps; nothing is read."""
         view = object.__new__(PreparedSplit)
         view.__dict__.update(self.__dict__)
-        base = np.asarray(rows, dtype=np.int64)
-        view._rows = base if self._rows is None else self._rows[base]
+        view._rows = self._pair_numbers(rows)
         return view

@@ -204,7 +204,11 @@ def _append(path: Path, out: IO[bytes]) -> None:
 def _sgm_text(sgm: Path, out: Path) -> int:
     """The ``<seg>`` lines of a WMT SGML file as plain text (sacreBLEU's extraction)."""
     n = 0
-    with open(sgm, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+    # newline="\n" as sacreBLEU's smart_open: a bare \r inside a <seg> must not split it
+    with (
+        open(sgm, encoding="utf-8", newline="\n") as f,
+        open(out, "w", encoding="utf-8", newline="\n") as o,
+    ):
         for line in f:
             if line.startswith("<seg "):
                 text = re.sub(r"<seg.*?>(.*)</seg>.*?", "\\1", line)

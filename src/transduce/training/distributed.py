@@ -63,7 +63,8 @@ def init_from_env(device: str) -> tuple[World, torch.device]:
 
 def shard(batches: Sequence[T], world: World) -> list[T]:
     """This rank's share of ``batches``: every ``size``-th one, after dropping the remainder so
-    that all ranks take the same number of steps (a rank with fewer would hang the others)."""
+    that all ranks take the same number of steps (a rank with fewer would hang the others);
+    ``BatchFeed`` says so on rank 0, once."""
     if not world.distributed:
         return list(batches)
     usable = len(batches) - len(batches) % world.size

@@ -12,12 +12,14 @@ others not at all (``restore_draw``).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from transduce.config import TrainConfig
 from transduce.data.batching import (
@@ -37,6 +39,11 @@ from transduce.training.progress import Progress
 
 # The training pairs of an epoch (its number given), for data drawn anew every epoch (BPE-dropout)
 Resegment = Callable[[int], Sequence[Pair]]
+
+
+def _note(line: str) -> None:
+    """A line on stderr, above a progress bar if one is shown (tqdm's own write)."""
+    tqdm.write(line, file=sys.stderr)
 
 
 # pad_multiple auto on a CUDA device, or with compile on: every new (batch, source, target) shape
@@ -124,7 +131,8 @@ class BatchFeed:
 
     ``resegment``, when given, supplies each epoch's pairs in place of ``pairs`` (which still
     decide ``n_filtered``); it must return the same pairs for the same epoch, so that batches
-    can be recomputed after a resume.
+    can be recomputed after a resume. ``note``: how rank 0 says, once, that batches were left
+    out for equal shares (``distributed.shard``); default a line on stderr.
     """
 
     def __init__(
@@ -133,6 +141,7 @@ class BatchFeed:
         t: TrainConfig,
         world: distributed.World,
         resegment: Resegment | None = None,
+        note: Callable[[str], None] = _note,
     ) -> None:
         if resegment is not None and world.distributed:
             # SentencePiece's sampling differs between processes even with one seed, so ranks
@@ -142,7 +151,8 @@ class BatchFeed:
                 "draws differently in each process, so the ranks' batches would disagree; "
                 "train on one process or set bpe_dropout to 0"
             )
-        self.t, self.world, self.resegment = t, world, resegment
+        self.t, self.world, self.resegment, self.note = t, world, resegment, note
+        self.left_out_told = False  # whether the batches left out were spoken of (once a run)
         # with resegment: the epoch whose pairs were drawn last and those pairs (draw_state);
         # a checkpoint's draw to take in place of drawing its epoch again (restore_draw)
         self.drawn: tuple[int, FlatPairs] | None = None
@@ -185,6 +195,7 @@ class BatchFeed:
                 f"max_tokens={t.max_tokens} for {self.world.size} processes, so no process "
                 "would get one; lower max_tokens or train on fewer processes"
             )
+        self._tell_left_out(epoch, every)
         batches = distributed.shard(every, self.world)
         read = group_reader(
             self.pairs,
@@ -196,6 +207,19 @@ class BatchFeed:
         if early is None:
             early = READ_EARLY_ON_CUDA if device.type == "cuda" else True
         return EpochReader(batches, read, t.update_freq, early)
+
+    def _tell_left_out(self, epoch: int, every: list[np.ndarray]) -> None:
+        """On rank 0, the first time ``shard`` leaves batches of ``every`` out: how many."""
+        left = len(every) % self.world.size
+        if not left or self.left_out_told or not self.world.is_main:
+            return
+        self.left_out_told = True
+        pairs = sum(len(b) for b in every[len(every) - left :])
+        self.note(
+            f"epoch {epoch}: {left} batch{'es' * (left != 1)} ({pairs} pairs) of {len(every)} "
+            f"left out so that {self.world.size} processes take equal shares; each epoch's "
+            "shuffle leaves out others"
+        )
 
     def _draw(self, epoch: int) -> FlatPairs:
         """``epoch``'s pairs from ``resegment``, or from the checkpoint's draw of it."""

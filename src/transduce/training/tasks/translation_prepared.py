@@ -48,11 +48,14 @@ _CLEANING_KEYS = {
 
 def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
     """Whether the config's ``value`` of file key ``key`` names the file the folder was prepared
-    from: the same path, or a file of the same size (the folder moved to another machine)."""
+    from: the same path, or a file of the same size and SHA-256 (the folder moved to another
+    machine); the hash read only when the sizes agree."""
     path = resolve_data_path(value, key, must_exist=False)  # a name compared, not read
     if path.resolve() == Path(recorded["path"]).resolve():
         return True
-    return path.is_file() and path.stat().st_size == recorded.get("bytes")
+    if not path.is_file() or path.stat().st_size != recorded.get("bytes"):
+        return False
+    return file_sha256(path) == recorded.get("sha256")  # a size alone: other data trained
 
 
 def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[str, Any]) -> None:
@@ -155,7 +158,8 @@ def _validation(
     n = cfg.task.max_valid_sentences or len(split)
     texts = []
     for side in ("src", "tgt"):  # line-aligned with the split, or BLEU fails at validation
-        lines = read_lines(folder / f"valid.{side}.txt")
+        # written=True: its line 1 was any line of valid_src/valid_tgt, read as such there
+        lines = read_lines(folder / f"valid.{side}.txt", written=True)
         if len(lines) != len(split):
             raise UserError(
                 f"{folder / f'valid.{side}.txt'}: {len(lines)} lines, the validation split "
