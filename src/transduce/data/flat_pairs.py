@@ -57,6 +57,14 @@ class ArrayPairs(Sequence[Pair]):
     def __iter__(self) -> Iterator[Pair]:
         return (self[k] for k in range(len(self)))
 
+    def _through(self, rows: np.ndarray, view: np.ndarray | None) -> np.ndarray:
+        """Numbers of this sequence (int array) -> numbers of the stored pairs through ``view``
+        (a view's rows, or None); an IndexError outside 0 .. len - 1, which numpy would wrap."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"pair numbers must lie in 0 .. {len(self) - 1}")
+        return rows if view is None else view[rows]
+
 
 class FlatPairs(ArrayPairs):
     """A sequence of (source ids, target ids) lists, like a list of pairs, stored flat (see the
@@ -103,10 +111,7 @@ class FlatPairs(ArrayPairs):
 
     def _pair_numbers(self, rows: np.ndarray) -> np.ndarray:
         """Numbers of this view (int array) -> numbers into the stored pairs."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):  # numpy would wrap -1
-            raise IndexError(f"pair numbers must lie in 0 .. {len(self) - 1}")
-        return rows if self.rows is None else self.rows[rows]
+        return self._through(rows, self.rows)
 
     def _pair(self, k: int) -> Pair:
         pair = int(self._pair_numbers(np.array([k]))[0])

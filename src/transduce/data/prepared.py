@@ -200,10 +200,7 @@ class PreparedSplit(ArrayPairs):
 
     def _pair_numbers(self, rows: np.ndarray) -> np.ndarray:
         """Numbers of this view (int array) -> numbers of the split's pairs."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):  # numpy would wrap -1
-            raise IndexError(f"pair numbers must lie in 0 .. {len(self) - 1}")
-        return rows if self._rows is None else self._rows[rows]
+        return self._through(rows, self._rows)
 
     def _pair(self, k: int) -> Pair:
         pair = int(self._rows[k]) if self._rows is not None else k
