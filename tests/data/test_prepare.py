@@ -586,6 +586,37 @@ def test_another_file_of_the_same_size_is_not_taken_for_the_prepared_one(
     assert "other.src" in err and not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_the_prepared_file_edited_in_place_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train_src at the very path the folder was prepared from, edited since (another size, or
+    the same size and other bytes): the folder's old data silently stood in for it. Untouched,
+    touched with the same bytes, or removed, the folder is still taken."""
+    import os
+
+    from transduce.training.tasks.translation_prepared import _open
+
+    write_corpus(tmp_path, n=50)
+    folder = tmp_path / "p"
+    prepare(config(tmp_path), folder, workers=1, log=lambda line: None)
+    src = tmp_path / "train.src"
+    text = src.read_bytes()
+    cfg = config(tmp_path, prepared=str(folder))
+    assert _open(cfg.task)[0] == folder  # type: ignore[arg-type]
+    os.utime(src, ns=(1, 1))  # touched, the same bytes: hashed and accepted
+    assert _open(cfg.task)[0] == folder  # type: ignore[arg-type]
+    base = ["--config", str(tmp_path / "run.yaml"), "--quiet", "--set", f"prepared={folder}"]
+    for edited in (text.replace(b"the", b"eht"), text + b"one more line\n"):
+        src.write_bytes(edited)
+        capsys.readouterr()
+        assert main(["train", *base, "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "which has changed since" in err, err
+        assert "train.src" in err and not (tmp_path / "run" / "checkpoints").exists()
+    src.unlink()  # the raw text removed after preparing: the folder holds the data
+    assert _open(cfg.task)[0] == folder  # type: ignore[arg-type]
+
+
 def test_negative_or_past_the_end_pair_numbers_are_refused(tmp_path: Path) -> None:
     """numpy wrapped -1 to the last pair, in ``ids_of`` and ``select``, of a split or a view."""
     write_corpus(tmp_path, n=50)

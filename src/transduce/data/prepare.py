@@ -77,9 +77,9 @@ def _translation(cfg: Config, command: str = "prepare") -> TranslationTaskConfig
 
 
 def scan_input(path: Path) -> dict[str, Any]:
-    """``{"path", "bytes", "lines", "sha256", "blank"}`` of an input file (lines of the
-    decompressed text for ``.gz``; the hash and size of the file as it is; ``blank``: nothing but
-    whitespace in it)."""
+    """``{"path", "bytes", "mtime_ns", "lines", "sha256", "blank"}`` of an input file (lines of
+    the decompressed text for ``.gz``; the hash, size and modification time of the file as it
+    is; ``blank``: nothing but whitespace in it)."""
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     lines, last, blank = 0, b"\n", True
@@ -97,9 +97,11 @@ def scan_input(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: corrupt gzip file ({detail})") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e})") from None
+    stat = path.stat()
     return {
         "path": str(path),
-        "bytes": path.stat().st_size,
+        "bytes": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,  # unchanged with its size: trusted without hashing again
         "lines": lines + (last != b"\n"),
         "sha256": file_sha256(path),
         "blank": blank,

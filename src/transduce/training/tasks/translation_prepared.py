@@ -48,13 +48,19 @@ _CLEANING_KEYS = {
 
 def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
     """Whether the config's ``value`` of file key ``key`` names the file the folder was prepared
-    from: the same path, or a file of the same size and SHA-256 (the folder moved to another
-    machine); the hash read only when the sizes agree."""
-    path = resolve_data_path(value, key, must_exist=False)  # a name compared, not read
-    if path.resolve() == Path(recorded["path"]).resolve():
-        return True
-    if not path.is_file() or path.stat().st_size != recorded.get("bytes"):
+    from, as it was then: a file of the recorded size and SHA-256, at the recorded path or
+    elsewhere (the folder moved to another machine), or nothing left at the recorded path. The
+    hash is read only when the sizes agree, and not at the recorded path while the file's
+    modification time is the recorded one."""
+    path = resolve_data_path(value, key, must_exist=False)
+    here = path.resolve() == Path(recorded["path"]).resolve()
+    if not path.is_file():
+        return here  # removed since: the folder holds its data
+    stat = path.stat()
+    if stat.st_size != recorded.get("bytes"):
         return False
+    if here and stat.st_mtime_ns == recorded.get("mtime_ns"):
+        return True
     return file_sha256(path) == recorded.get("sha256")  # a size alone: other data trained
 
 
@@ -89,6 +95,12 @@ def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[s
         value = getattr(task, key)
         if not value or (key in inputs and _same_file(value, key, inputs[key])):
             continue
+        path = resolve_data_path(value, key, must_exist=False)
+        if key in inputs and path.resolve() == Path(inputs[key]["path"]).resolve():
+            raise UserError(
+                f"{folder}: prepared from {key} {value}, which has changed since (its size or "
+                f"SHA-256 differs); prepare again"
+            )
         was = f"from {key} {inputs[key]['path']}" if key in inputs else f"without {key}"
         raise UserError(
             f"{folder}: prepared {was}, the config says {key} {value}; a prepared "
