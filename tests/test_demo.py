@@ -42,3 +42,21 @@ def test_demo_command_prints_examples_and_json_summary(tmp_path: Path, capsys) -
     examples = [line for line in lines if "+" in line and "=" in line]
     assert len(examples) == 8
     assert (out / "model.pt").is_file() and (out / "metrics.jsonl").is_file()
+
+
+def test_the_demo_prints_the_questions_asked_with_input_reversed(tmp_path: Path, capsys) -> None:
+    """With reverse_input the model reads each question reversed; the demo printed it so
+    (``03+38 = ... (expected 113)``): the printed question is the one whose sum is expected."""
+    small = ["d_model=16", "d_ff=32", "n_heads=2", "d_k=8", "d_v=8", "n_layers=1"]
+    sizes = ["max_steps=2", "train_size=200", "valid_size=20", "eval_every=2", "save_every=2"]
+    args = ["demo", "--out", str(tmp_path / "demo"), "--quiet", "--set", "reverse_input=true"]
+    for o in [*small, *sizes, "max_len_offset=2"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    examples = [line for line in capsys.readouterr().out.splitlines() if "+" in line]
+    assert len(examples) == 8
+    for line in examples:
+        question, rest = (part.strip() for part in line.split("=", 1))
+        a, b = (int(n) for n in question.split("+"))
+        answer = rest.split()[0] if "ok" in rest else rest.split("expected ")[1].rstrip(")")
+        assert a + b == int(answer), line

@@ -94,7 +94,8 @@ def run_demo(
     for (src, ref), hyp in list(zip(test, hyps))[:8]:
         answer = vocab.decode(hyp)
         mark = "ok" if answer == ref else f"WRONG (expected {ref})"
-        print(f"  {src:>9} = {answer:<6} {mark}")
+        shown = src[::-1] if cfg.task.reverse_input else src  # the question, not as read
+        print(f"  {shown:>9} = {answer:<6} {mark}")
     return {
         "task": cfg.task.name,
         "seq_accuracy": sequence_accuracy(hyps, refs),

@@ -143,6 +143,8 @@ def stdin_line(raw: bytes | str, lineno: int) -> str:
 
 def _read_stdin() -> list[str]:
     """Lines of stdin, stripped, each checked by ``stdin_line``."""
+    if sys.stdin is None:
+        raise UserError("stdin is closed: give --input FILE")
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a text stream without bytes underneath (an embedding application)
         lines = sys.stdin.read().split("\n")
@@ -162,6 +164,13 @@ def read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
+def refuse_stdout(path: str, option: str, what: str) -> None:
+    """A UserError where ``path`` is '-': ``option`` names a ``what`` (a model file, a folder),
+    which cannot go to stdout (and a file named '-' is not what '-' asks for)."""
+    if path == "-":
+        raise UserError(f"{option} names the {what} to write (not -)")
+
+
 def check_output(path: str | None) -> None:
     """A UserError when ``--output`` ``path`` cannot be written as a file: a folder, or in a
     folder that does not exist. Asked before any work, so that a wrong path does not cost a
@@ -177,17 +186,30 @@ def check_output(path: str | None) -> None:
 
 def write_output(path: str | None, lines: Sequence[str]) -> None:
     """Write ``lines`` (each + newline) to ``path`` or, when None or '-', stdout; a ``.gz``
-    path gzip-compressed, as such inputs are read."""
+    path gzip-compressed, as such inputs are read. A regular file (or a new one) is written
+    whole or not at all (a temporary file renamed over it); anything else the path names (a
+    device such as /dev/null, a pipe, a symbolic link) is written into, not replaced."""
     text = "".join(line + "\n" for line in lines)
     if path is None or path == "-":
+        if sys.stdout is None:
+            raise UserError("stdout is closed: give --output FILE")
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     out = Path(path)
-    tmp = out.with_name(f".{out.name}.tmp")
     data = text.encode("utf-8")
+    if out.suffix.lower() == ".gz":  # as data/parallel.py reads .gz and .GZ
+        data = gzip.compress(data, mtime=0)
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        try:
+            with open(out, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
+        return
+    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        tmp.write_bytes(gzip.compress(data, mtime=0) if out.suffix == ".gz" else data)
+        tmp.write_bytes(data)
         tmp.replace(out)
     except OSError as e:
         tmp.unlink(missing_ok=True)

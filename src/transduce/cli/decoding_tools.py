@@ -117,7 +117,7 @@ def with_sampling(args: argparse.Namespace, decode: DecodeConfig, samples: bool)
     except UserError as e:  # DecodeConfig's checks name its keys: say the flags
         message = str(e)
         for key, flag in _FLAGS.items():
-            message = re.sub(rf"\b{key}\b", flag, message)
+            message = re.sub(rf"(?:\bdecode\.)?\b{key}\b", flag, message)
         raise UserError(message) from None
 
 
@@ -201,6 +201,8 @@ def answer_lines(
     (index: the 0-based line number; the line stripped) and flush."""
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
+    if stdin is None or stdout is None:  # started with the stream closed (<&- or >&-)
+        raise UserError(f"{'stdin' if stdin is None else 'stdout'} is closed")
     # lines as bytes where there are bytes underneath: each decoded alone, so a bad one is named
     buffer = getattr(stdin, "buffer", None)
     index = 0

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from transduce.cli.common import Once, require
+from transduce.cli.common import Once, refuse_stdout, require
 
 
 def _cmd_export_ctranslate2(args: argparse.Namespace) -> int:
     require(("ctranslate2",), "export", "transduce export ctranslate2")
     from transduce.export.ctranslate2 import export_checkpoint
 
+    refuse_stdout(args.output, "--output", "model folder")
     quantization = None if args.quantization == "none" else args.quantization
     info = export_checkpoint(args.model, args.output, quantization=quantization, force=args.force)
     print(json.dumps(info), flush=True)
@@ -32,6 +33,7 @@ def _cmd_export_huggingface(args: argparse.Namespace) -> int:
     require(("transformers",), "hf", "transduce export huggingface")
     from transduce.export.huggingface import export_marian
 
+    refuse_stdout(args.output, "--output", "model folder")
     print(json.dumps(export_marian(args.model, args.output, force=args.force)), flush=True)
     return 0
 
@@ -40,6 +42,7 @@ def _cmd_import_huggingface(args: argparse.Namespace) -> int:
     require(("transformers",), "hf", "transduce import huggingface")
     from transduce.export.huggingface import import_marian
 
+    refuse_stdout(args.output, "--output", "model file")
     print(json.dumps(import_marian(args.folder, args.output, force=args.force)), flush=True)
     return 0
 

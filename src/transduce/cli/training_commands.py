@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from transduce.cli.common import add_set, check_output
+from transduce.cli.common import add_set, check_output, refuse_stdout
 from transduce.errors import UserError
 
 
@@ -55,6 +55,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# model keys no parameter count depends on (max_positions too, unless positions are learned)
+_NO_PARAMETERS = ("dropout", "attention_dropout", "activation_dropout", "activation")
+
+
 def _cmd_params(args: argparse.Namespace) -> int:
     from transduce.architectures import parameter_counts
     from transduce.config import parse_overrides, preset_config, resolve_key, update
@@ -69,6 +73,14 @@ def _cmd_params(args: argparse.Namespace) -> int:
             "shared vocabulary of --vocab-size; other sections change nothing here"
         )
     cfg = update(preset_config(args.preset), overrides)
+    inert = set(_NO_PARAMETERS)
+    if cfg.model.positional != "learned":  # the sinusoids are computed, not parameters
+        inert.add("max_positions")
+    if named := [key for key in overrides if resolve_key(key)[1] in inert]:
+        raise UserError(
+            f"--set {named[0]}: the count is the same for every value of "
+            f"{resolve_key(named[0])[1]} here (it holds no parameters); leave it out"
+        )
     parts = parameter_counts(cfg.model, args.vocab_size)
     print(
         json.dumps(
@@ -86,8 +98,7 @@ def _cmd_params(args: argparse.Namespace) -> int:
 def _cmd_average(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
-    if args.output == "-":  # a model file, not text: no stdout
-        raise UserError("--output names the model file to write (not -)")
+    refuse_stdout(args.output, "--output", "model file")  # a model file, not text
     check_output(args.output)  # before every checkpoint is read
     _check_model_output(Path(args.output), args.force)
     if Path(args.output).name.startswith("step_") and Path(args.output).parent.name == (
@@ -129,6 +140,7 @@ def _check_model_output(path: Path, force: bool) -> None:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from transduce import checkpoint
 
+    refuse_stdout(args.new, "NEW", "model file")
     old = Path(args.old) / "model.pt" if Path(args.old).is_dir() else Path(args.old)
     in_place = Path(args.new).resolve() == old.resolve()  # asked for by name
     _check_model_output(Path(args.new), args.force or in_place)

@@ -172,11 +172,15 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from transduce.inference.evaluation import evaluate_files
         from transduce.inference.translator import Translator
 
-        translator = (
-            Translator.of_model(model, vocab, cfg, args.weights, graphs=GRAPHS[args.graphs])
-            if len(args.model) == 1
-            else tools.load_translator(args)
-        )
+        if len(args.model) == 1:
+            try:
+                translator = Translator.of_model(
+                    model, vocab, cfg, args.weights, graphs=GRAPHS[args.graphs]
+                )
+            except UserError as e:  # as Translator.load says it: naming the model
+                raise UserError(f"{args.model[0]}: {e}") from None
+        else:
+            translator = tools.load_translator(args)
         # (a model that samples: --beam searches)
         decode = translator.decode_config(
             beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens

@@ -146,7 +146,9 @@ def fetch_multi30k(
     dest = Path(dest)
     mirror = Path(from_dir) if from_dir is not None else None
     if mirror is not None and not mirror.is_dir():
-        raise UserError(f"{mirror}: no such folder (from_dir, the local Multi30k mirror)")
+        raise UserError(
+            f"{mirror}: no such folder (--from DIR, the local Multi30k mirror; from_dir in Python)"
+        )
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -220,7 +220,10 @@ def prepare_ptb_sample(
     dest = Path(dest)
     folder = Path(from_folder) if from_folder is not None else None
     if folder is not None and not folder.is_dir():
-        raise UserError(f"{folder}: no such folder (from_folder, holding treebank.zip)")
+        raise UserError(
+            f"{folder}: no such folder (--from DIR, the folder holding treebank.zip; "
+            "from_folder in Python)"
+        )
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,8 @@ def generate(
     """src (B, S) -> per sentence its ``nbest`` hypotheses, best first.
 
     Greedy search when ``decode_cfg.beam == 1`` (then ``nbest`` must be 1; it returns what
-    ``beam_search(beam=1)`` would, scores included), else beam search with ``decode_cfg.alpha``;
+    ``beam_search(beam=1)`` would, scores included, and no hypothesis where a constraint left
+    no token with a finite log-probability), else beam search with ``decode_cfg.alpha``;
     with ``decode_cfg.sampling``, ``nbest`` samples per sentence instead (``inference.sampling``;
     a generator seeded with ``sampling_seed`` per call, so a call's samples depend on the seed
     and the sentences of ``src``).
@@ -62,6 +64,9 @@ def generate(
         if decode_cfg.beam == 1:
             max_lens = max_output_lengths(chunk, decode_cfg.max_len_offset, None)
             for tokens, log_prob in greedy_decode(model, chunk, max_lens=max_lens):
+                if not math.isfinite(log_prob):  # a token no constraint allowed: none, as beam's
+                    out.append([])
+                    continue
                 score = log_prob / length_penalty(len(tokens) + 1, decode_cfg.alpha)
                 out.append([Hypothesis(tokens=tokens, score=score, log_prob=log_prob)])
         else:

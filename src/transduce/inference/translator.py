@@ -164,9 +164,15 @@ class Translator:
         "fp32" (the default) decodes as trained."""
         weight_dtype(weights)  # the name and the device checked before the file is read
         dev = resolve_device(device)
-        check_device(weights, dev)
+        if weights != "int8":  # int8: the model's kind first (check_int8), then the CPU
+            check_device(weights, dev)
         _check_graphs(graphs, dev)
         model, vocab, cfg = load_model(path, device=dev)
+        if weights == "int8":
+            try:
+                check_int8(model)
+            except UserError as e:
+                raise UserError(f"{path}: {e}") from None
         return cls._of_model(model, vocab, cfg, weights, graphs, copy=False)  # its own model
 
     @classmethod
@@ -204,10 +210,11 @@ class Translator:
         """``of_model``; ``copy``: convert a copy of ``model`` (False: ``model`` itself)."""
         dtype = weight_dtype(weights)
         device = next(model.parameters()).device
-        check_device(weights, device)
-        _check_graphs(graphs, device)  # before the model is converted
         if weights == "int8":
-            check_int8(model)
+            check_int8(model)  # its kind first, then the device
+        else:
+            check_device(weights, device)
+        _check_graphs(graphs, device)  # before the model is converted
         if copy and next(model.parameters()).dtype != dtype:  # .to converts a module in place
             model = deepcopy(model)
         model = model.to(dtype)
