@@ -135,7 +135,7 @@ def _refuse_for_kind(args: argparse.Namespace, parsing: bool) -> None:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.checkpoint import load_model
     from transduce.device import resolve_device
-    from transduce.inference.weights import check_device, weight_dtype
+    from transduce.inference.weights import check_device, check_int8, weight_dtype
 
     check_output(args.output)
     model, vocab, cfg = load_model(args.model[0], device=resolve_device(args.device))
@@ -173,12 +173,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from transduce.inference.translator import Translator
 
         if len(args.model) == 1:
-            try:
-                translator = Translator.of_model(
-                    model, vocab, cfg, args.weights, graphs=GRAPHS[args.graphs]
-                )
-            except UserError as e:  # as Translator.load says it: naming the model
-                raise UserError(f"{args.model[0]}: {e}") from None
+            if args.weights == "int8":  # as Translator.load: the model's kind, naming it
+                check_int8(model, args.model[0])
+            translator = Translator.of_model(
+                model, vocab, cfg, args.weights, graphs=GRAPHS[args.graphs]
+            )
         else:
             translator = tools.load_translator(args)
         # (a model that samples: --beam searches)

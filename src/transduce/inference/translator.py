@@ -164,15 +164,12 @@ class Translator:
         "fp32" (the default) decodes as trained."""
         weight_dtype(weights)  # the name and the device checked before the file is read
         dev = resolve_device(device)
-        if weights != "int8":  # int8: the model's kind first (check_int8), then the CPU
+        if weights != "int8" or dev.type != "cpu":  # int8 on a CPU: the model's kind first
             check_device(weights, dev)
         _check_graphs(graphs, dev)
         model, vocab, cfg = load_model(path, device=dev)
         if weights == "int8":
-            try:
-                check_int8(model)
-            except UserError as e:
-                raise UserError(f"{path}: {e}") from None
+            check_int8(model, str(path))
         return cls._of_model(model, vocab, cfg, weights, graphs, copy=False)  # its own model
 
     @classmethod

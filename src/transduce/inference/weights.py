@@ -41,14 +41,15 @@ def check_device(weights: str, device: torch.device) -> None:
         raise UserError(f"precision {weights}: {why}")
 
 
-def check_int8(model: Seq2Seq) -> None:
-    """A one-line UserError where ``model`` cannot decode with int8 weights: not on a CPU
-    (or a CPU without int8 dot-product instructions, unless forced: ``kernels.int8_refusal``),
-    or not a Transformer (int8 lives in its inference engine)."""
+def check_int8(model: Seq2Seq, name: str | None = None) -> None:
+    """A one-line UserError where ``model`` cannot decode with int8 weights: not a Transformer
+    (int8 lives in its inference engine; the error names the model file ``name`` if given),
+    or not on a CPU (or a CPU without int8 dot-product instructions, unless forced:
+    ``kernels.int8_refusal``)."""
     if not isinstance(model, Transformer):  # first: no CPU would make it one
         raise UserError(
-            "precision int8 is for Transformer models (their inference engine); this model is "
-            f"a {type(model).__name__}: use fp32 or bf16"
+            f"{f'{name}: ' if name else ''}precision int8 is for Transformer models (their "
+            f"inference engine); this model is a {type(model).__name__}: use fp32 or bf16"
         )
     why = kernels.int8_refusal(next(model.parameters()).device)
     if why is not None:
