@@ -191,3 +191,44 @@ def test_a_resume_refuses_vocabulary_files_that_are_not_the_checkpoints(
     longer = write_config(tmp_path / "longer.yaml", max_steps=4, save_every=2)
     code, err = cli(capsys, *train_args(longer, run, "--resume"))
     assert code == 2 and "trained with another vocabulary" in _one_error_line(err)
+
+
+def test_every_decode_key_may_change_on_resume() -> None:
+    """The decode section is the saved model's decoding defaults (validation searches with
+    valid_beam): a new sampling setting was refused as if it changed the updates."""
+    from dataclasses import fields
+
+    from transduce.config import DecodeConfig
+
+    assert {f"decode.{f.name}" for f in fields(DecodeConfig)} <= FREE
+
+
+def test_allowed_optimizer_changes_act(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--allow-change of adam_beta2, adam_eps and weight_decay was accepted and printed, but
+    the checkpoint's optimizer kept the saved values: the run trained as if nothing changed.
+    Also from no decay to some, which was refused as a different number of groups."""
+    import shutil
+
+    import torch
+
+    from transduce.checkpoint import load as load_checkpoint
+
+    first = write_config(tmp_path / "first.yaml", max_steps=4, save_every=4)
+    assert cli(capsys, *train_args(first, tmp_path / "a"))[0] == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    same = write_config(tmp_path / "same.yaml", max_steps=6, save_every=2)
+    changed = write_config(
+        tmp_path / "changed.yaml", max_steps=6, save_every=2, adam_beta2=0.5, adam_eps=1e-3,
+        weight_decay=0.5,
+    )  # fmt: skip
+    allow = ["--allow-change", "adam_beta2", "--allow-change", "adam_eps"]
+    argv = train_args(changed, tmp_path / "a", "--resume", *allow, "--allow-change", "weight_decay")
+    code, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert cli(capsys, *train_args(same, tmp_path / "b", "--resume"))[0] == 0
+    state = load_checkpoint(tmp_path / "a" / "checkpoints" / "step_00000006.pt")
+    groups = state["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]
+    assert all(g["betas"][1] == 0.5 and g["eps"] == 1e-3 for g in groups)
+    other = load_checkpoint(tmp_path / "b" / "checkpoints" / "step_00000006.pt")["model"]
+    assert any(not torch.equal(v, other[k]) for k, v in state["model"].items())

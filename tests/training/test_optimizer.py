@@ -74,3 +74,35 @@ def test_zero_gradient_only_shrinks_matrices() -> None:
     for n, p in model.named_parameters():
         factor = 0.95 if p.dim() >= 2 else 1.0
         torch.testing.assert_close(p.detach(), before[n] * factor, msg=n)
+
+
+def _stepped(weight_decay: float, model: torch.nn.Module) -> torch.optim.Optimizer:
+    opt = make_optimizer(model, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    for group in opt.param_groups:  # as the trainer sets it
+        group["lr"] = 1e-3
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize(("before", "after"), [(0.0, 0.1), (0.1, 0.0), (0.1, 0.5)])
+def test_a_saved_state_fits_another_weight_decay_its_moments_on_their_parameters(
+    before: float, after: float
+) -> None:
+    """A resume allowed to change weight_decay between 0 and > 0 was refused ("a different
+    number of parameter groups"), and one allowed to change betas, eps or the decay kept the
+    saved values in silence. The moments go to the same parameters; the hyperparameters are
+    the new config's, the learning rate the saved one."""
+    from transduce.training.optimizer import saved_state_for
+
+    model = _model()
+    saved = _stepped(before, model)
+    fresh = make_optimizer(model, betas=(0.8, 0.5), eps=1e-3, weight_decay=after)
+    fresh.load_state_dict(saved_state_for(saved.state_dict(), fresh, model))
+    for p in model.parameters():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(fresh.state[p][key], saved.state[p][key]), key
+    for group in fresh.param_groups:
+        assert group["betas"] == (0.8, 0.5) and group["eps"] == 1e-3 and group["lr"] == 1e-3
+    assert fresh.param_groups[0]["weight_decay"] == after

@@ -51,6 +51,11 @@ FREE: frozenset[str] = frozenset(
         "decode.max_len_offset",
         "decode.decode_batch",
         "decode.batch_tokens",
+        "decode.sampling",  # the saved model's decoding defaults: validation searches
+        "decode.temperature",
+        "decode.top_k",
+        "decode.top_p",
+        "decode.sampling_seed",
     }
 )
 

@@ -35,6 +35,37 @@ def parameter_groups(model: torch.nn.Module, *, weight_decay: float) -> list[dic
     ]
 
 
+def _count(group: dict[str, Any]) -> int:
+    return len(group["params"])
+
+
+def saved_state_for(
+    saved: dict[str, Any], optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> dict[str, Any]:
+    """A checkpoint's optimizer state (``saved``, a ``state_dict``) made to fit ``optimizer``,
+    built from the current config, before ``load_state_dict``: each parameter's moments as saved,
+    the hyperparameters (betas, eps, weight_decay: what a resume may be allowed to change) the
+    optimizer's own, and the learning rate as saved. Saved with one group (weight_decay 0) and
+    loaded into two (> 0) or the reverse, the moments move to the parameters' new places (the
+    groups' order is ``parameter_groups``'). Any other mismatch is left for ``load_state_dict``
+    to refuse."""
+    groups, old = optimizer.state_dict()["param_groups"], saved["param_groups"]
+    lr = old[0].get("lr", 0.0) if old else 0.0
+    if [len(g["params"]) for g in old] == [len(g["params"]) for g in groups]:
+        merged = [{**g, "lr": o.get("lr", lr)} for g, o in zip(groups, old, strict=True)]
+        return {"state": saved["state"], "param_groups": merged}
+    if {len(old), len(groups)} != {1, 2}:
+        return saved
+    saved_groups = parameter_groups(model, weight_decay=len(old) - 1)  # 1 group or 2, as saved
+    old_order = [id(p) for g in saved_groups for p in g["params"]]
+    new_order = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    if sorted(old_order) != sorted(new_order) or len(old_order) != sum(map(_count, old)):
+        return saved
+    place = {pid: j for j, pid in enumerate(new_order)}
+    state = {place[old_order[int(i)]]: s for i, s in saved["state"].items()}
+    return {"state": state, "param_groups": [{**g, "lr": lr} for g in groups]}
+
+
 def make_optimizer(
     model: torch.nn.Module,
     *,

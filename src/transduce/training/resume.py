@@ -10,6 +10,7 @@ import torch
 
 from transduce.errors import UserError
 from transduce.training.distributed import World
+from transduce.training.optimizer import saved_state_for
 from transduce.training.progress import Progress
 from transduce.training.rng import seed_all, set_rng_state
 
@@ -25,7 +26,8 @@ def load_training_state(
     fit the configured model is a UserError naming it."""
     try:
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        # the config's betas, eps and weight decay (--allow-change), the saved moments
+        optimizer.load_state_dict(saved_state_for(state["optimizer"], optimizer, model))
         if scaler.is_enabled() and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
     except (RuntimeError, ValueError) as e:
