@@ -73,6 +73,11 @@ def test_a_resume_with_another_save_every_keeps_the_checkpoints_saved_before(
     steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "checkpoints")]
     assert steps[-3:] == [4, 6, 10]  # the last three averaged: 4 and 6 were kept
     assert "note: model.pt averages" not in capsys.readouterr().err
+    # resumed once more with the new schedule (as after a kill): where it began is kept, so
+    # the old schedule's checkpoints are not taken for a stop signal's and deleted
+    train(update(again, {"max_steps": 15}), tmp_path, resume=True, show_progress=False)
+    steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "checkpoints")]
+    assert steps[-4:] == [4, 6, 10, 15]
     fewer = update(cfg, {"max_steps": 4, "save_every": 4, "average_last": 3})
     train(fewer, tmp_path / "fewer", show_progress=False)
     assert "model.pt averages 1 step checkpoint, not average_last = 3" in capsys.readouterr().err

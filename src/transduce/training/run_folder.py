@@ -159,6 +159,8 @@ class RunFolder:
         before = state.get("config", {}).get("train", {}).get("save_every")
         if before != self.cfg.train.save_every:  # its checkpoints were of the other schedule
             self._schedule_from = progress.step
+        else:  # where the saved run's schedule began, kept through any later resume
+            self._schedule_from = int(state.get("schedule_from", 0))
         if self.world.is_main:
             self.log.truncate_after(progress.step)
             if getattr(self.cfg.task, "bpe_dropout", 0.0) > 0:
@@ -211,6 +213,7 @@ class RunFolder:
                 "progress": vars(progress).copy(),
                 "rng": rngs[0],
                 "precision": run.precision,  # as resolved: a resume must keep it
+                "schedule_from": self._schedule_from,  # the step save_every holds from
                 "rng_ranks": rngs,
                 **({} if drawn is None else {"drawn": drawn}),
             }
