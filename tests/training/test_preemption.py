@@ -145,3 +145,20 @@ def test_a_run_that_stops_at_that_step_anyway_finishes(
         "step_00000002.pt"
     ]
     assert checkpoint.load(run / "checkpoints" / "step_00000002.pt")["progress"]["bad_evals"] == 1
+
+
+def test_a_signal_during_the_last_update_lets_the_run_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run stops at that step anyway: it finished as preempted (exit 143, no model.pt)
+    where it should finish, as the Trainer's comment and the README say."""
+    config = write_config(tmp_path / "c.yaml", max_steps=8, save_every=4)
+    with monkeypatch.context() as m:
+        with_callbacks(m, at_step(7, sigterm))  # seen at the step boundary of update 8
+        code, err = cli(capsys, *train_args(config, tmp_path / "run"))
+    assert code == 0, err
+    assert (tmp_path / "run" / "model.pt").is_file()
+    assert (
+        checkpoint.load(tmp_path / "run" / "checkpoints" / "step_00000008.pt")["progress"]["step"]
+        == 8
+    )

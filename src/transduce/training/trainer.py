@@ -358,9 +358,10 @@ class Trainer:
                 self.save()
         for callback in self.callbacks:
             callback(p)
+        reason = reason or self._should_stop(started, base_elapsed)
         if update.signalled and reason is None:  # (a run that stops anyway finishes)
             self._preempt()
-        return validated, reason or self._should_stop(started, base_elapsed)
+        return validated, reason
 
     def _report_compile(self) -> None:
         """After the first update with train.compile on: its time and the compiling's, on
