@@ -127,12 +127,17 @@ def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
     old = Config()
     ck = Path("ck.pt")
 
-    def refused(new: Config, before: Setting = Setting(), now: Setting = Setting()) -> str:
+    def refused_from(
+        stored: Config, new: Config, before: Setting = Setting(), now: Setting = Setting()
+    ) -> str:
         try:
-            check_resume(old.to_dict(), new, [], ck, before, now)
+            check_resume(stored.to_dict(), new, [], ck, before, now)
         except UserError as e:
             return str(e)
         return ""
+
+    def refused(new: Config, before: Setting = Setting(), now: Setting = Setting()) -> str:
+        return refused_from(old, new, before, now)
 
     # update_freq: free while processes x update_freq, the tokens per update, stay the same
     twice = update(old, {"update_freq": 2})
@@ -163,6 +168,15 @@ def test_free_keys_that_are_free_only_where_they_change_nothing() -> None:
         == 2
     )  # allowed by name: printed
     assert refused(moved, Setting(1, None), Setting(1, "fp32")) == ""  # older checkpoints
+    # precision named as what "auto" resolved to (or the reverse): nothing changes, so free
+    auto, fp32 = update(old, {"precision": "auto"}), update(old, {"precision": "fp32"})
+    for a, b in ((auto, fp32), (fp32, auto)):
+        assert "train.precision: " in check_resume(
+            a.to_dict(), b, [], ck, Setting(1, "fp32"), Setting(1, "fp32")
+        )
+        message = refused_from(a, b, Setting(1, "bf16"), Setting(1, "fp32"))
+        assert "train.precision: " in message and "--allow-change" in message
+        assert refused_from(a, b, Setting(1, None), Setting(1, "fp32"))  # unknown: refused
 
 
 def test_a_resume_cannot_change_the_vocabulary(tmp_path: Path) -> None:

@@ -7,13 +7,13 @@ device, logging, validation and decoding) and may change: the changes are printe
 change is refused (a ``UserError``: exit code 2, each key with its old and new value) unless
 every such key is named in ``allow_change`` (``--allow-change KEY``; naming one that did not
 change is refused too: it allows nothing, so it is a mistake). That includes ``precision``
-(other numerics; fp16 keeps a loss scale the others lack). The number of processes, not part of
-the config, may change (training/resume.py); ``update_freq`` may change freely only to keep
-the tokens per update (processes x update_freq) as they were. Three free keys are free only
-where they are: the budget (``max_steps``, ``max_epochs``, ``max_minutes``) sets every later
-learning rate when ``cooldown`` anneals over its last share, and ``device`` must not change the
-precision that ``precision: auto`` resolved to (``Setting``).
-"""
+(other numerics; fp16 keeps a loss scale the others lack), unless it resolves here to what the
+saved run trained with ("auto" named as what it resolved to, or the reverse). The number of
+processes, not part of the config, may change (training/resume.py); ``update_freq`` may change
+freely only to keep the tokens per update (processes x update_freq) as they were. Three free
+keys are free only where they are: the budget (``max_steps``, ``max_epochs``, ``max_minutes``)
+sets every later learning rate when ``cooldown`` anneals over its last share, and ``device``
+must not change the precision that ``precision: auto`` resolved to (``Setting``)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,8 @@ def _free(key: str, old: Config, new: Config, before: Setting, now: Setting) -> 
         return before.processes * old.train.update_freq == now.processes * new.train.update_freq
     if key in _BUDGET:
         return new.train.cooldown == 0  # else the lr of every later update moves
+    if key == "train.precision":  # "auto" <-> what it resolved to here: the same numerics
+        return before.precision is not None and before.precision == now.precision
     return key in FREE
 
 
