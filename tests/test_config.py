@@ -470,3 +470,14 @@ def test_a_stored_decode_section_with_sampling_settings_but_no_sampling_loads() 
         from_dict({"decode": decode})
     sampler = {**decode, "sampling": True}
     assert from_dict({"decode": sampler}, stored=True).decode.top_k == 5
+
+
+def test_pad_multiple_past_max_len_is_refused() -> None:
+    """pad_multiple 100000 padded every batch to 100k positions: a run that never got far and
+    that only SIGKILL stopped (its signal handler never ran inside the long products)."""
+    from transduce.config import TrainConfig
+
+    assert TrainConfig(pad_multiple=8, max_len=256).pad_multiple == 8
+    assert TrainConfig(pad_multiple=256, max_len=256).pad_multiple == 256
+    with pytest.raises(UserError, match=r"pad_multiple must be at most max_len \(256\); got 257"):
+        TrainConfig(pad_multiple=257, max_len=256)

@@ -411,3 +411,16 @@ def test_cpu_training_formula_matches_kernel_with_gradients(
     torch.testing.assert_close(results[0][0], results[1][0], **tol)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("path", ["fused", "formula"])
+def test_is_causal_with_other_query_and_key_lengths_is_refused(path: str) -> None:
+    """The fused kernel aligns the causal mask to the top left, the formula to the bottom
+    right: with T != T' the two paths gave other answers, so neither is given."""
+    from transduce.kernels import attention as kernel_attention
+
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="is_causal needs T == T'; got 3 and 5"):
+        kernel_attention(q, k, k, is_causal=True, path=path)  # type: ignore[arg-type]
+    square = kernel_attention(k, k, k, is_causal=True, path=path)  # type: ignore[arg-type]
+    assert square.shape == (1, 2, 5, 4)

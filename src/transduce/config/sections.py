@@ -215,6 +215,11 @@ class TrainConfig(_Section):
             )
         if self.pad_multiple != "auto":
             _positive(self, "pad_multiple")
+            if self.pad_multiple > self.max_len:  # every batch padded past the longest pair
+                raise UserError(
+                    f"pad_multiple must be at most max_len ({self.max_len}); got "
+                    f"{self.pad_multiple}"
+                )
         if self.compile is True:  # one spelling per choice: a mode, or false
             raise UserError(
                 "compile must be false or one of default, reduce-overhead, max-autotune; got true"

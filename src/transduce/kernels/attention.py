@@ -161,6 +161,8 @@ def attention(
     building it, which lets the fused kernel skip the masked blocks. Returns (B, H, T, Dv) in the
     dtype of ``query``. ``path``: see ``KernelOptions``.
     """
+    if is_causal and query.size(-2) != key.size(-2):  # the two paths align it differently
+        raise ValueError(f"is_causal needs T == T'; got {query.size(-2)} and {key.size(-2)}")
     fused = path == "fused" or (path == "auto" and not _formula_is_faster(query, key))
     if is_causal and (mask is not None or not fused):
         causal = _causal(query.size(-2), key.size(-2), query.device)
