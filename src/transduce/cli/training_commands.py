@@ -13,6 +13,8 @@ from transduce.errors import UserError
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if not args.out.strip():  # "$RUN" unset: the run would go into the current directory
+        raise UserError("--out is empty (an unset variable?): name the demo's run folder")
     from transduce.config import parse_overrides
     from transduce.demo import run_demo
 
@@ -22,6 +24,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if not args.out.strip():  # "$RUN" unset: the run would go into the current directory
+        raise UserError("--out is empty (an unset variable?): name the run folder")
     from transduce.config import load_config, parse_overrides, update
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))

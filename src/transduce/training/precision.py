@@ -6,6 +6,9 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from transduce.device import resolve_device
+from transduce.errors import UserError
+
 # Autocast dtype of each train.precision (fp32: autocast off; bf16-weights: off too, the model's
 # working copy is bfloat16 itself, training/working_weights.py). The master weights, the
 # optimizer state and the loss stay float32 in every case.
@@ -35,6 +38,20 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
+def check_precision(precision: str, architecture: str, device: str | torch.device) -> None:
+    """A UserError for a ``precision`` that ``architecture`` cannot train in on ``device`` (a
+    user's string is resolved only when it matters): fp16 for the recurrent model (rnn) on a
+    CPU, whose LSTM has no float16 kernel there (oneDNN failed at the first step with a
+    RuntimeError). The Transformer trains in fp16 on a CPU."""
+    if precision != "fp16" or architecture != "rnn":
+        return
+    if resolve_device(device).type == "cpu":
+        raise UserError(
+            "precision fp16 with architecture: rnn on a CPU: the CPU's LSTM has no float16 "
+            "kernel; use precision bf16 or fp32 there (fp16 on a CUDA GPU)"
+        )
+
+
 def autocast(precision: str, device: torch.device) -> AbstractContextManager[object]:
     """The autocast context of a concrete ``precision`` (fp32: a disabled one)."""
     dtype = AUTOCAST_DTYPES.get(precision)
@@ -51,4 +68,11 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
-__all__ = ["AUTOCAST_DTYPES", "autocast", "grad_scaler", "native_bf16", "resolve_precision"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "autocast",
+    "check_precision",
+    "grad_scaler",
+    "native_bf16",
+    "resolve_precision",
+]

@@ -23,6 +23,7 @@ from transduce.device import resolve_device
 from transduce.errors import UserError
 from transduce.training.compiling import check_mode
 from transduce.training.config_change import allowed_keys
+from transduce.training.precision import check_precision
 from transduce.training.tasks.parsing import train_parsing
 from transduce.training.tasks.synthetic import train_synthetic
 from transduce.training.tasks.translation import train_translation
@@ -91,6 +92,7 @@ def train(
         raise UserError("allow_change (--allow-change) applies only when resuming (--resume)")
     if cfg.train.compile:  # before a vocabulary is learned or a run folder written
         check_mode(cfg.train.compile, resolve_device(cfg.train.device))
+    check_precision(cfg.train.precision, cfg.model.architecture, cfg.train.device)  # as well
     if resume:
         _check_same_task(cfg, Path(out_dir))
     return TASKS[type(cfg.task)](

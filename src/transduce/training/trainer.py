@@ -38,7 +38,7 @@ from transduce.training.compiling import CompiledForward
 from transduce.training.feed import BatchFeed, Resegment
 from transduce.training.loss_window import LossWindow
 from transduce.training.optimizer import make_optimizer
-from transduce.training.precision import grad_scaler, resolve_precision
+from transduce.training.precision import check_precision, grad_scaler, resolve_precision
 from transduce.training.preemption import SignalWatch
 from transduce.training.progress import (
     Progress,
@@ -106,6 +106,7 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer = make_optimizer(
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
+        check_precision(t.precision, cfg.model.architecture, self.device)  # (Python callers)
         self.precision = resolve_precision(t.precision, self.device)
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank

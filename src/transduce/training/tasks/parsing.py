@@ -34,7 +34,9 @@ from transduce.training.validation import Validator
 
 
 def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
-    """The sentences (word lists) and gold trees of ``folder/{split}.words`` / ``.trees``."""
+    """The sentences (word lists) and gold trees of ``folder/{split}.words`` / ``.trees``; a
+    split of no sentences is refused (train would learn nothing; dev, which every parsing run
+    validates on, would score F1 0 and stop the run early)."""
     words_path, trees_path = folder / f"{split}.words", folder / f"{split}.trees"
     for path in (words_path, trees_path):
         if not path.is_file():
@@ -46,6 +48,12 @@ def read_split(folder: Path, split: str) -> tuple[list[list[str]], list[Tree]]:
     trees = read_tree_file(trees_path)
     if len(sentences) != len(trees):
         raise UserError(f"{words_path}: {len(sentences)} sentences but {len(trees)} trees")
+    if not sentences:
+        use = "to train on" if split == "train" else "to validate on (F1, best.pt, patience)"
+        raise UserError(
+            f"{words_path} and {trees_path.name}: no sentences; the {split} split needs "
+            f"sentences {use}"
+        )
     for i, (words, tree) in enumerate(zip(sentences, trees, strict=True)):
         if words != tree.words():  # a line dropped, added or edited: every pair after it wrong
             shown = " ".join(tree.words())

@@ -124,6 +124,20 @@ def _open(task: TranslationTaskConfig) -> tuple[Path, dict[str, Any]]:
     return folder, manifest
 
 
+def _check_validation_keys(cfg: Config, folder: Path, manifest: dict[str, Any]) -> None:
+    """``train.patience`` or ``task.max_valid_sentences`` with a folder prepared without a
+    validation split: refused (there is no validation to stop on or to cut), as the files path
+    refuses them without validation files."""
+    assert isinstance(cfg.task, TranslationTaskConfig)
+    if "valid" in manifest["splits"] or not (cfg.train.patience or cfg.task.max_valid_sentences):
+        return
+    key = "train.patience" if cfg.train.patience else "task.max_valid_sentences"
+    raise UserError(
+        f"{key} needs validation: {folder} was prepared without a validation split; prepare "
+        "it again with task.valid_src and task.valid_tgt"
+    )
+
+
 def _run_record(folder: Path, run_dir: Path, *, resume: bool, is_main: bool) -> None:
     """Check (on resume) or write ``prepared.json`` and the vocabulary copies in the run."""
     record = {"prepared": str(folder.resolve()), "manifest_sha256": file_sha256(folder / MANIFEST)}
@@ -196,6 +210,7 @@ def from_prepared(
     ``run_dir``."""
     assert isinstance(cfg.task, TranslationTaskConfig)
     folder, manifest = _open(cfg.task)
+    _check_validation_keys(cfg, folder, manifest)
     _run_record(folder, run_dir, resume=resume, is_main=world.is_main)
     vocab = _vocabulary(folder, cfg.task.shared_vocab, run_dir, is_main=world.is_main)
     train = PreparedSplit(folder, "train", manifest)
