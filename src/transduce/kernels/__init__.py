@@ -43,7 +43,7 @@ from transduce.kernels.projection import (
     one_row_is_read_bound,
 )
 from transduce.kernels.quantized import int8_refusal
-from transduce.kernels.recurrent import lstm
+from transduce.kernels.recurrent import fp16_lstm_runs, lstm
 from transduce.kernels.topk_tiles import log_softmax_topk
 from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
@@ -66,6 +66,7 @@ __all__ = [
     "fp16_refusal",
     "grouped_queries_path",
     "int8_refusal",
+    "fp16_lstm_runs",
     "lstm",
     "kept_graph_bytes",
     "linear",

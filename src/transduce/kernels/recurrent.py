@@ -2,7 +2,8 @@
 bfloat16 LSTM needs AVX-512: on an AMD Zen 3 (AVX2) it fails to build ("could not create a
 primitive descriptor for the LSTM forward propagation primitive"). There the LSTM runs in float32
 outside autocast; an LSTM whose weights are bfloat16 themselves (``precision: bf16-weights``)
-takes PyTorch's own kernel and runs everywhere."""
+takes PyTorch's own kernel and runs everywhere. Under float16 autocast on a CPU oneDNN has no
+LSTM at all (the same error at the first step): ``fp16_lstm_runs``."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-__all__ = ["bf16_lstm_runs", "lstm"]
+__all__ = ["bf16_lstm_runs", "fp16_lstm_runs", "lstm"]
 
 
 def bf16_lstm_runs(device: torch.device) -> bool:
     """Whether an LSTM under bfloat16 autocast runs on ``device``: off the CPU, or on a CPU with
     AVX-512 (oneDNN's bfloat16 LSTM)."""
     return device.type != "cpu" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def fp16_lstm_runs(device: torch.device) -> bool:
+    """Whether an LSTM under float16 autocast runs on ``device``: off the CPU only (oneDNN's
+    CPU LSTM has no float16 primitive: a RuntimeError at the first step)."""
+    return device.type != "cpu"
 
 
 def lstm(

@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from transduce import kernels
 from transduce.device import resolve_device
 from transduce.errors import UserError
 
@@ -40,12 +41,12 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def check_precision(precision: str, architecture: str, device: str | torch.device) -> None:
     """A UserError for a ``precision`` that ``architecture`` cannot train in on ``device`` (a
-    user's string is resolved only when it matters): fp16 for the recurrent model (rnn) on a
-    CPU, whose LSTM has no float16 kernel there (oneDNN failed at the first step with a
-    RuntimeError). The Transformer trains in fp16 on a CPU."""
+    user's string is resolved only when it matters): fp16 for the recurrent model (rnn) where
+    its LSTM has no float16 kernel (``kernels.fp16_lstm_runs``: a CPU). The Transformer trains
+    in fp16 on a CPU."""
     if precision != "fp16" or architecture != "rnn":
         return
-    if resolve_device(device).type == "cpu":
+    if not kernels.fp16_lstm_runs(resolve_device(device)):
         raise UserError(
             "precision fp16 with architecture: rnn on a CPU: the CPU's LSTM has no float16 "
             "kernel; use precision bf16 or fp32 there (fp16 on a CUDA GPU)"
