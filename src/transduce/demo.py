@@ -17,7 +17,6 @@ from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference.search import predict_ids, searchable
 from transduce.training.fit import check_new_run
-from transduce.training.precision import check_precision
 from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
@@ -76,7 +75,6 @@ def run_demo(
             "the demo scores greedy outputs (decode.beam 1, no sampling); for other decoding "
             "train with `transduce train --config configs/addition.yaml` and decode the model"
         )
-    check_precision(cfg.train.precision, cfg.model.architecture, cfg.train.device)
     check_new_run(out_dir, False, resumable=False)  # the demo has no --resume
     started = time.monotonic()
     summary = train_synthetic(cfg, out_dir, show_progress=show_progress)
