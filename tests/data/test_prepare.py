@@ -631,3 +631,55 @@ def test_negative_or_past_the_end_pair_numbers_are_refused(tmp_path: Path) -> No
             with pytest.raises(IndexError, match="pair numbers must lie in 0 .. "):
                 split.select(bad)
     assert len(view.select(np.array([], dtype=np.int64))) == 0
+
+
+def test_training_from_the_files_cleans_as_prepare_does(tmp_path: Path) -> None:
+    """The task.clean_* keys act on a run trained from the files: with prepare's vocabulary, its
+    training pairs are the prepared folder's, pair for pair, and each filter removed as many."""
+    from transduce.training.distributed import World
+    from transduce.training.tasks.translation_files import from_files
+
+    write_corpus(tmp_path)
+    m = prepare(
+        config(tmp_path, **CLEAN),
+        tmp_path / "p",
+        workers=1,
+        shard_pairs=100,
+        show_progress=False,
+        log=lambda _: None,
+    )
+    lines: list[str] = []
+    cfg = config(tmp_path, **CLEAN, vocab_model=str(tmp_path / "p"))
+    data = from_files(
+        cfg, tmp_path / "run", World(), resume=False, log=lines.append, validator=lambda *a: None
+    )
+    prepared = PreparedSplit(tmp_path / "p", "train")
+    assert [tuple(p) for p in data.train_pairs] == [tuple(p) for p in prepared]
+    removed = dict(m["splits"]["train"]["removed"])
+    assert data.counts["train_skipped_empty"] == removed.pop("empty") == 3
+    assert data.counts["train_removed"] == {k: n for k, n in removed.items() if n}
+    assert data.counts["train_pairs"] == len(prepared)
+    assert any("pairs kept by the task.clean_* filters" in line for line in lines)
+    # without a filter, every pair read trains
+    plain = from_files(
+        config(tmp_path, vocab_model=str(tmp_path / "p")),
+        tmp_path / "plain",
+        World(),
+        resume=False,
+        log=lambda _: None,
+        validator=lambda *a: None,
+    )
+    assert len(plain.train_pairs) == 617 - 3 and "train_removed" not in plain.counts
+
+
+def test_cleaning_that_leaves_no_training_pair_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    cmd = ["train", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "r")]
+    assert main([*cmd, "--quiet", "--set", "clean_max_len=1"]) == 2
+    assert "no sentence pairs left after the task.clean_* filters (614 too long removed)" in (
+        capsys.readouterr().err
+    )
+    assert main([*cmd, "--quiet", "--set", "clean_max_len=30"]) == 0  # the folder taken again

@@ -303,12 +303,13 @@ class TranslationTaskConfig(_Section):
     bpe_dropout: float = 0.0
     max_valid_sentences: int = 0  # validate on the first N pairs only (0 = all)
     # a folder written by `transduce prepare`: train from its memory-mapped ids and vocabulary;
-    # the file, vocabulary and cleaning keys are then ignored
+    # the file, vocabulary and cleaning keys must then be unset or what it was prepared with
     prepared: str = ""
     # reuse a SentencePiece vocabulary instead of learning one: a .model file (shared), or a
     # folder holding vocab.model, or vocab.src.model and vocab.tgt.model (shared_vocab false)
     vocab_model: str = ""
-    # cleaning by `transduce prepare` (pairs with an empty side are always dropped):
+    # cleaning of the training pairs, by `prepare` or training from the files (as prepare does;
+    # pairs with an empty side are always dropped; validation is never cleaned):
     clean_max_len: int = 0  # drop pairs with a side of more than N subword pieces (0 = keep)
     clean_ratio: float = 0.0  # drop pairs whose longer side has over N x the pieces (Moses' -ratio)
     clean_identical: bool = False  # drop pairs whose source equals their target

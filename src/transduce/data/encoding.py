@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -19,7 +20,16 @@ import numpy as np
 
 from transduce.errors import UserError
 
-__all__ = ["Chunk", "Cleaning", "Encoded", "ShardWriter", "encode_chunk", "init_worker"]
+__all__ = [
+    "Chunk",
+    "Cleaning",
+    "Encoded",
+    "Repeats",
+    "ShardWriter",
+    "cleaned",
+    "encode_chunk",
+    "init_worker",
+]
 
 # (source lines, target lines), stripped, neither side empty
 Chunk = tuple[list[str], list[str]]
@@ -78,34 +88,71 @@ def _flat(ids: list[list[int]], dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
-def encode_chunk(chunk: Chunk) -> Encoded:
-    """Clean and encode one chunk in a worker (after ``init_worker``)."""
-    sources, targets = chunk
-    c: Cleaning = _worker["cleaning"]
+def cleaned(
+    sources: list[str],
+    targets: list[str],
+    cleaning: Cleaning,
+    encode: Callable[[list[str], list[str]], tuple[list[list[int]], list[list[int]]]],
+) -> tuple[list[int], list[list[int]], list[list[int]], dict[str, int]]:
+    """The pairs of ``sources`` and ``targets`` (stripped text) that ``cleaning`` keeps, but for
+    ``dedup`` (the caller's, across all chunks: ``Repeats``): (their numbers, their source ids,
+    their target ids, what each filter removed). ``encode`` maps (sources, targets) to ids; text
+    that encodes to nothing counts as empty; lengths are in pieces."""
     removed = dict.fromkeys(REMOVED, 0)
     rows = list(range(len(sources)))
-    if c.identical:
+    if cleaning.identical:  # before encoding: nothing spent on what is dropped
         rows = [i for i in rows if sources[i] != targets[i]]
         removed["identical"] = len(sources) - len(rows)
-    src_ids = _worker["src"].encode([sources[i] for i in rows], out_type=int)
-    tgt_ids = _worker["tgt"].encode([targets[i] for i in rows], out_type=int)
+    src_ids, tgt_ids = encode([sources[i] for i in rows], [targets[i] for i in rows])
     src_lens = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(rows))
     tgt_lens = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(rows))
-    keep = (src_lens > 0) & (tgt_lens > 0)  # text that encodes to nothing counts as empty
+    keep = (src_lens > 0) & (tgt_lens > 0)
     removed["empty"] = int((~keep).sum())
     longer, shorter = np.maximum(src_lens, tgt_lens), np.minimum(src_lens, tgt_lens)
     for name, limit, bad in (
-        ("too_long", c.max_len, longer > c.max_len),
-        ("ratio", c.ratio, longer > c.ratio * shorter),
+        ("too_long", cleaning.max_len, longer > cleaning.max_len),
+        ("ratio", cleaning.ratio, longer > cleaning.ratio * shorter),
     ):
         if limit:
             removed[name] = int((keep & bad).sum())
             keep &= ~bad
     chosen = np.flatnonzero(keep).tolist()
-    src, src_n = _flat([src_ids[i] for i in chosen], _worker["dtype"])
-    tgt, tgt_n = _flat([tgt_ids[i] for i in chosen], _worker["dtype"])
-    kept = np.asarray(rows, dtype=np.int64)[np.asarray(chosen, dtype=np.int64)]
-    return Encoded(src, tgt, src_n, tgt_n, kept, removed)
+    return (
+        [rows[i] for i in chosen],
+        [src_ids[i] for i in chosen],
+        [tgt_ids[i] for i in chosen],
+        removed,
+    )
+
+
+class Repeats:
+    """``clean_dedup``'s memory: which (source, target) pairs were seen (64-bit hashes)."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+
+    def again(self, source: str, target: str) -> bool:
+        """Whether the pair was seen before; remembers it."""
+        key = hash((source, target))
+        if key in self._seen:
+            return True
+        self._seen.add(key)
+        return False
+
+
+def encode_chunk(chunk: Chunk) -> Encoded:
+    """Clean and encode one chunk in a worker (after ``init_worker``)."""
+
+    def encode(sources: list[str], targets: list[str]) -> tuple[Any, Any]:
+        return (
+            _worker["src"].encode(sources, out_type=int),
+            _worker["tgt"].encode(targets, out_type=int),
+        )
+
+    rows, src_ids, tgt_ids, removed = cleaned(*chunk, _worker["cleaning"], encode)
+    src, src_n = _flat(src_ids, _worker["dtype"])
+    tgt, tgt_n = _flat(tgt_ids, _worker["dtype"])
+    return Encoded(src, tgt, src_n, tgt_n, np.asarray(rows, dtype=np.int64), removed)
 
 
 def _open(path: Path) -> BinaryIO:

@@ -38,6 +38,7 @@ from transduce.data.encoding import (
     Chunk,
     Cleaning,
     Encoded,
+    Repeats,
     ShardWriter,
     encode_chunk,
     init_worker,
@@ -52,6 +53,7 @@ __all__ = [
     "prepare",
     "reused_vocabulary",
     "scan_input",
+    "task_cleaning",
     "vocabulary",
     "write_vocabulary",
 ]
@@ -213,22 +215,24 @@ def vocabulary(
     return vocabs
 
 
+def task_cleaning(task: TranslationTaskConfig) -> Cleaning:
+    """The filters of ``task``'s ``clean_*`` keys."""
+    return Cleaning(task.clean_max_len, task.clean_ratio, task.clean_identical, task.clean_dedup)
+
+
 def _chunks(src: Path, tgt: Path, dedup: bool, removed: dict[str, int]) -> Iterator[Chunk]:
     """Chunks of (source, target) lines with both sides non-empty and, with ``dedup``, not seen
     before (64-bit hashes; ``removed`` counts what was left out)."""
-    seen: set[int] = set()
+    repeats = Repeats()
     sources: list[str] = []
     targets: list[str] = []
     for s, t in zip(iter_lines(src), iter_lines(tgt), strict=True):
         if not s or not t:
             removed["empty"] += 1
             continue
-        if dedup:
-            key = hash((s, t))
-            if key in seen:
-                removed["duplicate"] += 1
-                continue
-            seen.add(key)
+        if dedup and repeats.again(s, t):
+            removed["duplicate"] += 1
+            continue
         sources.append(s)
         targets.append(t)
         if len(sources) == CHUNK_PAIRS:
@@ -411,9 +415,7 @@ def _prepare_into(
         "workers": workers or os.cpu_count() or 1,
         "show_progress": show_progress,
     }
-    cleaning = Cleaning(
-        task.clean_max_len, task.clean_ratio, task.clean_identical, task.clean_dedup
-    )
+    cleaning = task_cleaning(task)
     protos = [v.model_proto for v in vocabs]
     splits = {"train": _split(folder, "train", inputs, protos, cleaning, settings, log)}
     if "valid_src" in inputs:

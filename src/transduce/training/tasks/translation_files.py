@@ -8,6 +8,7 @@ import itertools
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -228,6 +229,54 @@ def _validation(
     return valid_pairs, validator(vocab, sources, references)
 
 
+def _cleaned(
+    task: TranslationTaskConfig,
+    vocab: SentencePieceVocab | VocabPair,
+    text: ParallelText,
+    log: Log,
+) -> tuple[ParallelText, list[Pair], dict[str, int]]:
+    """The training text and its pairs after the ``task.clean_*`` filters, as ``transduce
+    prepare`` cleans (``data.encoding.cleaned``; lengths in the vocabulary's deterministic
+    pieces, BPE-dropout's epochs drawn from the kept text), and what each filter removed (empty
+    without a filter: every pair kept, as read)."""
+    from transduce.data.encoding import Cleaning, Repeats, cleaned
+    from transduce.data.prepare import task_cleaning
+
+    source, target = _sides(vocab)
+
+    def encode(sources: list[str], targets: list[str]) -> tuple[Any, Any]:
+        return source.encode_batch(sources), target.encode_batch(targets)
+
+    cleaning = task_cleaning(task)
+    if cleaning == Cleaning():
+        return text, list(zip(*encode(text.source, text.target), strict=True)), {}
+    rows: Sequence[int] = range(len(text))
+    duplicates = 0
+    if cleaning.dedup:  # the first of each pair kept
+        repeats = Repeats()
+        rows = [i for i in rows if not repeats.again(text.source[i], text.target[i])]
+        duplicates = len(text) - len(rows)
+    kept, src_ids, tgt_ids, removed = cleaned(
+        [text.source[i] for i in rows], [text.target[i] for i in rows], cleaning, encode
+    )
+    removed = {name: n for name, n in {**removed, "duplicate": duplicates}.items() if n}
+    rows = [rows[i] for i in kept]
+    if not rows:
+        raise UserError(
+            f"{task.train_src} and {task.train_tgt}: no sentence pairs left after the "
+            f"task.clean_* filters ({_removed(removed)} removed)"
+        )
+    log(f"train: {len(rows)} pairs kept by the task.clean_* filters ({_removed(removed)} removed)")
+    kept_text = replace(
+        text, source=[text.source[i] for i in rows], target=[text.target[i] for i in rows]
+    )
+    return kept_text, list(zip(src_ids, tgt_ids, strict=True)), removed
+
+
+def _removed(removed: dict[str, int]) -> str:
+    return ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in removed.items()) or "none"
+
+
 def bpe_dropout_pairs(
     cfg: Config, vocab: SentencePieceVocab | VocabPair, train: ParallelText
 ) -> Resegment | None:
@@ -334,11 +383,6 @@ def from_files(
         raise UserError(
             "task translation needs task.train_src and task.train_tgt (the training files)"
         )
-    if task.clean_max_len or task.clean_ratio or task.clean_identical or task.clean_dedup:
-        log(
-            "the task.clean_* keys apply to transduce prepare; training from the files keeps "
-            "every pair with both sides non-empty"
-        )
     for key in ("valid_src", "valid_tgt"):  # before minutes of reading the training text
         if getattr(task, key):
             resolve_data_path(getattr(task, key), key)
@@ -354,16 +398,11 @@ def from_files(
         allow_change=allow_change,
     )
     vocab = _rank0_vocabulary(cfg, run_dir, train_text, resume=resume, log=log, world=world)
-    train_pairs = list(
-        zip(
-            _sides(vocab)[0].encode_batch(train_text.source),
-            _sides(vocab)[1].encode_batch(train_text.target),
-            strict=True,
-        )
-    )
+    train_text, train_pairs, removed = _cleaned(task, vocab, train_text, log)
     counts: dict[str, Any] = {
         "train_pairs": len(train_text),
         "train_skipped_empty": train_text.skipped,
+        **({"train_removed": removed} if removed else {}),
         "vocab_size": len(vocab),
     }
     valid_pairs, bleu = _validation(cfg, vocab, valid_text, counts, log, validator)
