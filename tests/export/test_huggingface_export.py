@@ -152,6 +152,13 @@ def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Pa
     with pytest.raises(UserError, match="holds no Marian model"):
         export_marian(tmp_path / "ok.pt", tmp_path / "run", force=True)
     assert (tmp_path / "run" / "notes.txt").is_file()
+    # a Marian folder of another tool (a downloaded OPUS-MT model) is not replaced; an export is
+    export_marian(tmp_path / "ok.pt", tmp_path / "hf")
+    export_marian(tmp_path / "ok.pt", tmp_path / "hf", force=True)
+    (tmp_path / "hf" / "generation_config.json").write_text('{"num_beams": 4}', encoding="utf-8")
+    with pytest.raises(UserError, match="Marian model that transduce did not export"):
+        export_marian(tmp_path / "ok.pt", tmp_path / "hf", force=True)
+    assert (tmp_path / "hf" / "config.json").is_file()
 
 
 @pytest.fixture(scope="module")

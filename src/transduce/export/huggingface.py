@@ -84,6 +84,7 @@ from transduce.data.vocab import (
 )
 from transduce.errors import UserError
 from transduce.export.marian_config import (
+    ALPHA_KEY,
     check_exportable,
     check_marian_config,
     decode_config,
@@ -380,7 +381,21 @@ def _prepare_folder(folder: Path, force: bool) -> None:
         if not (folder / "config.json").is_file() or not (folder / "vocab.json").is_file():
             # --force replaces a previous export only, never "." or a run folder
             raise UserError(f"{folder} is a folder that holds no Marian model; not replacing it")
+        if not _exported_here(folder):  # e.g. a downloaded OPUS-MT model: not ours to delete
+            raise UserError(
+                f"{folder} holds a Marian model that transduce did not export; not replacing it"
+            )
         shutil.rmtree(folder)
+
+
+def _exported_here(folder: Path) -> bool:
+    """Whether the Marian folder ``folder`` is a transduce export: its generation_config.json
+    holds the key only an export writes."""
+    try:
+        generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(generation, dict) and ALPHA_KEY in generation
 
 
 def _marian_tokenizer(folder: Path, separate: bool) -> Any:
