@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,27 @@ def test_existing_output_needs_force(exported, trained, capsys) -> None:
     assert main([*argv[:-1], str(other), "--force"]) == 2
     assert "holds no CTranslate2 model" in capsys.readouterr().err
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_force_replaces_an_export_holding_nothing_else(exported, trained, tmp_path, capsys) -> None:
+    """--force never deletes the model being exported, other files, or another tool's model."""
+    out = tmp_path / "ct2"
+    shutil.copytree(exported, out)
+    model = out / "mine.pt"
+    shutil.copyfile(trained, model)
+    base = ["--no-malloc-tuning", "export", "ctranslate2", "--output", str(out), "--force"]
+    assert main([*base, "--model", str(model)]) == 2
+    assert "lies in the output folder" in capsys.readouterr().err and model.is_file()
+    assert main([*base, "--model", str(trained)]) == 2
+    assert "holds 'mine.pt', which no export writes" in capsys.readouterr().err
+    assert model.is_file()
+    model.unlink()
+    (out / "transduce.json").unlink()  # as CTranslate2's own converters write it
+    assert main([*base, "--model", str(trained)]) == 2
+    assert "that transduce did not export" in capsys.readouterr().err
+    assert (out / "model.bin").is_file()
+    shutil.copyfile(exported / "transduce.json", out / "transduce.json")
+    assert main([*base, "--model", str(trained)]) == 0
 
 
 TOKENS = [*SPECIALS, *(f"w{i}" for i in range(46))]  # 50

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,14 @@ def test_export_refuses_what_marian_cannot_represent(shared: Vocab, tmp_path: Pa
     with pytest.raises(UserError, match="Marian model that transduce did not export"):
         export_marian(tmp_path / "ok.pt", tmp_path / "hf", force=True)
     assert (tmp_path / "hf" / "config.json").is_file()
+    # nor the model being exported, nor other files kept in an export's folder
+    export_marian(tmp_path / "ok.pt", tmp_path / "ex")
+    shutil.copyfile(tmp_path / "ok.pt", tmp_path / "ex" / "ok.pt")
+    with pytest.raises(UserError, match="lies in the output folder"):
+        export_marian(tmp_path / "ex" / "ok.pt", tmp_path / "ex", force=True)
+    with pytest.raises(UserError, match="holds 'ok.pt', which no export writes"):
+        export_marian(tmp_path / "ok.pt", tmp_path / "ex", force=True)
+    assert (tmp_path / "ex" / "ok.pt").is_file()
 
 
 @pytest.fixture(scope="module")

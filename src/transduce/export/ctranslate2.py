@@ -57,6 +57,7 @@ from torch import nn
 from transduce.data.marian_vocab import language_code
 from transduce.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, VocabPair
 from transduce.errors import UserError
+from transduce.export.folders import check_not_inside, check_replaceable
 from transduce.export.positions import exported_positions
 from transduce.inference.text_inputs import text_list
 from transduce.model.transformer import Transformer
@@ -245,6 +246,34 @@ def build_spec(
     return spec
 
 
+# what an export writes (CTranslate2's converter, of this version or another, and transduce):
+# all that --force replaces
+_WRITTEN = frozenset(
+    {
+        "config.json",
+        "model.bin",
+        *(
+            f"{v}vocabulary.{ext}"
+            for v in ("", "shared_", "source_", "target_")
+            for ext in ("json", "txt")
+        ),
+        SENTENCEPIECE_FILE,
+        TARGET_SENTENCEPIECE_FILE,
+        INFO_FILE,
+        INFO_FILE + ".tmp",
+    }
+)
+
+
+def _not_an_export(folder: Path) -> str | None:
+    """Why ``folder`` is not an earlier CTranslate2 export of transduce (None when it is)."""
+    if not (folder / "model.bin").is_file():
+        return "is a folder that holds no CTranslate2 model (model.bin)"  # "." or a run folder
+    if not (folder / INFO_FILE).is_file():
+        return f"holds a CTranslate2 model that transduce did not export (no {INFO_FILE})"
+    return None
+
+
 def export_model(
     model: Transformer,
     tokens: Sequence[str],
@@ -261,7 +290,8 @@ def export_model(
     describing it (also written to ``transduce.json``). ``quantization``: None (float32, as
     trained) or one of ``QUANTIZATIONS``. ``max_positions``: the sinusoidal table's rows (None:
     ``export.positions.exported_positions``). An existing ``output_dir`` is an error unless
-    ``force``, and even then unless it is empty or a previous export (holds ``model.bin``)."""
+    ``force``, and even then unless it is empty or an earlier export of transduce holding nothing
+    else (``export.folders.check_replaceable``)."""
     ct2 = _ct2()
     from ctranslate2.converters.converter import Converter
 
@@ -270,15 +300,7 @@ def export_model(
             f"unknown quantization {quantization!r}; use none or one of {', '.join(QUANTIZATIONS)}"
         )
     out = Path(output_dir)
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; pass --force (force=True) to replace it")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "model.bin").is_file():
-        # --force replaces the folder as a whole: only a previous export, never "." or a run
-        raise UserError(
-            f"{out} is a folder that holds no CTranslate2 model (model.bin); not replacing it"
-        )
+    check_replaceable(out, force, _WRITTEN, _not_an_export)
     spec = build_spec(model, tokens, max_positions=max_positions)
 
     class _Loaded(Converter):
@@ -330,6 +352,7 @@ def export_checkpoint(
     from transduce.data.marian_vocab import MarianVocab
     from transduce.data.subword import SentencePieceVocab
 
+    check_not_inside(Path(path), Path(output_dir))
     model, vocab, cfg = load_model(path, device="cpu")
     if not isinstance(model, Transformer):
         raise UserError(

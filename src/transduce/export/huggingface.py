@@ -83,6 +83,7 @@ from transduce.data.vocab import (
     vocab_sizes,
 )
 from transduce.errors import UserError
+from transduce.export.folders import check_not_inside, check_replaceable
 from transduce.export.marian_config import (
     ALPHA_KEY,
     check_exportable,
@@ -372,30 +373,42 @@ def _vocab_files(vocab: Vocab, where: str) -> dict[str, Any]:
     return {"src": pieces, "tgt": pieces, "source_spm": enc, "target_spm": dec}
 
 
-def _prepare_folder(folder: Path, force: bool) -> None:
-    if folder.exists() and not force:
-        raise UserError(f"{folder} already exists; pass --force (force=True) to replace it")
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} exists and is not a folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not (folder / "config.json").is_file() or not (folder / "vocab.json").is_file():
-            # --force replaces a previous export only, never "." or a run folder
-            raise UserError(f"{folder} is a folder that holds no Marian model; not replacing it")
-        if not _exported_here(folder):  # e.g. a downloaded OPUS-MT model: not ours to delete
-            raise UserError(
-                f"{folder} holds a Marian model that transduce did not export; not replacing it"
-            )
-        shutil.rmtree(folder)
+# what an export writes (and transformers' tokenizer beside it, in some versions): all that
+# --force replaces
+_WRITTEN = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+        *SPM_FILES,
+        "vocab.json",
+        "target_vocab.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+    }
+)
 
 
-def _exported_here(folder: Path) -> bool:
-    """Whether the Marian folder ``folder`` is a transduce export: its generation_config.json
-    holds the key only an export writes."""
+def _not_an_export(folder: Path) -> str | None:
+    """Why the folder ``folder`` is not an earlier Marian export of transduce (None when it is):
+    its generation_config.json holds the key only an export writes."""
+    if not (folder / "config.json").is_file() or not (folder / "vocab.json").is_file():
+        return "is a folder that holds no Marian model"  # "." or a run folder
     try:
         generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(generation, dict) and ALPHA_KEY in generation
+        generation = None
+    if not isinstance(generation, dict) or ALPHA_KEY not in generation:
+        return "holds a Marian model that transduce did not export"  # a downloaded OPUS-MT one
+    return None
+
+
+def _prepare_folder(folder: Path, force: bool) -> None:
+    check_replaceable(folder, force, _WRITTEN, _not_an_export)
+    if folder.is_dir():
+        shutil.rmtree(folder)
 
 
 def _marian_tokenizer(folder: Path, separate: bool) -> Any:
@@ -434,6 +447,7 @@ def export_marian(
     is one unless ``force`` (and even then unless it is empty or a previous export)."""
     transformers = transformers_module()
     model_path, folder = Path(model_path), Path(folder)
+    check_not_inside(model_path, folder)
     loaded, vocab, cfg = load_model(model_path, device="cpu")
     model = check_exportable(loaded, cfg, model_path)
     files = _vocab_files(vocab, str(model_path))
