@@ -115,6 +115,9 @@ def test_round_trip_gives_the_same_translations(
     assert (summary["beam"], summary["alpha"]) == (3, 0.8)
     before, after = Translator.load(path), Translator.load(tmp_path / "back.pt")
     assert after.cfg.decode == before.cfg.decode
+    # one vocabulary comes back as one (untied too), so the CTranslate2 export still takes it
+    assert summary["shared_vocab"] == after.cfg.task.shared_vocab == (not pair)
+    assert isinstance(after.vocab, VocabPair) == pair
     for beam in (1, 4):
         assert after.translate(TEXTS, after.decode_config(beam=beam)) == before.translate(
             TEXTS, before.decode_config(beam=beam)

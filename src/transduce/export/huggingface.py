@@ -23,9 +23,10 @@ What maps onto what (configurations: ``marian_config``; weights: ``marian_weight
   model, as the tests check.)
 * embeddings: ``share_encoder_decoder_embeddings`` with ``tie_word_embeddings`` is the paper's
   three-way sharing; shared without tying gives separate source and target embeddings with the
-  same values (the function is Marian's; fine-tuning would let them part); not shared: a
-  ``VocabPair`` (``vocab.json`` for both sides, or ``target_vocab.json`` for the target), the
-  target embedding tied to the output layer or not as Marian's.
+  same values (the function is Marian's; fine-tuning would let them part); not shared: two
+  embeddings, the target's tied to the output layer or not as Marian's, of one vocabulary where
+  ``vocab.json`` gives both sides the same ids (an export's, ``task.shared_vocab``) or else a
+  ``VocabPair`` (``vocab.json`` for both sides, or ``target_vocab.json`` for the target).
 
 Exported folders keep transduce's ids in ``vocab.json`` and start decoding from ``<s>``; PAD and
 BOS are never generated (``bad_words_ids``), as in transduce's searches. Their position table
@@ -216,11 +217,15 @@ def _special_ids(tok: dict[str, Any], vocab: dict[str, int], folder: Path) -> di
 class _Vocabularies:
     """A Marian folder's vocabulary as transduce's, and where each transduce id comes from."""
 
-    vocab: Vocab  # a MarianVocab (shared embeddings) or a VocabPair of two
+    vocab: Vocab  # a MarianVocab (one vocabulary, as a shared_vocab model's) or a VocabPair
     src_order: list[int | None]  # the Marian id of each transduce source id
     tgt_order: list[int | None]  # ... target id (None: the added BOS)
     start: int  # the Marian id the decoder starts from
     share: bool  # share_encoder_decoder_embeddings
+
+    @property
+    def shared_vocab(self) -> bool:
+        return not isinstance(self.vocab, VocabPair)
 
 
 def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
@@ -285,6 +290,9 @@ def _read_vocabularies(folder: Path, c: dict[str, Any]) -> _Vocabularies:
         start=src_bos if isinstance(src_bos, int) else None,
         name=str(folder / "vocab.json"),
     )
+    if not separate and src_order == tgt_order:  # one vocabulary, two embeddings (an export's)
+        vocab = MarianVocab(tgt_pieces, source_spm, target_spm)
+        return _Vocabularies(vocab, src_order, tgt_order, start, share)
     pair = VocabPair(
         MarianVocab(src_pieces, source_spm, source_spm),
         MarianVocab(tgt_pieces, target_spm, target_spm),
@@ -324,7 +332,8 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     src_size, tgt_size = vocab_sizes(v.vocab)
     model = make_model(model_cfg, src_vocab_size=src_size, tgt_vocab_size=tgt_size)
     model.load_state_dict(state)
-    cfg = Config(model=model_cfg, task=TranslationTaskConfig(shared_vocab=v.share), decode=decode)
+    task = TranslationTaskConfig(shared_vocab=v.shared_vocab)
+    cfg = Config(model=model_cfg, task=task, decode=decode)
     written: dict[str, Any] = {
         "config": cfg.to_dict(),
         "vocab": v.vocab.to_dict(),
@@ -338,7 +347,7 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
         "n_layers": model_cfg.n_layers,
         "d_model": model_cfg.d_model,
         "activation": model_cfg.activation,
-        "shared_vocab": v.share,
+        "shared_vocab": v.shared_vocab,
         "tie_embeddings": model_cfg.tie_embeddings,
         "vocab_size": len(v.vocab),
         "added_bos": v.tgt_order[BOS] is None,
