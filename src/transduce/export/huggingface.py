@@ -304,7 +304,8 @@ def import_marian(folder: str | Path, output: str | Path, *, force: bool = False
     """Write the Marian model of ``folder`` (what ``MarianMTModel.save_pretrained`` and
     ``MarianTokenizer.save_pretrained`` write) as the transduce model file ``output`` (a name
     ending ``.safetensors``: in that format), which must not exist unless ``force``; returns a
-    summary. What transduce cannot represent is a one-line UserError naming the config field."""
+    summary. What transduce cannot represent, or transformers ignores, is a one-line UserError
+    naming the config field."""
     folder, output = Path(folder), Path(output)
     if output.is_dir():
         raise UserError(f"{output}: is a folder; --output names the model file to write")

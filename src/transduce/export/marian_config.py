@@ -74,6 +74,12 @@ Activation = Literal["relu", "swish", "gelu"]  # ModelConfig.activation
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
 MARIAN_ACTIVATIONS = {"swish": "swish", "gelu": "gelu", "relu": "relu"}
 # config.json fields some Marian conversions carry that transduce has no place for, when true
+# why REFUSED_TRUE's settings are refused: transformers reads none of them, so its outputs are
+# a post-norm, sinusoidal model's whatever they say; importing either way would be a guess
+_IGNORED = (
+    "transformers' MarianMTModel ignores it and runs another model than the weights were made "
+    "for; not imported"
+)
 REFUSED_TRUE = {
     "normalize_before": "pre-norm layers",
     "normalize_embedding": "a layer norm on the embeddings",
@@ -110,7 +116,8 @@ def quiet_transformers() -> Iterator[None]:
 
 
 def check_marian_config(c: dict[str, Any], where: Path) -> None:
-    """One-line UserErrors naming the first config.json field transduce cannot represent."""
+    """One-line UserErrors naming the first config.json field transduce cannot represent or
+    transformers ignores (``REFUSED_TRUE``)."""
     if c.get("model_type") != "marian":
         raise UserError(f"{where}: model_type is {c.get('model_type')!r}; transduce imports marian")
     for key in (
@@ -125,11 +132,10 @@ def check_marian_config(c: dict[str, Any], where: Path) -> None:
             raise UserError(f"{where}: {key} must be a positive integer; got {value!r}")
     for key, what in REFUSED_TRUE.items():
         if c.get(key):
-            raise UserError(f"{where}: {key} is set ({what}); transduce cannot represent it")
+            raise UserError(f"{where}: {key} is set ({what}); {_IGNORED}")
     if c.get("static_position_embeddings", True) is not True:
         raise UserError(
-            f"{where}: static_position_embeddings is false (learned positions); "
-            "transduce imports Marian's sinusoids only"
+            f"{where}: static_position_embeddings is false (learned positions); {_IGNORED}"
         )
     if c.get("scale_embedding") is not True:
         raise UserError(
