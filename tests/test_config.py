@@ -385,6 +385,14 @@ def test_a_yaml_key_given_twice_is_refused(tmp_path, text: str) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize("text", ["model:\n  ? [a, b]\n  : 1\n", "? {a: 1}\n: 2\n", "[a]: 1\n"])
+def test_a_yaml_key_that_is_a_list_or_mapping_is_refused(tmp_path, text: str) -> None:
+    path = tmp_path / "key.yaml"  # was a TypeError (unhashable) out of the duplicate-key check
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError, match=r"key.yaml: not valid YAML: line \d+, .* not a list or"):
+        load_config(path)
+
+
 def test_yaml_merge_keys_work(tmp_path) -> None:
     # `<<:` merges a mapping in, and a key given beside it overrides it: not "given twice"
     path = tmp_path / "merge.yaml"

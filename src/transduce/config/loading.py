@@ -3,6 +3,7 @@ every value typed (``values``), the result built as the frozen dataclasses of ``
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -208,6 +209,13 @@ def _unique_keys_loader() -> Any:
                 if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges a mapping in: its
                     continue  # keys may be given again here (that is what it is for)
                 key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, Hashable):  # a list or mapping as a key
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        "a key must be a name, not a list or mapping",
+                        key_node.start_mark,
+                    )
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"{key!r} is given twice", key_node.start_mark
