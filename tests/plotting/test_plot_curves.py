@@ -89,6 +89,20 @@ def test_redone_steps_keep_the_later_line_and_blank_lines_pass(tmp_path):
     assert [(r.step, r.scalar("loss")) for r in train] == [(10, 2.5), (20, 2.0)] and valid == ()
 
 
+def test_skipped_updates_and_compile_reports_are_not_training_points(tmp_path):
+    lines = [
+        {"step": 10, "loss": 3.0},
+        {"step": 13, "split": "skipped", "loss": 9.5, "bad_in_row": 1, "skipped_updates": 1},
+        {"step": 20, "loss": 2.5},
+        {"step": 20, "split": "compile", "first_update_s": 4.0},
+        {"step": 20, "split": "valid", "bleu": 1.0},
+    ]
+    write_run(tmp_path, lines)
+    train, valid = read_metrics(tmp_path)
+    assert [(r.step, r.scalar("loss")) for r in train] == [(10, 3.0), (20, 2.5)]
+    assert [r.step for r in valid] == [20] and "first_update_s" not in train[-1].values
+
+
 def test_epoch_map_by_hand(make_run):
     # 50 steps per epoch, logged every 10: epochs start midway between steps 50|60, 100|110, 150|160
     train, _ = read_metrics(make_run("a"))

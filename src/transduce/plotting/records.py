@@ -61,17 +61,18 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _parse_line(text: str, lineno: int) -> tuple[bool, Record | str]:
-    """(is the record a validation one, the Record) or (False, what is wrong with the line)."""
+def _parse_line(text: str, lineno: int) -> tuple[object, Record | str]:
+    """(the record's ``split``: None for a training line, the Record) or (None, what is wrong
+    with the line)."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        return False, f"not JSON ({e.msg} at column {e.colno})"
+        return None, f"not JSON ({e.msg} at column {e.colno})"
     if not isinstance(obj, dict):
-        return False, f"expected a JSON object, found {type(obj).__name__}"
+        return None, f"expected a JSON object, found {type(obj).__name__}"
     step = obj.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return False, f"expected a non-negative integer 'step', found {step!r}"
+        return None, f"expected a non-negative integer 'step', found {step!r}"
     values: dict[str, Value] = {}
     for key, value in obj.items():
         if key == "step":
@@ -80,7 +81,7 @@ def _parse_line(text: str, lineno: int) -> tuple[bool, Record | str]:
             values[key] = float(value)
         elif isinstance(value, list) and all(_is_number(v) for v in value):
             values[key] = tuple(float(v) for v in value)
-    return obj.get("split") == "valid", Record(step, MappingProxyType(values), lineno)
+    return obj.get("split"), Record(step, MappingProxyType(values), lineno)
 
 
 def _metrics_path(run_dir: Path) -> Path:
@@ -100,9 +101,11 @@ def read_metrics(run_dir: Path | str) -> RunMetrics:
     """The training and validation records of a run folder (or of a ``metrics.jsonl`` itself).
 
     Returns ``RunMetrics(train, valid)``, each sorted by step; a step logged twice (a resumed
-    run redoing steps) keeps its later line. A last line that does not parse is skipped: a run
-    still training may be writing it. Raises ``UserError`` for a missing folder or file, and for
-    a bad line before the last one, naming the file, the line and what was expected.
+    run redoing steps) keeps its later line. Lines of other splits (an update the divergence
+    guard skipped, ``"skipped"``: one unapplied update's loss; a compile report) are left out.
+    A last line that does not parse is skipped: a run still training may be writing it. Raises
+    ``UserError`` for a missing folder or file, and for a bad line before the last one, naming
+    the file, the line and what was expected.
     """
     path = _metrics_path(Path(run_dir))
     try:
@@ -112,12 +115,13 @@ def read_metrics(run_dir: Path | str) -> RunMetrics:
     numbered = [(i, text) for i, text in enumerate(lines, start=1) if text.strip()]
     by_split: tuple[dict[int, Record], dict[int, Record]] = ({}, {})
     for k, (lineno, text) in enumerate(numbered):
-        is_valid, parsed = _parse_line(text, lineno)
+        split, parsed = _parse_line(text, lineno)
         if isinstance(parsed, str):
             if k == len(numbered) - 1:
                 break  # half-written by a run still training
             raise UserError(f"{path}:{lineno}: {parsed}")
-        by_split[is_valid][parsed.step] = parsed
+        if split is None or split == "valid":
+            by_split[split == "valid"][parsed.step] = parsed
     train, valid = (tuple(d[s] for s in sorted(d)) for d in by_split)
     return RunMetrics(train, valid)
 
