@@ -88,6 +88,11 @@ def test_non_integer_set_value(tiny_config: Path, tmp_path: Path, capsys) -> Non
     _assert_user_error(code, err, "d_model", "1.5")
     code, _, err = _run(["params", "--set", "d_model"], capsys)
     _assert_user_error(code, err, "d_model")
+    for arch in ("transformer", "rnn"):  # the recurrent config's ValueError was a traceback
+        code, _, err = _run(
+            ["params", "--vocab-size", "3", "--set", f"architecture={arch}"], capsys
+        )
+        _assert_user_error(code, err, "--vocab-size must be at least 4")
 
 
 def test_missing_checkpoint(tmp_path: Path, capsys) -> None:

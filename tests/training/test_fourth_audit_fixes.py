@@ -145,7 +145,7 @@ def test_fp16_for_the_recurrent_model_on_a_cpu_is_refused_the_transformer_trains
 
 
 @pytest.mark.parametrize("out", ["", "  "])
-@pytest.mark.parametrize("command", ["train", "demo"])
+@pytest.mark.parametrize("command", ["train", "demo", "experiment"])
 def test_an_empty_out_is_refused_not_the_current_directory(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -158,8 +158,12 @@ def test_an_empty_out_is_refused_not_the_current_directory(
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
-    argv = ["train", "--config", str(config)] if command == "train" else ["demo"]
-    code, err = cli(capsys, *argv, "--out", out, "--quiet", "--set", "max_steps=2")
+    argv = {
+        "train": ["train", "--config", str(config), "--set", "max_steps=2"],
+        "demo": ["demo", "--set", "max_steps=2"],
+        "experiment": ["experiment", "reversal", "--minutes", "0.1"],
+    }[command]
+    code, err = cli(capsys, *argv, "--out", out, "--quiet")
     assert code == 2
     assert "transduce: error: --out is empty (an unset variable?)" in err, err
     assert not any(here.iterdir())

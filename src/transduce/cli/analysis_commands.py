@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transduce.cli.common import Once, unknown_warning
+from transduce.cli.common import Once, refuse_empty_out, unknown_warning
 from transduce.errors import UserError
 
 
@@ -96,6 +96,7 @@ def _cmd_reversal(args: argparse.Namespace) -> int:
     from transduce.errors import UserError
     from transduce.experiments import reversal
 
+    refuse_empty_out(args.out, "the experiment's folder")
     if args.minutes <= 0:
         raise UserError(f"--minutes must be positive; got {args.minutes}")
     summary = reversal(args.out, task=args.task, minutes=args.minutes, show_progress=not args.quiet)

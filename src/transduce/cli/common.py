@@ -171,6 +171,13 @@ def refuse_stdout(path: str, option: str, what: str) -> None:
         raise UserError(f"{option} names the {what} to write (not -)")
 
 
+def refuse_empty_out(out: str, what: str) -> None:
+    """A UserError when ``--out`` is empty ("$RUN" unset): ``what`` would be written into the
+    current directory."""
+    if not out.strip():
+        raise UserError(f"--out is empty (an unset variable?): name {what}")
+
+
 def check_output(path: str | None) -> None:
     """A UserError when ``--output`` ``path`` cannot be written as a file: a folder, or in a
     folder that does not exist. Asked before any work, so that a wrong path does not cost a

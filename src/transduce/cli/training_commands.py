@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from transduce.cli.common import add_set, check_output, refuse_stdout
+from transduce.cli.common import add_set, check_output, refuse_empty_out, refuse_stdout
 from transduce.errors import UserError
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    if not args.out.strip():  # "$RUN" unset: the run would go into the current directory
-        raise UserError("--out is empty (an unset variable?): name the demo's run folder")
+    refuse_empty_out(args.out, "the demo's run folder")
     from transduce.config import parse_overrides
     from transduce.demo import run_demo
 
@@ -24,8 +23,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    if not args.out.strip():  # "$RUN" unset: the run would go into the current directory
-        raise UserError("--out is empty (an unset variable?): name the run folder")
+    refuse_empty_out(args.out, "the run folder")
     from transduce.config import load_config, parse_overrides, update
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
@@ -66,9 +64,13 @@ _NO_PARAMETERS = ("dropout", "attention_dropout", "activation_dropout", "activat
 def _cmd_params(args: argparse.Namespace) -> int:
     from transduce.architectures import parameter_counts
     from transduce.config import parse_overrides, preset_config, resolve_key, update
+    from transduce.data.vocab import SPECIALS
 
-    if args.vocab_size <= 0:
-        raise UserError(f"--vocab-size must be positive; got {args.vocab_size}")
+    if args.vocab_size < len(SPECIALS):  # as a model's config refuses it
+        raise UserError(
+            f"--vocab-size must be at least {len(SPECIALS)} (the special tokens); got "
+            f"{args.vocab_size}"
+        )
     overrides = parse_overrides(args.overrides)
     elsewhere = [key for key in overrides if resolve_key(key)[0] != "model"]
     if elsewhere:  # the count is the model section's, for one vocabulary of --vocab-size
