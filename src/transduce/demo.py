@@ -16,7 +16,7 @@ from transduce.data.synthetic import make_task
 from transduce.errors import UserError
 from transduce.evaluation.accuracy import sequence_accuracy, token_accuracy
 from transduce.inference.search import predict_ids, searchable
-from transduce.training.fit import check_new_run
+from transduce.training.fit import check_new_run, check_resumable
 from transduce.training.run import train_synthetic
 
 DEMO_CONFIG: dict[str, Any] = {
@@ -61,9 +61,11 @@ def run_demo(
     out_dir: str | Path,
     overrides: dict[str, str] | None = None,
     *,
+    resume: bool = False,
     show_progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Train the addition demo into ``out_dir``, print test examples, return the summary.
+    """Train the addition demo into ``out_dir`` (``resume``: continue the stopped one there),
+    print test examples, return the summary.
 
     Training stops once validation exact match reaches ``target_seq_accuracy`` (or at the time
     budget); the best checkpoint by validation is then scored on the separate test split, which
@@ -75,9 +77,11 @@ def run_demo(
             "the demo scores greedy outputs (decode.beam 1, no sampling); for other decoding "
             "train with `transduce train --config configs/addition.yaml` and decode the model"
         )
-    check_new_run(out_dir, False, resumable=False)  # the demo has no --resume
+    if resume:
+        check_resumable(out_dir)
+    check_new_run(out_dir, resume)
     started = time.monotonic()
-    summary = train_synthetic(cfg, out_dir, show_progress=show_progress)
+    summary = train_synthetic(cfg, out_dir, resume=resume, show_progress=show_progress)
     out = Path(out_dir)
     model_path = out / "best.pt" if (out / "best.pt").exists() else out / "model.pt"
     print(f"run folder: {out.resolve()} (model.pt, best.pt, metrics.jsonl)")

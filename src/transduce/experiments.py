@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from transduce.checkpoint import step_checkpoints
 from transduce.config import Config, from_dict, update
 from transduce.demo import DEMO_CONFIG
 from transduce.plotting.records import read_metrics
 from transduce.plotting.reversal import plot_reversal, reversal_summary
-from transduce.training.fit import check_new_run
+from transduce.training.fit import check_new_run, check_resumable
 from transduce.training.run import train_synthetic
 
 SyntheticTask = Literal["addition", "copy", "reverse"]
@@ -47,19 +48,27 @@ def reversal(
     *,
     task: SyntheticTask = "addition",
     minutes: float = 2.5,
+    resume: bool = False,
     show_progress: bool | None = None,
 ) -> dict[str, Any]:
     """Train ``task`` as is (``out/baseline``) and with reversed input (``out/reversed``) for
     ``minutes`` each; draw ``out/reversal.png`` and write ``out/summary.json``, which it returns:
     per run the final sequence and token accuracy, steps and seconds to 99% sequence accuracy
-    (None if never), and where the figure is."""
+    (None if never), and where the figure is. ``resume``: continue a stopped experiment in
+    ``out``, each run where it stopped (a finished one, with its model.pt, kept as it is)."""
     out = Path(out)
     runs = {"baseline": out / "baseline", "reversed": out / "reversed"}
-    for run in runs.values():  # both, before either trains
-        check_new_run(run, False, resumable=False)
-    for name, run in runs.items():
+    todo: dict[str, bool] = {}  # run -> resume it (False: a new run)
+    for name, run in runs.items():  # both, before either trains
+        if resume and (run / "model.pt").is_file():
+            continue  # finished before the stop
+        todo[name] = resume and bool(step_checkpoints(run / "checkpoints"))
+        check_new_run(run, todo[name])
+    if resume and not any(todo.values()) and len(todo) == len(runs):
+        check_resumable(runs["baseline"])  # nothing of this experiment there: a misspelt --out?
+    for name, again in todo.items():
         cfg = reversal_config(task, minutes, reverse_input=name == "reversed")
-        train_synthetic(cfg, run, show_progress=show_progress)
+        train_synthetic(cfg, runs[name], resume=again, show_progress=show_progress)
     figure = plot_reversal(runs["baseline"], runs["reversed"], out / "reversal.png")
     summary: dict[str, Any] = {"task": task, "minutes_per_run": minutes, "figure": str(figure)}
     for name, run in runs.items():

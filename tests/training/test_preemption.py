@@ -162,3 +162,53 @@ def test_a_signal_during_the_last_update_lets_the_run_finish(
         checkpoint.load(tmp_path / "run" / "checkpoints" / "step_00000008.pt")["progress"]["step"]
         == 8
     )
+
+
+@pytest.mark.parametrize("command", ["demo", "experiment"])
+def test_a_stopped_demo_or_experiment_resumes_with_the_command_it_prints(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """The demo and `experiment reversal` print `... --resume` when stopped, as train does:
+    the command they print parses and continues the run (it was refused: no --resume there)."""
+    import functools
+
+    from transduce import demo, experiments
+    from transduce.config import update
+
+    small = {"train_size": 2000, "valid_size": 50, "d_model": 32, "d_ff": 64, "d_k": 8, "d_v": 8}
+    out = tmp_path / command
+    argv = {
+        "demo": ["demo", "--out", str(out), "--set", "max_steps=6"],
+        "experiment": ["experiment", "reversal", "--minutes", "0.03", "--out", str(out)],
+    }[command]
+    argv = [*argv, *(f"--set={k}={v}" for k, v in small.items())] if command == "demo" else argv
+    argv = [*argv, "--quiet"]
+    configured = experiments.reversal_config
+    monkeypatch.setattr(
+        experiments, "reversal_config", lambda *a, **k: update(configured(*a, **k), small)
+    )
+    module = demo if command == "demo" else experiments
+    with monkeypatch.context() as m:
+        partial = functools.partial(module.train_synthetic, callbacks=(at_step(2, sigterm),))
+        m.setattr(module, "train_synthetic", partial)
+        code, err = cli(capsys, *argv)
+    assert code == 143, err
+    run = out if command == "demo" else out / "baseline"
+    assert checkpoint.step_checkpoints(run / "checkpoints")[-1].name == "step_00000003.pt"
+    resume = f"transduce --no-malloc-tuning {' '.join(argv)} --resume"
+    assert err.strip().splitlines()[-1] == f"transduce: resume with: {resume}"
+    code, err = cli(capsys, *resume.split()[1:])
+    assert code == 0, err
+    assert (run / "model.pt").is_file()
+    if command == "demo":  # on to its last step
+        assert checkpoint.step_checkpoints(run / "checkpoints")[-1].name == "step_00000006.pt"
+    if command == "experiment":
+        assert (out / "reversed" / "model.pt").is_file() and (out / "summary.json").is_file()
+        # once finished, a resume has nothing left to train and draws again
+        assert cli(capsys, *resume.split()[1:])[0] == 0
+    elsewhere = [str(tmp_path / "new") if a == str(out) else a for a in argv]
+    code, err = cli(capsys, *elsewhere, "--resume")
+    assert code == 2 and "holds no checkpoint to continue from" in err, err

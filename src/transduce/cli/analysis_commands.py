@@ -99,7 +99,13 @@ def _cmd_reversal(args: argparse.Namespace) -> int:
     refuse_empty_out(args.out, "the experiment's folder")
     if args.minutes <= 0:
         raise UserError(f"--minutes must be positive; got {args.minutes}")
-    summary = reversal(args.out, task=args.task, minutes=args.minutes, show_progress=not args.quiet)
+    summary = reversal(
+        args.out,
+        task=args.task,
+        minutes=args.minutes,
+        resume=args.resume,
+        show_progress=not args.quiet,
+    )
     print(json.dumps(summary))
     return 0
 
@@ -149,5 +155,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", choices=("addition", "copy", "reverse"), default="addition")
     p.add_argument("--minutes", type=float, default=2.5, help="per run (default: 2.5)")
     p.add_argument("--out", default="runs/reversal", help="folder (default: runs/reversal)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped experiment in --out (a finished run kept as it is)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_reversal)

@@ -17,7 +17,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from transduce.config import parse_overrides
     from transduce.demo import run_demo
 
-    summary = run_demo(args.out, parse_overrides(args.overrides), show_progress=not args.quiet)
+    summary = run_demo(
+        args.out, parse_overrides(args.overrides), resume=args.resume, show_progress=not args.quiet
+    )
     print(json.dumps(summary))
     return 0
 
@@ -27,16 +29,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from transduce.config import load_config, parse_overrides, update
 
     cfg = update(load_config(args.config), parse_overrides(args.overrides))
-    if args.resume:  # a new or misspelt --out would otherwise start from scratch
-        from transduce.checkpoint import step_checkpoints
+    if args.resume:
         from transduce.training.config_change import allowed_keys
+        from transduce.training.fit import check_resumable
 
         allowed_keys(args.allow_change)  # a misspelt key first: it is wrong wherever the run is
-        if not step_checkpoints(Path(args.out) / "checkpoints"):
-            raise UserError(
-                f"--resume: {args.out} holds no checkpoint to continue from (a new "
-                "or misspelt --out?); without --resume a run starts there"
-            )
+        check_resumable(args.out)
     from transduce.training import distributed
     from transduce.training.run import (
         train,  # imports torch: after the config is known good
@@ -157,6 +155,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small Transformer on addition (CPU, minutes)")
     p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the stopped demo in --out (same --set)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_set(p)
     p.set_defaults(func=_cmd_demo)

@@ -99,21 +99,29 @@ def _built(cfg: Config, src_size: int, tgt_size: int | None) -> Seq2Seq:
     )
 
 
-def check_new_run(out_dir: str | Path, resume: bool, *, resumable: bool = True) -> None:
+def check_resumable(out_dir: str | Path) -> None:
+    """A UserError when ``--resume`` names a folder with no checkpoint to continue from: a new
+    or misspelt ``--out`` would otherwise start from scratch."""
+    if not step_checkpoints(Path(out_dir) / "checkpoints"):
+        raise UserError(
+            f"--resume: {out_dir} holds no checkpoint to continue from (a new or misspelt "
+            "--out?); without --resume a run starts there"
+        )
+
+
+def check_new_run(out_dir: str | Path, resume: bool) -> None:
     """A UserError, before anything is read or written, when a new run (not ``resume``) would
     start in a folder that holds a run's checkpoints: it would mix with them (its model.pt an
     average of theirs, its own last checkpoint pruned) and overwrite that run's metrics; and
     when any run (``resume`` too) would start in one that holds a run's model files but no
-    checkpoint, which it would replace.
-    ``resumable``: whether the command has ``--resume`` to name in it."""
+    checkpoint, which it would replace."""
     if Path(out_dir).is_dir():  # before any data is read: a path of the wrong kind
         check_layout(Path(out_dir))
     checkpoints = step_checkpoints(Path(out_dir) / "checkpoints")
     if not resume and checkpoints:
-        hint = "--resume continues it; " if resumable else ""
         raise UserError(
-            f"{out_dir} already holds a run (checkpoints/step_*.pt): {hint}a new run needs "
-            "another folder (--out)"
+            f"{out_dir} already holds a run (checkpoints/step_*.pt): --resume continues it; a "
+            "new run needs another folder (--out)"
         )
     models = [name for name in FINISHED_RUN_FILES if (Path(out_dir) / name).is_file()]
     if models and not checkpoints:  # a run's result, its checkpoints gone: nothing to resume
@@ -206,6 +214,7 @@ __all__ = [
     "RunOptions",
     "TaskData",
     "check_new_run",
+    "check_resumable",
     "epoch_seed",
     "fit",
     "rank_log",
