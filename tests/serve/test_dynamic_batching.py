@@ -244,6 +244,8 @@ def test_batching_settings_are_checked() -> None:
         BatchingConfig(batch_wait_ms=-1)
     with pytest.raises(ValueError, match="batch_wait_ms"):
         BatchingConfig(batch_wait_ms=float("nan"))
+    with pytest.raises(ValueError, match="batch_wait_ms must be a number from 0 to 60000"):
+        BatchingConfig(batch_wait_ms=1e13)  # the worker's wait overflowed, ending the server
 
 
 class Gated(Recorder):

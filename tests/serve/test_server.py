@@ -437,6 +437,8 @@ def test_cli_serve_bad_options(model_file, capsys) -> None:
     assert "not found" in capsys.readouterr().err
     assert main([*serve, str(model_file), "--batch-wait-ms", "nan"]) == 2
     assert "--batch-wait-ms" in capsys.readouterr().err
+    assert main([*serve, str(model_file), "--batch-wait-ms", "1e13"]) == 2
+    assert "--batch-wait-ms must be at most 60000" in capsys.readouterr().err
     threads = torch.get_num_threads()
     assert main([*serve, str(model_file), "--threads", str(4 * (os.cpu_count() or 1) + 1)]) == 2
     assert "--threads must be at most" in capsys.readouterr().err

@@ -78,12 +78,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
     from transduce.inference.translator import Translator
-    from transduce.serve.dynamic_batching import BatchingConfig
+    from transduce.serve.dynamic_batching import MAX_BATCH_WAIT_MS, BatchingConfig
     from transduce.serve.server import ApiKey, ServedModel, ServerLimits, create_app, serve
 
     specs = _model_specs(args.model)
     _positive("--max-batch-sentences", args.max_batch_sentences)
     _positive("--batch-wait-ms", args.batch_wait_ms, allow_zero=True)
+    if args.batch_wait_ms > MAX_BATCH_WAIT_MS:
+        raise UserError(
+            f"--batch-wait-ms must be at most {MAX_BATCH_WAIT_MS:g}; got {args.batch_wait_ms:g}"
+        )
     numbers = (
         "max_sentences",
         "max_chars",

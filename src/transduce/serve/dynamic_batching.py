@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import queue
 import threading
 import time
@@ -62,6 +61,11 @@ class TranslatorLike(Protocol):
     ) -> list[str]: ...
 
 
+# a minute: longer makes no sense for a batch waiting for company, and past ~9.2e12 ms the
+# worker's queue wait overflows (threading.TIMEOUT_MAX) and ended the server
+MAX_BATCH_WAIT_MS = 60_000.0
+
+
 @dataclass(frozen=True)
 class BatchingConfig:
     """How the worker groups requests: at most ``max_batch_sentences`` sentences per batch (a
@@ -76,9 +80,10 @@ class BatchingConfig:
             raise ValueError(
                 f"max_batch_sentences must be at least 1; got {self.max_batch_sentences}"
             )
-        if not (self.batch_wait_ms >= 0 and math.isfinite(self.batch_wait_ms)):
+        if not 0 <= self.batch_wait_ms <= MAX_BATCH_WAIT_MS:  # NaN too
             raise ValueError(
-                f"batch_wait_ms must be a non-negative number; got {self.batch_wait_ms}"
+                f"batch_wait_ms must be a number from 0 to {MAX_BATCH_WAIT_MS:g}; got "
+                f"{self.batch_wait_ms}"
             )
 
 
