@@ -306,6 +306,23 @@ def test_detect_with_one_source_language(translators) -> None:
         assert client.detect("a dog", timeout=TIMEOUT) == [{"confidence": 100.0, "language": "en"}]
 
 
+def test_a_language_spelt_in_two_cases_is_one_language(translators) -> None:
+    """Codes match case aside; en and EN were listed as two languages, and /detect refused."""
+    models = [
+        ServedModel(translators["en-de"], "en", "de"),
+        ServedModel(translators["de-en"], "EN", "fr"),
+    ]
+    with ServerThread(create_app(models)) as srv:
+        client = libretranslatepy.LibreTranslateAPI(lt_url(srv))
+        languages = client.languages(timeout=TIMEOUT)
+        assert [(lang["code"], lang["targets"]) for lang in languages] == [
+            ("en", ["de", "fr"]),
+            ("de", []),
+            ("fr", []),
+        ]
+        assert client.detect("a dog", timeout=TIMEOUT) == [{"confidence": 100.0, "language": "en"}]
+
+
 # -- the command line and the README ------------------------------------------------------------
 
 

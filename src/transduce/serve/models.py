@@ -49,6 +49,15 @@ class NoSuchPair(Exception):
     """No served model translates the asked pair; the message says which pairs are served."""
 
 
+def _once(codes: Sequence[str]) -> list[str]:
+    """``codes`` without repeats, case aside (``en`` and ``EN`` are one language), as first
+    spelt."""
+    first: dict[str, str] = {}
+    for code in codes:
+        first.setdefault(code.lower(), code)
+    return list(first.values())
+
+
 class ServedModels:
     """The served models, the first one the default, each with its DynamicBatcher
     (``batchers[i]`` for ``models[i]``). Language codes are matched case-insensitively."""
@@ -83,20 +92,12 @@ class ServedModels:
 
     def languages(self) -> list[str]:
         """Every language a model translates from or into, in the order the models name them."""
-        out: list[str] = []
-        for source, target in self.pairs():
-            for code in (source, target):
-                if code not in out:
-                    out.append(code)
-        return out
+        return _once([code for pair in self.pairs() for code in pair])
 
     def sources(self, target: str | None = None) -> list[str]:
         """The languages translated from (into ``target``, when given)."""
-        out: list[str] = []
-        for s, t in self.pairs():
-            if (target is None or t.lower() == target.lower()) and s not in out:
-                out.append(s)
-        return out
+        pairs = self.pairs()
+        return _once([s for s, t in pairs if target is None or t.lower() == target.lower()])
 
     def targets(self, source: str) -> list[str]:
         return [t for s, t in self.pairs() if s.lower() == source.lower()]
