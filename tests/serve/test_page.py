@@ -215,3 +215,30 @@ def test_the_page_works_behind_a_proxy_that_serves_it_under_a_prefix(translator,
         )
         sync_api.expect(page.locator("#heatmap tbody tr").first).to_be_visible()  # /attention
         sync_api.expect(page.locator("#error")).to_be_empty()
+
+
+def test_a_model_that_samples_is_sampled_until_a_beam_is_set(page, tmp_path) -> None:
+    """The page sent the model's beam always, so a model whose config samples was searched from
+    the page while the server's own default samples; it samples now, and searches once a beam is
+    set, as the server does."""
+    sampler = Translator.load(
+        save_toy_translation_model(
+            tmp_path / "sampler.pt", {"sampling": True, "beam": 3, "temperature": 2.0}
+        )
+    )
+    with ServerThread(create_app(sampler)) as srv:
+        page.goto(srv.url + "/")
+        sync_api.expect(page.locator("#direction")).to_contain_text("samples (temperature 2")
+        page.fill("#source", "a dog")
+        with page.expect_request("**/translate") as asked:
+            page.click("#translate")
+        assert asked.value.post_data_json == {"text": ["a dog"]}
+        sync_api.expect(page.locator("ol.nbest li").first).to_be_visible()
+        sync_api.expect(page.locator("#error")).to_be_empty()
+        page.fill("#beam", "2")
+        with page.expect_request("**/translate") as asked:
+            page.click("#translate")
+        body = asked.value.post_data_json
+        assert (body["beam"], body["nbest"]) == (2, 2)
+        page.wait_for_timeout(300)
+        sync_api.expect(page.locator("#error")).to_be_empty()

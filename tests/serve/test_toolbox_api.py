@@ -464,6 +464,9 @@ def test_a_model_that_samples_draws_anew_each_request_and_searches_for_a_beam(tm
     sampler = Translator.load(path)
     texts = toy_sentences(8, seed=6)
     with ServerThread(create_app(sampler, limits=LIMITS)) as srv:
+        with urllib.request.urlopen(srv.url + "/health", timeout=TIMEOUT) as resp:
+            defaults = json.loads(resp.read())["decode"]  # what a request of nothing does
+        assert (defaults["sampling"], defaults["temperature"], defaults["top_k"]) == (True, 3.0, 0)
         first, second = (ok(srv, "/translate", {"text": texts}) for _ in range(2))
         assert first["seed"] != second["seed"] and first["translations"] != second["translations"]
         drawn = replace(sampler.decode_config(), sampling_seed=first["seed"])

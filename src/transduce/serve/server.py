@@ -148,15 +148,17 @@ def _vocab_info(vocab: Any) -> dict[str, int]:
 
 def _decode_defaults(translator: Any, limits: ServerLimits) -> dict[str, Any]:
     """What a request that asks for nothing is decoded with (the model's beam capped by
-    ``max_beam``, as ``served_decode`` caps it)."""
+    ``max_beam``, as ``served_decode`` caps it; a model that samples: its sampling settings)."""
     if getattr(translator, "cfg", None) is None:
         return {}
     d = served_decode(translator, limits)
+    drawn = {"sampling": True, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p}
     return {
-        "beam": d.beam,
+        "beam": d.beam,  # a model that samples searches with it where a request gives a beam
         "alpha": d.alpha,
         "max_len_offset": d.max_len_offset,
         "batch_tokens": d.batch_tokens,
+        **(drawn if d.sampling else {}),  # (a seed of each request's own)
     }
 
 
