@@ -306,6 +306,10 @@ def test_detect_with_one_source_language(translators) -> None:
         assert client.detect("a dog", timeout=TIMEOUT) == [{"confidence": 100.0, "language": "en"}]
 
 
+def test_health_as_libretranslate_answers_it(keyed_server) -> None:
+    assert call(lt_url(keyed_server) + "health") == (200, {"status": "ok"})  # a probe, no key
+
+
 def test_a_language_spelt_in_two_cases_is_one_language(translators) -> None:
     """Codes match case aside; en and EN were listed as two languages, and /detect refused."""
     models = [

@@ -24,6 +24,8 @@ LibreTranslate take a base URL, so a prefix costs them nothing.
 * ``GET /libretranslate/frontend/settings``: what LibreTranslate's web page reads first (the
   character limit ``max_chars``, whether a key is needed, the first served pair as the
   default languages).
+* ``GET /libretranslate/health``: ``{"status": "ok"}``, as LibreTranslate answers its container's
+  health check. Open without a key.
 * ``POST /libretranslate/detect``: no language is detected; with a single served source language,
   it is the answer (``[{"confidence": 100.0, "language": CODE}]``, the only candidate), else 400.
 
@@ -168,6 +170,10 @@ def add_libretranslate(
                 },
             }
         )
+
+    @app.get(PREFIX + "/health", include_in_schema=False)
+    async def health() -> JSONResponse:  # what LibreTranslate's own health checks ask
+        return _answer({"status": "ok"})
 
     @app.get(PREFIX + "/languages", include_in_schema=False)
     async def languages() -> JSONResponse:
