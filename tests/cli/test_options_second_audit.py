@@ -70,6 +70,12 @@ def test_attention_warns_of_unknown_input_and_refuses_tgt_for_encoder_attention(
         capsys,
     )
     _one_error(code, out, err, "--tgt", "encoder self-attention")
+    for head in ("-1", "99"):  # the error named "heads [99]", not the option
+        code, out, err = _run(
+            ["attention", "--model", model, "--src", "12", "--head", head, "--output", out_file],
+            capsys,
+        )
+        _one_error(code, out, err, f"--head {head}: the model's heads are 0 to")
 
 
 def test_average_and_convert_take_safetensors_files(model_kinds, capsys, tmp_path: Path) -> None:

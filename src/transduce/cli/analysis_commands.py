@@ -22,6 +22,9 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     for name, text in (("--src", args.src), ("--tgt", args.tgt)):
         _check_text(name, text)
     model, vocab, cfg = load_model(args.model)
+    heads = getattr(cfg.model, "n_heads", None)  # (the recurrent model's is refused below)
+    if args.head is not None and heads is not None and not 0 <= args.head < heads:
+        raise UserError(f"--head {args.head}: the model's heads are 0 to {heads - 1}")
     target = args.tgt
     if target is not None and cfg.task.name == "parsing":  # a tree, linearised as trained
         target = _parser_target(model, vocab, cfg, args.src, target)
