@@ -197,3 +197,50 @@ def test_a_constrained_parse_with_no_room_for_a_tree_is_one_line_greedy_too(
     _one_error(code, out, err, f"{words}: line 1", "raise max_len_offset")
     code, out, _ = _run([*argv, "--max-len-offset", "8"], capsys)
     assert code == 0 and out.startswith("(")
+
+
+def test_score_takes_a_model_whose_beam_is_wider_than_its_vocabulary(
+    capsys, tmp_path: Path
+) -> None:
+    """score searches nothing, and has no --beam: the decode section's beam 50 against a
+    45-piece target vocabulary refused it; translate still refuses that beam, naming --beam."""
+    from inference_testkit import save_toy_pair_translator
+
+    model = str(save_toy_pair_translator(tmp_path / "wide.pt", {"beam": 50}))
+    (tmp_path / "s").write_text("a b\n", encoding="utf-8")
+    (tmp_path / "t").write_text("c d\n", encoding="utf-8")
+    argv = ["score", "--model", model, "--src", str(tmp_path / "s"), "--tgt", str(tmp_path / "t")]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    assert len(out.strip().splitlines()) == 1 and '"log_prob"' in out
+    code, out, err = _run(["translate", "--model", model, "--input", str(tmp_path / "s")], capsys)
+    _one_error(code, out, err, "--beam (50) must not exceed the vocabulary size")
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value", "said"),
+    [
+        ("translate", "--alpha", "nan", "--alpha must be a finite number"),
+        ("translate", "--alpha", "-1", "--alpha must not be negative"),
+        ("translate", "--beam", "0", "--beam must be positive"),
+        ("translate", "--max-len-offset", "-1", "--max-len-offset must not be negative"),
+        ("translate", "--batch-tokens", "0", "--batch-tokens must be positive"),
+        ("score", "--alpha", "inf", "--alpha must be a finite number"),
+        ("evaluate", "--beam", "0", "--beam must be positive"),
+    ],
+)
+def test_search_flag_errors_name_the_flag(
+    model_kinds, capsys, tmp_path: Path, command: str, flag: str, value: str, said: str
+) -> None:
+    """They named the config key (decode.alpha, beam, ...), where the sampling flags' errors
+    named the flag."""
+    src = tmp_path / "s"
+    src.write_text("a b\n", encoding="utf-8")
+    io_args = {
+        "translate": ["--input", str(src)],
+        "score": ["--src", str(src), "--tgt", str(src)],
+        "evaluate": ["--src", str(src), "--ref", str(src)],
+    }[command]
+    argv = [command, "--model", str(model_kinds["shared"]), *io_args, f"{flag}={value}"]
+    code, out, err = _run(argv, capsys)
+    _one_error(code, out, err, said)

@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from transduce.cli.common import GRAPHS, stdin_line
 from transduce.errors import UserError
@@ -114,19 +114,42 @@ def with_sampling(args: argparse.Namespace, decode: DecodeConfig, samples: bool)
         changes["sampling_seed"] = args.seed
     try:
         return replace(decode, sampling=True, **changes)
-    except UserError as e:  # DecodeConfig's checks name its keys: say the flags
-        message = str(e)
-        for key, flag in _FLAGS.items():
-            message = re.sub(rf"(?:\bdecode\.)?\b{key}\b", flag, message)
-        raise UserError(message) from None
+    except UserError as e:
+        raise _naming_flags(e) from None
 
 
-# the sampling flags by the DecodeConfig keys they set
+def flag_settings(translator: Translator, *, scoring: bool = False, **flags: Any) -> DecodeConfig:
+    """``translator.decode_config`` of the search flags' values (``beam``, ``alpha``,
+    ``batch_tokens``, ``max_len_offset``; None keeps the model's), an error naming the flag.
+    ``scoring``: for forced decoding, which searches nothing, so the model's beam is not held
+    against the vocabulary (a beam too wide for it refused ``score``, which has no --beam)."""
+    try:
+        if scoring:
+            changes = {key: value for key, value in flags.items() if value is not None}
+            return replace(translator.cfg.decode, **changes)  # types and ranges checked
+        return translator.decode_config(**flags)
+    except UserError as e:
+        raise _naming_flags(e) from None
+
+
+def _naming_flags(e: UserError) -> UserError:
+    """``e`` of DecodeConfig's checks, which name its keys, naming the flags that set them."""
+    message = str(e)
+    for key, flag in _FLAGS.items():
+        message = re.sub(rf"(?:\bdecode\.)?\b{key}\b", flag, message)
+    return UserError(message)
+
+
+# the decoding flags by the DecodeConfig keys they set
 _FLAGS = {
     "sampling_seed": "--seed",
     "temperature": "--temperature",
     "top_k": "--top-k",
     "top_p": "--top-p",
+    "beam": "--beam",
+    "alpha": "--alpha",
+    "batch_tokens": "--batch-tokens",
+    "max_len_offset": "--max-len-offset",
 }
 
 

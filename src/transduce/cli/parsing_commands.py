@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from transduce.cli.common import Once, add_device, check_output, read_input, write_output
-from transduce.cli.decoding_tools import check_alpha
+from transduce.cli.decoding_tools import check_alpha, flag_settings
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
@@ -19,8 +19,8 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     sentences = [line.split() for line in read_input(args.input)]
     name = "<stdin>" if args.input in (None, "-") else args.input
     check_words(sentences, name)  # before any work: a tree of them could not be written
-    decode = parser.translator.decode_config(
-        beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
+    decode = flag_settings(
+        parser.translator, beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset
     )
     check_alpha(args.alpha, decode, has_nbest=False)
     todo = [i for i, words in enumerate(sentences) if words]  # a blank line stays blank

@@ -28,12 +28,14 @@ from transduce.errors import SentenceError, UserError
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from transduce.cli.decoding_tools import load_translator
+    from transduce.cli.decoding_tools import flag_settings, load_translator
     from transduce.data.parallel import read_aligned
 
     check_output(args.output)
     translator = load_translator(args)
-    decode = translator.decode_config(alpha=args.alpha, batch_tokens=args.batch_tokens)
+    decode = flag_settings(
+        translator, scoring=True, alpha=args.alpha, batch_tokens=args.batch_tokens
+    )
     if translator.cfg.task.name == "parsing":
         scores = _parser_scores(args, translator, decode)
     else:

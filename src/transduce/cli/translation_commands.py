@@ -51,7 +51,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise UserError("--alignment-layer goes with --alignments")
     if args.alignments:  # refused before decoding, not after the whole input
         translator.check_alignment(-1 if args.alignment_layer is None else args.alignment_layer)
-    decode = translator.decode_config(
+    decode = tools.flag_settings(
+        translator,
         beam=args.beam,
         alpha=args.alpha,
         batch_tokens=args.batch_tokens,
@@ -155,8 +156,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("--graphs on is for translation models; a parser decodes without")
         check_device(args.weights, resolve_device(args.device))
         parser = Parser(model.to(weight_dtype(args.weights)), vocab, cfg)
-        decode = parser.translator.decode_config(
-            beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
+        decode = tools.flag_settings(
+            parser.translator, beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
         tools.check_alpha(args.alpha, decode, has_nbest=False)
         scores, parses = evaluate_parser(
@@ -181,8 +182,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         else:
             translator = tools.load_translator(args)
         # (a model that samples: --beam searches)
-        decode = translator.decode_config(
-            beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
+        decode = tools.flag_settings(
+            translator, beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens
         )
         tools.check_alpha(args.alpha, decode, has_nbest=False)
         try:
