@@ -54,14 +54,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--output", default=None, help="file to write (default: stdout; a .gz name: gzip)"
     )
-    p.add_argument("--beam", type=int, default=None, help="default: the model's (21)")
-    p.add_argument("--alpha", type=float, default=None, help="default: the model's (0.3)")
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=None,
+        help="default: the checkpoint's decode.beam (21 in configs/ptb_parsing.yaml)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="default: the checkpoint's decode.alpha (0.3 in configs/ptb_parsing.yaml)",
+    )
     p.add_argument(
         "--max-len-offset",
         type=int,
         default=None,
         metavar="N",
-        help="outputs of at most input tokens + 1 (its EOS) + N tokens (default: the model's, 300)",
+        help="outputs of at most input tokens + 1 (its EOS) + N tokens (default: the "
+        "checkpoint's decode.max_len_offset; 300 in configs/ptb_parsing.yaml)",
     )
     p.add_argument(
         "--constrained",
