@@ -103,6 +103,13 @@ def test_skipped_updates_and_compile_reports_are_not_training_points(tmp_path):
     assert [r.step for r in valid] == [20] and "first_update_s" not in train[-1].values
 
 
+def test_runs_with_no_record_are_named(tmp_path):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path / "a", [{"step": 3, "split": "compile", "first_update_s": 1.0}])
+    with pytest.raises(UserError, match=r"/a: no training or validation record"):
+        plot_curves([tmp_path / "a"], tmp_path / "c.png")
+
+
 def test_epoch_map_by_hand(make_run):
     # 50 steps per epoch, logged every 10: epochs start midway between steps 50|60, 100|110, 150|160
     train, _ = read_metrics(make_run("a"))

@@ -191,6 +191,11 @@ def plot_curves(
     if not run_dirs:
         raise UserError("no run folders to plot")
     runs = [read_metrics(d) for d in run_dirs]
+    if not any(run.train or run.valid for run in runs):  # (one empty among others: no line)
+        raise UserError(
+            f"{', '.join(map(str, run_dirs))}: no training or validation record in their "
+            "metrics.jsonl yet"
+        )
     names = run_labels([Path(d) for d in run_dirs])
     panels = _choose(available_panels(runs), metrics)
     to_x = [x_map(run, x, name) for run, name in zip(runs, names)]
