@@ -162,6 +162,34 @@ def test_corrupt_zip(tmp_path):
         read_treebank(tmp_path / "treebank.zip")
 
 
+def _deflated(path: Path, text: str) -> bytearray:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("wsj_0001.mrg", text)
+    return bytearray(path.read_bytes())
+
+
+@pytest.mark.parametrize("damage", ["deflate data", "encrypted", "compression method"])
+def test_a_damaged_compressed_member_is_a_one_line_error(tmp_path, damage):
+    """A zlib.error, RuntimeError or NotImplementedError out of zipfile was a traceback."""
+    import random
+
+    rng = random.Random(0)
+    text = "".join(f"( (S (NN w{rng.randrange(10**6)})))\n" for _ in range(300))
+    data = _deflated(tmp_path / "good.zip", text)
+    header = data.index(b"PK\x03\x04")
+    if damage == "deflate data":
+        data[header + 60 : header + 100] = bytes(b ^ 0x5A for b in data[header + 60 : header + 100])
+    elif damage == "encrypted":  # the general-purpose flag's bit 0, in both headers
+        for sig, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+            data[data.index(sig) + at] |= 1
+    else:  # method 99, in both headers
+        for sig, at in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+            data[data.index(sig) + at] = 99
+    (tmp_path / "treebank.zip").write_bytes(bytes(data))
+    with pytest.raises(UserError, match="treebank.zip: corrupt or not a zip"):
+        read_treebank(tmp_path / "treebank.zip")
+
+
 def test_zip_or_folder_without_mrg_files(tmp_path):
     make_zip(tmp_path / "treebank.zip", {"treebank/raw/wsj_0001": "Pierre Vinken\n"})
     with pytest.raises(UserError, match=r"no \.mrg files"):

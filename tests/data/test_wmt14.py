@@ -161,3 +161,57 @@ def test_sgm_text_splits_on_newline_only_as_sacrebleu(tmp_path: Path) -> None:
     dataset = object.__new__(fake_sgml.FakeSGMLDataset)  # no __init__: it would download
     dataset._convert_format(str(sgm), str(theirs))
     assert out.read_bytes() == theirs.read_bytes()
+
+
+def test_a_truncated_training_archive_is_not_kept_under_its_name(tmp_path: Path) -> None:
+    """No MD5 is published for it: it was renamed to its final name before being read, and a
+    run after the mirror was mended reused it."""
+    md5 = mirror(tmp_path / "mirror")
+    crawl = tmp_path / "mirror" / "training-parallel-commoncrawl.tgz"
+    whole = crawl.read_bytes()
+    crawl.write_bytes(whole[:-30])
+    checksums = {k: v for k, v in md5.items() if not k.startswith("training")}
+    with pytest.raises(UserError, match="commoncrawl.tgz: not a complete archive"):
+        fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=checksums)
+    downloads = tmp_path / "wmt" / "downloads"
+    assert not any(p.name.startswith("training-parallel-commoncrawl") for p in downloads.iterdir())
+    crawl.write_bytes(whole)  # the mirror mended: the next run takes it
+    fetch_wmt14(tmp_path / "wmt", from_dir=tmp_path / "mirror", checksums=checksums)
+    assert (downloads / "training-parallel-commoncrawl.tgz").read_bytes() == whole
+
+
+def test_a_corrupt_gzip_member_is_one_line_naming_it(tmp_path: Path) -> None:
+    """giga-fren's members are .gz files: a truncated one was an EOFError traceback."""
+    import gzip
+
+    member = tmp_path / "giga-fren.release2.fixed.en.gz"
+    member.write_bytes(gzip.compress(b"a line\n" * 1000)[:40])
+    with pytest.raises(UserError, match=r"giga.tar: giga-fren.release2.fixed.en.gz: corrupt gzip"):
+        wmt14._lines(member, "giga.tar: giga-fren.release2.fixed.en.gz")
+    member.write_bytes(b"plain text, not gzip\n")
+    with pytest.raises(UserError, match=r"giga.tar: m.gz: corrupt gzip data \(Not a gzip"):
+        wmt14._lines(member, "giga.tar: m.gz")
+
+
+def test_an_interrupted_run_leaves_no_record_of_shortened_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    md5 = mirror(tmp_path / "mirror")
+    dest = tmp_path / "wmt"
+    fetch_wmt14(dest, from_dir=tmp_path / "mirror", checksums=md5, progress=False)
+    before = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+    calls: list[int] = []
+    append = wmt14._append
+
+    def interrupted(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        append(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wmt14, "_append", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fetch_wmt14(dest, from_dir=tmp_path / "mirror", checksums=md5, progress=False)
+    assert not (dest / "wmt14.json").exists()  # nothing vouches for what is there
+    for name in ("train.en", "train.de"):  # and the whole files of the last run are intact
+        assert (dest / name).read_bytes() == before[name]

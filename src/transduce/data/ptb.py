@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,17 @@ def _read_zip(path: Path, shown: str) -> list[MrgFile]:
                 trees = tuple(parse_trees(text, name=name, clean=True))
                 out.append(MrgFile(Path(m.filename).name, trees))
             return out
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as e:
+    # (a damaged member: zlib.error; one marked encrypted: RuntimeError; an unknown
+    # compression method: NotImplementedError)
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        ValueError,
+        zlib.error,
+        RuntimeError,
+        NotImplementedError,
+    ) as e:
         raise UserError(f"{shown}: corrupt or not a zip file ({e})") from None
     except OSError as e:
         raise UserError(f"{shown}: cannot read ({e.strerror or e})") from None

@@ -15,6 +15,9 @@ the start. Then it writes, in ``dest``:
   set), plain text from the SGML files as sacreBLEU extracts them;
 * ``wmt14.json``: the archives with their URLs, sizes and SHA-256, and the line counts.
 
+Each is written under a ``.part`` name and renamed once all are whole, ``wmt14.json`` last (an
+earlier one is removed first): an interrupted run leaves no shortened file a record vouches for.
+
 The URLs below are the WMT 2014 task page's (https://www.statmt.org/wmt14/translation-task.html)
 and could not be checked from the machine this was written on (no network); the tests run the
 same code against a local mirror.
@@ -31,6 +34,8 @@ import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -155,7 +160,11 @@ def _archive(
         return final
     for _attempt in (0, 1):
         _fetch(source, part, progress=progress, timeout=timeout)
-        if md5 is None or _digest(part, "md5") == md5:
+        if md5 is None:  # no published MD5 (the training archives): read through as a tar
+            _check_complete(part, source)
+            os.replace(part, final)
+            return final
+        if _digest(part, "md5") == md5:
             os.replace(part, final)
             return final
         part.unlink()  # a resumed part with a bad start: once more from the beginning
@@ -163,6 +172,23 @@ def _archive(
         f"{source}: MD5 differs from the published {md5}, also when fetched from "
         "the start: the file is not the WMT release"
     )
+
+
+def _check_complete(part: Path, source: str) -> None:
+    """A UserError, ``part`` deleted, unless it reads through as a complete tar archive (a
+    truncated one must not be renamed to its final name and reused by the next run)."""
+    try:
+        with tarfile.open(part, "r:*") as tar:
+            for member in tar:
+                if member.isfile():
+                    data = tar.extractfile(member)
+                    assert data is not None
+                    with data:
+                        while data.read(1 << 20):
+                            pass
+    except (tarfile.TarError, OSError, EOFError) as e:
+        part.unlink()
+        raise UserError(f"{source}: not a complete archive ({e}); run again to fetch it") from None
 
 
 def _members(archive: Path, wanted: dict[str, Path]) -> None:
@@ -186,19 +212,31 @@ def _members(archive: Path, wanted: dict[str, Path]) -> None:
         raise UserError(f"{archive}: has no {', '.join(missing)}")
 
 
-def _lines(path: Path) -> int:
-    import gzip
-
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+def _lines(path: Path, name: str) -> int:
+    """The lines of the extracted member ``path`` (``name``: the archive's and the member's)."""
+    with _opened(path, name) as f:
         return sum(1 for _ in f)
 
 
-def _append(path: Path, out: IO[bytes]) -> None:
-    import gzip
-
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+def _append(path: Path, out: IO[bytes], name: str) -> None:
+    with _opened(path, name) as f:
         for line in f:
             out.write(line if line.endswith(b"\n") else line + b"\n")
+
+
+@contextmanager
+def _opened(path: Path, name: str) -> Iterator[IO[bytes]]:
+    """The member at ``path``, gunzipped where its name ends .gz; what a corrupt one raises
+    while it is read, a UserError naming ``name`` (no MD5 is published for the training
+    archives, so a damaged mirror gets this far)."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            yield f  # type: ignore[misc]
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise UserError(f"{name}: corrupt gzip data ({e})") from None
 
 
 def _sgm_text(sgm: Path, out: Path) -> int:
@@ -277,33 +315,43 @@ def fetch_wmt14(
     for name, members in wanted.items():
         _members(downloads / name, members)
     record: dict[str, Any] = {"pair": pair, "archives": archives, "corpora": {}, "files": {}}
-    outs = {lang: dest / f"train.{lang}" for lang in (src, tgt)}
+    # every output under a .part name, renamed once all are whole, the old record gone first:
+    # an interrupted run leaves no shortened train.* that a record still vouches for
+    (dest / "wmt14.json").unlink(missing_ok=True)
+    written: list[Path] = []
+
+    def part(path: Path) -> Path:
+        written.append(path)
+        return path.with_name(path.name + ".part")
+
+    outs = {lang: part(dest / f"train.{lang}") for lang in (src, tgt)}
     with open(outs[src], "wb") as out_src, open(outs[tgt], "wb") as out_tgt:
         for archive, member in _TRAIN[pair]:
-            paths = [wanted[archive][member.format(l=lang)] for lang in (src, tgt)]
-            counts = [_lines(p) for p in paths]
+            names = [member.format(l=lang) for lang in (src, tgt)]
+            paths = [wanted[archive][name] for name in names]
+            counts = [_lines(p, f"{archive}: {n}") for p, n in zip(paths, names, strict=True)]
             if counts[0] != counts[1]:
                 raise UserError(
-                    f"{archive}: {member.format(l=src)} has {counts[0]} lines, "
-                    f"{member.format(l=tgt)} has {counts[1]}"
+                    f"{archive}: {names[0]} has {counts[0]} lines, {names[1]} has {counts[1]}"
                 )
-            _append(paths[0], out_src)
-            _append(paths[1], out_tgt)
+            _append(paths[0], out_src, f"{archive}: {names[0]}")
+            _append(paths[1], out_tgt, f"{archive}: {names[1]}")
             record["corpora"][member.format(l="*")] = counts[0]
     record["files"]["train"] = sum(record["corpora"].values())
     for out_name, archive, member in _TEST[pair]:
         counts = []
         for lang, kind in ((src, "src"), (tgt, "ref" if "{k}" in member else "src")):
-            counts.append(
-                _sgm_text(
-                    wanted[archive][member.format(l=lang, k=kind)], dest / f"{out_name}.{lang}"
-                )
-            )
+            sgm = wanted[archive][member.format(l=lang, k=kind)]
+            counts.append(_sgm_text(sgm, part(dest / f"{out_name}.{lang}")))
         if counts[0] != counts[1]:
             raise UserError(
                 f"{archive}: {out_name} has {counts[0]} source, {counts[1]} reference segments"
             )
         record["files"][out_name] = counts[0]
+    for path in written:
+        os.replace(path.with_name(path.name + ".part"), path)
     shutil.rmtree(raw)
-    (dest / "wmt14.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp = dest / "wmt14.json.part"
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, dest / "wmt14.json")
     return record
