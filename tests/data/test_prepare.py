@@ -391,7 +391,9 @@ def test_vocab_command_and_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert len(err.strip().splitlines()) == 1 and key in err and said in err, err
 
 
-def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Scanning the inputs met zlib's own error (a .gz whose deflate stream is damaged inside,
     not truncated) as a traceback; and --workers -3 ran with one process in silence."""
     import gzip
@@ -409,6 +411,11 @@ def test_a_gzip_damaged_inside_or_negative_workers_is_a_clear_error(tmp_path: Pa
     write_corpus(folder, n=50)
     with pytest.raises(UserError, match="workers must be 0"):
         prepare(config(folder), tmp_path / "out", workers=-3)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(folder)))
+    base = ["prepare", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "o")]
+    for flag, value in (("--workers", "-1"), ("--shard-pairs", "0")):  # named as typed
+        assert main([*base, flag, value]) == 2
+        assert f"error: {flag} must be" in capsys.readouterr().err
 
 
 def test_a_misnamed_gzip_or_a_file_of_bare_carriage_returns_is_named_as_reading_names_it(

@@ -40,6 +40,10 @@ def _log(message: str) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from transduce.data.prepare import prepare
 
+    if args.workers < 0:  # (the API's own checks name its arguments)
+        raise UserError(f"--workers must be 0 (one per CPU core) or more; got {args.workers}")
+    if args.shard_pairs <= 0:
+        raise UserError(f"--shard-pairs must be positive; got {args.shard_pairs}")
     manifest = prepare(
         _config(args, "prepare"),
         args.out,
