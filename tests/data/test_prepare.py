@@ -690,3 +690,33 @@ def test_cleaning_that_leaves_no_training_pair_is_refused(
         capsys.readouterr().err
     )
     assert main([*cmd, "--quiet", "--set", "clean_max_len=30"]) == 0  # the folder taken again
+
+
+def test_a_reused_vocabulary_is_checked_by_its_files_not_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vocab_model was compared as text: the same file named another way was refused, and
+    another file under the folder's name trained silently on the folder's vocabulary; and
+    vocab_size equal to the reused size, which prepare takes, was refused."""
+    write_corpus(tmp_path)
+    (tmp_path / "run.yaml").write_text(CONFIG.replace("DIR", str(tmp_path)))
+    base = ["--config", str(tmp_path / "run.yaml")]
+    assert main(["vocab", *base, "--out", str(tmp_path / "v")]) == 0
+    assert main(["vocab", *base, "--out", str(tmp_path / "w"), "--set", "vocab_size=50"]) == 0
+    reuse = ["--set", f"vocab_model={tmp_path / 'v' / 'vocab.model'}"]
+    assert main(["prepare", *base, "--out", str(tmp_path / "p"), "--workers", "1", *reuse]) == 0
+    capsys.readouterr()
+    train = [*base, "--quiet", "--set", f"prepared={tmp_path / 'p'}", "--set", "max_steps=1"]
+    monkeypatch.chdir(tmp_path / "v")  # the same file, by a relative name
+
+    def run(name: str, *sets: str) -> tuple[int, str]:
+        argv = ["train", *train, "--out", str(tmp_path / name)]
+        code = main([*argv, *(a for s in sets for a in ("--set", s))])
+        return code, capsys.readouterr().err
+
+    assert run("same", "vocab_model=vocab.model")[0] == 0
+    assert run("size", f"vocab_model={tmp_path / 'v'}", "vocab_size=60")[0] == 0
+    code, err = run("other", f"vocab_model={tmp_path / 'w' / 'vocab.model'}")
+    assert code == 2 and "the config says vocab_model" in err, err
+    code, err = run("wrong_size", "vocab_size=50")
+    assert code == 2 and "prepared with vocab_size 60, the config says vocab_size 50" in err, err

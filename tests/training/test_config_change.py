@@ -186,6 +186,10 @@ def test_a_resume_cannot_change_the_vocabulary(tmp_path: Path) -> None:
     new = update(old, {"vocab_size": 200})
     with pytest.raises(UserError, match="keeps its checkpoint's vocabulary.*task.vocab_size"):
         check_resume(old.to_dict(), new, ["vocab_size"], tmp_path / "step.pt")
+    # nor another vocabulary to reuse (accepted and recorded, it was read by nothing)
+    new = update(old, {"vocab_model": "/elsewhere/vocab.model"})
+    with pytest.raises(UserError, match="keeps its checkpoint's vocabulary.*task.vocab_model"):
+        check_resume(old.to_dict(), new, ["vocab_model"], tmp_path / "step.pt")
 
 
 def test_a_resume_refuses_vocabulary_files_that_are_not_the_checkpoints(

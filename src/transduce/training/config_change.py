@@ -67,6 +67,7 @@ FIXED: frozenset[str] = frozenset(
         "task.vocab_sample",
         "task.shared_vocab",
         "task.src_vocab_size",
+        "task.vocab_model",
     }
 )
 

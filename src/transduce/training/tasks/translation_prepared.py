@@ -64,6 +64,23 @@ def _same_file(value: str, key: str, recorded: dict[str, Any]) -> bool:
     return file_sha256(path) == recorded.get("sha256")  # a size alone: other data trained
 
 
+def _same_vocabulary(value: str, vocab: dict[str, Any]) -> bool:
+    """Whether ``task.vocab_model`` ``value`` names the files of the folder's reused vocabulary
+    (``vocab``: the manifest's record): their SHA-256s those of the folder's copies, or, where
+    nothing is left at that name, the name the folder was prepared with."""
+    path = resolve_data_path(value, "vocab_model", must_exist=False)
+    names = vocab_files(vocab["shared"])
+    if path.is_dir():
+        files = [path / name for name in names]
+    elif path.is_file() and len(names) == 1:
+        files = [path]
+    else:
+        return value == vocab["source"]  # (moved away since: the folder holds its copies)
+    return all(f.is_file() for f in files) and [file_sha256(f) for f in files] == [
+        vocab["sha256"].get(name) for name in names
+    ]
+
+
 def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[str, Any]) -> None:
     """A UserError naming the first data key of ``task`` that is neither its default nor what
     ``folder`` was prepared with (``manifest``): the folder's data would silently stand in."""
@@ -71,10 +88,14 @@ def _check_data_keys(task: TranslationTaskConfig, folder: Path, manifest: dict[s
     vocab, cleaning = manifest["vocab"], manifest.get("cleaning", {})
     sizes = set(vocab["sizes"])
     learned = vocab["source"] == "learned"
+    reused = "" if learned else vocab["source"]
+    if not learned and task.vocab_model and _same_vocabulary(task.vocab_model, vocab):
+        reused = task.vocab_model  # the same files, named another way (or moved)
     prepared: dict[str, Any] = {
-        "vocab_size": sizes.pop() if learned and len(sizes) == 1 else None,
+        # one size: what a reused vocabulary's size may be given as too (reused_vocabulary)
+        "vocab_size": sizes.pop() if len(sizes) == 1 else None,
         "vocab_sample": vocab.get("sample") if learned else None,
-        "vocab_model": "" if learned else vocab["source"],
+        "vocab_model": reused,
         **{key: cleaning.get(name) for key, name in _CLEANING_KEYS.items()},
     }
     for key, was in prepared.items():
