@@ -111,6 +111,11 @@ def test_switching_architecture_starts_the_other_keys_from_their_defaults() -> N
     assert back.model.input_feeding is False and back.model.d_model == 128
     big = from_dict({"preset": "big", "model": {"architecture": "rnn"}})  # a preset is a base
     assert big.model.d_model == 1024 and big.model.d_ff == DEFAULTS["d_ff"]
+    # a preset of the other architecture's keys alone would change nothing: refused
+    for row in ("E", "A1", "B1", "C6"):
+        with pytest.raises(UserError, match=f"preset {row} sets only .* architecture: rnn"):
+            from_dict({"preset": row, "model": {"architecture": "rnn"}})
+    assert from_dict({"preset": "C4", "model": {"architecture": "rnn"}}).model.d_model == 256
 
 
 def test_cli_refuses_a_key_of_the_other_architecture_in_one_line(tmp_path: Path, capsys) -> None:

@@ -61,7 +61,13 @@ _NO_PARAMETERS = ("dropout", "attention_dropout", "activation_dropout", "activat
 
 def _cmd_params(args: argparse.Namespace) -> int:
     from transduce.architectures import parameter_counts
-    from transduce.config import parse_overrides, preset_config, resolve_key, update
+    from transduce.config import (
+        check_preset_acts,
+        parse_overrides,
+        preset_config,
+        resolve_key,
+        update,
+    )
     from transduce.data.vocab import SPECIALS
 
     if args.vocab_size < len(SPECIALS):  # as a model's config refuses it
@@ -77,6 +83,7 @@ def _cmd_params(args: argparse.Namespace) -> int:
             "shared vocabulary of --vocab-size; other sections change nothing here"
         )
     cfg = update(preset_config(args.preset), overrides)
+    check_preset_acts(args.preset, cfg)
     inert = set(_NO_PARAMETERS)
     if cfg.model.positional != "learned":  # the sinusoids are computed, not parameters
         inert.add("max_positions")

@@ -15,6 +15,7 @@ The package: ``sections`` (the dataclasses), ``values`` (type checks of values),
 
 from transduce.config.loading import (
     KEY_SECTION,
+    check_preset_acts,
     coerce,
     from_dict,
     load_config,
@@ -56,6 +57,7 @@ __all__ = [
     "TaskConfig",
     "TrainConfig",
     "TranslationTaskConfig",
+    "check_preset_acts",
     "coerce",
     "from_dict",
     "load_config",

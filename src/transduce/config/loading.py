@@ -186,9 +186,25 @@ def from_dict(data: dict[str, Any], *, source: str = "config", stored: bool = Fa
                 values = {k: v for k, v in values.items() if k not in SAMPLING_KEYS}
             for key, value in values.items():
                 flat[f"{section}.{key}"] = value
-        return update(cfg, flat)
+        cfg = update(cfg, flat)
+        if preset is not None and not stored:
+            check_preset_acts(preset, cfg)
+        return cfg
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+def check_preset_acts(preset: str, cfg: Config) -> None:
+    """A UserError when every key preset ``preset`` sets is one ``cfg``'s architecture does not
+    read (row E's learned positions, or A1's heads, under ``architecture: rnn``): the preset,
+    a base whose other architecture's keys start from their defaults, would change nothing."""
+    keys = list(PRESETS[preset])
+    unread = _keys_unread_by(cfg.model.architecture)
+    if keys and all(key in unread for key in keys):
+        raise UserError(
+            f"preset {preset} sets only {', '.join(keys)}, which architecture: "
+            f"{cfg.model.architecture} does not read: it would change nothing"
+        )
 
 
 def _keys_unread_by(architecture: Any) -> set[str]:
