@@ -539,6 +539,9 @@ def test_vocab_reads_the_training_files_alone(tmp_path: Path, capsys) -> None:  
     argv = ["vocab", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "v")]
     assert main(argv) == 0, capsys.readouterr().err
     assert (tmp_path / "v" / "vocab.model").is_file()
+    (tmp_path / "train.src").unlink()  # a bad input: refused before the folder is made
+    assert main([*argv[:-1], str(tmp_path / "w")]) == 2
+    assert "train_src" in capsys.readouterr().err and not (tmp_path / "w").exists()
 
 
 def test_a_carriage_return_in_a_kept_validation_line_trains_from_the_folder_as_from_files(

@@ -456,10 +456,6 @@ def write_vocabulary(
     if task.vocab_model:
         raise UserError("task.vocab_model is set: there is nothing to learn")
     folder = Path(out_dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
     paths = [folder / name for name in vocab_files(task.shared_vocab)]
     there = [p.name for p in paths if p.exists()]
     if there and not force:
@@ -467,7 +463,12 @@ def write_vocabulary(
             f"{folder}: holds {', '.join(there)} already (a prepared folder or a run may depend "
             "on it); choose another --out, or add --force to replace it"
         )
-    vocabs = vocabulary(cfg, _inputs(task, valid=False), log)  # learned on the training text
+    inputs = _inputs(task, valid=False)  # a bad input named before the folder is made
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
+    vocabs = vocabulary(cfg, inputs, log)  # learned on the training text
     for vocab, path in zip(vocabs, paths, strict=True):
         vocab.save(path)
     return paths
