@@ -74,16 +74,22 @@ def config(folder: Path, **task: object) -> Config:
 CLEAN = {"clean_max_len": 50, "clean_ratio": 2.5, "clean_identical": True, "clean_dedup": True}
 
 
-def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
-    write_corpus(tmp_path)
-    m = prepare(
-        config(tmp_path, **CLEAN),
-        tmp_path / "p",
+def _prepared_clean(folder: Path) -> dict:
+    """The toy corpus in ``folder``, prepared with every filter into ``folder / "p"``: the
+    manifest."""
+    write_corpus(folder)
+    return prepare(
+        config(folder, **CLEAN),
+        folder / "p",
         workers=1,
         shard_pairs=100,
         show_progress=False,
         log=lambda _: None,
     )
+
+
+def test_cleaning_counts_and_ids(tmp_path: Path) -> None:
+    m = _prepared_clean(tmp_path)
     removed = m["splits"]["train"]["removed"]
     lines = [(tmp_path / f"train.{side}").read_text().splitlines() for side in ("src", "tgt")]
     pairs = [(s, t) for s, t in zip(*lines, strict=True) if s and t]
@@ -649,15 +655,7 @@ def test_training_from_the_files_cleans_as_prepare_does(tmp_path: Path) -> None:
     from transduce.training.distributed import World
     from transduce.training.tasks.translation_files import from_files
 
-    write_corpus(tmp_path)
-    m = prepare(
-        config(tmp_path, **CLEAN),
-        tmp_path / "p",
-        workers=1,
-        shard_pairs=100,
-        show_progress=False,
-        log=lambda _: None,
-    )
+    m = _prepared_clean(tmp_path)
     lines: list[str] = []
     cfg = config(tmp_path, **CLEAN, vocab_model=str(tmp_path / "p"))
     data = from_files(
