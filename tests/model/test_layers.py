@@ -211,3 +211,19 @@ def test_dropout_add_is_residual_plus_dropout(dtypes: tuple[torch.dtype, torch.d
     assert torch.all((grad == 0) | torch.isclose(grad, torch.tensor(1 / 0.6), rtol=1e-2))
     assert 0 < (grad == 0).sum() < grad.numel()
     assert torch.equal(dropout_add(residual, x, 0.4, training=False), residual + x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dropout_scale_is_exactly_the_rounded_one_over_one_minus_p(dtype: torch.dtype) -> None:
+    # the mask's bytes times a 0-dim scale in x's dtype: the same numbers, bit for bit, as the
+    # mask cast to x's dtype and scaled, and the result in x's dtype (not promoted to float32)
+    from transduce.kernels.dropout import _keep_mask
+
+    x = torch.randn(6, 7, 9, dtype=dtype)
+    torch.manual_seed(11)
+    out = dropout(x, 0.3, training=True)
+    torch.manual_seed(11)
+    keep = _keep_mask(x.shape, 0.3, x.device)
+    expected = x * keep.to(dtype).mul_(1 / 0.7)
+    assert out.dtype == dtype
+    assert torch.equal(out, expected)
