@@ -243,7 +243,7 @@ def test_fused_backward_only_once_and_logits_untouched_without_grad() -> None:
     logits, target = _batch(seed=10)
     leaf = logits.clone().requires_grad_(True)
     sums = label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD, method="fused")
-    sums.loss.backward(retain_graph=True)
+    (sums.loss * 2).backward(retain_graph=True)  # not the promised gradient (grad_scale 1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         sums.loss.backward()  # its stored gradient was scaled in place: refused, not wrong
     with torch.no_grad():
@@ -333,3 +333,39 @@ def test_liger_dispatch_and_its_nll_with_a_stand_in(
     label_smoothed_nll(leaf, target, epsilon=0.1, ignore_index=PAD)
     label_smoothed_nll(leaf.half(), target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grad_scale_stores_the_scaled_gradient_and_any_other_gradient_is_honoured(
+    dtype: torch.dtype,
+) -> None:
+    # the trainer's loss * scale: the fused method told grad_scale=scale stores (p - q) * scale
+    # and hands it back untouched (float32: bit for bit the gradient scaled in the backward
+    # pass); told another scale than the loss gets, the gradient is still right
+    from transduce.training import loss as loss_module
+
+    logits, target = _batch(seed=12)
+    scale = 1 / 37
+    grads = []
+    for told in (1.0, scale, 0.5):
+        leaf = logits.to(dtype).requires_grad_(True)
+        sums = label_smoothed_nll(
+            leaf * 1, target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True, grad_scale=told
+        )
+        (sums.loss * scale).backward()
+        grads.append(leaf.grad.float())
+    exact = dtype == torch.float32
+    tol = {"atol": 0.0, "rtol": 0.0} if exact else {"atol": 1e-4, "rtol": 2e-2}
+    torch.testing.assert_close(grads[1], grads[0], **tol)
+    torch.testing.assert_close(grads[2], grads[0], atol=1e-6 if exact else 1e-4, rtol=2e-2)
+    # the promised gradient skips the multiply: the backward returns the stored tensor itself
+    leaf = logits.to(dtype).requires_grad_(True)
+    z = leaf * 1
+    sums = loss_module.label_smoothed_nll(
+        z, target, epsilon=0.1, ignore_index=PAD, overwrite_logits=True, grad_scale=scale
+    )
+    seen = []
+    z.register_hook(lambda g: seen.append((g.data_ptr(), g._version)))
+    version = z._version  # (p - q) * scale written into the logits by the forward pass
+    (sums.loss * scale).backward()
+    assert seen == [(z.data_ptr(), version)]  # the logits' own storage, not written again

@@ -45,6 +45,7 @@ def forward_backward(
         ignore_index=PAD,
         method=loss_method,
         overwrite_logits=True,
+        grad_scale=scale,  # what the backward below hands the loss (the fp16 scale aside)
     )
     del logits
     scaler.scale(sums.loss * scale).backward()
