@@ -185,15 +185,15 @@ def test_export_and_attention_refuse_an_rnn(
 
 def test_rnn_trains_in_bf16_weights_as_under_autocast(tmp_path: Path) -> None:
     """precision bf16-weights with the LSTMs: the bfloat16 copy trains (its flat LSTM weights
-    are the copy's own) as autocast does, and the checkpoint holds the float32 model."""
-    last = {}
+    are the copy's own) as autocast does, and the checkpoint holds the float32 model. Both
+    learn the task: compared at its end, not midway down the steep part of the loss curve,
+    where the two bfloat16 trajectories part by up to 0.5 (on an Intel AMX CPU)."""
     for precision in ("bf16", "bf16-weights"):
-        cfg = update(Config(), {**RNN_COPY, "max_steps": 80, "eval_every": 0, "log_every": 10})
+        cfg = update(Config(), {**RNN_COPY, "max_steps": 200, "eval_every": 0, "log_every": 10})
         summary = train_synthetic(update(cfg, {"precision": precision}), tmp_path / precision)
         lines = (tmp_path / precision / "metrics.jsonl").read_text().splitlines()
         losses = [r["loss"] for r in map(json.loads, lines) if "loss" in r and "split" not in r]
-        assert summary["step"] == 80 and losses[-1] < losses[0] - 0.3, (precision, losses)
-        last[precision] = losses[-1]
-    assert last["bf16-weights"] == pytest.approx(last["bf16"], abs=0.1), last
+        assert summary["step"] == 200 and losses[-1] < 0.5 < 2 < losses[0], (precision, losses)
+        assert summary["seq_accuracy"] >= 0.8, (precision, summary)
     saved = torch.load(tmp_path / "bf16-weights" / "model.pt", weights_only=False)["model"]
     assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}

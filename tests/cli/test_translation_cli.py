@@ -216,7 +216,10 @@ def test_evaluate_in_bf16_scores_like_fp32(trained, corpus, capsys) -> None:
     fp32 = evaluate(capsys, trained["run"], corpus, "--beam", "1")
     bf16 = evaluate(capsys, trained["run"], corpus, "--beam", "1", "--precision", "bf16")
     assert bf16["lines"] == N_EVAL and bf16["bleu"] > 20  # far above the untrained model (~0)
-    assert abs(bf16["bleu"] - fp32["bleu"]) < 5, (fp32["bleu"], bf16["bleu"])
+    # no worse than fp32 by 5 BLEU on these 100 sentences; it may be better: trained in bfloat16
+    # working weights (precision auto on a CPU with bfloat16), this small model scored 62.7 in
+    # bf16 against 57.4 in fp32 on an Intel AMX CPU
+    assert bf16["bleu"] > fp32["bleu"] - 5, (fp32["bleu"], bf16["bleu"])
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage error, exit status 2
         run_cli(
             [

@@ -550,19 +550,55 @@ def test_bf16_weights_learn_as_autocast_does(tmp_path: Path) -> None:
     [
         ({}, "fp32"),
         ({"avx512_f": True}, "fp32"),
-        ({"avx512_bf16": True}, "bf16"),
-        ({"amx_bf16": True, "amx_tile": True}, "bf16"),
+        ({"avx512_bf16": True}, "bf16-weights"),
+        ({"amx_bf16": True, "amx_tile": True}, "bf16-weights"),
     ],
 )
 def test_auto_precision_is_bf16_only_on_cpus_with_bfloat16_instructions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool], auto: str
 ) -> None:
+    # bfloat16 working weights in one process; autocast under torchrun (DDP's overlap)
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     cpu = torch.device("cpu")
-    assert native_bf16(cpu) == (auto == "bf16")
+    assert native_bf16(cpu) == (auto != "fp32")
     assert resolve_precision("auto", cpu) == auto
-    assert [resolve_precision(p, cpu) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+    assert resolve_precision("auto", cpu, processes=2) == ("fp32" if auto == "fp32" else "bf16")
+    for p in ("fp32", "bf16", "fp16", "bf16-weights"):
+        assert resolve_precision(p, cpu) == p == resolve_precision(p, cpu, processes=2)
     assert _trainer(tmp_path, _cfg()).precision == auto  # auto is the default
+
+
+def test_a_run_begun_under_autos_old_rule_resumes_in_the_precision_it_began_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto gave one process bf16 (autocast) before it gave bf16-weights: such a run, resumed,
+    keeps autocast (its numerics unchanged midway, and its resume not refused), exactly as a
+    straight bf16 run; a new run, and one begun under the new rule, take bf16-weights."""
+    import transduce.training.trainer as trainer_module
+
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True})
+    straight = _trainer(tmp_path / "a", _cfg(max_steps=8, save_every=4, precision="bf16"))
+    straight.train()
+    new_rule = trainer_module.resolve_precision
+    with monkeypatch.context() as old_rule:
+        old_rule.setattr(trainer_module, "resolve_precision", lambda p, d, n=1: "bf16")
+        first = _trainer(tmp_path / "b", _cfg(max_steps=4, save_every=4))
+        assert first.precision == "bf16"
+        first.train()
+    assert trainer_module.resolve_precision is new_rule
+    second = _trainer(tmp_path / "b", _cfg(max_steps=8, save_every=4), resume=True)
+    assert second.precision == "bf16"
+    assert second.working is None  # autocast: no bfloat16 copy
+    second.train()
+    want, got = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
+    assert [x for _, x in got] == pytest.approx([x for _, x in want], abs=1e-6)
+    last = tmp_path / "b" / "checkpoints" / "step_00000008.pt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["precision"] == "bf16"
+    third = _trainer(tmp_path / "c", _cfg(max_steps=4, save_every=4))
+    assert third.precision == "bf16-weights" and third.working is not None
+    third.train()
+    again = _trainer(tmp_path / "c", _cfg(max_steps=8, save_every=4), resume=True)
+    assert again.precision == "bf16-weights"
 
 
 @pytest.mark.parametrize("capability,native", [((7, 0), False), ((7, 5), False), ((8, 0), True)])
@@ -574,7 +610,8 @@ def test_auto_precision_on_cuda_is_bf16_from_ampere_on(
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     gpu = torch.device("cuda", 0)
     assert native_bf16(gpu) == native
-    assert resolve_precision("auto", gpu) == ("bf16" if native else "fp32")
+    assert resolve_precision("auto", gpu) == ("bf16-weights" if native else "fp32")
+    assert resolve_precision("auto", gpu, processes=8) == ("bf16" if native else "fp32")
 
 
 def test_fp16_training_scales_the_loss_and_checkpoints_the_scale(tmp_path: Path) -> None:

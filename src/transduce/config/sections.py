@@ -164,9 +164,10 @@ class TrainConfig(_Section):
     # bf16: autocast to bfloat16 (CPUs with bfloat16 instructions, GPUs); fp16: autocast to
     # float16 with loss scaling (GPUs); fp32 master weights in both. bf16-weights: forward and
     # backward on a bfloat16 copy of the model cast once per update, activations bfloat16
-    # throughout, fp32 master weights (training/working_weights.py). auto: bf16
-    # where the device computes in bfloat16 natively (training.precision.native_bf16), else
-    # fp32: faster, with the same val BLEU at equal updates (benchmarks/RESULTS.md)
+    # throughout, fp32 master weights (training/working_weights.py). auto: where the device
+    # computes in bfloat16 natively (training.precision.native_bf16) bf16-weights in one
+    # process, bf16 under torchrun, else fp32: faster, with the same val BLEU at equal
+    # updates (benchmarks/RESULTS.md); a resumed run keeps what auto gave it
     precision: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"] = "auto"
     target_seq_accuracy: float = 0.0  # stop once validation exact match reaches this (0 = off)
     valid_beam: int = 1  # translation: beam for the validation BLEU (1 = greedy, the fastest)

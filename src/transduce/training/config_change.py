@@ -78,8 +78,8 @@ _BUDGET = frozenset({"train.max_steps", "train.max_epochs", "train.max_minutes"}
 @dataclass(frozen=True)
 class Setting:
     """What a run trains with beyond its config: its number of processes, and its precision as
-    resolved on its device (``precision: auto`` -> bf16 or fp32; None: a checkpoint older
-    than the record of it)."""
+    resolved on its device (``precision: auto`` -> bf16-weights, bf16 or fp32; None: a
+    checkpoint older than the record of it)."""
 
     processes: int = 1
     precision: str | None = None

@@ -76,9 +76,9 @@ def label_smoothed_nll(
     ``grad_scale``: the gradient the caller will backpropagate into the loss (the trainer's
     ``loss * scale``), for the fused method, which then stores (p - q) * grad_scale, scaled in
     the chunk it computes; its backward pass, handed exactly that gradient on a CPU, returns
-    the stored one as it is, without another pass over the (N, V) tensor (1.1 ms of SMALL's
-    step, 11 of BASE's on an Intel Xeon with AMX, benchmarks/RESULTS.md). Any other incoming
-    gradient is still honoured. The reference method and Liger ignore it.
+    the stored one as it is, without another pass over the (N, V) tensor (benchmarks/
+    RESULTS.md). Any other incoming gradient is still honoured. The reference method and Liger
+    ignore it.
     """
     if method not in LOSS_METHODS:
         raise ValueError(f"method must be one of {', '.join(LOSS_METHODS)}, not {method!r}")

@@ -31,12 +31,26 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """train.precision with ``auto`` made concrete for ``device``: bf16 where ``native_bf16``,
-    else fp32; any other value unchanged."""
+def resolve_precision(precision: str, device: torch.device, processes: int = 1) -> str:
+    """train.precision with ``auto`` made concrete for a new run on ``device`` with
+    ``processes`` ranks: where ``native_bf16``, bf16-weights in one process (as accurate as
+    autocast and faster: no casts around every layer norm and residual sum; benchmarks/
+    RESULTS.md) and bf16 under torchrun (whose DDP overlaps the gradients' all-reduce with the
+    backward pass; bf16-weights' one all-reduce an update does not, unmeasured against it);
+    fp32 elsewhere. Any other value unchanged. A resumed run keeps what auto gave it
+    (``auto_resolutions``)."""
     if precision != "auto":
         return precision
-    return "bf16" if native_bf16(device) else "fp32"
+    if not native_bf16(device):
+        return "fp32"
+    return "bf16-weights" if processes == 1 else "bf16"
+
+
+def auto_resolutions(device: torch.device) -> tuple[str, ...]:
+    """Every precision that ``auto`` gives a run on ``device``, now or before 2026-11-28 (bf16
+    in one process too): a run resumed with ``auto`` keeps the one it began with, so that its
+    numerics do not change midway (training/run_folder.py)."""
+    return ("bf16-weights", "bf16") if native_bf16(device) else ("fp32",)
 
 
 def check_precision(precision: str, architecture: str, device: str | torch.device) -> None:
@@ -74,6 +88,7 @@ __all__ = [
     "autocast",
     "check_precision",
     "grad_scaler",
+    "auto_resolutions",
     "native_bf16",
     "resolve_precision",
 ]

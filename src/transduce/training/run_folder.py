@@ -28,6 +28,7 @@ from transduce.errors import CheckpointNotWritten, UserError
 from transduce.training import config_change, distributed, saving
 from transduce.training.feed import BatchFeed
 from transduce.training.metrics_log import MetricsLog
+from transduce.training.precision import auto_resolutions
 from transduce.training.progress import Progress
 from transduce.training.resume import load_training_state, restore_position
 from transduce.training.rng import rng_state
@@ -145,6 +146,9 @@ class RunFolder:
                 f"{path} is a model file, not a training checkpoint (it holds no "
                 f"{', '.join(lacks)}){fallback}"
             )
+        saved_precision = state.get("precision")
+        if self.cfg.train.precision == "auto" and saved_precision in auto_resolutions(run.device):
+            run.precision = saved_precision  # what auto gave the run when it began (a rule since)
         now = config_change.Setting(self.world.size, run.precision)
         config_change.check_checkpoint(state, path, self.cfg, allow_change, now, self.world.is_main)
         if "vocab" in state and state["vocab"] != run.vocab.to_dict():

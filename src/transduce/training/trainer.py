@@ -107,7 +107,8 @@ class Trainer:
             model, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
         )
         check_precision(t.precision, cfg.model.architecture, self.device)  # (Python callers)
-        self.precision = resolve_precision(t.precision, self.device)
+        # (a resumed run with precision auto keeps the one it began with: RunFolder.start)
+        self.precision = resolve_precision(t.precision, self.device, self.world.size)
         self.scaler = grad_scaler(self.precision, self.device)
         self._budget_done = 0.0  # share of the budget spent, equal on every rank
         self._minutes = 0.0  # of training, the mean of the ranks' (as of _should_stop)
