@@ -8,9 +8,10 @@ fbgemm-prepacked weights), the fastest of three that benchmarks/int8_kernels.py 
 engine's row counts and weights (benchmarks/RESULTS.md). oneDNN's int8 inner product
 (``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its kernel,
 so dynamic activations build a new kernel every call; ``torch._weight_int8pack_mm`` (int8
-weights, float activations) has no fast CPU kernel. Not measured on Intel CPUs with AMX, where
-fbgemm runs its AVX512-VNNI kernels (it has no AMX ones): rerun benchmarks/int8_kernels.py there
-before giving oneDNN a rule of its own.
+weights, float activations) has no fast CPU kernel. On an Intel Xeon with AMX too, where fbgemm
+runs its AVX512-VNNI kernels (it has no AMX ones), fbgemm was the fastest at every shape and row
+count of benchmarks/int8_kernels.py, and ``torch._int_mm`` (int8 x int8 -> int32 through
+oneDNN) with the same per-row scales was no faster on the whole (benchmarks/RESULTS.md).
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
 Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by

@@ -1,0 +1,61 @@
+"""benchmarks/train_step_paired.py: the earlier commit's package renamed so that both import side
+by side, and one paired round against this checkout's own HEAD."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmark_testkit import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_renamed_touches_the_package_only() -> None:
+    renamed = load_benchmark("train_step_paired").renamed
+    source = "\n".join(
+        [
+            "import transduce",
+            "from transduce import kernels",
+            "    from transduce.model import make_model",
+            "x = transduce.kernels.linear",
+            'SYSTEMS = ("transduce", "torch")',
+            'print("transduce: error")',
+            "import transduce_other",
+        ]
+    )
+    assert renamed(source).split("\n") == [
+        "import transduce_base",
+        "from transduce_base import kernels",
+        "    from transduce_base.model import make_model",
+        "x = transduce_base.kernels.linear",
+        'SYSTEMS = ("transduce", "torch")',
+        'print("transduce: error")',
+        "import transduce_other",
+    ]
+
+
+def _has_head() -> bool:
+    if shutil.which("git") is None:
+        return False
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "HEAD"], capture_output=True
+    )
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(not _has_head(), reason="not a git checkout with a commit")
+def test_one_round_against_head_runs_both_sides(capsys: pytest.CaptureFixture[str]) -> None:
+    paired = load_benchmark("train_step_paired")
+    argv = ["--baseline", "HEAD", "--sizes", "small", "--rounds", "1"]
+    out = paired.main([*argv, "--precisions", "fp32", "--baseline-precision", "fp32"])
+    assert set(out) == {"small_HEAD/fp32_over_baseline", "small_ours/fp32_over_baseline"}
+    assert out["small_HEAD/fp32_over_baseline"] == 1.0
+    assert out["small_ours/fp32_over_baseline"] > 0
+    assert "HEAD/fp32" in capsys.readouterr().out
+    # the baseline's side ran the commit's own package, unpacked elsewhere, not this checkout's
+    base = sys.modules["transduce_base.training.loss"]
+    assert base.__file__ is not None and not base.__file__.startswith(str(ROOT))
