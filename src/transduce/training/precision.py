@@ -85,10 +85,10 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "auto_resolutions",
     "autocast",
     "check_precision",
     "grad_scaler",
-    "auto_resolutions",
     "native_bf16",
     "resolve_precision",
 ]
