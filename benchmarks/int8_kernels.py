@@ -5,16 +5,20 @@ int8 (per-output-channel symmetric scales), against the float32 ``kernels.Projec
 
 Weights of the engine's projections (``DecodingModel``) for a d_model 512 / d_ff 2048 model
 (qkv 1536x512, attention out 512x512, FFN in 2048x512, FFN out 512x2048) and a d_model 256 /
-d_ff 1024 one, and the pre-softmax matrix for vocabularies of 8000 and 32000, each at 1, 4,
+d_ff 1024 one, and the pre-softmax matrix for vocabularies of 8000 and 32000, each at 1, 4, 32,
 128 (32 sentences x beam 4) and 640 (the encoder: 32 sentences x 20 tokens) rows. Candidates:
 
     fp32       ``kernels.Projection`` as the engine lays it out for float32 (the reference)
     fbgemm     ``torch.ops.quantized.linear_dynamic`` on fbgemm-prepacked weights (x quantised
                per tensor to uint8 on every call, inside the operator)
-    fbgemm_rows  what ``Int8Projection`` runs: the same operator with x quantised per row
-               (``fbgemm_linear_rows``: a guard row fixes the range, each row scaled to it)
+    fbgemm_rows  what ``Int8Projection`` runs below ``ONEDNN_MIN_ROWS`` rows: the same operator
+               with x quantised per row (``fbgemm_linear_rows``: a guard row fixes the range,
+               each row scaled to it)
     onednn     ``torch.ops.onednn.qlinear_pointwise`` on oneDNN-prepacked weights, x quantised per
-               tensor to int8 in Python on every call
+               tensor to int8 in Python on every call (a new kernel for every new scale)
+    onednn_rows  what ``Int8Projection`` runs from ``ONEDNN_MIN_ROWS`` rows where the CPU has AMX
+               (``onednn_linear_rows``: x per row on a fixed grid, so one kernel; bit for bit
+               fbgemm_rows' numbers); timed from 4 rows (one row took milliseconds at some shapes)
     int8pack   ``torch._weight_int8pack_mm``: int8 weights, float32 activations
 
 oneDNN and int8pack are timed at 1 and 4 rows only: past that a call takes up to a second.
@@ -36,11 +40,13 @@ import torch
 
 from transduce.kernels import Projection, ProjectionLayout
 from transduce.kernels.quantized import (
+    OnednnInt8,
     QuantizedWeight,
     cpu_int8_flags,
     fbgemm_linear,
     fbgemm_linear_rows,
     fbgemm_packed,
+    onednn_linear_rows,
     quantize_weight,
 )
 
@@ -55,10 +61,11 @@ SHAPES = {  # name -> (out, in)
     "vocab8k_512": (8000, 512),
     "vocab32k_512": (32000, 512),
 }
-ROWS = (1, 4, 128, 640)
+ROWS = (1, 4, 32, 128, 640)
 QUICK_SHAPES = ("qkv512", "vocab8k_256")
-NAMES = ("fp32", "fbgemm", "fbgemm_rows", "onednn", "int8pack")
+NAMES = ("fp32", "fbgemm", "fbgemm_rows", "onednn_rows", "onednn", "int8pack")
 SLOW, SLOW_MAX_ROWS = ("onednn", "int8pack"), 4
+ONEDNN_ROWS_MIN = 4  # onednn_rows from this many rows
 
 
 def per_call_us(fn: Callable[[], object], seconds: float = 0.1) -> float:
@@ -98,11 +105,13 @@ def candidates(w: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[torch.Te
     fbgemm = fbgemm_packed(q, b)
     fbgemm_no_bias = fbgemm_packed(q, None)
     onednn = torch.ops.onednn.qlinear_prepack(q.weight, None)
+    onednn_rows = OnednnInt8.of(q)
     return {
         "fp32": fp32,
         "fbgemm": lambda x: fbgemm_linear(x, fbgemm),
         # what Int8Projection runs: x quantised per row (a guard row, a scale a row)
         "fbgemm_rows": lambda x: fbgemm_linear_rows(x, fbgemm_no_bias, b),
+        "onednn_rows": lambda x: onednn_linear_rows(x, onednn_rows, b),
         "onednn": lambda x: onednn_qlinear(x, onednn, q.scale, b),
         "int8pack": lambda x: int8pack_linear(x, q, b),
     }
@@ -133,7 +142,12 @@ def main() -> None:
                 x = torch.randn(rows, in_f, generator=g)
                 ref = torch.addmm(b, x, dequant.t())
                 # oneDNN's and int8pack's products take seconds past a few rows
-                names = [k for k in NAMES if rows <= SLOW_MAX_ROWS or k not in SLOW]
+                names = [
+                    k
+                    for k in NAMES
+                    if (rows <= SLOW_MAX_ROWS or k not in SLOW)
+                    and (rows >= ONEDNN_ROWS_MIN or k != "onednn_rows")
+                ]
                 best = dict.fromkeys(names, float("inf"))
                 for _ in range(rounds):
                     for k in names:

@@ -110,6 +110,70 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(bias: bool) -> None:
     assert torch.equal(alone[7], torch.zeros(300) if b is None else b)
 
 
+AMX_INT8 = pytest.mark.skipif(
+    not quantized.onednn_int8_available(),
+    reason="oneDNN's int8 kernel runs only where the CPU has AMX's int8 tiles (amx_int8)",
+)
+
+
+@AMX_INT8
+@pytest.mark.parametrize("shape", [(300, 64), (768, 256), (512, 2048)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_and_fbgemm_give_the_same_numbers_bit_for_bit(shape, bias: bool) -> None:
+    # the engine's row count picks the kernel (ONEDNN_MIN_ROWS): a sentence's translation must not
+    # depend on it. Rows of magnitudes 10^5 apart, a row of zeros, ReLU'd rows, and rows whose
+    # scaled entries are halves (ties: both round to even)
+    out_f, in_f = shape
+    g = torch.Generator().manual_seed(out_f)
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if bias else None
+    x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
+    x[7] = 0.0
+    x[10:20] = x[10:20].relu()
+    halves = torch.randint(-126, 126, (4, in_f), generator=g) + 0.5
+    halves[:, 0] = 127.0  # each row's largest 127: its unit is 1, its entries stay halves
+    x[20:24] = halves
+    q = quantize_weight(w)
+    packed, onednn = quantized.fbgemm_packed(q, None), quantized.OnednnInt8.of(q)
+    for rows in (slice(0, 70), slice(20, 24), slice(7, 8), slice(30, 62)):
+        fb = quantized.fbgemm_linear_rows(x[rows], packed, b)
+        dnn = quantized.onednn_linear_rows(x[rows], onednn, b)
+        assert torch.equal(fb, dnn), (rows, (fb - dnn).abs().max())
+
+
+def test_many_rows_take_onednn_where_it_runs_amx(monkeypatch) -> None:
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(quantized, "onednn_int8_available", lambda: True)
+    monkeypatch.setattr(
+        quantized.OnednnInt8, "of", classmethod(lambda cls, q: cls(q.weight, q.scale, q.scale))
+    )
+    from transduce.kernels import projection
+
+    def record(name):
+        return lambda x, w, b: calls.append((name, x.size(0))) or torch.zeros(x.size(0), 5)
+
+    monkeypatch.setattr(projection, "onednn_int8_available", lambda: True)
+    monkeypatch.setattr(projection, "onednn_linear_rows", record("onednn"))
+    monkeypatch.setattr(projection, "fbgemm_linear_rows", record("fbgemm"))
+    proj = Int8Projection.quantized(torch.randn(5, 8), None)
+    assert proj.onednn is not None
+    for rows in (1, quantized.ONEDNN_MIN_ROWS - 1, quantized.ONEDNN_MIN_ROWS, 640):
+        proj(torch.randn(rows, 8))
+    n = quantized.ONEDNN_MIN_ROWS
+    assert calls == [("fbgemm", 1), ("fbgemm", n - 1), ("onednn", n), ("onednn", 640)]
+    monkeypatch.setattr(projection, "onednn_int8_available", lambda: False)
+    assert Int8Projection.quantized(torch.randn(5, 8), None).onednn is None
+
+
+def test_onednn_int8_needs_amx(monkeypatch) -> None:
+    quantized.onednn_int8_available.cache_clear()
+    try:
+        monkeypatch.setattr(quantized, "cpu_flags", lambda: frozenset({"avx512_vnni", "avx2"}))
+        assert not quantized.onednn_int8_available()
+    finally:
+        quantized.onednn_int8_available.cache_clear()
+
+
 def test_int8_projections_need_two_inputs() -> None:
     with pytest.raises(ValueError, match="2 or more inputs"):
         Int8Projection.quantized(torch.ones(3, 1), None)

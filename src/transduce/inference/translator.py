@@ -23,8 +23,8 @@ How sentences are decoded:
   translation does not depend on the batch it lands in (up to floating-point rounding):
   ``batch_tokens`` and ``decode_batch`` change speed, not output.
   With int8 weights too: each product quantises each input row with its own scale
-  (``kernels.quantized.fbgemm_linear_rows``), so the other sentences of a batch do not move a
-  sentence's rounding.
+  (``kernels.quantized``, whose two kernels give the same numbers bit for bit), so the other
+  sentences of a batch do not move a sentence's rounding.
 * Greedy search when ``beam`` is 1, else beam search with the GNMT length penalty ``alpha``
   (``transduce.inference.generate``). Outputs have at most (source tokens + 1 for its
   EOS + ``max_len_offset``) tokens.

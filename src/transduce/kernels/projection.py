@@ -11,9 +11,9 @@ model's weights once.
   threads share the product: MKL's and oneDNN's one-row products run on one thread, bound by how
   fast one core reads W;
 - for int8 decoding (``ProjectionLayout.int8``), W quantised per output channel, x per row, and
-  every row count through one int8 kernel (``Int8Projection``; ``kernels.quantized``): a row's
-  result is the same whatever the other rows (no float32 path for one row, which would part a
-  sentence decoded alone from the same sentence in a batch).
+  every row count through int8 kernels that give the same numbers (``Int8Projection``;
+  ``kernels.quantized``): a row's result is the same whatever the other rows (no float32 path
+  for one row, which would part a sentence decoded alone from the same sentence in a batch).
 """
 
 from __future__ import annotations
@@ -31,7 +31,15 @@ from transduce.kernels.matmul import (
     use_onednn,
 )
 from transduce.kernels.options import Matmul
-from transduce.kernels.quantized import fbgemm_linear_rows, fbgemm_packed, quantize_weight
+from transduce.kernels.quantized import (
+    ONEDNN_MIN_ROWS,
+    OnednnInt8,
+    fbgemm_linear_rows,
+    fbgemm_packed,
+    onednn_int8_available,
+    onednn_linear_rows,
+    quantize_weight,
+)
 
 
 def one_row_is_read_bound(weight: Tensor) -> bool:
@@ -178,12 +186,15 @@ class Projection:
 @dataclass(frozen=True)
 class Int8Projection(Projection):
     """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per row
-    on every call (``kernels.quantized.fbgemm_linear_rows``): one kernel for every row count, the
-    fastest measured (benchmarks/int8_kernels.py), and a row's result independent of the others.
-    ``bias`` is b as given (float32, added after the product); ``packed`` holds W's int8 copy
-    with its scales. Made by ``quantized`` (or ``Projection.of`` with an int8 layout)."""
+    on every call: through fbgemm (``kernels.quantized.fbgemm_linear_rows``), and from
+    ``ONEDNN_MIN_ROWS`` rows through oneDNN's AMX kernel where it runs (``onednn``; not None
+    where ``onednn_int8_available``). The two give the same numbers bit for bit, so a row's
+    result is independent of the other rows and of their number. ``bias`` is b as given
+    (float32, added after the product); ``packed`` holds W's int8 copy with its scales for
+    fbgemm. Made by ``quantized`` (or ``Projection.of`` with an int8 layout)."""
 
     packed: Any = None
+    onednn: OnednnInt8 | None = None
 
     @classmethod
     def quantized(cls, weight: Tensor, bias: Tensor | None) -> Int8Projection:
@@ -191,10 +202,13 @@ class Int8Projection(Projection):
         if weight.size(1) < 2:
             raise ValueError(f"int8 projections need 2 or more inputs, not {weight.size(1)}")
         bias = None if bias is None else bias.detach().float().clone()
-        packed = fbgemm_packed(quantize_weight(weight), None)
-        return cls(weight.size(0), bias, None, None, None, None, packed)
+        q = quantize_weight(weight)
+        onednn = OnednnInt8.of(q) if onednn_int8_available() else None
+        return cls(weight.size(0), bias, None, None, None, None, fbgemm_packed(q, None), onednn)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.onednn is not None and x.size(0) >= ONEDNN_MIN_ROWS:
+            return onednn_linear_rows(x, self.onednn, self.bias)
         return fbgemm_linear_rows(x, self.packed, self.bias)
 
 

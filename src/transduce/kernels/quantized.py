@@ -1,17 +1,22 @@
 """int8 products for decoding on the CPU: x W^T + b with W stored as int8 with one float scale
 per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and x quantised per
-row on every call (dynamic quantisation: ``fbgemm_linear_rows``), the sums in int32, the result
-float32.
+row on every call (dynamic quantisation), the sums in int32, the result float32.
 
-The kernel is fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on
-fbgemm-prepacked weights), the fastest of three that benchmarks/int8_kernels.py measures at the
-engine's row counts and weights (benchmarks/RESULTS.md). oneDNN's int8 inner product
-(``torch.ops.onednn.qlinear_pointwise``) takes the activations' scale when it builds its kernel,
-so dynamic activations build a new kernel every call; ``torch._weight_int8pack_mm`` (int8
-weights, float activations) has no fast CPU kernel. On an Intel Xeon with AMX too, where fbgemm
-runs its AVX512-VNNI kernels (it has no AMX ones), fbgemm was the fastest at every shape and row
-count of benchmarks/int8_kernels.py, and ``torch._int_mm`` (int8 x int8 -> int32 through
-oneDNN) with the same per-row scales was no faster on the whole (benchmarks/RESULTS.md).
+Two kernels, bit for bit the same numbers (tested), so that the row count may choose:
+- fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on fbgemm-prepacked
+  weights; ``fbgemm_linear_rows``), the fastest at every shape and row count of
+  benchmarks/int8_kernels.py on AMD Zen 5 and, up to a few rows, on an Intel Xeon with AMX,
+  where fbgemm runs its AVX512-VNNI kernels (it has no AMX ones);
+- oneDNN's int8 inner product (``torch.ops.onednn.qlinear_pointwise``; ``onednn_linear_rows``),
+  which runs AMX's int8 tiles: from ``ONEDNN_MIN_ROWS`` rows on a CPU with ``amx_int8``
+  (``onednn_int8_available``), 1.1-2.5x fbgemm there (benchmarks/RESULTS.md). oneDNN takes the
+  activations' scale when it builds its kernel, so x is scaled per row to a fixed grid first
+  (scale 1, zero point 128) and one kernel serves every call.
+
+Both see each row divided by its unit max_j |x_ij| / 127 (``row_units``), so its entries lie in
+[-127, 127], rounded to the nearest integer (ties to even) after adding 128, and the int32 sums
+multiplied by the weights' scales and then by the row's unit. ``torch._weight_int8pack_mm``
+(int8 weights, float activations) has no fast CPU kernel.
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
 Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by
@@ -123,10 +128,13 @@ def fbgemm_linear(x: Tensor, packed: Any) -> Tensor:
 
 
 # fbgemm's dynamic quantisation maps [min(x), max(x)] (0 included) onto 0..255; a first row
-# holding -128/127 and 1 fixes that range, so scale 1/127 and zero point 128: x / max|x| on the
-# grid k / 127, k in [-128, 127], as CTranslate2 quantises a row
-_GUARD_LOW, _GUARD_HIGH = -128 / 127, 1.0
+# holding -128 and 127 fixes that range, so scale 1 and zero point 128: each row, divided by its
+# unit, is rounded to the integers k in [-128, 127], as CTranslate2 quantises a row
+_GUARD_LOW, _GUARD_HIGH = -128.0, 127.0
 _TINY = torch.finfo(torch.float32).tiny
+# The row count from which oneDNN's int8 kernel multiplies where it runs AMX: below it fbgemm was
+# faster (a fixed ~25 us a call), from 32 rows oneDNN at the engine's weights (RESULTS.md)
+ONEDNN_MIN_ROWS = 32
 
 
 @functools.cache
@@ -137,19 +145,67 @@ def _guard_row(width: int) -> Tensor:
     return row
 
 
+def row_units(x: Tensor) -> Tensor:
+    """x (N, in) -> (N, 1): each row's quantisation step, max_j |x_ij| / 127 (at least the
+    smallest normal float, so a row of zeros divides to zeros)."""
+    return x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY) / 127
+
+
+def _finish(y: Tensor, units: Tensor, bias: Tensor | None) -> Tensor:
+    """y (N, out) of the int8 sums times the weights' scales -> y * units + bias, in place: a new
+    (N, out) tensor costs more than the pass (640 x 8000: 3.8 ms against 3.2)."""
+    return y.mul_(units) if bias is None else torch.addcmul(bias, y, units, out=y)
+
+
 def fbgemm_linear_rows(x: Tensor, packed: Any, bias: Tensor | None) -> Tensor:
     """x (N, in) float32 -> x W^T + b (N, out) float32 with each row of x quantised on its own
-    (scale max_j |x_ij| / 127), so a row's quantisation does not depend on the other rows (the
-    float32 parts around it still differ in their last bits between batch shapes, which int8's
+    (``row_units``), so a row's quantisation does not depend on the other rows (the float32
+    parts around it still differ in their last bits between batch shapes, which int8's
     rounding can turn into another word: README). ``packed`` without a bias
-    (``fbgemm_packed(q, None)``): each row's scale multiplies the product before b is added.
-    Each row is divided by its largest magnitude and the range fixed by a guard row (above); in
-    is at least 2. Without int8 dot products (``_reduce_range``) 7 bits: a grid half as fine."""
-    top = x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY)  # (N, 1)
-    rows = torch.cat((_guard_row(x.size(1)), x / top))  # (1 + N, in)
+    (``fbgemm_packed(q, None)``): each row's unit multiplies the product before b is added.
+    The range is fixed by a guard row (above); in is at least 2. Without int8 dot products
+    (``_reduce_range``) fbgemm takes 7 bits: a grid half as fine."""
+    units = row_units(x)  # (N, 1)
+    rows = torch.cat((_guard_row(x.size(1)), x / units))  # (1 + N, in)
     y = fbgemm_linear(rows, packed)[1:]  # (N, out): the guard row's product dropped
-    # in place: a new (N, out) tensor costs more than the pass (640 x 8000: 3.8 ms against 3.2)
-    return y.mul_(top) if bias is None else torch.addcmul(bias, y, top, out=y)
+    return _finish(y, units, bias)
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_int8_available() -> bool:
+    """Whether oneDNN's int8 kernel takes the many-row products: this PyTorch has oneDNN's
+    quantized inner product and the CPU AMX's int8 tiles (measured there only: elsewhere fbgemm)."""
+    return (
+        "amx_int8" in cpu_flags()
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    )
+
+
+@dataclass(frozen=True)
+class OnednnInt8:
+    """W's int8 copy in oneDNN's layout (``packed``), its scales (out,) and zero points (out,)."""
+
+    packed: Tensor
+    scale: Tensor
+    zeros: Tensor
+
+    @classmethod
+    def of(cls, q: QuantizedWeight) -> OnednnInt8:
+        zeros = torch.zeros(q.scale.numel(), dtype=torch.long)
+        return cls(torch.ops.onednn.qlinear_prepack(q.weight, None), q.scale, zeros)
+
+
+def onednn_linear_rows(x: Tensor, w: OnednnInt8, bias: Tensor | None) -> Tensor:
+    """``fbgemm_linear_rows`` through oneDNN's int8 inner product, bit for bit its numbers: x's
+    rows as uint8 with zero point 128 (round(x / unit + 128), ties to even, as fbgemm rounds),
+    the kernel's output scale 1, each row's unit and b applied after."""
+    units = row_units(x)  # (N, 1)
+    xq = (x / units).add_(128).round_().to(torch.uint8)  # (N, in): k + 128, k in [-127, 127]
+    y = torch.ops.onednn.qlinear_pointwise(
+        xq, 1.0, 128, w.packed, w.scale, w.zeros, None, 1.0, 0, torch.float32, "none", [None], ""
+    )
+    return _finish(y, units, bias)
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,6 +218,8 @@ def _reduce_range() -> bool:
 __all__ = [
     "FORCE_VARIABLE",
     "INT8_DOT_FLAGS",
+    "ONEDNN_MIN_ROWS",
+    "OnednnInt8",
     "QuantizedWeight",
     "cpu_flags",
     "cpu_int8_flags",
@@ -171,5 +229,8 @@ __all__ = [
     "fbgemm_packed",
     "int8_refusal",
     "int8_supported",
+    "onednn_int8_available",
+    "onednn_linear_rows",
     "quantize_weight",
+    "row_units",
 ]
