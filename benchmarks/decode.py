@@ -14,10 +14,11 @@ Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with ra
     hf         ``MarianMTModel`` (post-norm, ReLU, scaled embeddings, tied embeddings, our
                interleaved sinusoidal table written into its position embeddings) ``generate``
     ct2        the folder of ``transduce export ctranslate2`` (float32), ``translate_batch``, in
-               a process of its own that imports only ctranslate2 and numpy, with
-               CT2_FORCE_CPU_ISA set to the fastest ISA this CPU has that runs (AVX512, AVX2, ...),
-               once with each matrix-product backend (Intel MKL, and oneDNN by CT2_USE_MKL=0);
-               each of its figures is the faster backend's
+               worker processes of their own that import only ctranslate2
+               (benchmarks/paired_ct2.py), with CT2_FORCE_CPU_ISA set to the fastest ISA this
+               CPU has that runs (AVX512, AVX2, ...), one worker for each matrix-product backend
+               (Intel MKL, and oneDNN by CT2_USE_MKL=0); each of its figures is the faster
+               backend's
 
 Work, the same for every system, on ``--threads`` CPU threads (torch.set_num_threads /
 CTranslate2 intra_threads): a batch of 32 sources of 20 tokens (19 random + EOS), and exactly 30
@@ -25,8 +26,12 @@ decoder steps per sentence: EOS is suppressed before that (transduce: a logits m
 around the model's ``decode``, then 29 tokens + the forced final EOS; hf: min_new_tokens =
 max_new_tokens = 30; ct2: min_decoding_length = max_decoding_length = 30), PAD and BOS are never
 generated (ours and ct2 mask both, Marian masks PAD). Timed: greedy and beam 4 on the batch, and
-greedy on one sentence (latency). Each figure is the median of ``--repeats`` runs after one
-warm-up run. Before timing, hf's and ct2's per-token log-probabilities on a fixed pair are checked
+greedy on one sentence (latency). Every system is timed in the same rounds (``--repeats``, for
+latency ``--latency-repeats``, after one warm-up call each): each round calls each system once,
+the order rotated a round, with ``--settle`` seconds of sleep after every call (the CTranslate2
+workers answer one call a request: ``paired_ct2``). Each figure is a system's median; each ratio
+is the median of the per-round ratios, so drift of a shared machine between rounds cancels.
+Before timing, hf's and ct2's per-token log-probabilities on a fixed pair are checked
 against ours, so the three really run the same model (a CTranslate2 backend outside the check is
 left out of the figures, said on stderr).
 
@@ -61,6 +66,16 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired_ct2 import (  # noqa: E402  (benchmarks/paired_ct2.py)
+    SETTLE_S,
+    Ct2Failed,
+    Ct2Server,
+    paired_ratio,
+    paired_rounds,
+    timed,
+)
 
 BATCH, SRC_LEN, STEPS, BEAM, ALPHA = 32, 20, 30, 4, 0.6
 SIZES = {
@@ -134,51 +149,12 @@ def median_time(fn, repeats: int) -> float:
 # -- CTranslate2, in its own process (no torch) -----------------------------------------------
 
 
-def ct2_worker(spec_path: str) -> None:
-    """Time CTranslate2 on the job in ``spec_path``; print one JSON line."""
-    import ctranslate2
-
-    job = json.loads(Path(spec_path).read_text())
-    translator = ctranslate2.Translator(
-        job["model_dir"],
-        device="cpu",
-        intra_threads=job["threads"],
-        inter_threads=1,
-        compute_type=job.get("compute_type", "default"),
-    )
-    options = {
-        "min_decoding_length": STEPS,
-        "max_decoding_length": STEPS,
-        "length_penalty": ALPHA,
-        "suppress_sequences": [["<pad>"], ["<s>"]],
-    }
-    batch, single = job["batch"], job["batch"][:1]
-    out: dict[str, Any] = {}
-    lengths: set[int] = set()
-
-    def run(tokens, beam):
-        def go():
-            for r in translator.translate_batch(tokens, beam_size=beam, **options):
-                lengths.add(len(r.hypotheses[0]))
-
-        return go
-
-    out["greedy_s"] = median_time(run(batch, 1), job["repeats"])
-    out["beam4_s"] = median_time(run(batch, BEAM), job["repeats"])
-    out["b1_s"] = median_time(run(single, 1), job["latency_repeats"])
-    out["lengths"] = sorted(lengths)
-    check = translator.score_batch([job["check"]["source"]], [job["check"]["target"]])[0]
-    out["check_log_probs"] = list(check.log_probs)
-    out["torch_imported"] = "torch" in sys.modules
-    out["ctranslate2"] = ctranslate2.__version__
-    print(json.dumps(out))
-
-
 # CTranslate2's CPU matrix-product backends: Intel MKL (its default where MKL runs) and oneDNN.
 # Neither is faster everywhere: on a 2-vCPU Intel VM (AMX) MKL with 2 threads took 150 ms for the
 # batch-1 greedy job that oneDNN did in 15 ms, so every figure takes the faster of the two.
 CT2_BACKENDS = {"mkl": {}, "dnnl": {"CT2_USE_MKL": "0"}}
 CT2_TIMES = ("greedy_s", "beam4_s", "b1_s")
+JOBS = ("greedy", "beam4", "b1")
 
 
 def ct2_process(
@@ -201,7 +177,23 @@ def ct2_process(
     return None
 
 
-def run_ct2(
+def ct2_jobs(tokens: list[list[str]]) -> dict[str, dict]:
+    """The CTranslate2 worker's jobs on the batch ``tokens``: greedy and beam 4 on it, greedy on
+    its first sentence, each exactly ``STEPS`` tokens."""
+    options = {
+        "min_decoding_length": STEPS,
+        "max_decoding_length": STEPS,
+        "length_penalty": ALPHA,
+        "suppress_sequences": [["<pad>"], ["<s>"]],
+    }
+    return {
+        "greedy": {"batch": tokens, "options": {**options, "beam_size": 1}},
+        "beam4": {"batch": tokens, "options": {**options, "beam_size": BEAM}},
+        "b1": {"batch": tokens[:1], "options": {**options, "beam_size": 1}},
+    }
+
+
+def start_ct2(
     model_dir: str,
     tokens: list[list[str]],
     check: dict,
@@ -209,47 +201,70 @@ def run_ct2(
     compute_type: str = "default",
     ref: Any = None,
     tol: float = 1e-3,
-) -> dict:
-    """CTranslate2 on the fastest ISA that runs; each time the best of its backends that
-    compute our model: ``check``'s log-probabilities within ``tol`` of ``ref`` (a tensor; None:
-    no check). A backend outside it is left out, said on stderr (on an AMD Zen 3, AVX2 without
-    VNNI, CTranslate2's int8 through MKL was 0.55-0.83 off on random weights); a RuntimeError
-    where none is within it."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(
-            {
-                "model_dir": model_dir,
-                "threads": args.threads,
-                "batch": tokens,
-                "check": check,
-                "repeats": args.repeats,
-                "latency_repeats": args.latency_repeats,
-                "compute_type": compute_type,
-            },
-            f,
-        )
-    try:
-        for isa in cpu_isas():
-            base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
-            runs = {
-                name: ct2_process(f.name, {**base, **env}, args.timeout)
-                for name, env in CT2_BACKENDS.items()
-            }
-            runs = {name: r for name, r in runs.items() if r is not None}
-            if not runs:
-                continue
-            if ref is not None:
-                runs = same_model(runs, ref, tol, f"ct2 {compute_type} on {isa}")
-            res = dict(next(iter(runs.values())))
-            res["isa"], res["backend"] = isa, {}
-            for key in CT2_TIMES:
-                best = min(runs, key=lambda name: runs[name][key])
-                res[key], res["backend"][key] = runs[best][key], best
-            res["backend_times"] = {name: {k: r[k] for k in CT2_TIMES} for name, r in runs.items()}
-            return res
-        raise RuntimeError("CTranslate2 failed with every ISA")
-    finally:
-        os.unlink(f.name)
+) -> tuple[str, dict[str, Any]]:
+    """CTranslate2 workers (``paired_ct2.Ct2Server``) on the fastest ISA that starts, one per
+    matrix-product backend that computes our model: ``check``'s log-probabilities within
+    ``tol`` of ``ref`` (a tensor; None: no check). A backend outside it is closed, said on
+    stderr (on an AMD Zen 3, AVX2 without VNNI, CTranslate2's int8 through MKL was 0.55-0.83 off
+    on random weights); a RuntimeError where none is within it. Returns the ISA and the servers
+    by backend."""
+    spec = {
+        "model_dir": model_dir,
+        "threads": args.threads,
+        "compute_type": compute_type,
+        "check": check,
+        "jobs": ct2_jobs(tokens),
+    }
+    for isa in cpu_isas():
+        base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
+        servers: dict[str, Any] = {}
+        for name, env in CT2_BACKENDS.items():
+            try:
+                servers[name] = Ct2Server(spec, {**base, **env}, args.timeout)
+            except Ct2Failed as e:
+                print(f"ct2 {compute_type} {name} on {isa} failed: {e}", file=sys.stderr)
+        if not servers:
+            continue
+        if ref is not None:
+            runs = {name: dict(s.info) for name, s in servers.items()}
+            try:
+                kept = same_model(runs, ref, tol, f"ct2 {compute_type} on {isa}")
+            except RuntimeError:
+                for s in servers.values():
+                    s.close()
+                raise
+            for name in list(servers):
+                if name in kept:
+                    servers[name].info["check_max_abs_diff"] = kept[name]["check_max_abs_diff"]
+                else:
+                    servers.pop(name).close()
+        return isa, servers
+    raise RuntimeError("CTranslate2 failed with every ISA")
+
+
+def ct2_result(isa: str, servers: dict[str, Any], times: dict[str, dict[str, list[float]]]) -> dict:
+    """One CTranslate2 system from its backends' per-round ``times`` (backend -> job -> seconds):
+    each job's figure and rounds are the faster backend's (by median)."""
+    first = next(iter(servers.values())).info
+    res: dict[str, Any] = {
+        "isa": isa,
+        "backend": {},
+        "ctranslate2": first["ctranslate2"],
+        "torch_imported": first["torch_imported"],
+        "lengths": sorted(set().union(*(s.lengths for s in servers.values()))),
+        "backend_times": {
+            name: {f"{job}_s": statistics.median(t) for job, t in by_job.items()}
+            for name, by_job in times.items()
+        },
+    }
+    for job in JOBS:
+        best = min(times, key=lambda name: statistics.median(times[name][job]))
+        res[f"{job}_s"] = statistics.median(times[best][job])
+        res[f"{job}_times"] = times[best][job]
+        res["backend"][f"{job}_s"] = best
+        if "check_max_abs_diff" in servers[best].info:
+            res["check_max_abs_diff"] = servers[best].info["check_max_abs_diff"]
+    return res
 
 
 def same_model(runs: dict[str, dict], ref: Any, tol: float, what: str) -> dict[str, dict]:
@@ -437,54 +452,84 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
                     eos_token_id=EOS,
                     forced_eos_token_id=None,
                 )
-            hf_lengths.add(out.size(1) - 1)  # minus the decoder start token
+            lengths["hf"].add(out.size(1) - 1)  # minus the decoder start token
 
         return go
 
-    def time_ours(engine, check_lp=None) -> dict:
-        run_lengths: set[int] = set()
-        steps = SuppressEarlyEOS(engine, STEPS - 1)
-        out = {
-            "greedy_s": median_time(ours_run(src, 1, steps, run_lengths), args.repeats),
-            "beam4_s": median_time(ours_run(src, BEAM, steps, run_lengths), args.repeats),
-            "b1_s": median_time(ours_run(single, 1, steps, run_lengths), args.latency_repeats),
-            "lengths": sorted(run_lengths),
-        }
-        if check_lp is not None:
-            out["check_max_abs_diff"] = float((check_lp - ref).abs().max())
-        return out
+    inputs = {"greedy": (src, 1), "beam4": (src, BEAM), "b1": (single, 1)}
+    lengths: dict[str, set[int]] = {}
+    # system -> job -> a function that runs the job once and returns its seconds
+    runs: dict[str, dict[str, Any]] = {}
+    checks: dict[str, float] = {}
 
-    hf_lengths: set[int] = set()
-    results: dict[str, dict] = {}
-    print(f"[{size_name}] timing transduce ...", file=sys.stderr, flush=True)
-    results["transduce"] = time_ours(DecodingModel(ours))
+    def add_ours(name: str, engine) -> None:
+        lengths[name] = set()
+        steps = SuppressEarlyEOS(engine, STEPS - 1)
+        runs[name] = {
+            j: timed(ours_run(x, b, steps, lengths[name])) for j, (x, b) in inputs.items()
+        }
+
+    add_ours("transduce", DecodingModel(ours))
     if args.int8:
-        print(f"[{size_name}] timing transduce int8 ...", file=sys.stderr, flush=True)
         int8 = DecodingModel(ours, int8=True)
         with torch.no_grad():  # whole-target decoding runs the int8 steps
             memory, valid = int8.encode(single)
             logits = int8.decode(torch.tensor([[BOS, *tgt]]), memory, valid)[0]
             lp = logits.log_softmax(-1)[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])]
-        results["transduce_int8"] = time_ours(int8, lp)
-    print(f"[{size_name}] timing hf ...", file=sys.stderr, flush=True)
-    results["hf"] = {
-        "greedy_s": median_time(hf_run(src, 1), args.repeats),
-        "beam4_s": median_time(hf_run(src, BEAM), args.repeats),
-        "b1_s": median_time(hf_run(single, 1), args.latency_repeats),
-        "lengths": sorted(hf_lengths),
-        "check_max_abs_diff": float((hf_lp - ref).abs().max()),
-    }
-    del hf
-    print(f"[{size_name}] exporting and timing ct2 ...", file=sys.stderr, flush=True)
+        add_ours("transduce_int8", int8)
+        checks["transduce_int8"] = float((lp - ref).abs().max())
+    lengths["hf"] = set()
+    runs["hf"] = {j: timed(hf_run(x, b)) for j, (x, b) in inputs.items()}
+    checks["hf"] = float((hf_lp - ref).abs().max())
+
+    results: dict[str, dict] = {}
+    print(f"[{size_name}] exporting, starting ct2 ...", file=sys.stderr, flush=True)
+    ct2_systems: dict[str, tuple[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         export_model(ours, tokens, Path(tmp) / "ct2", max_positions=1024)
         batch_tokens = [[tokens[i] for i in row] for row in body.tolist()]
         model_dir = str(Path(tmp) / "ct2")
-        results["ct2"] = run_ct2(model_dir, batch_tokens, check, args, ref=ref)
-        if args.int8:
-            results["ct2_int8"] = run_ct2(
-                model_dir, batch_tokens, check, args, "int8", ref=ref, tol=ct2_int8_tol()
-            )
+        try:
+            ct2_systems["ct2"] = start_ct2(model_dir, batch_tokens, check, args, ref=ref)
+            if args.int8:
+                ct2_systems["ct2_int8"] = start_ct2(
+                    model_dir, batch_tokens, check, args, "int8", ref=ref, tol=ct2_int8_tol()
+                )
+            for system, (_, servers) in ct2_systems.items():
+                for backend, server in servers.items():
+                    runs[f"{system}:{backend}"] = {
+                        j: (lambda s=server, j=j: s.run(j)) for j in JOBS
+                    }
+            times: dict[str, dict[str, list[float]]] = {name: {} for name in runs}
+            for job in JOBS:
+                n = args.latency_repeats if job == "b1" else args.repeats
+                print(
+                    f"[{size_name}] timing {job}: {', '.join(runs)} in turns ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                by_system = paired_rounds(
+                    {name: r[job] for name, r in runs.items()}, n, args.settle
+                )
+                for name, t in by_system.items():
+                    times[name][job] = t
+        finally:
+            for _, servers in ct2_systems.values():
+                for server in servers.values():
+                    server.close()
+    del hf
+    for name in runs:
+        if ":" in name:
+            continue
+        results[name] = {
+            **{f"{job}_s": statistics.median(times[name][job]) for job in JOBS},
+            **{f"{job}_times": times[name][job] for job in JOBS},
+            "lengths": sorted(lengths[name]),
+        }
+        if name in checks:
+            results[name]["check_max_abs_diff"] = checks[name]
+    for system, (isa, servers) in ct2_systems.items():
+        results[system] = ct2_result(isa, servers, {b: times[f"{system}:{b}"] for b in servers})
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
@@ -527,21 +572,33 @@ def print_table(name: str, res: dict, threads: int) -> None:
         )
 
 
+def ratio(ours: dict, theirs: dict, job: str) -> float:
+    """Ours against theirs on ``job``: throughput (their seconds over ours: > 1, ours faster),
+    and for "b1" latency (our seconds over theirs: < 1, ours faster). The median of the
+    per-round ratios where both were timed in the same rounds, else of the medians."""
+    a, b = ours.get(f"{job}_times"), theirs.get(f"{job}_times")
+    if a and b and len(a) == len(b):
+        return paired_ratio(a, b) if job == "b1" else paired_ratio(b, a)
+    if job == "b1":
+        return ours["b1_s"] / theirs["b1_s"]
+    return ours[f"{job}_sent_s"] / theirs[f"{job}_sent_s"]
+
+
 def ratios(name: str, res: dict) -> dict[str, float]:
     sys_ = res["systems"]
     ours = sys_["transduce"]
     out = {}
     for other in ("hf", "ct2"):
-        out[f"{name}_beam4_vs_{other}"] = ours["beam4_sent_s"] / sys_[other]["beam4_sent_s"]
-        out[f"{name}_greedy_vs_{other}"] = ours["greedy_sent_s"] / sys_[other]["greedy_sent_s"]
-        out[f"{name}_b1_latency_vs_{other}"] = ours["b1_s"] / sys_[other]["b1_s"]
+        out[f"{name}_beam4_vs_{other}"] = ratio(ours, sys_[other], "beam4")
+        out[f"{name}_greedy_vs_{other}"] = ratio(ours, sys_[other], "greedy")
+        out[f"{name}_b1_latency_vs_{other}"] = ratio(ours, sys_[other], "b1")
     int8 = sys_.get("transduce_int8")
     for other, theirs in (("ct2_int8", sys_.get("ct2_int8")), ("fp32", ours)):
         if int8 is None or theirs is None:
             continue
-        out[f"{name}_beam4_int8_vs_{other}"] = int8["beam4_sent_s"] / theirs["beam4_sent_s"]
-        out[f"{name}_greedy_int8_vs_{other}"] = int8["greedy_sent_s"] / theirs["greedy_sent_s"]
-        out[f"{name}_b1_latency_int8_vs_{other}"] = int8["b1_s"] / theirs["b1_s"]
+        out[f"{name}_beam4_int8_vs_{other}"] = ratio(int8, theirs, "beam4")
+        out[f"{name}_greedy_int8_vs_{other}"] = ratio(int8, theirs, "greedy")
+        out[f"{name}_b1_latency_int8_vs_{other}"] = ratio(int8, theirs, "b1")
     return out
 
 
@@ -559,9 +616,9 @@ def _round(v: Any) -> Any:
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark (``argv``: the command line; None: sys.argv); returns the summary
-    it printed as the last JSON line (None in a CTranslate2 worker)."""
+    it printed as the last JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
@@ -570,12 +627,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument(
         "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the ct2 process")
-    parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help="seconds of sleep after each timed call (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
-    if args.ct2_worker:
-        ct2_worker(args.ct2_worker)
-        return None
     if args.quick:
         args.repeats, args.latency_repeats = 1, 3
 

@@ -28,7 +28,7 @@ def test_quick_int8_run_prints_the_int8_ratios(
 ) -> None:
     dec = _module()
     monkeypatch.setitem(dec.SIZES, "small", TINY)
-    out = dec.main(["--quick", "--int8", "--threads", "1"])
+    out = dec.main(["--quick", "--int8", "--threads", "1", "--settle", "0"])
     printed = capsys.readouterr().out.strip().splitlines()
     assert json.loads(printed[-1]) == out
     systems = out["systems"]["small"]
@@ -43,6 +43,9 @@ def test_quick_int8_run_prints_the_int8_ratios(
     assert 0 < systems["transduce_int8"]["check_max_abs_diff"] <= dec.INT8_CHECK_TOL
     assert 0 < systems["ct2_int8"]["check_max_abs_diff"] <= dec.ct2_int8_tol()
     assert out["cpu_int8_dot"] == list(cpu_int8_flags())
+    # every system timed in the same rounds (--quick: 1 of each batch job, 3 of latency)
+    for name, r in systems.items():
+        assert (len(r["beam4_times"]), len(r["b1_times"])) == (1, 3), name
 
 
 def test_int8_ratios_are_ours_faster_above_one_and_latency_ours_over_theirs() -> None:
