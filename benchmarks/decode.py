@@ -73,7 +73,7 @@ from paired_ct2 import (  # noqa: E402  (benchmarks/paired_ct2.py)
     Ct2Failed,
     Ct2Server,
     paired_ratio,
-    paired_rounds,
+    time_in_turns,
     timed,
 )
 
@@ -153,7 +153,6 @@ def median_time(fn, repeats: int) -> float:
 # Neither is faster everywhere: on a 2-vCPU Intel VM (AMX) MKL with 2 threads took 150 ms for the
 # batch-1 greedy job that oneDNN did in 15 ms, so every figure takes the faster of the two.
 CT2_BACKENDS = {"mkl": {}, "dnnl": {"CT2_USE_MKL": "0"}}
-CT2_TIMES = ("greedy_s", "beam4_s", "b1_s")
 JOBS = ("greedy", "beam4", "b1")
 
 
@@ -195,25 +194,25 @@ def ct2_jobs(tokens: list[list[str]]) -> dict[str, dict]:
 
 def start_ct2(
     model_dir: str,
-    tokens: list[list[str]],
+    jobs: dict[str, dict],
     check: dict,
     args: argparse.Namespace,
     compute_type: str = "default",
     ref: Any = None,
     tol: float = 1e-3,
 ) -> tuple[str, dict[str, Any]]:
-    """CTranslate2 workers (``paired_ct2.Ct2Server``) on the fastest ISA that starts, one per
-    matrix-product backend that computes our model: ``check``'s log-probabilities within
-    ``tol`` of ``ref`` (a tensor; None: no check). A backend outside it is closed, said on
-    stderr (on an AMD Zen 3, AVX2 without VNNI, CTranslate2's int8 through MKL was 0.55-0.83 off
-    on random weights); a RuntimeError where none is within it. Returns the ISA and the servers
-    by backend."""
+    """CTranslate2 workers (``paired_ct2.Ct2Server``) for ``jobs`` (name -> batch and options,
+    as ``ct2_jobs`` makes them) on the fastest ISA that starts, one per matrix-product backend
+    that computes our model: ``check``'s log-probabilities within ``tol`` of ``ref`` (a tensor;
+    None: no check). A backend outside it is closed, said on stderr (on an AMD Zen 3, AVX2
+    without VNNI, CTranslate2's int8 through MKL was 0.55-0.83 off on random weights); a
+    RuntimeError where none is within it. Returns the ISA and the servers by backend."""
     spec = {
         "model_dir": model_dir,
         "threads": args.threads,
         "compute_type": compute_type,
         "check": check,
-        "jobs": ct2_jobs(tokens),
+        "jobs": jobs,
     }
     for isa in cpu_isas():
         base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
@@ -242,9 +241,15 @@ def start_ct2(
     raise RuntimeError("CTranslate2 failed with every ISA")
 
 
-def ct2_result(isa: str, servers: dict[str, Any], times: dict[str, dict[str, list[float]]]) -> dict:
+def ct2_result(
+    isa: str,
+    servers: dict[str, Any],
+    times: dict[str, dict[str, list[float]]],
+    suffix: str = "_s",
+) -> dict:
     """One CTranslate2 system from its backends' per-round ``times`` (backend -> job -> seconds):
-    each job's figure and rounds are the faster backend's (by median)."""
+    each job's figure (key: the job's name + ``suffix``), its rounds (+ "_times") and its backend
+    are the faster backend's (by median)."""
     first = next(iter(servers.values())).info
     res: dict[str, Any] = {
         "isa": isa,
@@ -253,15 +258,15 @@ def ct2_result(isa: str, servers: dict[str, Any], times: dict[str, dict[str, lis
         "torch_imported": first["torch_imported"],
         "lengths": sorted(set().union(*(s.lengths for s in servers.values()))),
         "backend_times": {
-            name: {f"{job}_s": statistics.median(t) for job, t in by_job.items()}
+            name: {f"{job}{suffix}": statistics.median(t) for job, t in by_job.items()}
             for name, by_job in times.items()
         },
     }
-    for job in JOBS:
+    for job in next(iter(times.values())):
         best = min(times, key=lambda name: statistics.median(times[name][job]))
-        res[f"{job}_s"] = statistics.median(times[best][job])
+        res[f"{job}{suffix}"] = statistics.median(times[best][job])
         res[f"{job}_times"] = times[best][job]
-        res["backend"][f"{job}_s"] = best
+        res["backend"][f"{job}{suffix}"] = best
         if "check_max_abs_diff" in servers[best].info:
             res["check_max_abs_diff"] = servers[best].info["check_max_abs_diff"]
     return res
@@ -489,30 +494,20 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
         export_model(ours, tokens, Path(tmp) / "ct2", max_positions=1024)
         batch_tokens = [[tokens[i] for i in row] for row in body.tolist()]
         model_dir = str(Path(tmp) / "ct2")
+        jobs = ct2_jobs(batch_tokens)
         try:
-            ct2_systems["ct2"] = start_ct2(model_dir, batch_tokens, check, args, ref=ref)
+            ct2_systems["ct2"] = start_ct2(model_dir, jobs, check, args, ref=ref)
             if args.int8:
                 ct2_systems["ct2_int8"] = start_ct2(
-                    model_dir, batch_tokens, check, args, "int8", ref=ref, tol=ct2_int8_tol()
+                    model_dir, jobs, check, args, "int8", ref=ref, tol=ct2_int8_tol()
                 )
             for system, (_, servers) in ct2_systems.items():
                 for backend, server in servers.items():
                     runs[f"{system}:{backend}"] = {
                         j: (lambda s=server, j=j: s.run(j)) for j in JOBS
                     }
-            times: dict[str, dict[str, list[float]]] = {name: {} for name in runs}
-            for job in JOBS:
-                n = args.latency_repeats if job == "b1" else args.repeats
-                print(
-                    f"[{size_name}] timing {job}: {', '.join(runs)} in turns ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                by_system = paired_rounds(
-                    {name: r[job] for name, r in runs.items()}, n, args.settle
-                )
-                for name, t in by_system.items():
-                    times[name][job] = t
+            rounds = {j: args.latency_repeats if j == "b1" else args.repeats for j in JOBS}
+            times = time_in_turns(runs, rounds, args.settle, f"[{size_name}] ")
         finally:
             for _, servers in ct2_systems.values():
                 for server in servers.values():

@@ -19,20 +19,20 @@ target.spm trained here on a synthetic corpus; vocab.json padded with made-up pi
                (alpha 0.6) on a ``DecodingModel`` of it, as benchmarks/decode.py times it
     hf         the folder's ``MarianMTModel`` ``generate`` (greedy, num_beams=4)
     ct2        ``ctranslate2.converters.TransformersConverter(folder)`` (float32), then
-               ``translate_batch`` in a process of its own that imports no torch, as decode.py
-               runs it (the fastest ISA that works, each figure the faster of Intel MKL and
-               oneDNN)
+               ``translate_batch`` in worker processes that import no torch, as decode.py
+               runs them (benchmarks/paired_ct2.py; the fastest ISA that works, a worker for
+               each of Intel MKL and oneDNN, each figure the faster one's)
 
 The work is decode.py's: ``--threads`` CPU threads (torch.set_num_threads / intra_threads),
 sources of 20 tokens (19 random pieces + ``</s>``), exactly 30 decoder steps per sentence (EOS
-suppressed until then), each figure the median of ``--repeats`` runs after a warm-up (batch-1
-figures: of ``--latency-repeats``). Timed: greedy and beam 4 on a batch of 32, and on one
-sentence (latency). No system generates its padding token (ours: PAD and BOS; hf: ``<pad>``,
-the folder's bad_words_ids; ct2's vocabulary has neither). decode.py's constants,
-``median_time``, EOS suppression wrapper and CTranslate2 ISAs and backends are imported from
-it, and so is the launcher of the CTranslate2 process (``ct2_process``). Its worker is not: it
-suppresses ``<pad>`` and ``<s>``, which the converted Marian vocabulary lacks (CTranslate2
-refuses unknown tokens), and times no beam at batch 1; the worker here is the same otherwise.
+suppressed until then). Timed: greedy and beam 4 on a batch of 32, and on one sentence
+(latency), every system in the same rounds as decode.py times them (``--repeats`` rounds,
+``--latency-repeats`` for one sentence, after a warm-up call each; ``--settle`` seconds of sleep
+after each call): each figure a system's median, each ratio the median of the rounds' ratios. No
+system generates its padding token (ours: PAD and BOS; hf: ``<pad>``, the folder's
+bad_words_ids; ct2's vocabulary has neither, so its jobs suppress no tokens: CTranslate2 refuses
+unknown ones). decode.py's constants, EOS suppression wrapper, CTranslate2 ISAs, backends and
+workers are imported from it.
 
 Before timing, the three are checked to compute the same model: per-token log-probabilities of a
 fixed pair (the target + ``</s>``) within 1e-3 of transduce's. The systems' ids differ (the
@@ -53,6 +53,7 @@ import io
 import json
 import platform
 import random
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode  # noqa: E402  (benchmarks/decode.py: the timing machinery shared with it)
-from decode import ALPHA, BATCH, BEAM, SRC_LEN, STEPS, median_time  # noqa: E402
+from decode import ALPHA, BATCH, BEAM, SRC_LEN, STEPS  # noqa: E402
+from paired_ct2 import SETTLE_S, paired_ratio, time_in_turns, timed  # noqa: E402
 
 SIZES = {
     "opus": {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "vocab": 58101},
@@ -281,8 +283,9 @@ def convert_ct2(folder: Path, output: Path) -> Path:
 # -- timing --------------------------------------------------------------------------------------
 
 
-def time_ours(systems: Systems, sources: list[list[str]], args: argparse.Namespace) -> dict:
-    """decode.py's way: EOS masked before the last step, 29 tokens + the forced final EOS."""
+def ours_runs(systems: Systems, sources: list[list[str]]) -> tuple[dict, set[int]]:
+    """decode.py's way: EOS masked before the last step, 29 tokens + the forced final EOS. The
+    four jobs (``FIGURES``, each a function returning its seconds) and the lengths they make."""
     import torch
 
     from transduce.data.vocab import EOS
@@ -306,8 +309,7 @@ def time_ours(systems: Systems, sources: list[list[str]], args: argparse.Namespa
 
         return go
 
-    res = _four(run, src, args)
-    return res | {"lengths": sorted(lengths)}
+    return _four(run, src), lengths
 
 
 def hf_generate(hf: Any, src: Any, beam: int) -> Any:
@@ -329,9 +331,10 @@ def hf_generate(hf: Any, src: Any, beam: int) -> Any:
         )
 
 
-def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace) -> dict:
+def hf_runs(systems: Systems, sources: list[list[str]]) -> tuple[dict, set[int]]:
     """``generate`` with min_new_tokens = max_new_tokens = 30 (the folder's generation config
-    keeps ``<pad>`` out; the forced EOS at the length limit is switched off)."""
+    keeps ``<pad>`` out; the forced EOS at the length limit is switched off): the four jobs and
+    the lengths they make."""
     import torch
 
     eos = systems.hf.config.eos_token_id
@@ -345,88 +348,54 @@ def time_hf(systems: Systems, sources: list[list[str]], args: argparse.Namespace
 
         return go
 
-    res = _four(run, src, args)
-    return res | {"lengths": sorted(lengths)}
+    return _four(run, src), lengths
 
 
-def _four(run, src, repeats: dict[str, Any] | argparse.Namespace) -> dict[str, float]:
-    """The four timed figures of ``run(sources, beam)``; ``repeats``: the options (or job)."""
-    r = repeats if isinstance(repeats, dict) else vars(repeats)
+def _four(run, src) -> dict[str, Any]:
+    """The four jobs of ``run(sources, beam)``, each a function returning its seconds."""
     return {
-        "greedy_b32": median_time(run(src, 1), r["repeats"]),
-        "beam4_b32": median_time(run(src, BEAM), r["repeats"]),
-        "greedy_b1": median_time(run(src[:1], 1), r["latency_repeats"]),
-        "beam4_b1": median_time(run(src[:1], BEAM), r["latency_repeats"]),
+        "greedy_b32": timed(run(src, 1)),
+        "beam4_b32": timed(run(src, BEAM)),
+        "greedy_b1": timed(run(src[:1], 1)),
+        "beam4_b1": timed(run(src[:1], BEAM)),
     }
 
 
-# CTranslate2 in its own process (no torch), as decode.py runs it (its worker does not fit here:
-# see the module's docstring).
-
-
-def ct2_worker(spec_path: str) -> None:
-    """Time CTranslate2 on the job in ``spec_path``; print one JSON line."""
-    import ctranslate2
-
-    job = json.loads(Path(spec_path).read_text())
-    translator = ctranslate2.Translator(
-        job["model_dir"], device="cpu", intra_threads=job["threads"], inter_threads=1
-    )
+def ct2_jobs(tokens: list[list[str]]) -> dict[str, dict]:
+    """The CTranslate2 workers' four jobs (benchmarks/paired_ct2.py) on the pieces ``tokens``,
+    each exactly ``STEPS`` tokens (no tokens suppressed: the converted vocabulary has neither
+    ``<pad>`` nor ``<s>``, and CTranslate2 refuses unknown ones)."""
     options = {"min_decoding_length": STEPS, "max_decoding_length": STEPS, "length_penalty": ALPHA}
-    lengths: set[int] = set()
-
-    def run(tokens, beam):
-        def go():
-            for r in translator.translate_batch(tokens, beam_size=beam, **options):
-                lengths.add(len(r.hypotheses[0]))
-
-        return go
-
-    out: dict[str, Any] = _four(run, job["batch"], job)
-    out["lengths"] = sorted(lengths)
-    check = translator.score_batch([job["check"]["source"]], [job["check"]["target"]])[0]
-    out["check_log_probs"] = list(check.log_probs)
-    out["torch_imported"] = "torch" in sys.modules
-    out["ctranslate2"] = ctranslate2.__version__
-    print(json.dumps(out))
-
-
-def time_ct2(
-    model_dir: Path, sources: list[list[str]], target: list[str], args: argparse.Namespace
-) -> dict:
-    """CTranslate2 on the fastest ISA that runs (of decode.cpu_isas()), each figure the faster
-    of its two matrix-product backends (decode.CT2_BACKENDS). The converted Marian model adds
-    no ``</s>`` to the source: the pieces here end in it."""
-    tokens = [[*s, "</s>"] for s in sources]
-    job = {
-        "model_dir": str(model_dir),
-        "threads": args.threads,
-        "batch": tokens,
-        "check": {"source": tokens[0], "target": target},
-        "repeats": args.repeats,
-        "latency_repeats": args.latency_repeats,
+    return {
+        "greedy_b32": {"batch": tokens, "options": {**options, "beam_size": 1}},
+        "beam4_b32": {"batch": tokens, "options": {**options, "beam_size": BEAM}},
+        "greedy_b1": {"batch": tokens[:1], "options": {**options, "beam_size": 1}},
+        "beam4_b1": {"batch": tokens[:1], "options": {**options, "beam_size": BEAM}},
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "job.json"
-        spec.write_text(json.dumps(job))
-        for isa in decode.cpu_isas():
-            base = {"CT2_FORCE_CPU_ISA": isa, "OMP_NUM_THREADS": str(args.threads)}
-            runs = {
-                name: decode.ct2_process(str(spec), {**base, **env}, args.timeout, __file__)
-                for name, env in decode.CT2_BACKENDS.items()
-            }
-            runs = {name: r for name, r in runs.items() if r is not None}
-            if runs:
-                break
-        else:
-            raise RuntimeError("CTranslate2 failed with every ISA")
-    res = dict(next(iter(runs.values())))
-    res["isa"], res["backend"] = isa, {}
-    for key in FIGURES:
-        best = min(runs, key=lambda name: runs[name][key])
-        res[key], res["backend"][key] = runs[best][key], best
-    res["backend_times"] = {name: {k: r[k] for k in FIGURES} for name, r in runs.items()}
-    return res
+
+
+def start_ct2(
+    model_dir: Path,
+    sources: list[list[str]],
+    target: list[str],
+    ref: list[float],
+    args: argparse.Namespace,
+) -> tuple[str, dict[str, Any]]:
+    """CTranslate2 workers on the fastest ISA that runs (of decode.cpu_isas()), one per matrix-
+    product backend (decode.CT2_BACKENDS), each checked against ``ref`` (``max_diff``). The
+    converted Marian model adds no ``</s>`` to the source: the pieces here end in it."""
+    tokens = [[*s, "</s>"] for s in sources]
+    check = {"source": tokens[0], "target": target}
+    isa, servers = decode.start_ct2(str(model_dir), ct2_jobs(tokens), check, args)
+    try:
+        for name, server in servers.items():
+            diff = max_diff(f"ct2 ({name})", server.info.pop("check_log_probs"), ref)
+            server.info["check_max_abs_diff"] = diff
+    except RuntimeError:
+        for server in servers.values():
+            server.close()
+        raise
+    return isa, servers
 
 
 def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -444,16 +413,29 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     hf_diff = max_diff("hf", hf_log_probs(systems, sources[0], target), ref)
 
     torch.set_num_threads(args.threads)
+    runs: dict[str, dict[str, Any]] = {}
+    lengths: dict[str, set[int]] = {}
+    runs["transduce"], lengths["transduce"] = ours_runs(systems, sources)
+    runs["hf"], lengths["hf"] = hf_runs(systems, sources)
+    print("starting ct2 ...", file=sys.stderr, flush=True)
+    isa, servers = start_ct2(ct2_dir, sources, target, ref, args)
+    try:
+        for backend, server in servers.items():
+            runs[f"ct2:{backend}"] = {j: (lambda s=server, j=j: s.run(j)) for j in FIGURES}
+        rounds = {j: args.latency_repeats if j.endswith("_b1") else args.repeats for j in FIGURES}
+        times = time_in_turns(runs, rounds, args.settle)
+    finally:
+        for server in servers.values():
+            server.close()
     results: dict[str, dict] = {}
-    print("timing transduce ...", file=sys.stderr, flush=True)
-    results["transduce"] = time_ours(systems, sources, args)
-    print("timing hf ...", file=sys.stderr, flush=True)
-    results["hf"] = time_hf(systems, sources, args) | {"check_max_abs_diff": hf_diff}
-    del systems
-    print("timing ct2 ...", file=sys.stderr, flush=True)
-    ct2 = time_ct2(ct2_dir, sources, target, args)
-    ct2["check_max_abs_diff"] = max_diff("ct2", ct2.pop("check_log_probs"), ref)
-    results["ct2"] = ct2
+    for name in ("transduce", "hf"):
+        results[name] = {
+            **{j: statistics.median(times[name][j]) for j in FIGURES},
+            **{f"{j}_times": times[name][j] for j in FIGURES},
+            "lengths": sorted(lengths[name]),
+        }
+    results["hf"]["check_max_abs_diff"] = hf_diff
+    results["ct2"] = decode.ct2_result(isa, servers, {b: times[f"ct2:{b}"] for b in servers}, "")
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
@@ -463,16 +445,25 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 # -- report --------------------------------------------------------------------------------------
 
 
+def _ratio(ours: dict, them: dict, job: str, latency: bool) -> float:
+    """Throughput theirs over ours, latency ours over theirs, on ``job``: the median of the
+    rounds' ratios where both have the same rounds (``{job}_times``), else of the figures."""
+    a, b = ours.get(f"{job}_times"), them.get(f"{job}_times")
+    if a and b and len(a) == len(b):
+        return paired_ratio(a, b) if latency else paired_ratio(b, a)
+    return ours[job] / them[job] if latency else them[job] / ours[job]
+
+
 def ratios(systems: dict[str, dict]) -> dict[str, float]:
     """Throughput ours over theirs (> 1: transduce faster); latency ours over theirs (< 1)."""
     ours = systems["transduce"]
     out = {}
     for other in ("hf", "ct2"):
         them = systems[other]
-        out[f"opus_beam4_b32_vs_{other}"] = them["beam4_b32"] / ours["beam4_b32"]
-        out[f"opus_greedy_b32_vs_{other}"] = them["greedy_b32"] / ours["greedy_b32"]
-        out[f"opus_beam4_b1_latency_vs_{other}"] = ours["beam4_b1"] / them["beam4_b1"]
-        out[f"opus_greedy_b1_latency_vs_{other}"] = ours["greedy_b1"] / them["greedy_b1"]
+        out[f"opus_beam4_b32_vs_{other}"] = _ratio(ours, them, "beam4_b32", False)
+        out[f"opus_greedy_b32_vs_{other}"] = _ratio(ours, them, "greedy_b32", False)
+        out[f"opus_beam4_b1_latency_vs_{other}"] = _ratio(ours, them, "beam4_b1", True)
+        out[f"opus_greedy_b1_latency_vs_{other}"] = _ratio(ours, them, "greedy_b1", True)
     return out
 
 
@@ -552,12 +543,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--quick", action="store_true", help="d_model 64, 2+2 layers, vocabulary 2000, one repeat"
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for a ct2 process")
-    parser.add_argument("--ct2-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help="seconds of sleep after each timed call (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
-    if args.ct2_worker:
-        ct2_worker(args.ct2_worker)
-        return {}
     if args.quick:
         args.repeats, args.latency_repeats = 1, 1
 

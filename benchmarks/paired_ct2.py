@@ -152,6 +152,23 @@ def paired_rounds(
     return times
 
 
+def time_in_turns(
+    runs: dict[str, dict[str, Callable[[], float]]],
+    rounds: dict[str, int],
+    settle: float = SETTLE_S,
+    label: str = "",
+) -> dict[str, dict[str, list[float]]]:
+    """``paired_rounds`` job by job: ``runs`` maps each system to its jobs (a function a job,
+    returning its seconds), ``rounds`` each job to its number of rounds. Returns each system's
+    seconds by job and round; says on stderr which job is being timed."""
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in runs}
+    for job, n in rounds.items():
+        print(f"{label}timing {job}: {', '.join(runs)} in turns ...", file=sys.stderr, flush=True)
+        for name, t in paired_rounds({k: r[job] for k, r in runs.items()}, n, settle).items():
+            times[name][job] = t
+    return times
+
+
 def timed(fn: Callable[[], object]) -> Callable[[], float]:
     """``fn`` as a system of ``paired_rounds``: its seconds, by the wall clock."""
 
