@@ -1,7 +1,7 @@
 """Decoding an OPUS-MT-sized Marian model: transduce (its import) against Hugging Face and
 CTranslate2 (its own Marian converter), all three from one ``MarianMTModel`` folder.
 
-    python benchmarks/decode_marian.py [--threads 2] [--repeats 3] [--quick]
+    python benchmarks/decode_marian.py [--threads 2] [--repeats 3] [--quick] [--int8]
 
 Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2, sentencepiece). The model, built
 here with random seeded weights (nothing from a hub), has OPUS-MT en-de's shape:
@@ -44,6 +44,12 @@ Prints a table and ends with one JSON line: per system the times, and the ratios
 ``opus_beam4_b32_vs_hf``, ``opus_beam4_b32_vs_ct2``, ``opus_greedy_b32_vs_*`` (our throughput
 over theirs: > 1 means transduce is faster) and ``opus_beam4_b1_latency_vs_*``,
 ``opus_greedy_b1_latency_vs_*`` (our latency over theirs: < 1 means transduce is faster).
+
+``--int8`` adds ours with int8 projections (``DecodingModel(int8=True)``, ``--precision int8``)
+and CTranslate2 with compute_type="int8" on the same converted folder (what CTranslate2's
+published OPUS-MT benchmark runs), their log-probabilities checked within decode.py's int8
+tolerances, and the ratios ``opus_*_int8_vs_ct2_int8`` (ours int8 against theirs) and
+``opus_*_int8_vs_fp32`` (ours int8 against our float32).
 """
 
 from __future__ import annotations
@@ -244,6 +250,23 @@ def ours_log_probs(systems: Systems, source: list[str], target: list[str]) -> li
     return lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])].tolist()
 
 
+def engine_log_probs(engine: Any, systems: Systems, source: list[str], target: list[str]) -> list:
+    """``ours_log_probs`` through a ``DecodingModel`` (whole-target decoding: with int8 weights,
+    its int8 steps)."""
+    import torch
+
+    from transduce.data.vocab import BOS, EOS, PAD
+
+    src = torch.tensor([[*systems.ids(source, True), EOS]])
+    tgt = systems.ids(target, True)
+    with torch.no_grad():
+        memory, valid = engine.encode(src)
+        logits = engine.decode(torch.tensor([[BOS, *tgt]]), memory, valid)[0]  # (T + 1, V + 1)
+    logits[:, PAD] = float("-inf")
+    lp = logits.log_softmax(-1)
+    return lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS])].tolist()
+
+
 def hf_log_probs(systems: Systems, source: list[str], target: list[str]) -> list[float]:
     """Hugging Face's log-probabilities of target + ``</s>`` (over the vocabulary without pad)."""
     import torch
@@ -259,12 +282,12 @@ def hf_log_probs(systems: Systems, source: list[str], target: list[str]) -> list
     return lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, c.eos_token_id])].tolist()
 
 
-def max_diff(name: str, theirs: list[float], ref: list[float]) -> float:
-    """The largest log-probability difference; a RuntimeError past CHECK_TOL."""
+def max_diff(name: str, theirs: list[float], ref: list[float], tol: float = CHECK_TOL) -> float:
+    """The largest log-probability difference; a RuntimeError past ``tol``."""
     if len(theirs) != len(ref):
         raise RuntimeError(f"{name} scored {len(theirs)} tokens, transduce {len(ref)}")
     diff = max(abs(a - b) for a, b in zip(theirs, ref, strict=True))
-    if not diff <= CHECK_TOL:  # NaN fails too
+    if not diff <= tol:  # NaN fails too
         raise RuntimeError(
             f"{name} does not compute the imported model: log-probabilities differ by {diff:.3g}"
         )
@@ -283,16 +306,16 @@ def convert_ct2(folder: Path, output: Path) -> Path:
 # -- timing --------------------------------------------------------------------------------------
 
 
-def ours_runs(systems: Systems, sources: list[list[str]]) -> tuple[dict, set[int]]:
-    """decode.py's way: EOS masked before the last step, 29 tokens + the forced final EOS. The
-    four jobs (``FIGURES``, each a function returning its seconds) and the lengths they make."""
+def ours_runs(systems: Systems, sources: list[list[str]], engine: Any) -> tuple[dict, set[int]]:
+    """decode.py's way, on ``engine`` (a ``DecodingModel`` of the import): EOS masked before the
+    last step, 29 tokens + the forced final EOS. The four jobs (``FIGURES``, each a function
+    returning its seconds) and the lengths they make."""
     import torch
 
     from transduce.data.vocab import EOS
     from transduce.inference import beam_search, greedy_search
-    from transduce.inference.engine import DecodingModel
 
-    wrapped = decode.SuppressEarlyEOS(DecodingModel(systems.ours), STEPS - 1)
+    wrapped = decode.SuppressEarlyEOS(engine, STEPS - 1)
     src = torch.tensor([[*systems.ids(s, True), EOS] for s in sources])  # (32, 20), no padding
     lengths: set[int] = set()
 
@@ -380,16 +403,20 @@ def start_ct2(
     target: list[str],
     ref: list[float],
     args: argparse.Namespace,
+    compute_type: str = "default",
+    tol: float = CHECK_TOL,
 ) -> tuple[str, dict[str, Any]]:
     """CTranslate2 workers on the fastest ISA that runs (of decode.cpu_isas()), one per matrix-
-    product backend (decode.CT2_BACKENDS), each checked against ``ref`` (``max_diff``). The
+    product backend (decode.CT2_BACKENDS), ``compute_type`` (CTranslate2's: "default" is the
+    folder's float32, "int8"), each checked against ``ref`` within ``tol`` (``max_diff``). The
     converted Marian model adds no ``</s>`` to the source: the pieces here end in it."""
     tokens = [[*s, "</s>"] for s in sources]
     check = {"source": tokens[0], "target": target}
-    isa, servers = decode.start_ct2(str(model_dir), ct2_jobs(tokens), check, args)
+    isa, servers = decode.start_ct2(str(model_dir), ct2_jobs(tokens), check, args, compute_type)
     try:
         for name, server in servers.items():
-            diff = max_diff(f"ct2 ({name})", server.info.pop("check_log_probs"), ref)
+            lp = server.info.pop("check_log_probs")
+            diff = max_diff(f"ct2 {compute_type} ({name})", lp, ref, tol)
             server.info["check_max_abs_diff"] = diff
     except RuntimeError:
         for server in servers.values():
@@ -412,30 +439,52 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ref = ours_log_probs(systems, sources[0], target)
     hf_diff = max_diff("hf", hf_log_probs(systems, sources[0], target), ref)
 
+    from transduce.inference.engine import DecodingModel
+
     torch.set_num_threads(args.threads)
     runs: dict[str, dict[str, Any]] = {}
     lengths: dict[str, set[int]] = {}
-    runs["transduce"], lengths["transduce"] = ours_runs(systems, sources)
+    checks = {"hf": hf_diff}
+    runs["transduce"], lengths["transduce"] = ours_runs(
+        systems, sources, DecodingModel(systems.ours)
+    )
+    if args.int8:
+        int8 = DecodingModel(systems.ours, int8=True)
+        lp = engine_log_probs(int8, systems, sources[0], target)
+        checks["transduce_int8"] = max_diff("transduce int8", lp, ref, decode.INT8_CHECK_TOL)
+        runs["transduce_int8"], lengths["transduce_int8"] = ours_runs(systems, sources, int8)
     runs["hf"], lengths["hf"] = hf_runs(systems, sources)
     print("starting ct2 ...", file=sys.stderr, flush=True)
-    isa, servers = start_ct2(ct2_dir, sources, target, ref, args)
+    ct2_systems: dict[str, tuple[str, dict[str, Any]]] = {}
     try:
-        for backend, server in servers.items():
-            runs[f"ct2:{backend}"] = {j: (lambda s=server, j=j: s.run(j)) for j in FIGURES}
+        ct2_systems["ct2"] = start_ct2(ct2_dir, sources, target, ref, args)
+        if args.int8:
+            ct2_systems["ct2_int8"] = start_ct2(
+                ct2_dir, sources, target, ref, args, "int8", decode.ct2_int8_tol()
+            )
+        for system, (_, servers) in ct2_systems.items():
+            for backend, server in servers.items():
+                runs[f"{system}:{backend}"] = {j: (lambda s=server, j=j: s.run(j)) for j in FIGURES}
         rounds = {j: args.latency_repeats if j.endswith("_b1") else args.repeats for j in FIGURES}
         times = time_in_turns(runs, rounds, args.settle)
     finally:
-        for server in servers.values():
-            server.close()
+        for _, servers in ct2_systems.values():
+            for server in servers.values():
+                server.close()
     results: dict[str, dict] = {}
-    for name in ("transduce", "hf"):
+    for name in runs:
+        if ":" in name:
+            continue
         results[name] = {
             **{j: statistics.median(times[name][j]) for j in FIGURES},
             **{f"{j}_times": times[name][j] for j in FIGURES},
             "lengths": sorted(lengths[name]),
         }
-    results["hf"]["check_max_abs_diff"] = hf_diff
-    results["ct2"] = decode.ct2_result(isa, servers, {b: times[f"ct2:{b}"] for b in servers}, "")
+        if name in checks:
+            results[name]["check_max_abs_diff"] = checks[name]
+    for system, (isa, servers) in ct2_systems.items():
+        by_backend = {b: times[f"{system}:{b}"] for b in servers}
+        results[system] = decode.ct2_result(isa, servers, by_backend, "")
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
@@ -455,15 +504,19 @@ def _ratio(ours: dict, them: dict, job: str, latency: bool) -> float:
 
 
 def ratios(systems: dict[str, dict]) -> dict[str, float]:
-    """Throughput ours over theirs (> 1: transduce faster); latency ours over theirs (< 1)."""
-    ours = systems["transduce"]
+    """Throughput ours over theirs (> 1: transduce faster); latency ours over theirs (< 1); with
+    the int8 systems, ours int8 against CTranslate2's int8 and against our float32 too."""
+    pairs = [("", "transduce", "hf"), ("", "transduce", "ct2")]
+    if "transduce_int8" in systems:
+        pairs += [("_int8", "transduce_int8", "ct2_int8"), ("_int8", "transduce_int8", "fp32")]
     out = {}
-    for other in ("hf", "ct2"):
-        them = systems[other]
-        out[f"opus_beam4_b32_vs_{other}"] = _ratio(ours, them, "beam4_b32", False)
-        out[f"opus_greedy_b32_vs_{other}"] = _ratio(ours, them, "greedy_b32", False)
-        out[f"opus_beam4_b1_latency_vs_{other}"] = _ratio(ours, them, "beam4_b1", True)
-        out[f"opus_greedy_b1_latency_vs_{other}"] = _ratio(ours, them, "greedy_b1", True)
+    for tag, mine, other in pairs:
+        ours = systems[mine]
+        them = systems["transduce" if other == "fp32" else other]
+        out[f"opus_beam4_b32{tag}_vs_{other}"] = _ratio(ours, them, "beam4_b32", False)
+        out[f"opus_greedy_b32{tag}_vs_{other}"] = _ratio(ours, them, "greedy_b32", False)
+        out[f"opus_beam4_b1_latency{tag}_vs_{other}"] = _ratio(ours, them, "beam4_b1", True)
+        out[f"opus_greedy_b1_latency{tag}_vs_{other}"] = _ratio(ours, them, "greedy_b1", True)
     return out
 
 
@@ -475,26 +528,29 @@ def print_table(res: dict, threads: int) -> None:
         f"{STEPS} steps, {threads} threads"
     )
     print(
-        f"{'system':10} {'greedy b32 sent/s':>18} {'tok/s':>8} {'beam4 b32 sent/s':>17} "
+        f"{'system':15} {'greedy b32 sent/s':>18} {'tok/s':>8} {'beam4 b32 sent/s':>17} "
         f"{'tok/s':>8} {'greedy b1 ms':>13} {'beam4 b1 ms':>12}"
     )
     for system, r in res["systems"].items():
         print(
-            f"{system:10} {BATCH / r['greedy_b32']:18.1f} {BATCH * STEPS / r['greedy_b32']:8.0f} "
+            f"{system:15} {BATCH / r['greedy_b32']:18.1f} {BATCH * STEPS / r['greedy_b32']:8.0f} "
             f"{BATCH / r['beam4_b32']:17.1f} {BATCH * STEPS / r['beam4_b32']:8.0f} "
             f"{1000 * r['greedy_b1']:13.1f} {1000 * r['beam4_b1']:12.1f}"
         )
-    ct2 = res["systems"]["ct2"]
-    print(
-        f"ct2 seconds by backend (the faster one is used; ISA {ct2['isa']}): "
-        + "; ".join(
-            f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items())
-            for b, t in ct2["backend_times"].items()
+    for name in ("ct2", "ct2_int8"):
+        if name not in res["systems"]:
+            continue
+        ct2 = res["systems"][name]
+        print(
+            f"{name} seconds by backend (the faster one is used; ISA {ct2['isa']}): "
+            + "; ".join(
+                f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items())
+                for b, t in ct2["backend_times"].items()
+            )
         )
-    )
     print()
     for key, v in ratios(res["systems"]).items():
-        print(f"{key:32} {v:.2f}")
+        print(f"{key:40} {v:.2f}")
 
 
 def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
@@ -505,6 +561,7 @@ def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "decode_marian",
         "quick": args.quick,
+        "int8": args.int8,
         "threads": args.threads,
         **ratios(res["systems"]),
     }
@@ -513,7 +570,9 @@ def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
         name: {k: decode._round(r[k]) for k in FIGURES} for name, r in res["systems"].items()
     }
     out["check_max_abs_diff"] = {
-        name: decode._round(res["systems"][name]["check_max_abs_diff"]) for name in ("hf", "ct2")
+        name: decode._round(r["check_max_abs_diff"])
+        for name, r in res["systems"].items()
+        if "check_max_abs_diff" in r
     }
     out.update(
         {
@@ -542,6 +601,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--latency-repeats", type=int, default=10)
     parser.add_argument(
         "--quick", action="store_true", help="d_model 64, 2+2 layers, vocabulary 2000, one repeat"
+    )
+    parser.add_argument(
+        "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
     )
     parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"

@@ -40,6 +40,20 @@ def test_quick_run_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> None
     assert set(out["seconds"]) == {"transduce", "hf", "ct2"}
 
 
+def test_quick_int8_run_checks_and_times_both_int8_systems() -> None:
+    # the OPUS-MT deployment case: our int8 against CTranslate2's int8 on the same folder
+    dm = _module()
+    out = dm.main(["--quick", "--int8", "--threads", "1", "--settle", "0"])
+    assert set(out["seconds"]) == {"transduce", "transduce_int8", "hf", "ct2", "ct2_int8"}
+    for key in (f"opus_{f}_int8_vs_{o}" for o in ("ct2_int8", "fp32") for f in FIGURES):
+        assert isinstance(out[key], float) and out[key] > 0, key
+    diffs = out["check_max_abs_diff"]
+    # int8 is close to the model, not equal; CTranslate2's int8 within decode.py's tolerance
+    assert 0 < diffs["transduce_int8"] <= dm.decode.INT8_CHECK_TOL
+    assert 0 < diffs["ct2_int8"] <= dm.decode.ct2_int8_tol()
+    assert diffs["ct2"] <= dm.CHECK_TOL
+
+
 def test_the_check_fails_on_a_wrong_model_or_unmapped_ids(tmp_path: Path) -> None:
     dm = _module()
     size = dm.SIZES["quick"]
