@@ -112,8 +112,11 @@ class Ct2Server:
 
     def run(self, job: str) -> float:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(job + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(job + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the worker has exited: _answer says why
+            pass
         out = self._answer()
         self.lengths.update(out["lengths"])
         return float(out["s"])

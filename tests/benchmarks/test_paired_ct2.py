@@ -73,6 +73,15 @@ def test_a_worker_answers_one_job_a_request(tmp_path: Path) -> None:
     finally:
         server.close()
     assert server.proc.returncode == 0
+    # a worker that dies between calls: the next call says so (not a broken pipe)
+    server = paired.Ct2Server(spec, {}, timeout=120)
+    try:
+        server.proc.kill()
+        server.proc.wait()
+        with pytest.raises(paired.Ct2Failed, match="exit -9"):
+            server.run("greedy")
+    finally:
+        server.close()
 
 
 def test_a_worker_that_cannot_start_says_why(tmp_path: Path) -> None:

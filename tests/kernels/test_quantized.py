@@ -117,15 +117,17 @@ AMX_INT8 = pytest.mark.skipif(
 
 
 @AMX_INT8
-@pytest.mark.parametrize("shape", [(300, 64), (768, 256), (512, 2048)])
+@pytest.mark.parametrize("shape", [(300, 64), (768, 256), (512, 2048), (64, 4096)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_onednn_and_fbgemm_give_the_same_numbers_bit_for_bit(shape, bias: bool) -> None:
     # the engine's row count picks the kernel (ONEDNN_MIN_ROWS): a sentence's translation must not
     # depend on it. Rows of magnitudes 10^5 apart, a row of zeros, ReLU'd rows, and rows whose
-    # scaled entries are halves (ties: both round to even)
+    # scaled entries are halves (ties: both round to even). Weights of mean 1 against ReLU'd rows
+    # at 4096 inputs make int32 sums past 2^24, where a float32 step would round (with uint8 and
+    # a zero point, oneDNN took the zero point's term off in float32: 8,000 elements differed)
     out_f, in_f = shape
     g = torch.Generator().manual_seed(out_f)
-    w = torch.randn(out_f, in_f, generator=g)
+    w = torch.randn(out_f, in_f, generator=g) + (1.0 if in_f == 4096 else 0.0)
     b = torch.randn(out_f, generator=g) if bias else None
     x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
     x[7] = 0.0
@@ -172,6 +174,18 @@ def test_onednn_int8_needs_amx(monkeypatch) -> None:
         assert not quantized.onednn_int8_available()
     finally:
         quantized.onednn_int8_available.cache_clear()
+
+
+def test_a_row_of_tiny_values_leaves_the_others_as_they_are() -> None:
+    # a row whose largest magnitude is just above the smallest normal float: its unit (max / 127)
+    # would be subnormal, and x / unit then reached 127.001, past the guard row's range, which
+    # changed fbgemm's quantisation of every row of the batch
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(40, 32, generator=g), torch.randn(2, 32, generator=g)
+    x[1] = torch.linspace(-1, 1, 32) * 1.5 * torch.finfo(torch.float32).tiny
+    proj = Int8Projection.quantized(w, None)
+    assert torch.equal(proj(x)[0], proj(x[:1])[0])
+    assert (x[1].abs() / quantized.row_units(x[1:])).max() <= 127
 
 
 def test_int8_projections_need_two_inputs() -> None:

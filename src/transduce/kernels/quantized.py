@@ -11,11 +11,14 @@ Two kernels, bit for bit the same numbers (tested), so that the row count may ch
   which runs AMX's int8 tiles: from ``ONEDNN_MIN_ROWS`` rows on a CPU with ``amx_int8``
   (``onednn_int8_available``), 1.1-2.5x fbgemm there (benchmarks/RESULTS.md). oneDNN takes the
   activations' scale when it builds its kernel, so x is scaled per row to a fixed grid first
-  (scale 1, zero point 128) and one kernel serves every call.
+  (scale 1) and one kernel serves every call.
 
 Both see each row divided by its unit max_j |x_ij| / 127 (``row_units``), so its entries lie in
-[-127, 127], rounded to the nearest integer (ties to even) after adding 128, and the int32 sums
-multiplied by the weights' scales and then by the row's unit. ``torch._weight_int8pack_mm``
+[-127, 127] up to float rounding, rounded to the nearest integer (ties to even) after adding 128;
+both sum the integer products exactly in int32, convert the sum to float32 and multiply it by
+the weights' scales and then by the row's unit. A row holding NaN or infinity spoils fbgemm's
+range for the whole batch (its other rows then differ from oneDNN's); a model's float32
+activations hold neither. ``torch._weight_int8pack_mm``
 (int8 weights, float activations) has no fast CPU kernel.
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
@@ -146,9 +149,11 @@ def _guard_row(width: int) -> Tensor:
 
 
 def row_units(x: Tensor) -> Tensor:
-    """x (N, in) -> (N, 1): each row's quantisation step, max_j |x_ij| / 127 (at least the
-    smallest normal float, so a row of zeros divides to zeros)."""
-    return x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY) / 127
+    """x (N, in) -> (N, 1): each row's quantisation step, max_j |x_ij| / 127, at least the
+    smallest normal float: a row of zeros divides to zeros, and a row whose step would be
+    subnormal divides to less than 127 (a subnormal step's rounding took x / step to 127.001,
+    past the guard row's range, which changed every row's quantisation in fbgemm)."""
+    return (x.abs().amax(dim=1, keepdim=True) / 127).clamp_(min=_TINY)
 
 
 def _finish(y: Tensor, units: Tensor, bias: Tensor | None) -> Tensor:
@@ -198,12 +203,14 @@ class OnednnInt8:
 
 def onednn_linear_rows(x: Tensor, w: OnednnInt8, bias: Tensor | None) -> Tensor:
     """``fbgemm_linear_rows`` through oneDNN's int8 inner product, bit for bit its numbers: x's
-    rows as uint8 with zero point 128 (round(x / unit + 128), ties to even, as fbgemm rounds),
-    the kernel's output scale 1, each row's unit and b applied after."""
+    rows as int8 k = round(x / unit + 128) - 128 (ties to even, as fbgemm rounds), zero point 0,
+    the kernel's output scale 1, each row's unit and b applied after. Signed, not uint8 with
+    zero point 128: oneDNN takes a zero point's term off in float32, after the int32 sum is
+    converted, which differs from fbgemm's exact int32 once the sums pass 2^24."""
     units = row_units(x)  # (N, 1)
-    xq = (x / units).add_(128).round_().to(torch.uint8)  # (N, in): k + 128, k in [-127, 127]
+    xq = (x / units).add_(128).round_().sub_(128).to(torch.int8)  # (N, in), k in [-127, 127]
     y = torch.ops.onednn.qlinear_pointwise(
-        xq, 1.0, 128, w.packed, w.scale, w.zeros, None, 1.0, 0, torch.float32, "none", [None], ""
+        xq, 1.0, 0, w.packed, w.scale, w.zeros, None, 1.0, 0, torch.float32, "none", [None], ""
     )
     return _finish(y, units, bias)
 
