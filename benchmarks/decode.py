@@ -272,6 +272,54 @@ def ct2_result(
     return res
 
 
+def time_with_ct2(
+    runs: dict[str, dict[str, Any]],
+    ct2_systems: dict[str, tuple[str, dict[str, Any]]],
+    rounds: dict[str, int],
+    args: argparse.Namespace,
+    suffix: str = "_s",
+    label: str = "",
+) -> dict[str, dict]:
+    """Time ``runs`` (system -> job -> a function returning its seconds) and the CTranslate2
+    workers of ``ct2_systems`` (system -> (ISA, servers by backend), from ``start_ct2``) in the
+    same rounds (``paired_ct2.time_in_turns``; ``rounds``: job -> rounds), then close the
+    workers. Each system's result: per job its median (key: job + ``suffix``) and its rounds
+    (job + "_times"); a CTranslate2 system's from its faster backend (``ct2_result``)."""
+    try:
+        for system, (_, servers) in ct2_systems.items():
+            for backend, server in servers.items():
+                runs[f"{system}:{backend}"] = {j: (lambda s=server, j=j: s.run(j)) for j in rounds}
+        times = time_in_turns(runs, rounds, args.settle, label)
+    finally:
+        for _, servers in ct2_systems.values():
+            for server in servers.values():
+                server.close()
+    results: dict[str, dict] = {}
+    for name in runs:
+        if ":" not in name:
+            results[name] = {
+                **{f"{job}{suffix}": statistics.median(times[name][job]) for job in rounds},
+                **{f"{job}_times": times[name][job] for job in rounds},
+            }
+    for system, (isa, servers) in ct2_systems.items():
+        by_backend = {b: times[f"{system}:{b}"] for b in servers}
+        results[system] = ct2_result(isa, servers, by_backend, suffix)
+    return results
+
+
+def add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """The CTranslate2 workers' ``--timeout`` and the rounds' ``--settle``."""
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help="seconds of sleep after each timed call (default: %(default)s)",
+    )
+
+
 def same_model(runs: dict[str, dict], ref: Any, tol: float, what: str) -> dict[str, dict]:
     """The ``runs`` (backend -> a worker's JSON) whose ``check_log_probs`` are within ``tol`` of
     ``ref``, each with its ``check_max_abs_diff``; the others said on stderr; a RuntimeError
@@ -487,9 +535,9 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
     runs["hf"] = {j: timed(hf_run(x, b)) for j, (x, b) in inputs.items()}
     checks["hf"] = float((hf_lp - ref).abs().max())
 
-    results: dict[str, dict] = {}
     print(f"[{size_name}] exporting, starting ct2 ...", file=sys.stderr, flush=True)
     ct2_systems: dict[str, tuple[str, dict[str, Any]]] = {}
+    rounds = {j: args.latency_repeats if j == "b1" else args.repeats for j in JOBS}
     with tempfile.TemporaryDirectory() as tmp:
         export_model(ours, tokens, Path(tmp) / "ct2", max_positions=1024)
         batch_tokens = [[tokens[i] for i in row] for row in body.tolist()]
@@ -501,30 +549,18 @@ def bench_size(size_name: str, args: argparse.Namespace) -> dict[str, Any]:
                 ct2_systems["ct2_int8"] = start_ct2(
                     model_dir, jobs, check, args, "int8", ref=ref, tol=ct2_int8_tol()
                 )
-            for system, (_, servers) in ct2_systems.items():
-                for backend, server in servers.items():
-                    runs[f"{system}:{backend}"] = {
-                        j: (lambda s=server, j=j: s.run(j)) for j in JOBS
-                    }
-            rounds = {j: args.latency_repeats if j == "b1" else args.repeats for j in JOBS}
-            times = time_in_turns(runs, rounds, args.settle, f"[{size_name}] ")
-        finally:
+        except BaseException:
             for _, servers in ct2_systems.values():
                 for server in servers.values():
                     server.close()
+            raise
+        results = time_with_ct2(runs, ct2_systems, rounds, args, label=f"[{size_name}] ")
     del hf
-    for name in runs:
-        if ":" in name:
-            continue
-        results[name] = {
-            **{f"{job}_s": statistics.median(times[name][job]) for job in JOBS},
-            **{f"{job}_times": times[name][job] for job in JOBS},
-            "lengths": sorted(lengths[name]),
-        }
+    for name, r in results.items():
+        if name in lengths:
+            r["lengths"] = sorted(lengths[name])
         if name in checks:
-            results[name]["check_max_abs_diff"] = checks[name]
-    for system, (isa, servers) in ct2_systems.items():
-        results[system] = ct2_result(isa, servers, {b: times[f"{system}:{b}"] for b in servers})
+            r["check_max_abs_diff"] = checks[name]
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
@@ -622,15 +658,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
     )
-    parser.add_argument(
-        "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"
-    )
-    parser.add_argument(
-        "--settle",
-        type=float,
-        default=SETTLE_S,
-        help="seconds of sleep after each timed call (default: %(default)s)",
-    )
+    add_timing_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.latency_repeats = 1, 3

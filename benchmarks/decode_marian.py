@@ -59,7 +59,6 @@ import io
 import json
 import platform
 import random
-import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode  # noqa: E402  (benchmarks/decode.py: the timing machinery shared with it)
 from decode import ALPHA, BATCH, BEAM, SRC_LEN, STEPS  # noqa: E402
-from paired_ct2 import SETTLE_S, paired_ratio, time_in_turns, timed  # noqa: E402
+from paired_ct2 import paired_ratio, timed  # noqa: E402
 
 SIZES = {
     "opus": {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "vocab": 58101},
@@ -462,29 +461,18 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             ct2_systems["ct2_int8"] = start_ct2(
                 ct2_dir, sources, target, ref, args, "int8", decode.ct2_int8_tol()
             )
-        for system, (_, servers) in ct2_systems.items():
-            for backend, server in servers.items():
-                runs[f"{system}:{backend}"] = {j: (lambda s=server, j=j: s.run(j)) for j in FIGURES}
-        rounds = {j: args.latency_repeats if j.endswith("_b1") else args.repeats for j in FIGURES}
-        times = time_in_turns(runs, rounds, args.settle)
-    finally:
+    except BaseException:
         for _, servers in ct2_systems.values():
             for server in servers.values():
                 server.close()
-    results: dict[str, dict] = {}
-    for name in runs:
-        if ":" in name:
-            continue
-        results[name] = {
-            **{j: statistics.median(times[name][j]) for j in FIGURES},
-            **{f"{j}_times": times[name][j] for j in FIGURES},
-            "lengths": sorted(lengths[name]),
-        }
+        raise
+    rounds = {j: args.latency_repeats if j.endswith("_b1") else args.repeats for j in FIGURES}
+    results = decode.time_with_ct2(runs, ct2_systems, rounds, args, suffix="")
+    for name, r in results.items():
+        if name in lengths:
+            r["lengths"] = sorted(lengths[name])
         if name in checks:
-            results[name]["check_max_abs_diff"] = checks[name]
-    for system, (isa, servers) in ct2_systems.items():
-        by_backend = {b: times[f"{system}:{b}"] for b in servers}
-        results[system] = decode.ct2_result(isa, servers, by_backend, "")
+            r["check_max_abs_diff"] = checks[name]
     for name, r in results.items():
         if r["lengths"] != [STEPS]:
             raise RuntimeError(f"{name} did not generate exactly {STEPS} tokens: {r['lengths']}")
@@ -605,15 +593,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
     )
-    parser.add_argument(
-        "--timeout", type=float, default=1800, help="seconds a ct2 worker may take for a call"
-    )
-    parser.add_argument(
-        "--settle",
-        type=float,
-        default=SETTLE_S,
-        help="seconds of sleep after each timed call (default: %(default)s)",
-    )
+    decode.add_timing_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.latency_repeats = 1, 1
