@@ -75,6 +75,12 @@ SIZES = {
     "quick": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 256, "vocab": 2000},
 }
 CHECK_TOL = 1e-3
+# The largest log-probability difference an int8 system may show on the check pair here: this
+# model's random weights over 58,101 pieces gave 0.40 (ours) and 0.49 (CTranslate2) on an Intel
+# AMX CPU, against decode.py's 0.5 for its models. The float32 check (CHECK_TOL) has shown the
+# three compute the same model; this one only bounds int8's quantisation (a wrong model is off
+# by several nats)
+INT8_CHECK_TOL = 1.0
 FIGURES = ("greedy_b32", "beam4_b32", "greedy_b1", "beam4_b1")
 WORDS = [
     "the",
@@ -407,20 +413,26 @@ def start_ct2(
 ) -> tuple[str, dict[str, Any]]:
     """CTranslate2 workers on the fastest ISA that runs (of decode.cpu_isas()), one per matrix-
     product backend (decode.CT2_BACKENDS), ``compute_type`` (CTranslate2's: "default" is the
-    folder's float32, "int8"), each checked against ``ref`` within ``tol`` (``max_diff``). The
+    folder's float32, "int8"), each checked against ``ref`` within ``tol`` (``max_diff``): a
+    backend outside it is closed and said on stderr, a RuntimeError where none is within. The
     converted Marian model adds no ``</s>`` to the source: the pieces here end in it."""
     tokens = [[*s, "</s>"] for s in sources]
     check = {"source": tokens[0], "target": target}
     isa, servers = decode.start_ct2(str(model_dir), ct2_jobs(tokens), check, args, compute_type)
-    try:
-        for name, server in servers.items():
-            lp = server.info.pop("check_log_probs")
+    errors = {}
+    for name in list(servers):
+        lp = servers[name].info.pop("check_log_probs")
+        try:
             diff = max_diff(f"ct2 {compute_type} ({name})", lp, ref, tol)
-            server.info["check_max_abs_diff"] = diff
-    except RuntimeError:
-        for server in servers.values():
-            server.close()
-        raise
+        except RuntimeError as e:  # this backend is off: left out, as decode.py leaves it
+            errors[name] = str(e)
+            servers.pop(name).close()
+            continue
+        servers[name].info["check_max_abs_diff"] = diff
+    if not servers:
+        raise RuntimeError("; ".join(errors.values()))
+    for name, why in errors.items():
+        print(f"ct2 {compute_type}: {name} left out: {why}", file=sys.stderr)
     return isa, servers
 
 
@@ -450,7 +462,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.int8:
         int8 = DecodingModel(systems.ours, int8=True)
         lp = engine_log_probs(int8, systems, sources[0], target)
-        checks["transduce_int8"] = max_diff("transduce int8", lp, ref, decode.INT8_CHECK_TOL)
+        checks["transduce_int8"] = max_diff("transduce int8", lp, ref, INT8_CHECK_TOL)
         runs["transduce_int8"], lengths["transduce_int8"] = ours_runs(systems, sources, int8)
     runs["hf"], lengths["hf"] = hf_runs(systems, sources)
     print("starting ct2 ...", file=sys.stderr, flush=True)
@@ -459,7 +471,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         ct2_systems["ct2"] = start_ct2(ct2_dir, sources, target, ref, args)
         if args.int8:
             ct2_systems["ct2_int8"] = start_ct2(
-                ct2_dir, sources, target, ref, args, "int8", decode.ct2_int8_tol()
+                ct2_dir, sources, target, ref, args, "int8", ct2_int8_tol()
             )
     except BaseException:
         for _, servers in ct2_systems.values():
@@ -541,9 +553,17 @@ def print_table(res: dict, threads: int) -> None:
         print(f"{key:40} {v:.2f}")
 
 
+def ct2_int8_tol() -> float:
+    """``INT8_CHECK_TOL`` for CTranslate2's int8, or decode.py's wider one on a CPU without int8
+    dot products (where CTranslate2's int8 sums saturate)."""
+    return max(INT8_CHECK_TOL, decode.ct2_int8_tol())
+
+
 def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
+
+    from transduce.kernels.quantized import cpu_int8_flags
 
     ct2 = res["systems"]["ct2"]
     out: dict[str, Any] = {
@@ -562,14 +582,17 @@ def summary(res: dict, args: argparse.Namespace) -> dict[str, Any]:
         for name, r in res["systems"].items()
         if "check_max_abs_diff" in r
     }
+    for name in ("ct2", "ct2_int8"):
+        if name in res["systems"]:
+            r = res["systems"][name]
+            out[f"{name}_isa"], out[f"{name}_backend"] = r["isa"], r["backend"]
+            out[f"{name}_backend_seconds"] = {
+                b: {k: decode._round(v) for k, v in t.items()}
+                for b, t in r["backend_times"].items()
+            }
     out.update(
         {
-            "ct2_isa": ct2["isa"],
-            "ct2_backend": ct2["backend"],
-            "ct2_backend_seconds": {
-                b: {k: decode._round(v) for k, v in t.items()}
-                for b, t in ct2["backend_times"].items()
-            },
+            "cpu_int8_dot": list(cpu_int8_flags()),
             "ct2_torch_imported": ct2["torch_imported"],
             "torch": torch.__version__,
             "transformers": transformers.__version__,

@@ -4,6 +4,7 @@ and on unmapped ids, and the direction of the ratios. No timing is asserted."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import types
@@ -21,6 +22,7 @@ import torch
 
 FIGURES = ("beam4_b32", "greedy_b32", "beam4_b1_latency", "greedy_b1_latency")
 KEYS = [f"opus_{figure}_vs_{other}" for other in ("hf", "ct2") for figure in FIGURES]
+FIGURE_KEYS = ("greedy_b32", "beam4_b32", "greedy_b1", "beam4_b1")
 
 
 def _module() -> types.ModuleType:
@@ -49,9 +51,39 @@ def test_quick_int8_run_checks_and_times_both_int8_systems() -> None:
         assert isinstance(out[key], float) and out[key] > 0, key
     diffs = out["check_max_abs_diff"]
     # int8 is close to the model, not equal; CTranslate2's int8 within decode.py's tolerance
-    assert 0 < diffs["transduce_int8"] <= dm.decode.INT8_CHECK_TOL
-    assert 0 < diffs["ct2_int8"] <= dm.decode.ct2_int8_tol()
+    assert 0 < diffs["transduce_int8"] <= dm.INT8_CHECK_TOL
+    assert 0 < diffs["ct2_int8"] <= dm.ct2_int8_tol()
+    # each CTranslate2 system's ISA and backends in the JSON, int8 too
+    assert set(out["ct2_int8_backend"]) == set(out["ct2_backend"]) == set(FIGURE_KEYS)
+    assert out["ct2_int8_isa"] == out["ct2_isa"] and out["ct2_int8_backend_seconds"]
     assert diffs["ct2"] <= dm.CHECK_TOL
+
+
+def test_a_ctranslate2_backend_off_the_model_is_left_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dm = _module()
+
+    class Worker:  # a started worker's first answer and close
+        def __init__(self, log_probs: list[float]) -> None:
+            self.info, self.closed = {"check_log_probs": log_probs}, False
+
+        def close(self) -> None:
+            self.closed = True
+
+    ref = [-1.0, -2.0]
+    off, on = Worker([-1.0, -3.0]), Worker([-1.0, -2.0])
+    monkeypatch.setattr(dm.decode, "start_ct2", lambda *a: ("AVX512", {"mkl": off, "dnnl": on}))
+    args = argparse.Namespace()
+    isa, servers = dm.start_ct2(Path("ct2"), [["a"]], ["b"], ref, args)
+    assert (isa, list(servers)) == ("AVX512", ["dnnl"]) and off.closed and not on.closed
+    assert "mkl left out" in capsys.readouterr().err
+    assert servers["dnnl"].info["check_max_abs_diff"] == 0.0
+    off = Worker([-1.0, -3.0])
+    monkeypatch.setattr(dm.decode, "start_ct2", lambda *a: ("AVX512", {"mkl": off}))
+    with pytest.raises(RuntimeError, match="does not compute"):
+        dm.start_ct2(Path("ct2"), [["a"]], ["b"], ref, args)
+    assert off.closed
 
 
 def test_the_check_fails_on_a_wrong_model_or_unmapped_ids(tmp_path: Path) -> None:
