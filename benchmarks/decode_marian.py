@@ -47,9 +47,9 @@ over theirs: > 1 means transduce is faster) and ``opus_beam4_b1_latency_vs_*``,
 
 ``--int8`` adds ours with int8 projections (``DecodingModel(int8=True)``, ``--precision int8``)
 and CTranslate2 with compute_type="int8" on the same converted folder (what CTranslate2's
-published OPUS-MT benchmark runs), their log-probabilities checked within decode.py's int8
-tolerances, and the ratios ``opus_*_int8_vs_ct2_int8`` (ours int8 against theirs) and
-``opus_*_int8_vs_fp32`` (ours int8 against our float32).
+published OPUS-MT benchmark runs), their log-probabilities checked within ``INT8_CHECK_TOL``
+(a CTranslate2 backend outside it left out), and the ratios ``opus_*_int8_vs_ct2_int8`` (ours
+int8 against theirs) and ``opus_*_int8_vs_fp32`` (ours int8 against our float32).
 """
 
 from __future__ import annotations
