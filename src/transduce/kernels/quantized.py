@@ -18,8 +18,8 @@ Both see each row divided by its unit max_j |x_ij| / 127 (``row_units``), so its
 both sum the integer products exactly in int32, convert the sum to float32 and multiply it by
 the weights' scales and then by the row's unit. A row holding NaN or infinity spoils fbgemm's
 range for the whole batch (its other rows then differ from oneDNN's); a model's float32
-activations hold neither. ``torch._weight_int8pack_mm``
-(int8 weights, float activations) has no fast CPU kernel.
+activations hold neither. ``torch._weight_int8pack_mm`` (int8 weights, float activations) has no
+fast CPU kernel.
 
 int8 pays only with int8 dot-product instructions: AVX512-VNNI or AVX-VNNI (x86 CPUs since
 Cascade Lake and Zen 4) or AMX (Intel Sapphire Rapids and later), read from /proc/cpuinfo by
