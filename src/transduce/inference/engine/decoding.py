@@ -135,8 +135,8 @@ class DecodingModel:
     of a batch-1 int8 greedy search of benchmarks/decode.py's SMALL, 1 thread). Decoding several
     positions at once (scoring) then runs one position at a time through the same int8 steps,
     so that every output of this model comes from the int8 weights. Memory: the int8 copies (a
-    quarter of the float32 ones) in place of the float32 copies; two of them where the CPU has
-    AMX (fbgemm's layout and oneDNN's, ``kernels.quantized``).
+    quarter of the float32 ones) in place of the float32 copies; two of them on CPUs where a
+    second int8 kernel takes the many-row products (``kernels.Int8Projection``).
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
