@@ -156,11 +156,10 @@ CT2_BACKENDS = {"mkl": {}, "dnnl": {"CT2_USE_MKL": "0"}}
 JOBS = ("greedy", "beam4", "b1")
 
 
-def ct2_process(
-    spec: str, env: dict[str, str], timeout: float, script: str = __file__
-) -> dict | None:
-    """Run ``script --ct2-worker spec`` (a CTranslate2 worker: this file's, or a sibling
-    benchmark's) with ``env`` added; its JSON line, or None if it failed (said on stderr)."""
+def ct2_process(spec: str, env: dict[str, str], timeout: float, script: str) -> dict | None:
+    """Run ``script --ct2-worker spec`` (a benchmark with a one-shot CTranslate2 worker of its
+    own: step_cost.py) with ``env`` added; its JSON line, or None if it failed (said on
+    stderr). decode.py's own workers answer call by call instead (``start_ct2``)."""
     proc = subprocess.run(
         [sys.executable, script, "--ct2-worker", spec],
         env={**os.environ, **env},
