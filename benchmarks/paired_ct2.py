@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -187,9 +188,7 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     """The median over rounds of numerator[r] / denominator[r] (times of the same rounds)."""
     if len(numerator) != len(denominator) or not numerator:
         raise ValueError(f"rounds differ: {len(numerator)} against {len(denominator)}")
-    ratios = sorted(a / b for a, b in zip(numerator, denominator, strict=True))
-    mid = len(ratios) // 2
-    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
 
 
 if __name__ == "__main__":
