@@ -32,28 +32,18 @@ import functools
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from transduce.kernels import native
+from transduce.kernels.cpu import cpu_flags
+
 # The CPU flags (of /proc/cpuinfo) that give int8 dot products: without one, an int8 product is
 # emulated with 16-bit multiplies and is no faster than float32
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 FORCE_VARIABLE = "TRANSDUCE_FORCE_INT8"
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags of /proc/cpuinfo (empty where there is none: not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def cpu_int8_flags() -> tuple[str, ...]:
@@ -170,10 +160,24 @@ def fbgemm_linear_rows(x: Tensor, packed: Any, bias: Tensor | None) -> Tensor:
     (``fbgemm_packed(q, None)``): each row's unit multiplies the product before b is added.
     The range is fixed by a guard row (above); in is at least 2. Without int8 dot products
     (``_reduce_range``) fbgemm takes 7 bits: a grid half as fine."""
-    units = row_units(x)  # (N, 1)
-    rows = torch.cat((_guard_row(x.size(1)), x / units))  # (1 + N, in)
+    rows, units = guarded_rows(x)  # (1 + N, in), (N, 1)
     y = fbgemm_linear(rows, packed)[1:]  # (N, out): the guard row's product dropped
     return _finish(y, units, bias)
+
+
+def guarded_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (N, in) float32 -> (the guard row then x / unit (1 + N, in), units (N, 1)): fbgemm's
+    input, in one pass by the native kernel where it is built (``kernels.native``), else by
+    PyTorch's operators (``guarded_rows_torch``): the same numbers."""
+    if x.dtype == torch.float32 and native.available():
+        return native.guarded_rows(x)
+    return guarded_rows_torch(x)
+
+
+def guarded_rows_torch(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``guarded_rows`` in PyTorch's operators."""
+    units = row_units(x)  # (N, 1)
+    return torch.cat((_guard_row(x.size(1)), x / units)), units  # (1 + N, in)
 
 
 @functools.lru_cache(maxsize=1)
@@ -207,12 +211,26 @@ def onednn_linear_rows(x: Tensor, w: OnednnInt8, bias: Tensor | None) -> Tensor:
     the kernel's output scale 1, each row's unit and b applied after. Signed, not uint8 with
     zero point 128: oneDNN takes a zero point's term off in float32, after the int32 sum is
     converted, which differs from fbgemm's exact int32 once the sums pass 2^24."""
-    units = row_units(x)  # (N, 1)
-    xq = (x / units).add_(128).round_().sub_(128).to(torch.int8)  # (N, in), k in [-127, 127]
+    xq, units = int8_rows(x)  # (N, in) k in [-127, 127], (N, 1)
     y = torch.ops.onednn.qlinear_pointwise(
         xq, 1.0, 0, w.packed, w.scale, w.zeros, None, 1.0, 0, torch.float32, "none", [None], ""
     )
     return _finish(y, units, bias)
+
+
+def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (N, in) float32 -> (k = round(x / unit + 128) - 128 (N, in) int8, units (N, 1)):
+    oneDNN's input, in one pass by the native kernel where it is built (``kernels.native``),
+    else by PyTorch's operators (``int8_rows_torch``): the same numbers."""
+    if x.dtype == torch.float32 and native.available():
+        return native.int8_rows(x)
+    return int8_rows_torch(x)
+
+
+def int8_rows_torch(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``int8_rows`` in PyTorch's operators."""
+    units = row_units(x)  # (N, 1)
+    return (x / units).add_(128).round_().sub_(128).to(torch.int8), units
 
 
 @functools.lru_cache(maxsize=1)
@@ -234,6 +252,10 @@ __all__ = [
     "fbgemm_linear",
     "fbgemm_linear_rows",
     "fbgemm_packed",
+    "guarded_rows",
+    "guarded_rows_torch",
+    "int8_rows",
+    "int8_rows_torch",
     "int8_refusal",
     "int8_supported",
     "onednn_int8_available",

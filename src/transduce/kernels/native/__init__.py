@@ -1,0 +1,103 @@
+"""CPU kernels of our own in C++ (``rows.cpp``), compiled on first use with PyTorch's extension
+builder and cached, for work PyTorch spreads over many operators: per-row int8 quantisation
+(``int8_rows``, ``guarded_rows``; kernels/quantized.py), about ten operators a product in
+PyTorch, 2-3x faster in one pass (benchmarks/RESULTS.md). Each gives bit for bit the numbers of
+its PyTorch form (tests/kernels/test_native.py), which stays the fallback.
+
+Building needs a C++ compiler and ninja (Debian: ``g++ ninja-build``); it takes ~10-30 s once,
+into PyTorch's extension folder (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions),
+under a name that changes with the source, PyTorch's version and the CPU's features (the code is
+compiled for this CPU, ``-march=native``). Where it fails, one warning says why and PyTorch's
+form computes. ``TRANSDUCE_NATIVE=0`` turns the kernels off; in CI, ``TRANSDUCE_NATIVE=require``
+makes a failed build an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from transduce.kernels.cpu import cpu_flags
+
+SOURCE = Path(__file__).resolve().parent / "rows.cpp"
+VARIABLE = "TRANSDUCE_NATIVE"
+NAMESPACE = "transduce_native"  # the operators' namespace, TORCH_LIBRARY in rows.cpp
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math")
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be built or loaded (where ``TRANSDUCE_NATIVE=require``)."""
+
+
+def build_name() -> str:
+    """The extension's name: a digest of what its code depends on (the source, the flags,
+    PyTorch's version, the CPU's features), so a change of any builds anew."""
+    parts = [SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode()]
+    parts.append(" ".join(sorted(cpu_flags())).encode())
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
+    return f"transduce_native_{digest}"
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether the native operators are loaded (building them now if needed); False where
+    ``TRANSDUCE_NATIVE=0``, off Linux x86, or where the build failed (with one warning)."""
+    mode = os.environ.get(VARIABLE, "1")
+    if mode == "0":
+        return False
+    try:
+        _load()
+    except Exception as e:  # no compiler, no ninja, a failed compile: PyTorch's form computes
+        if mode == "require":
+            raise NativeBuildError(f"transduce's native CPU kernels did not build: {e}") from e
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        warnings.warn(
+            f"transduce's native CPU kernels did not build ({reason}); PyTorch's operators "
+            f"compute the same numbers, more slowly (set {VARIABLE}=0 to skip the build)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+def _load() -> None:
+    if not (sys.platform.startswith("linux") and cpu_flags()):
+        raise NativeBuildError("built on Linux x86 only")
+    from torch.utils import cpp_extension
+
+    name = build_name()
+    folder = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (folder / f"{name}.so").exists():
+        print(
+            f"transduce: compiling its native CPU kernels once (10-30 s) into {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+    cpp_extension.load(
+        name, [str(SOURCE)], extra_cflags=list(CFLAGS), is_python_module=False, verbose=False
+    )
+
+
+def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (N, in) float32 -> (k (N, in) int8, units (N, 1)): ``quantized.onednn_linear_rows``'s
+    rows, k = nearbyint(x / unit + 128) - 128 (needs ``available()``)."""
+    q, units = getattr(torch.ops, NAMESPACE).int8_rows(x)
+    return q, units
+
+
+def guarded_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (N, in) float32 -> (rows (1 + N, in), units (N, 1)): the guard row then x / unit,
+    ``quantized.fbgemm_linear_rows``'s input (needs ``available()``)."""
+    rows, units = getattr(torch.ops, NAMESPACE).guarded_rows(x)
+    return rows, units
+
+
+__all__ = ["NAMESPACE", "NativeBuildError", "available", "build_name", "guarded_rows", "int8_rows"]

@@ -1,0 +1,153 @@
+"""The native CPU kernels (kernels/native/rows.cpp): bit for bit the numbers of their PyTorch
+forms, built where a compiler is, and PyTorch's forms with one warning where the build fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from transduce.kernels import native, quantized
+
+
+def _native_or_skip() -> None:
+    """A skip where the kernels did not build; in CI (``CI=true``: .ci/run installs g++ and
+    ninja) a failure, so the native path is always tested there."""
+    if native.available():
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("the native kernels did not build in CI (g++ and ninja-build are installed)")
+    pytest.skip("the native kernels did not build here (no C++ compiler or ninja)")
+
+
+def _hard_rows(width: int, seed: int) -> torch.Tensor:
+    """(40, width): magnitudes 10^6 apart, a row of zeros, ReLU'd rows, rows of exact halves
+    after scaling (ties), a row whose unit would be subnormal, and a row of one nonzero."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(40, width, generator=g) * torch.logspace(-4, 2, 40)[:, None]
+    x[3] = 0.0
+    x[5:9] = x[5:9].relu()
+    halves = torch.randint(-126, 126, (4, width), generator=g) + 0.5
+    halves[:, 0] = 127.0  # each row's largest 127: unit 1, its entries stay halves
+    x[10:14] = halves
+    x[15] = torch.linspace(-1, 1, width) * 1.5 * torch.finfo(torch.float32).tiny
+    x[16] = 0.0
+    x[16, width // 2] = -3.0
+    x[17] = _near_ties(width)
+    return x
+
+
+def _near_ties(width: int) -> torch.Tensor:
+    """(width,): 38.1 (so the unit is 38.1 / 127), then values within 2 ulps of (k + 1/2) units,
+    where x / unit and x times 1 / unit round to different integers (a kernel that multiplies
+    by the reciprocal, or rounds otherwise, gives other numbers)."""
+    top = torch.tensor(38.1)
+    unit = top / 127
+    base = (torch.arange(-126, 126) + 0.5) * unit
+    near = [base]
+    for _ in range(2):
+        near += [torch.nextafter(near[-2 if len(near) > 1 else 0], base + 1)]
+        near += [torch.nextafter(near[-2], base - 1)]
+    cands = torch.cat(near)
+    differ = (cands / unit).add(128).round() != (cands * (1 / unit)).add(128).round()
+    picked = cands[differ]
+    assert picked.numel() > 0
+    row = picked.repeat(width // picked.numel() + 1)[:width].clone()
+    row[0] = top
+    return row
+
+
+@pytest.mark.parametrize("width", [2, 7, 64, 257, 2048])
+def test_int8_rows_are_pytorchs_bit_for_bit(width: int) -> None:
+    _native_or_skip()
+    x = _hard_rows(width, width)
+    for rows in (x, x[:1], x[10:14], x[:, : max(2, width // 2)]):  # the last not contiguous
+        q, units = native.int8_rows(rows)
+        q_ref, units_ref = quantized.int8_rows_torch(rows)
+        assert q.dtype == torch.int8 and units.shape == (rows.size(0), 1)
+        assert torch.equal(units, units_ref)
+        assert torch.equal(q, q_ref), (q.int() - q_ref.int()).abs().max()
+
+
+@pytest.mark.parametrize("width", [2, 7, 64, 257, 2048])
+def test_guarded_rows_are_pytorchs_bit_for_bit(width: int) -> None:
+    _native_or_skip()
+    x = _hard_rows(width, width + 1)
+    for rows in (x, x[:1], x[:, : max(2, width // 2)]):
+        out, units = native.guarded_rows(rows)
+        out_ref, units_ref = quantized.guarded_rows_torch(rows)
+        assert out.shape == (rows.size(0) + 1, rows.size(1))
+        assert torch.equal(units, units_ref) and torch.equal(out, out_ref)
+
+
+def test_an_empty_batch_and_a_nan_row() -> None:
+    _native_or_skip()
+    q, units = native.int8_rows(torch.empty(0, 8))
+    assert q.shape == (0, 8) and units.shape == (0, 1)
+    out, _ = native.guarded_rows(torch.empty(0, 8))
+    assert out.tolist() == [[-128.0] + [127.0] * 7]  # the guard row alone
+    x = torch.randn(3, 9)
+    x[1, 4] = float("nan")
+    _, units = native.int8_rows(x)
+    assert units[1].isnan().all() and not units[[0, 2]].isnan().any()  # as abs().amax() gives
+
+
+def test_the_int8_products_take_the_native_rows_where_they_are_built(monkeypatch) -> None:
+    _native_or_skip()
+    calls: list[str] = []
+    real = native.int8_rows, native.guarded_rows
+    monkeypatch.setattr(native, "int8_rows", lambda x: calls.append("int8") or real[0](x))
+    monkeypatch.setattr(native, "guarded_rows", lambda x: calls.append("guard") or real[1](x))
+    x = torch.randn(5, 16)
+    assert torch.equal(quantized.int8_rows(x)[0], quantized.int8_rows_torch(x)[0])
+    assert torch.equal(quantized.guarded_rows(x)[0], quantized.guarded_rows_torch(x)[0])
+    assert calls == ["int8", "guard"]
+
+
+def test_a_failed_build_warns_once_and_pytorch_computes(monkeypatch) -> None:
+    def fail() -> None:
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    native.available.cache_clear()
+    try:
+        monkeypatch.setattr(native, "_load", fail)
+        monkeypatch.setenv(native.VARIABLE, "1")
+        with pytest.warns(RuntimeWarning, match="did not build .Ninja is required"):
+            assert not native.available()
+        x = torch.randn(6, 10)
+        assert torch.equal(quantized.int8_rows(x)[0], quantized.int8_rows_torch(x)[0])
+        native.available.cache_clear()
+        monkeypatch.setenv(native.VARIABLE, "require")
+        with pytest.raises(native.NativeBuildError, match="Ninja is required"):
+            native.available()
+        native.available.cache_clear()
+        monkeypatch.setenv(native.VARIABLE, "0")
+        assert not native.available()  # not built, no warning
+    finally:
+        native.available.cache_clear()
+
+
+def test_the_build_name_follows_the_source_and_the_cpu(monkeypatch, tmp_path) -> None:
+    name = native.build_name()
+    assert name.startswith("transduce_native_") and name == native.build_name()
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"avx2"}))
+    other_cpu = native.build_name()
+    source = tmp_path / "rows.cpp"
+    source.write_bytes(native.SOURCE.read_bytes() + b"\n")
+    monkeypatch.setattr(native, "SOURCE", source)
+    assert len({name, other_cpu, native.build_name()}) == 3
+
+
+def test_transduce_native_0_keeps_pytorchs_operators() -> None:
+    code = (
+        "import torch; from transduce.kernels import native, quantized; "
+        "x = torch.randn(4, 8); quantized.int8_rows(x); "
+        "print(native.available(), hasattr(torch.ops.transduce_native, 'int8_rows'))"
+    )
+    env = dict(os.environ, TRANSDUCE_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
