@@ -136,8 +136,8 @@ def test_the_build_name_follows_the_source_and_the_cpu(monkeypatch, tmp_path) ->
     monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"avx2"}))
     other_cpu = native.build_name()
     source = tmp_path / "rows.cpp"
-    source.write_bytes(native.SOURCE.read_bytes() + b"\n")
-    monkeypatch.setattr(native, "SOURCE", source)
+    source.write_bytes(native.SOURCES[0].read_bytes() + b"\n")
+    monkeypatch.setattr(native, "SOURCES", (source, *native.SOURCES[1:]))
     assert len({name, other_cpu, native.build_name()}) == 3
 
 
@@ -151,3 +151,79 @@ def test_transduce_native_0_keeps_pytorchs_operators() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def _reference_topk(logits: torch.Tensor, k: int, lo: int, hi: int):
+    lp = torch.log_softmax(logits.double(), dim=-1)  # float64: the exact values to ~1e-15
+    lp[:, lo : hi + 1] = float("-inf")
+    return lp.topk(k, dim=1)
+
+
+@pytest.mark.parametrize(
+    ("v", "k", "scale"),
+    [(3, 1, 1.0), (17, 4, 3.0), (300, 12, 10.0), (8000, 4, 5.0), (37000, 1, 1.0)],
+)
+def test_log_softmax_topk_gives_log_softmax_then_topk(v: int, k: int, scale: float) -> None:
+    _native_or_skip()
+    g = torch.Generator().manual_seed(v)
+    logits = torch.randn(9, v, generator=g) * scale
+    logits[2] += 40.0  # a shifted row: the same log-probabilities
+    values, index = native.log_softmax_topk(logits, k, 0, 1)
+    ref_v, ref_i = _reference_topk(logits, k, 0, 1)
+    assert index.dtype == torch.int64 and torch.equal(index, ref_i)
+    # a few float32 ulps of the log-probabilities (the sum's order and exp differ)
+    torch.testing.assert_close(values.double(), ref_v, atol=2e-5, rtol=2e-6)
+    assert (index > 1).all()  # PAD and BOS never chosen
+
+
+def test_log_softmax_topk_ties_masks_and_short_rows() -> None:
+    _native_or_skip()
+    x = torch.zeros(4, 600)
+    x[0, [5, 300, 599]] = 2.0  # ties: the first index first, in a block, across blocks, the tail
+    x[1] = float("-inf")
+    x[1, [0, 7, 9]] = torch.tensor([5.0, 1.0, 3.0])  # PAD (excluded) the max, two finite choices
+    x[2, 1:] = float("-inf")  # only PAD (excluded) is finite: every choice -inf
+    x[3] = torch.linspace(-200, 0, 600)  # exps far below the max's: ~0 in the sum
+    values, index = native.log_softmax_topk(x, 4, 0, 1)
+    assert index[0].tolist() == [5, 300, 599, 2]
+    assert index[1].tolist() == [9, 7, 2, 3] and values[1, 2:].isneginf().all()
+    torch.testing.assert_close(values[1, :2], torch.log_softmax(x[1], 0)[[9, 7]])
+    assert values[2].isneginf().all() and index[2].tolist() == [2, 3, 4, 5]
+    ref_v, ref_i = _reference_topk(x[3:], 4, 0, 1)
+    assert torch.equal(index[3:], ref_i)
+    torch.testing.assert_close(values[3:].double(), ref_v, atol=2e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="k must be"):
+        native.log_softmax_topk(torch.zeros(1, 5), 4, 0, 1)  # 3 columns may be chosen
+
+
+def test_search_steps_take_the_native_candidates_on_the_cpu(monkeypatch) -> None:
+    _native_or_skip()
+    from transduce.inference.common import next_token_log_probs
+    from transduce.inference.topk import chunked_topk, next_token_candidates
+
+    calls: list[int] = []
+    real = native.log_softmax_topk
+    monkeypatch.setattr(
+        native, "log_softmax_topk", lambda x, k, lo, hi: calls.append(k) or real(x, k, lo, hi)
+    )
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(3)) * 4
+    values, tokens = next_token_candidates(logits, None, 4)
+    ref_v, ref_t = chunked_topk(next_token_log_probs(logits, None), 4)
+    assert calls == [4] and torch.equal(tokens, ref_t)
+    torch.testing.assert_close(values, ref_v, atol=2e-5, rtol=0)
+    forced = torch.tensor([False, True, False, False, False, False])
+    next_token_candidates(logits, forced, 4)  # a forced row: PyTorch's path
+    assert calls == [4]
+
+
+def test_greedy_steps_take_the_native_best_token_on_the_cpu() -> None:
+    _native_or_skip()
+    from transduce.inference.common import next_token_log_probs
+    from transduce.inference.topk import next_token_best
+
+    logits = torch.randn(7, 3000, generator=torch.Generator().manual_seed(8)) * 3
+    logits[3, 0] = 100.0  # PAD the largest: never chosen
+    best, tokens = next_token_best(logits)
+    ref_best, ref_tokens = next_token_log_probs(logits, None).max(dim=-1)
+    assert torch.equal(tokens, ref_tokens) and tokens[3] != 0
+    torch.testing.assert_close(best, ref_best, atol=2e-5, rtol=0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from transduce import kernels
-from transduce.kernels import topk_tiles
+from transduce.kernels import native, topk_tiles
 
 BLOCK = topk_tiles.BLOCK
 NINF = float("-inf")
@@ -89,13 +89,15 @@ def test_no_rows_and_a_k_out_of_range():
     values, index = kernels.log_softmax_topk(torch.empty(0, 300), 4, 0, 1, use_triton=False)
     assert values.shape == index.shape == (0, 4)
     with pytest.raises(ValueError, match="k must be 1..16"):
-        kernels.log_softmax_topk(torch.randn(2, 300), topk_tiles.MAX_K + 1, 0, 1)
+        kernels.log_softmax_topk(torch.randn(2, 300), topk_tiles.MAX_K + 1, 0, 1, use_triton=False)
 
 
 def test_the_rule_is_cuda_where_the_kernel_runs_and_a_small_k(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(topk_tiles, "runs_on", lambda device, k: True)
-    assert not kernels.log_softmax_topk_pays(cpu, 4)
+    # on a CPU the native kernel's rule (tests/kernels/test_native.py)
+    assert kernels.log_softmax_topk_pays(cpu, 4) == native.available()
+    assert not kernels.log_softmax_topk_pays(cpu, topk_tiles.NATIVE_MAX_K + 1)
     assert not kernels.log_softmax_topk_pays(cuda, topk_tiles.MAX_K + 1)
     assert kernels.log_softmax_topk_pays(cuda, 4) == topk_tiles.available()
     monkeypatch.setattr(topk_tiles, "runs_on", lambda device, k: False)

@@ -15,6 +15,7 @@ from transduce.inference.common import (
     next_token_log_probs,
 )
 from transduce.inference.contract import DecodableModel
+from transduce.inference.topk import next_token_best
 
 
 def greedy_search(
@@ -62,7 +63,7 @@ def greedy_decode(
     while True:
         logits = model.decode(last, memory, src_valid, cache)[:, -1]  # (B, V)
         if step < forced_from:  # no row ends here: fewer operator calls
-            best, tok = next_token_log_probs(logits, None).max(dim=-1)  # (B,), (B,)
+            best, tok = next_token_best(logits)  # (B,), (B,)
         else:
             force = max_lens <= step
             lprobs = next_token_log_probs(logits, force)

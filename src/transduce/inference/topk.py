@@ -75,9 +75,22 @@ def next_token_candidates(
     (``kernels.log_softmax_topk_pays``: CUDA with Triton) and no row is forced, in one pass
     over the logits that never writes the (N, V) log-probabilities (kernels/topk_tiles.py).
     """
-    if force_eos is None and kernels.log_softmax_topk_pays(logits.device, k):
+    choosable = logits.size(1) - (BOS - PAD + 1)
+    if force_eos is None and k <= choosable and kernels.log_softmax_topk_pays(logits.device, k):
         return kernels.log_softmax_topk(logits, k, PAD, BOS)  # PAD..BOS adjacent: excluded
     return chunked_topk(next_token_log_probs(logits, force_eos), k)
 
 
-__all__ = ["CHUNK", "chunked_topk", "next_token_candidates", "topk_by_chunks"]
+def next_token_best(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (N, V) of the next token -> (best (N,) float32, tokens (N,)): each row's largest
+    ``next_token_log_probs(logits, None)`` and its token (the first of ties); where it pays
+    (``kernels.log_softmax_best_pays``: CPUs with the native kernel) without writing the (N, V)
+    log-probabilities."""
+    if kernels.log_softmax_best_pays(logits.device) and logits.size(1) > BOS - PAD + 1:
+        values, tokens = kernels.log_softmax_topk(logits, 1, PAD, BOS)  # (N, 1) each
+        return values.squeeze(1), tokens.squeeze(1)
+    best, tokens = next_token_log_probs(logits, None).max(dim=-1)
+    return best, tokens
+
+
+__all__ = ["CHUNK", "chunked_topk", "next_token_best", "next_token_candidates", "topk_by_chunks"]

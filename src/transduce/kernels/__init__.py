@@ -44,6 +44,7 @@ from transduce.kernels.projection import (
 )
 from transduce.kernels.quantized import int8_refusal
 from transduce.kernels.recurrent import fp16_lstm_runs, lstm
+from transduce.kernels.topk_tiles import best_pays as log_softmax_best_pays
 from transduce.kernels.topk_tiles import log_softmax_topk
 from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
@@ -70,6 +71,7 @@ __all__ = [
     "lstm",
     "kept_graph_bytes",
     "linear",
+    "log_softmax_best_pays",
     "log_softmax_topk",
     "log_softmax_topk_pays",
     "one_row_is_read_bound",

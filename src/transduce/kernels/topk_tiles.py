@@ -29,10 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce.kernels import native
+
 # entries a tile; k rounds of a max over it cost the program more than reading it
 BLOCK = 2048
 # the largest k taken this way (k rounds over every tile); beyond, torch.topk
 MAX_K = 16
+# the largest k of the CPU's native kernel (a sorted insertion a candidate); beyond, torch.topk
+NATIVE_MAX_K = 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,10 +83,30 @@ def available() -> bool:
 
 
 def pays(device: torch.device, k: int) -> bool:
-    """Whether the beam step's candidates come from the tiles on ``device``: CUDA GPUs where
-    the Triton kernel runs (``runs_on``), k <= MAX_K. Elsewhere ``log_softmax`` and a top-k
+    """Whether a search step's candidates come from ``log_softmax_topk`` on ``device``: CUDA
+    GPUs where the Triton kernel runs (``runs_on``), k <= MAX_K; CPUs where the native kernel
+    is built (``kernels.native``), k <= NATIVE_MAX_K. Elsewhere ``log_softmax`` and a top-k
     (``inference/topk.py``)."""
+    if device.type == "cpu":
+        return k <= NATIVE_MAX_K and native.available()
     return device.type == "cuda" and k <= MAX_K and available() and runs_on(device, k)
+
+
+def native_takes(logits: Tensor, k: int, lo: int, hi: int) -> bool:
+    """Whether the CPU's native kernel takes these logits (N, V): built, on the CPU, and
+    1 <= k <= NATIVE_MAX_K and the columns outside lo..hi (the kernel needs k of them)."""
+    v = logits.size(-1)
+    choosable = v - max(0, min(hi, v - 1) - max(lo, 0) + 1)
+    return (
+        logits.device.type == "cpu" and 0 < k <= min(NATIVE_MAX_K, choosable) and native.available()
+    )
+
+
+def best_pays(device: torch.device) -> bool:
+    """Whether greedy search's best token comes from ``log_softmax_topk`` with k = 1: CPUs where
+    the native kernel is built (3-8x a log_softmax and a max over 8,000-37,000 words,
+    benchmarks/RESULTS.md); on CUDA unmeasured, so ``log_softmax`` and a max."""
+    return device.type == "cpu" and native.available()
 
 
 # (device, k) -> whether the kernel ran there and agreed with the torch stage (tried once)
@@ -172,12 +196,16 @@ def log_softmax_topk(
     """logits (N, V) -> (values (N, k) float32, indices (N, k)): the k largest entries of each
     row of ``log_softmax(logits.float())`` with columns lo..hi excluded (set to -inf there),
     best first; ``topk``'s values (where values tie, the indices may differ). ``use_triton``:
-    None = the Triton kernel where it runs (``pays``; or a CPU under Triton's interpreter);
-    False = ``tiles_torch``."""
+    None = on a CPU the native kernel where it is built (``kernels.native``; values within a
+    few float32 ulps of log_softmax's), else the Triton kernel where it runs (``pays``; or a CPU
+    under Triton's interpreter); False = ``tiles_torch``."""
+    on_cpu = logits.device.type == "cpu"
+    if use_triton is None and on_cpu and not _interpreting() and native_takes(logits, k, lo, hi):
+        return native.log_softmax_topk(logits.float(), k, lo, hi)
     if not 0 < k <= min(MAX_K, BLOCK):
         raise ValueError(f"k must be 1..{MAX_K}, not {k}")
     if use_triton is None:
-        use_triton = pays(logits.device, k) or (available() and _interpreting())
+        use_triton = (not on_cpu and pays(logits.device, k)) or (available() and _interpreting())
     stage = tiles_triton if use_triton else tiles_torch
     top_v, top_i, m, s = stage(logits, k, lo, hi)
     big = m.amax(dim=1, keepdim=True)  # (N, 1)
@@ -194,4 +222,15 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-__all__ = ["BLOCK", "MAX_K", "available", "log_softmax_topk", "pays", "tiles_torch", "tiles_triton"]
+__all__ = [
+    "BLOCK",
+    "best_pays",
+    "native_takes",
+    "MAX_K",
+    "NATIVE_MAX_K",
+    "available",
+    "log_softmax_topk",
+    "pays",
+    "tiles_torch",
+    "tiles_triton",
+]

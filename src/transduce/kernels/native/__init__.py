@@ -1,8 +1,14 @@
-"""CPU kernels of our own in C++ (``rows.cpp``), compiled on first use with PyTorch's extension
-builder and cached, for work PyTorch spreads over many operators: per-row int8 quantisation
-(``int8_rows``, ``guarded_rows``; kernels/quantized.py), about ten operators a product in
-PyTorch, 2-3x faster in one pass (benchmarks/RESULTS.md). Each gives bit for bit the numbers of
-its PyTorch form (tests/kernels/test_native.py), which stays the fallback.
+"""CPU kernels of our own in C++, compiled on first use with PyTorch's extension builder and
+cached, for work PyTorch spreads over many operators or passes (benchmarks/RESULTS.md):
+
+- ``rows.cpp``: per-row int8 quantisation (``int8_rows``, ``guarded_rows``; kernels/quantized.py),
+  about ten operators a product in PyTorch, 2-3x faster in one pass, bit for bit the numbers of
+  the PyTorch form (tests/kernels/test_native.py);
+- ``log_softmax_topk.cpp``: the k best log-probabilities of each row of a step's logits
+  (``log_softmax_topk``; kernels/topk_tiles.py), without writing the (N, V) log-probabilities;
+  its values differ from PyTorch's ``log_softmax`` in the last bits.
+
+PyTorch's forms stay the fallback.
 
 Building needs a C++ compiler and ninja (Debian: ``g++ ninja-build``); it takes ~10-30 s once,
 into PyTorch's extension folder (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions),
@@ -26,10 +32,11 @@ from torch import Tensor
 
 from transduce.kernels.cpu import cpu_flags
 
-SOURCE = Path(__file__).resolve().parent / "rows.cpp"
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "rows.cpp", HERE / "log_softmax_topk.cpp")
 VARIABLE = "TRANSDUCE_NATIVE"
 NAMESPACE = "transduce_native"  # the operators' namespace, TORCH_LIBRARY in rows.cpp
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math")
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
 
 
 class NativeBuildError(RuntimeError):
@@ -39,7 +46,8 @@ class NativeBuildError(RuntimeError):
 def build_name() -> str:
     """The extension's name: a digest of what its code depends on (the source, the flags,
     PyTorch's version, the CPU's features), so a change of any builds anew."""
-    parts = [SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode()]
+    parts = [path.read_bytes() for path in SOURCES]
+    parts += [" ".join(CFLAGS).encode(), torch.__version__.encode()]
     parts.append(" ".join(sorted(cpu_flags())).encode())
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
     return f"transduce_native_{digest}"
@@ -57,7 +65,7 @@ def available() -> bool:
     except Exception as e:  # no compiler, no ninja, a failed compile: PyTorch's form computes
         if mode == "require":
             raise NativeBuildError(f"transduce's native CPU kernels did not build: {e}") from e
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        reason = _reason(e)
         warnings.warn(
             f"transduce's native CPU kernels did not build ({reason}); PyTorch's operators "
             f"compute the same numbers, more slowly (set {VARIABLE}=0 to skip the build)",
@@ -66,6 +74,13 @@ def available() -> bool:
         )
         return False
     return True
+
+
+def _reason(e: Exception) -> str:
+    """A failed build's cause in one line: the compiler's first error, else the last line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [type(e).__name__])[0 if errors else -1][:300]
 
 
 def _load() -> None:
@@ -82,7 +97,11 @@ def _load() -> None:
             flush=True,
         )
     cpp_extension.load(
-        name, [str(SOURCE)], extra_cflags=list(CFLAGS), is_python_module=False, verbose=False
+        name,
+        [str(p) for p in SOURCES],
+        extra_cflags=list(CFLAGS),
+        is_python_module=False,
+        verbose=False,
     )
 
 
@@ -100,4 +119,20 @@ def guarded_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return rows, units
 
 
-__all__ = ["NAMESPACE", "NativeBuildError", "available", "build_name", "guarded_rows", "int8_rows"]
+def log_softmax_topk(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+    """logits (N, V) float32 -> (values (N, k) float32, indices (N, k) int64): the k largest of
+    each row of log_softmax(logits), columns lo..hi never chosen, best first, ties to the first
+    index; 1 <= k <= the columns that may be chosen (needs ``available()``)."""
+    values, indices = getattr(torch.ops, NAMESPACE).log_softmax_topk(logits, k, lo, hi)
+    return values, indices
+
+
+__all__ = [
+    "NAMESPACE",
+    "NativeBuildError",
+    "available",
+    "build_name",
+    "guarded_rows",
+    "int8_rows",
+    "log_softmax_topk",
+]

@@ -1,0 +1,169 @@
+// The k best log-probabilities of each row of logits, log_softmax(x) = x - m - log(sum exp(x - m))
+// with m = max x, columns lo..hi never chosen (but counted in the sum): what beam search and
+// greedy search take from each step's logits (kernels/topk_tiles.py), without writing the (N, V)
+// log-probabilities that PyTorch's log_softmax and top-k pass over twice more.
+//
+// Per row, two passes over x (a row of a 37,000-word vocabulary stays in the L2 cache for the
+// second): the max and the candidates a vector of 16 at a time (a vector is looked into only
+// where its max beats the k-th best so far), then sum exp(x - m) with a vectorised exp (Cephes'
+// polynomial, ~1 ulp). The values differ from PyTorch's log_softmax in the last bits (the sum's order and
+// exp); ties keep the first index.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline vf splat(float x) { return vf{} + x; }
+
+// exp(x) for x <= 0 (x - max): Cephes' expf, inputs below -87 give exp(-87) ~ 1.6e-38, nothing
+// next to the max's term 1
+inline vf exp_nonpositive(vf x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf t = x * splat(1.44269504088896341f) + shifter;
+  vf n = t - shifter;
+  vi bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  vi ni = bits - 0x4B400000;  // n as an integer
+  vf r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * (r * r) + r + splat(1.0f);
+  vi scale_bits = (ni + 127) << 23;  // 2^n
+  vf scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return p * scale;
+}
+
+// the largest lane, by a tree of lane shuffles (4 steps, no scalar loop)
+inline float hmax(vf v) {
+  v = v > __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) ? v
+      : __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  vf w = __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  v = v > w ? v : w;
+  return v[0];
+}
+
+inline float hsum(vf v) {
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+}
+
+// the k best of a row so far, best first (a small sorted array: k is a beam's width)
+struct Best {
+  std::vector<float> value;
+  std::vector<int64_t> index;
+  explicit Best(int64_t k) : value(k, -kInf), index(k, -1) {}
+  float threshold() const { return value.back(); }
+  void offer(float v, int64_t i) {
+    if (!(v > value.back())) return;  // ties keep the first index; NaN never enters
+    int64_t pos = static_cast<int64_t>(value.size()) - 1;
+    while (pos > 0 && v > value[pos - 1]) {
+      value[pos] = value[pos - 1];
+      index[pos] = index[pos - 1];
+      --pos;
+    }
+    value[pos] = v;
+    index[pos] = i;
+  }
+};
+
+void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, float* out_v,
+              int64_t* out_i) {
+  Best best(k);
+  vf top = splat(-kInf);
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes) {
+    const vf y = load(x + j);
+    top = y > top ? y : top;
+    if (hmax(y) > best.threshold()) {  // rare once k good ones are held
+      for (int64_t q = j; q < j + kLanes; ++q) {
+        if (q < lo || q > hi) best.offer(x[q], q);
+      }
+    }
+  }
+  float m = hmax(top);
+  for (; j < v; ++j) {
+    m = x[j] > m ? x[j] : m;
+    if (j < lo || j > hi) best.offer(x[j], j);
+  }
+  // sum exp(x - m)
+  vf acc = vf{};
+  const vf mv = splat(m);
+  int64_t q = 0;
+  for (; q + kLanes <= v; q += kLanes) acc += exp_nonpositive(load(x + q) - mv);
+  float s = hsum(acc);
+  for (; q < v; ++q) s += std::exp(x[q] - m);
+  // fewer than k choosable entries above -inf (a row masked to a few tokens): the rest are
+  // -inf at the first choosable columns not taken, as a top-k of the log-probabilities gives
+  for (int64_t c = 0, col = 0; c < k; ++c) {
+    if (best.index[c] >= 0) continue;
+    for (;; ++col) {
+      bool taken = col >= lo && col <= hi;
+      for (int64_t d = 0; d < c && !taken; ++d) taken = best.index[d] == col;
+      if (!taken) break;
+    }
+    best.index[c] = col++;
+  }
+  const float log_s = std::log(s);
+  for (int64_t c = 0; c < k; ++c) {
+    out_v[c] = (best.value[c] - m) - log_s;
+    out_i[c] = best.index[c];
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> log_softmax_topk(const at::Tensor& logits, int64_t k,
+                                                    int64_t lo, int64_t hi) {
+  TORCH_CHECK(logits.dim() == 2, "logits must be (N, V)");
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "logits must be float32");
+  TORCH_CHECK(logits.device().is_cpu(), "logits must be on the CPU");
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const int64_t excluded = (hi >= lo) ? std::min(hi, v - 1) - std::max(lo, int64_t{0}) + 1 : 0;
+  TORCH_CHECK(k >= 1 && k <= v - std::max(excluded, int64_t{0}),
+              "k must be 1 .. the columns that may be chosen");
+  at::Tensor x = logits.contiguous();
+  at::Tensor values = at::empty({n, k}, x.options());
+  at::Tensor indices = at::empty({n, k}, x.options().dtype(at::kLong));
+  const float* xp = x.const_data_ptr<float>();
+  float* vp = values.mutable_data_ptr<float>();
+  int64_t* ip = indices.mutable_data_ptr<int64_t>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) row_topk(xp + r * v, v, k, lo, hi, vp + r * k, ip + r * k);
+  });
+  return {values, indices};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
+  m.def("log_softmax_topk(Tensor logits, int k, int lo, int hi) -> (Tensor, Tensor)",
+        log_softmax_topk);
+}
