@@ -1,0 +1,171 @@
+"""The native CPU kernels (``transduce.kernels.native``) against PyTorch's operators, paired.
+
+    python benchmarks/native_kernels.py [--sizes small base] [--rounds 6] [--threads 2]
+
+Two parts, each timed in one process with the kernels switched on and off in turns (rotated
+order, median of the per-round ratios, so a shared machine's drift cancels):
+
+- the operators alone: per-row int8 quantisation (``int8_rows``, ``guarded_rows``) at the
+  engine's row and width counts, and the k best log-probabilities of a step's logits
+  (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max);
+- whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
+  steps, random weights): beam 4 and greedy on the batch and greedy on one sentence, float32
+  and int8, their outputs checked equal with and without the kernels.
+
+Prints a table and ends with one JSON line; ratios are PyTorch's time over the native one's
+(> 1: the kernels are faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode  # noqa: E402  (benchmarks/decode.py: the models, the batch, the EOS suppression)
+
+
+def paired(fn_on: Callable[[], object], fn_off: Callable[[], object], rounds: int) -> dict:
+    """Median seconds of each and the median of per-round ratios off / on, turns rotated."""
+    fn_on(), fn_off()  # warm-up
+    on, off, ratios = [], [], []
+    for r in range(rounds):
+        t: dict[bool, float] = {}
+        for flag in (True, False) if r % 2 == 0 else (False, True):
+            t0 = time.perf_counter()
+            (fn_on if flag else fn_off)()
+            t[flag] = time.perf_counter() - t0
+        on.append(t[True])
+        off.append(t[False])
+        ratios.append(t[False] / t[True])
+    return {
+        "native_ms": round(statistics.median(on) * 1e3, 3),
+        "torch_ms": round(statistics.median(off) * 1e3, 3),
+        "speedup": round(statistics.median(ratios), 3),
+    }
+
+
+def repeat(fn: Callable[[], object], times: int) -> Callable[[], None]:
+    def go() -> None:
+        for _ in range(times):
+            fn()
+
+    return go
+
+
+def operators(rounds: int) -> dict[str, dict]:
+    from transduce.inference.common import next_token_log_probs
+    from transduce.inference.topk import chunked_topk
+    from transduce.kernels import native, quantized
+
+    out: dict[str, dict] = {}
+    g = torch.Generator().manual_seed(0)
+    for rows, width in ((1, 256), (128, 256), (128, 512), (128, 2048)):
+        x = torch.randn(rows, width, generator=g)
+        out[f"int8_rows {rows}x{width}"] = paired(
+            repeat(lambda x=x: native.int8_rows(x), 200),
+            repeat(lambda x=x: quantized.int8_rows_torch(x), 200),
+            rounds,
+        )
+        out[f"guarded_rows {rows}x{width}"] = paired(
+            repeat(lambda x=x: native.guarded_rows(x), 200),
+            repeat(lambda x=x: quantized.guarded_rows_torch(x), 200),
+            rounds,
+        )
+    for rows, vocab in ((1, 8000), (128, 8000), (1, 37000), (128, 37000)):
+        x = torch.randn(rows, vocab, generator=g) * 3
+        out[f"log_softmax_topk4 {rows}x{vocab}"] = paired(
+            repeat(lambda x=x: native.log_softmax_topk(x, 4, 0, 1), 20),
+            repeat(lambda x=x: chunked_topk(next_token_log_probs(x, None), 4), 20),
+            rounds,
+        )
+        out[f"log_softmax_max {rows}x{vocab}"] = paired(
+            repeat(lambda x=x: native.log_softmax_topk(x, 1, 0, 1), 20),
+            repeat(lambda x=x: next_token_log_probs(x, None).max(dim=-1), 20),
+            rounds,
+        )
+    return out
+
+
+def searches(size_name: str, rounds: int) -> dict[str, dict]:
+    from transduce.data.vocab import EOS
+    from transduce.inference import beam_search, greedy_search
+    from transduce.inference.engine import DecodingModel
+    from transduce.kernels import native
+
+    real = native.available
+
+    def switched(fn: Callable[[], object], on: bool) -> Callable[[], object]:
+        def go() -> object:
+            native.available = real if on else (lambda: False)  # type: ignore[assignment]
+            try:
+                return fn()
+            finally:
+                native.available = real  # type: ignore[assignment]
+
+        return go
+
+    size = decode.SIZES[size_name]
+    ours = decode.build_ours(size)
+    g = torch.Generator().manual_seed(1)
+    body = torch.randint(4, size["vocab"], (decode.BATCH, decode.SRC_LEN - 1), generator=g)
+    src = torch.cat([body, torch.full((decode.BATCH, 1), EOS)], 1)
+    out: dict[str, dict] = {}
+    for int8 in (False, True):
+        steps = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), decode.STEPS - 1)
+        max_len = decode.STEPS - 1
+        jobs = {
+            "beam4": lambda s=steps: [
+                h[0].tokens
+                for h in beam_search(s, src, beam=decode.BEAM, alpha=decode.ALPHA, max_len=max_len)
+            ],
+            "greedy": lambda s=steps: greedy_search(s, src, max_len=max_len),
+            "b1": lambda s=steps: greedy_search(s, src[:1], max_len=max_len),
+        }
+        for job, fn in jobs.items():
+            key = f"{size_name} {'int8' if int8 else 'fp32'} {job}"
+            with torch.no_grad():
+                same = switched(fn, True)() == switched(fn, False)()
+                out[key] = paired(switched(fn, True), switched(fn, False), rounds)
+            out[key]["same_outputs"] = same
+            print(key, out[key], file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", choices=list(decode.SIZES), default=["small", "base"])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    from transduce.kernels import native
+    from transduce.runtime import tune_malloc
+
+    tune_malloc()
+    torch.set_num_threads(args.threads)
+    if not native.available():
+        raise SystemExit("native_kernels.py: the native kernels did not build here")
+    result: dict = {"machine": platform.processor() or platform.machine(), "threads": args.threads}
+    result["operators"] = operators(args.rounds)
+    for name in args.sizes:
+        result[name] = searches(name, args.rounds)
+    print(f"{'what':40s} {'native ms':>10s} {'torch ms':>10s} {'speedup':>8s}")
+    for section in ("operators", *args.sizes):
+        for key, r in result[section].items():
+            flag = "" if r.get("same_outputs", True) else "  OUTPUTS DIFFER"
+            print(
+                f"{key:40s} {r['native_ms']:10.3f} {r['torch_ms']:10.3f} {r['speedup']:8.3f}{flag}"
+            )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

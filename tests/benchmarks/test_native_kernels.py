@@ -1,0 +1,33 @@
+"""benchmarks/native_kernels.py: a one-round run on a tiny model end to end (the operators, every
+search with and without the native kernels giving the same outputs, the JSON). No timing is
+asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from benchmark_testkit import TINY, load_benchmark
+
+from transduce.kernels import native
+
+
+def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native.available():
+        pytest.skip("the native kernels did not build here")
+    bench = load_benchmark("native_kernels", "native_kernels_bench")
+    monkeypatch.setitem(bench.decode.SIZES, "small", TINY)
+    monkeypatch.setattr("sys.argv", ["native_kernels.py", "--sizes", "small", "--rounds", "1"])
+    bench.main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"int8_rows 128x512", "log_softmax_topk4 128x37000"} <= set(out["operators"])
+    searches = out["small"]
+    assert set(searches) == {
+        f"small {p} {j}" for p in ("fp32", "int8") for j in ("beam4", "greedy", "b1")
+    }
+    for key, r in searches.items():
+        assert r["same_outputs"] is True, key
+        assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["speedup"] > 0
+    assert native.available()  # switched back on after the searches
