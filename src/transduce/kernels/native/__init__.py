@@ -89,10 +89,14 @@ def _load() -> None:
     from torch.utils import cpp_extension
 
     name = build_name()
-    folder = Path(cpp_extension._get_build_directory(name, verbose=False))
-    if not (folder / f"{name}.so").exists():
+    try:  # a private helper of PyTorch's, for the message only
+        folder: Path | None = Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:
+        folder = None
+    if folder is None or not (folder / f"{name}.so").exists():
+        where = f" into {folder}" if folder is not None else ""
         print(
-            f"transduce: compiling its native CPU kernels once (10-30 s) into {folder}",
+            f"transduce: compiling its native CPU kernels once (10-30 s){where}",
             file=sys.stderr,
             flush=True,
         )
