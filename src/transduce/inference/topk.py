@@ -72,7 +72,8 @@ def next_token_candidates(
     """logits (N, V) of the next token, force_eos (N,) bool or None -> (values (N, k) float32,
     tokens (N, k)): the k best of each row of ``next_token_log_probs(logits, force_eos)``,
     best first (as ``chunked_topk`` of them). Where it pays
-    (``kernels.log_softmax_topk_pays``: CUDA with Triton) and no row is forced, in one pass
+    (``kernels.log_softmax_topk_pays``: CUDA with Triton, CPUs with the native kernel) and no
+    row is forced, in one pass
     over the logits that never writes the (N, V) log-probabilities (kernels/topk_tiles.py).
     """
     choosable = logits.size(1) - (BOS - PAD + 1)
