@@ -2,7 +2,7 @@
 
     python benchmarks/native_kernels.py [--sizes small base] [--rounds 6] [--threads 2]
 
-Two parts, each timed in one process with the kernels switched on and off in turns (rotated
+Four parts, each timed in one process with the kernels switched on and off in turns (rotated
 order, median of the per-round ratios, so a shared machine's drift cancels):
 
 - the operators alone: per-row int8 quantisation (``int8_rows``, ``guarded_rows``) at the
@@ -10,7 +10,12 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max);
 - whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
   steps, random weights): beam 4 and greedy on the batch and greedy on one sentence, float32
-  and int8, their outputs checked equal with and without the kernels.
+  and int8, their outputs checked equal with and without the kernels;
+- the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
+  of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
+  dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
+  norm of BASE's float32 gradients;
+- whole training steps (benchmarks/train_step.py's, bf16-weights) with the kernels on and off.
 
 Prints a table and ends with one JSON line; ratios are PyTorch's time over the native one's
 (> 1: the kernels are faster).
@@ -95,23 +100,91 @@ def operators(rounds: int) -> dict[str, dict]:
     return out
 
 
-def searches(size_name: str, rounds: int) -> dict[str, dict]:
-    from transduce.data.vocab import EOS
-    from transduce.inference import beam_search, greedy_search
-    from transduce.inference.engine import DecodingModel
+def training_operators(rounds: int) -> dict[str, dict]:
+    import torch.nn.functional as F
+
+    from transduce.kernels import dropout, layer_norm, native, total_norm
+    from transduce.training import loss
+
+    out: dict[str, dict] = {}
+    g = torch.Generator().manual_seed(2)
+    logits = (torch.randn(64 * 24, 37000, generator=g) * 3).bfloat16()
+    target = torch.randint(4, 37000, (64 * 24,), generator=g)
+    keep = torch.rand(64 * 24, generator=g) > 0.1
+    grad = torch.empty_like(logits)
+
+    def chunked() -> None:
+        loss._chunked_rows(logits, target, 0.1, 1.0, grad)
+        loss._zero_rows(grad, keep)
+
+    out["smoothed_ce 1536x37000 bf16"] = paired(
+        lambda: native.smoothed_cross_entropy(logits, target, keep, 0.1, 1.0, grad),
+        chunked,
+        rounds,
+    )
+    x = torch.randn(64, 24, 512, generator=g).bfloat16()
+    out["dropout 64x24x512 bf16"] = paired(
+        repeat(lambda: dropout(x, 0.1, True), 50),
+        repeat(switched(lambda: dropout(x, 0.1, True), False), 50),
+        rounds,
+    )
+    xs = x.view(-1, 512).requires_grad_()
+    w, b = torch.ones(512).bfloat16().requires_grad_(), torch.zeros(512).bfloat16().requires_grad_()
+    dy = torch.randn(64 * 24, 512, generator=g).bfloat16()
+
+    def norm_pass(fn: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        return repeat(lambda: torch.autograd.grad(fn(xs, (512,), w, b, 1e-5), (xs, w, b), dy), 20)
+
+    out["layer_norm fwd+bwd 1536x512 bf16"] = paired(
+        norm_pass(layer_norm), norm_pass(F.layer_norm), rounds
+    )
+    shapes = [(37000, 512)] + [(512, 512)] * 72 + [(2048, 512), (512, 2048)] * 12
+    grads = [torch.randn(s, generator=g) for s in shapes + [(512,)] * 100]
+    get_total_norm = torch.nn.utils.get_total_norm
+    out["total_norm BASE grads"] = paired(
+        lambda: total_norm(grads), lambda: get_total_norm(grads), rounds
+    )
+    return out
+
+
+def train_steps(size_name: str, rounds: int) -> dict[str, dict]:
+    import train_step
+
+    size = train_step.SIZES[size_name]
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, size["vocab"], (train_step.BATCH, train_step.SRC_LEN), generator=g)
+    tgt = torch.randint(4, size["vocab"], (train_step.BATCH, train_step.TGT_LEN + 1), generator=g)
+    tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    runner = train_step.make_runner("transduce", size, torch.device("cpu"))
+
+    def step() -> None:
+        runner.step(src, tgt_in, tgt_out, "bf16-weights")
+
+    result = paired(step, switched(step, False), rounds)
+    print(f"{size_name} train step", result, file=sys.stderr, flush=True)
+    return {f"{size_name} train step bf16-weights": result}
+
+
+def switched(fn: Callable[[], object], on: bool) -> Callable[[], object]:
+    """``fn`` run with the native kernels on (as they are) or off (``native.available`` False)."""
     from transduce.kernels import native
 
     real = native.available
 
-    def switched(fn: Callable[[], object], on: bool) -> Callable[[], object]:
-        def go() -> object:
-            native.available = real if on else (lambda: False)  # type: ignore[assignment]
-            try:
-                return fn()
-            finally:
-                native.available = real  # type: ignore[assignment]
+    def go() -> object:
+        native.available = real if on else (lambda: False)  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            native.available = real  # type: ignore[assignment]
 
-        return go
+    return go
+
+
+def searches(size_name: str, rounds: int) -> dict[str, dict]:
+    from transduce.data.vocab import EOS
+    from transduce.inference import beam_search, greedy_search
+    from transduce.inference.engine import DecodingModel
 
     size = decode.SIZES[size_name]
     ours = decode.build_ours(size)
@@ -157,8 +230,11 @@ def main() -> None:
     result["operators"] = operators(args.rounds)
     for name in args.sizes:
         result[name] = searches(name, args.rounds)
+    result["training"] = training_operators(args.rounds)
+    for name in args.sizes:
+        result["training"].update(train_steps(name, args.rounds))
     print(f"{'what':40s} {'native ms':>10s} {'torch ms':>10s} {'speedup':>8s}")
-    for section in ("operators", *args.sizes):
+    for section in ("operators", *args.sizes, "training"):
         for key, r in result[section].items():
             flag = "" if r.get("same_outputs", True) else "  OUTPUTS DIFFER"
             print(

@@ -66,6 +66,10 @@ def main() -> None:
     args = p.parse_args()
     batch = train_step.PAPER_BATCH if args.paper_batch else args.batch
     device = torch.device(args.device)
+    if device.type == "cpu":  # as train_step.py's "--malloc on" and the Trainer run
+        from transduce.runtime import tune_malloc
+
+        tune_malloc()
     size = train_step.SIZES[args.size]
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, size["vocab"], (batch, train_step.SRC_LEN), generator=g).to(device)

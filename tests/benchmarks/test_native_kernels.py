@@ -1,6 +1,6 @@
 """benchmarks/native_kernels.py: a one-round run on a tiny model end to end (the operators, every
-search with and without the native kernels giving the same outputs, the JSON). No timing is
-asserted."""
+search with and without the native kernels giving the same outputs, the training operators and
+step, the JSON). No timing is asserted."""
 
 from __future__ import annotations
 
@@ -30,4 +30,13 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     for key, r in searches.items():
         assert r["same_outputs"] is True, key
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["speedup"] > 0
+    training = out["training"]
+    assert set(training) == {
+        "smoothed_ce 1536x37000 bf16",
+        "dropout 64x24x512 bf16",
+        "layer_norm fwd+bwd 1536x512 bf16",
+        "total_norm BASE grads",
+        "small train step bf16-weights",
+    }
+    assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in training.values())
     assert native.available()  # switched back on after the searches

@@ -70,7 +70,9 @@ def test_int8_translates_like_fp32(trained: Path, held_out, beam: int) -> None:
     # BLEU over 200 outputs of ~5 tokens: a few such changed outputs move it by about a point.
     assert same_where_right >= 0.95, [(a, b) for a, b in pairs if a != b]
     assert same >= 0.8, [(a, b) for a, b in pairs if a != b]
-    assert abs(bleu8 - bleu32) <= (2.0 if EIGHT_BITS else 3.0), (bleu32, bleu8)
+    # one-sided: int8 must not lose BLEU; near-tie flips may as well gain it by chance (a model
+    # trained with other dropout draws: +2.1, 41.2 against 39.1)
+    assert bleu32 - bleu8 <= (2.0 if EIGHT_BITS else 3.0), (bleu32, bleu8)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -214,10 +215,18 @@ def test_dropout_add_is_residual_plus_dropout(dtypes: tuple[torch.dtype, torch.d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_dropout_scale_is_exactly_the_rounded_one_over_one_minus_p(dtype: torch.dtype) -> None:
-    # the mask's bytes times a 0-dim scale in x's dtype: the same numbers, bit for bit, as the
-    # mask cast to x's dtype and scaled, and the result in x's dtype (not promoted to float32)
+def test_dropout_scale_is_exactly_the_rounded_one_over_one_minus_p(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PyTorch's form (the native kernel's: tests/kernels/test_native_training.py): the mask's
+    # bytes times a 0-dim scale in x's dtype, the same numbers, bit for bit, as the mask cast
+    # to x's dtype and scaled, and the result in x's dtype (not promoted to float32)
     from transduce.kernels.dropout import _keep_mask
+
+    # the module (the package's name "dropout" is its function)
+    dropout_module = importlib.import_module("transduce.kernels.dropout")
+
+    monkeypatch.setattr(dropout_module, "_native_takes", lambda x: False)
 
     x = torch.randn(6, 7, 9, dtype=dtype)
     torch.manual_seed(11)

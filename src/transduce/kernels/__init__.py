@@ -35,6 +35,7 @@ from transduce.kernels.matmul import (
     stacked_linear,
     stacked_weights,
 )
+from transduce.kernels.norm import layer_norm, total_norm
 from transduce.kernels.options import AttentionPath, KernelOptions, Matmul
 from transduce.kernels.projection import (
     Int8Projection,
@@ -68,6 +69,7 @@ __all__ = [
     "grouped_queries_path",
     "int8_refusal",
     "fp16_lstm_runs",
+    "layer_norm",
     "lstm",
     "kept_graph_bytes",
     "linear",
@@ -77,6 +79,7 @@ __all__ = [
     "one_row_is_read_bound",
     "reads_are_cheap",
     "topk_by_chunks_pays",
+    "total_norm",
     "stacked_linear",
     "stacked_weights",
 ]

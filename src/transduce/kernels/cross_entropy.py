@@ -1,7 +1,8 @@
 """Pieces of the training loss (``training/loss.py``) that depend on the device: a softmax
-computed in place where the kernel allows it, and Liger-Kernel's cross-entropy on CUDA GPUs (the
-``gpu`` extra, ``pip install transduce[gpu]``), imported lazily; absent, ``liger_available``
-says no and the training loss computes it itself."""
+computed in place where the kernel allows it, the native CPU kernel of the smoothed loss and its
+gradient (``native_takes``, ``native_smoothed_rows``), and Liger-Kernel's cross-entropy on CUDA
+GPUs (the ``gpu`` extra, ``pip install transduce[gpu]``), imported lazily; absent,
+``liger_available`` says no and the training loss computes it itself."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from transduce.kernels import native
+
 
 def softmax_(x: Tensor) -> Tensor:
     """softmax(x) over the last dim of a float32 x (n, V), written into x on the CPU (its kernel
@@ -19,6 +22,33 @@ def softmax_(x: Tensor) -> Tensor:
     if x.device.type == "cpu":
         return torch.ops.aten._softmax.out(x, -1, False, out=x)
     return torch.softmax(x, dim=-1)
+
+
+def native_takes(logits: Tensor) -> bool:
+    """Whether ``native_smoothed_rows`` computes the loss of ``logits``: float32 or bfloat16 on
+    the CPU, the native kernels built."""
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and native.available()
+    )
+
+
+def native_smoothed_rows(
+    logits: Tensor,
+    target: Tensor,
+    keep: Tensor,
+    eps: float,
+    grad_scale: float,
+    grad: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """logits (N, V), target (N,) int64 (every entry a column), keep (N,) bool -> (log sum_v
+    exp z, z at the target, sum_v z), each (N,) float32, in one pass over the logits; with
+    ``grad`` (contiguous, shaped and typed like the logits; it may be the logits) the smoothed
+    loss's gradient (softmax(z) - q) * grad_scale is written into it, 0 where not ``keep``."""
+    return native.smoothed_cross_entropy(
+        logits.contiguous(), target.contiguous(), keep.contiguous(), eps, grad_scale, grad
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,4 +82,10 @@ def liger_smoothed_cross_entropy_sum(
     return loss.float()
 
 
-__all__ = ["liger_available", "liger_smoothed_cross_entropy_sum", "softmax_"]
+__all__ = [
+    "liger_available",
+    "liger_smoothed_cross_entropy_sum",
+    "native_smoothed_rows",
+    "native_takes",
+    "softmax_",
+]

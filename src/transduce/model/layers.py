@@ -30,12 +30,21 @@ def residual(
     return norm(kernels.dropout_add(x, sublayer(x), dropout, training))
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (its parameters, state-dict keys and numbers) computed by
+    ``kernels.layer_norm``: the native CPU kernel while training, else PyTorch's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = tuple(self.normalized_shape)
+        return kernels.layer_norm(x, shape, self.weight, self.bias, self.eps)
+
+
 class _Sublayers(nn.Module):
     """The residual wrapping shared by the encoder and decoder layers: n layer norms."""
 
     def __init__(self, *, d_model: int, dropout: float, pre_norm: bool, n: int) -> None:
         super().__init__()
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n))
+        self.norms = nn.ModuleList(LayerNorm(d_model) for _ in range(n))
         self.dropout = dropout  # P_drop of the residual connections
         self.pre_norm = pre_norm
 

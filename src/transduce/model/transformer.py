@@ -13,7 +13,7 @@ from transduce.kernels import KernelOptions
 from transduce.model.attention import AttentionRecord
 from transduce.model.cache import DecoderCache
 from transduce.model.embedding import Embeddings
-from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.layers import DecoderLayer, EncoderLayer, LayerNorm
 from transduce.model.masks import key_padding_mask
 from transduce.model.positions import make_positions, slot_positions, word_positions
 
@@ -61,7 +61,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
         )
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.final_norm = LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
     def forward(
         self, src: Tensor, src_valid: Tensor, record: AttentionRecord | None = None
@@ -103,7 +103,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(**_layer_kwargs(cfg, options)) for _ in range(cfg.n_layers)
         )
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.final_norm = LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
 
     def forward(
         self,

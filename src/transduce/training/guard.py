@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from transduce import kernels
 from transduce.config import TrainConfig
 from transduce.errors import Diverged
 from transduce.training.progress import Progress
@@ -44,11 +45,15 @@ def gradient_norm(params: Sequence[torch.nn.Parameter], clip_norm: float) -> tor
     """The total L2 norm of the gradients of ``params`` before clipping, and the gradients
     clipped to ``clip_norm`` when it is positive; a 0-dim tensor on their device, left unread
     (reading a GPU's number waits for its queued work: the caller reads it with the losses).
-    One pass of foreach kernels over the gradients, as clipping alone already cost."""
-    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch 2.6 on
-    if clip_norm > 0 or get_total_norm is None:  # clipping by inf multiplies by 1: the same
+    The norm by ``kernels.total_norm`` (the native kernel for float32 CPU gradients), the
+    clipping by foreach kernels (PyTorch's ``clip_grads_with_norm_``)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    clip_with_norm = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch 2.6 on
+    if clip_with_norm is None:
         return torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else math.inf)
-    norm: torch.Tensor = get_total_norm([p.grad for p in params if p.grad is not None])
+    norm = kernels.total_norm(grads)
+    if clip_norm > 0 and grads:
+        clip_with_norm(params, clip_norm, norm)
     return norm
 
 

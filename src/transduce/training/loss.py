@@ -203,6 +203,43 @@ def _is_exactly(g: Tensor, value: float) -> bool:
     return g.device.type == "cpu" and g.item() == value
 
 
+def _chunked_rows(
+    logits: Tensor, target: Tensor, eps: float, grad_scale: float, grad: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PyTorch's form of ``_FusedSmoothedCrossEntropy``'s pass over logits (N, V), a chunk of
+    rows at a time: (lse, z_y, z_sum), each (N,) float32, and with ``grad`` (N, V) (it may be
+    the logits) (p - q) * grad_scale written into it, padding rows not yet zeroed."""
+    n, v = logits.shape
+    step = _chunk_rows(logits)
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) log sum exp z
+    z_y = torch.empty_like(lse)  # (N,) z at the target
+    z_sum = torch.empty_like(lse)  # (N,) sum_v z
+    for i in range(0, n, step):
+        rows = slice(i, i + step)
+        chunk, t = logits[rows], target[rows, None]  # (n_chunk, V), (n_chunk, 1)
+        if grad is None:  # no gradient wanted (validation): the logits stay as they are
+            z = chunk.float()
+            z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
+            lse[rows] = torch.logsumexp(z, dim=-1)
+            continue
+        # float32 z where its softmax, then p - q, may be computed in place: the gradient's
+        # own rows for float32 logits, else a float32 copy of the chunk
+        if grad.dtype == torch.float32:
+            z = grad[rows] if grad is logits else grad[rows].copy_(chunk)
+        else:
+            z = chunk.float()
+        m = z.amax(dim=-1)  # (n_chunk,)
+        z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
+        p = cross_entropy.softmax_(z)  # (n_chunk, V)
+        lse[rows] = m + p.amax(dim=-1).log().neg_()
+        p.sub_(eps / v).scatter_add_(1, t, p.new_full(t.shape, eps - 1.0))  # p - q
+        if grad_scale != 1.0:
+            p.mul_(grad_scale)  # (p - q) * grad_scale, while the chunk is in the cache
+        if p.data_ptr() != grad[rows].data_ptr():
+            grad[rows] = p
+    return lse, z_y, z_sum
+
+
 class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     """``_SmoothedCrossEntropy`` with the gradient of the loss computed in the forward pass.
 
@@ -214,8 +251,11 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     more passes. The backward pass multiplies it by the loss's incoming gradient; the NLL's
     gradient, p - onehot(y) = (p - q) + eps / V - eps onehot(y), comes from it too.
 
-    Its gain on a CPU's whole training step is small (the loss is a small part of it):
-    ``benchmarks/train_step.py --systems transduce transduce_reference``, benchmarks/RESULTS.md.
+    On the CPU (float32 or bfloat16 logits) the native kernel does all of it in one pass a row,
+    the row widened to float32 in the cache (``cross_entropy.native_smoothed_rows``), where
+    the chunks copy the logits to float32 and the gradient back: ~6x faster on the paper's
+    vocabulary (``benchmarks/native_kernels.py``, benchmarks/RESULTS.md); its exp and sums
+    differ from PyTorch's in the last float32 bits.
     """
 
     @staticmethod
@@ -228,44 +268,28 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
         overwrite: bool,
         grad_scale: float,
     ) -> tuple[Tensor, Tensor]:
-        n, v = logits.shape
-        step = _chunk_rows(logits)
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) log sum exp z
-        z_y = torch.empty_like(lse)  # (N,) z at the target
-        z_sum = torch.empty_like(lse)  # (N,) sum_v z
-        want_grad = ctx.needs_input_grad[0]
-        grad: Tensor | None = None  # (N, V) p - q, in the logits' dtype
-        if want_grad:
-            grad = logits if overwrite and logits.is_contiguous() else torch.empty_like(logits)
-        for i in range(0, n, step):
-            rows = slice(i, i + step)
-            chunk, t = logits[rows], target[rows, None]  # (n_chunk, V), (n_chunk, 1)
-            if grad is None:  # no gradient wanted (validation): the logits stay as they are
-                z = chunk.float()
-                z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
-                lse[rows] = torch.logsumexp(z, dim=-1)
-                continue
-            # float32 z where its softmax, then p - q, may be computed in place: the gradient's
-            # own rows for float32 logits, else a float32 copy of the chunk
-            if grad.dtype == torch.float32:
-                z = grad[rows] if grad is logits else grad[rows].copy_(chunk)
-            else:
-                z = chunk.float()
-            m = z.amax(dim=-1)  # (n_chunk,)
-            z_sum[rows], z_y[rows] = z.sum(dim=-1), z.gather(1, t).squeeze(1)
-            p = cross_entropy.softmax_(z)  # (n_chunk, V)
-            lse[rows] = m + p.amax(dim=-1).log().neg_()
-            p.sub_(eps / v).scatter_add_(1, t, p.new_full(t.shape, eps - 1.0))  # p - q
-            if grad_scale != 1.0:
-                p.mul_(grad_scale)  # (p - q) * grad_scale, while the chunk is in the cache
-            if p.data_ptr() != grad[rows].data_ptr():
-                grad[rows] = p
+        v = logits.size(1)
+        grad: Tensor | None = None  # (N, V) (p - q) * grad_scale, in the logits' dtype
+        if ctx.needs_input_grad[0]:
+            in_place = overwrite and logits.is_contiguous()
+            grad = (
+                logits
+                if in_place
+                else torch.empty_like(logits, memory_format=torch.contiguous_format)
+            )
+        if cross_entropy.native_takes(logits):  # one pass, padding rows zeroed by the kernel
+            lse, z_y, z_sum = cross_entropy.native_smoothed_rows(
+                logits, target, keep, eps, grad_scale, grad
+            )
+        else:
+            lse, z_y, z_sum = _chunked_rows(logits, target, eps, grad_scale, grad)
+            if grad is not None:
+                _zero_rows(grad, keep)  # padding counts for nothing
         w = keep.float()  # (N,)
         nll_rows = lse - z_y  # (N,) -log p(y)
         nll = (nll_rows * w).sum()
         loss = (1.0 - eps) * nll + (eps / v) * ((v * lse - z_sum) * w).sum()
         if grad is not None:
-            _zero_rows(grad, keep)  # padding counts for nothing
             # detached: the logits may be a view, which autograd would not let a Function
             # save once written in place
             ctx.save_for_backward(grad.detach(), target, w)

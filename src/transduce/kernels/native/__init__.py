@@ -6,7 +6,16 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
   the PyTorch form (tests/kernels/test_native.py);
 - ``log_softmax_topk.cpp``: the k best log-probabilities of each row of a step's logits
   (``log_softmax_topk``; kernels/topk_tiles.py), without writing the (N, V) log-probabilities;
-  its values differ from PyTorch's ``log_softmax`` in the last bits.
+  its values differ from PyTorch's ``log_softmax`` in the last bits;
+- ``training.cpp``: dropout's keep-and-scale tensor from a counter-based random stream
+  (``dropout_keep_scale``; kernels/dropout.py) and the label-smoothed cross-entropy with its
+  gradient written in place (``smoothed_cross_entropy``; training/loss.py), each one pass where
+  PyTorch takes several operators and float32 copies, and the gradients' sum of squares
+  (``sum_of_squares``; kernels/norm.py) in float64 at the memory's speed;
+- ``layer_norm.cpp``: layer normalisation's forward and backward passes for training
+  (``layer_norm``, ``layer_norm_backward``; kernels/norm.py), float32 or bfloat16, where
+  PyTorch's bfloat16 kernels run several times slower than their memory traffic;
+- ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp).
 
 PyTorch's forms stay the fallback.
 
@@ -33,7 +42,10 @@ from torch import Tensor
 from transduce.kernels.cpu import cpu_flags
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "rows.cpp", HERE / "log_softmax_topk.cpp")
+SOURCES = tuple(
+    HERE / name for name in ("rows.cpp", "log_softmax_topk.cpp", "training.cpp", "layer_norm.cpp")
+)
+HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
 VARIABLE = "TRANSDUCE_NATIVE"
 NAMESPACE = "transduce_native"  # the operators' namespace, TORCH_LIBRARY in rows.cpp
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
@@ -46,7 +58,7 @@ class NativeBuildError(RuntimeError):
 def build_name() -> str:
     """The extension's name: a digest of what its code depends on (the source, the flags,
     PyTorch's version, the CPU's features), so a change of any builds anew."""
-    parts = [path.read_bytes() for path in SOURCES]
+    parts = [path.read_bytes() for path in SOURCES + HEADERS]
     parts += [" ".join(CFLAGS).encode(), torch.__version__.encode()]
     parts.append(" ".join(sorted(cpu_flags())).encode())
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
@@ -131,12 +143,67 @@ def log_softmax_topk(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, 
     return values, indices
 
 
+def dropout_keep_scale(like: Tensor, scale: Tensor, threshold: int, seed: int) -> Tensor:
+    """(shape of like) in like's dtype (2 or 4 bytes an element): ``scale`` (0-dim, like's
+    dtype) where kept, 0 where dropped; element i kept where its 16-bit draw (SplitMix64's
+    words of ``seed``, four draws a word) is >= ``threshold`` (0 .. 2^16; needs
+    ``available()``)."""
+    out: Tensor = getattr(torch.ops, NAMESPACE).dropout_keep_scale(like, scale, threshold, seed)
+    return out
+
+
+def sum_of_squares(xs: list[Tensor]) -> Tensor:
+    """sum over the contiguous float32 CPU tensors xs of sum_i x_i^2, a 0-dim float64 tensor,
+    the same for any number of threads (needs ``available()``)."""
+    out: Tensor = getattr(torch.ops, NAMESPACE).sum_of_squares(xs)
+    return out
+
+
+def smoothed_cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    keep: Tensor,
+    eps: float,
+    grad_scale: float,
+    grad: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """logits (N, V) float32 or bfloat16, contiguous; target (N,) int64; keep (N,) bool ->
+    (log sum_v exp z, z at the target, sum_v z), each (N,) float32. With ``grad`` (N, V) in the
+    logits' dtype (it may be ``logits``), (softmax(z) - q) * grad_scale is written into it, q
+    the smoothed target, rows where not ``keep`` 0 (needs ``available()``)."""
+    lse, z_y, z_sum = getattr(torch.ops, NAMESPACE).smoothed_cross_entropy(
+        logits, target, keep, eps, grad_scale, grad
+    )
+    return lse, z_y, z_sum
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, ...]:
+    """x (rows, d) contiguous, weight and bias (d,), all float32 or all bfloat16 -> (y (rows, d)
+    in x's dtype, mean (rows,), rstd (rows,) float32) (needs ``available()``)."""
+    y, mean, rstd = getattr(torch.ops, NAMESPACE).layer_norm(x, weight, bias, eps)
+    return y, mean, rstd
+
+
+def layer_norm_backward(
+    grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor
+) -> tuple[Tensor, ...]:
+    """The gradients (dx, dweight, dbias) of ``layer_norm`` given grad (rows, d) of y and the
+    forward pass's x, mean, rstd, weight (needs ``available()``)."""
+    dx, dw, db = getattr(torch.ops, NAMESPACE).layer_norm_backward(grad, x, mean, rstd, weight)
+    return dx, dw, db
+
+
 __all__ = [
     "NAMESPACE",
     "NativeBuildError",
     "available",
     "build_name",
+    "dropout_keep_scale",
     "guarded_rows",
     "int8_rows",
+    "layer_norm",
+    "layer_norm_backward",
     "log_softmax_topk",
+    "smoothed_cross_entropy",
+    "sum_of_squares",
 ]

@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,61 +23,7 @@
 
 namespace {
 
-constexpr int kLanes = 16;
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-inline vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline vf splat(float x) { return vf{} + x; }
-
-// exp(x) for x <= 0 (x - max): Cephes' expf, inputs below -87 give exp(-87) ~ 1.6e-38, nothing
-// next to the max's term 1
-inline vf exp_nonpositive(vf x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf t = x * splat(1.44269504088896341f) + shifter;
-  vf n = t - shifter;
-  vi bits;
-  std::memcpy(&bits, &t, sizeof bits);
-  vi ni = bits - 0x4B400000;  // n as an integer
-  vf r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * (r * r) + r + splat(1.0f);
-  vi scale_bits = (ni + 127) << 23;  // 2^n
-  vf scale;
-  std::memcpy(&scale, &scale_bits, sizeof scale);
-  return p * scale;
-}
-
-// the largest lane, by a tree of lane shuffles (4 steps, no scalar loop)
-inline float hmax(vf v) {
-  v = v > __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) ? v
-      : __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  vf w = __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-  v = v > w ? v : w;
-  w = __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-  v = v > w ? v : w;
-  w = __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-  v = v > w ? v : w;
-  return v[0];
-}
-
-inline float hsum(vf v) {
-  float s = 0.0f;
-  for (int l = 0; l < kLanes; ++l) s += v[l];
-  return s;
-}
+using namespace transduce_vec;
 
 // the k best of a row so far, best first (a small sorted array: k is a beam's width)
 struct Best {
