@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from test_native import _native_or_skip
 
 from transduce.kernels import cross_entropy, dropout, dropout_add, layer_norm, native, total_norm
+from transduce.kernels.norm import native_norm_takes
 from transduce.training.loss import label_smoothed_nll
 
 dropout_module = importlib.import_module("transduce.kernels.dropout")  # not the function
@@ -267,3 +268,48 @@ def test_total_norm_against_float64_and_overflow() -> None:
     assert total_norm([torch.tensor([3e20, 4e20])]).item() == pytest.approx(5e20, rel=1e-6)
     assert total_norm([torch.tensor([1.0, float("nan")])]).isnan()
     assert total_norm([torch.tensor([1.0, float("inf")])]).isinf()
+
+
+def test_logits_overwritten_in_place_are_refused_to_an_op_that_saved_them() -> None:
+    # the kernel writes the gradient into the logits behind autograd's back: their version is
+    # bumped, so tanh (which saved its output) refuses, as with PyTorch's chunked form
+    _native_or_skip()
+    h = torch.randn(2, 3, 11, requires_grad=True)
+    logits = torch.tanh(h) * 1.0  # a product: saves nothing, may be overwritten
+    sums = label_smoothed_nll(
+        logits,
+        torch.zeros(2, 3, dtype=torch.long),
+        epsilon=0.1,
+        ignore_index=-1,
+        overwrite_logits=True,
+    )
+    sums.loss.backward()
+    assert h.grad is not None and h.grad.isfinite().all()
+    saved = torch.tanh(torch.randn(2, 3, 11, requires_grad=True))  # tanh saved this output
+    before = saved._version
+    sums = label_smoothed_nll(
+        saved,
+        torch.zeros(2, 3, dtype=torch.long),
+        epsilon=0.1,
+        ignore_index=-1,
+        overwrite_logits=True,
+    )
+    assert saved._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        sums.loss.backward()
+
+
+def test_the_native_paths_step_aside_for_empty_rows_sparse_and_second_derivatives() -> None:
+    _native_or_skip()
+    x = torch.randn(3, 0, requires_grad=True)
+    assert layer_norm(x, (0,), torch.ones(0), torch.zeros(0), 1e-5).shape == (3, 0)
+    sparse = torch.zeros(5).to_sparse()  # PyTorch's norm takes none either: not ours to take
+    assert not native_norm_takes([sparse]) and native_norm_takes([torch.zeros(5)])
+    y = torch.randn(4, 8, requires_grad=True)
+    (dx,) = torch.autograd.grad(
+        layer_norm(y, (8,), torch.ones(8), torch.zeros(8), 1e-5).pow(2).sum(),
+        y,
+        create_graph=True,
+    )
+    with pytest.raises(RuntimeError, match="once_differentiable|marked with @once_differentiable"):
+        dx.sum().backward()

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from transduce.kernels import native
 
@@ -45,6 +46,7 @@ def _native_takes(
         and (x.requires_grad or weight.requires_grad or bias.requires_grad)
         and len(normalized_shape) == 1
         and x.dim() >= 1
+        and x.size(-1) > 0
         and x.dtype in (torch.float32, torch.bfloat16)
         and weight.dtype == x.dtype
         and bias.dtype == x.dtype
@@ -64,6 +66,7 @@ class _NativeLayerNorm(torch.autograd.Function):
         return y.view(x.shape)
 
     @staticmethod
+    @once_differentiable  # the native backward has no graph: a second derivative is refused
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         rows, weight, mean, rstd = ctx.saved_tensors
         g = grad.reshape(rows.shape).contiguous()  # (rows, d)
@@ -92,7 +95,10 @@ def native_norm_takes(tensors: list[Tensor]) -> bool:
     """Whether ``total_norm`` takes the native kernel: float32 CPU tensors, not under
     torch.compile, the kernels built."""
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        all(
+            t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
+            for t in tensors
+        )
         and not torch.compiler.is_compiling()
         and native.available()
     )

@@ -281,6 +281,8 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
             lse, z_y, z_sum = cross_entropy.native_smoothed_rows(
                 logits, target, keep, eps, grad_scale, grad
             )
+            if grad is logits:  # written behind autograd's back: an op that saved them refuses
+                torch.autograd.graph.increment_version(logits)
         else:
             lse, z_y, z_sum = _chunked_rows(logits, target, eps, grad_scale, grad)
             if grad is not None:
