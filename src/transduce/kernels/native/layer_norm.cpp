@@ -27,12 +27,21 @@ using namespace transduce_vec;
 
 constexpr int64_t kRowsPerBlock = 32;
 
-inline float sum_of(const float* a, int64_t n) {
+// z = x widened to float32; returns sum_j z_j
+template <typename T>
+float widen_and_sum(const T* __restrict x, float* __restrict z, int64_t n) {
   vf acc = vf{};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) acc += load(a + j);
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = load_wide(x + j);
+    store(z + j, v);
+    acc += v;
+  }
   float s = hsum(acc);
-  for (; j < n; ++j) s += a[j];
+  for (; j < n; ++j) {
+    z[j] = widen1(x[j]);
+    s += z[j];
+  }
   return s;
 }
 
@@ -50,41 +59,53 @@ inline float centred_squares(const float* a, int64_t n, float c) {
   return s;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  vf acc = vf{};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) acc += load(a + j) * load(b + j);
-  float s = hsum(acc);
-  for (; j < n; ++j) s += a[j] * b[j];
-  return s;
-}
-
 template <typename T>
 void normed_row(const float* __restrict z, const float* __restrict w, const float* __restrict b,
                 T* __restrict y, int64_t d, float mu, float rstd) {
-  for (int64_t j = 0; j < d; ++j) narrow1((z[j] - mu) * rstd * w[j] + b[j], y + j);
-}
-
-// xhat and gw of a row, in place of z and g
-void xhat_gw(float* __restrict z, float* __restrict g, const float* __restrict w, int64_t d,
-             float mu, float rstd) {
-  for (int64_t j = 0; j < d; ++j) z[j] = (z[j] - mu) * rstd;
-  for (int64_t j = 0; j < d; ++j) g[j] *= w[j];
-}
-
-// dw += g xhat, db += g (this block of rows)
-void accumulate(const float* __restrict g, const float* __restrict xhat, float* __restrict dw,
-                float* __restrict db, int64_t d) {
-  for (int64_t j = 0; j < d; ++j) {
-    dw[j] += g[j] * xhat[j];
-    db[j] += g[j];
+  const vf mv = splat(mu), rv = splat(rstd);
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    store_narrow(y + j, (load(z + j) - mv) * rv * load(w + j) + load(b + j));
   }
+  for (; j < d; ++j) narrow1((z[j] - mu) * rstd * w[j] + b[j], y + j);
 }
 
+// One row's backward pass in two sweeps: first xhat and gw (into scratch), dw += g xhat and
+// db += g (this block's sums), sum gw and sum gw xhat; then dx.
 template <typename T>
-void dx_row(const float* __restrict xhat, const float* __restrict gw, T* __restrict dx, int64_t d,
-            float rstd, float a, float c) {
-  for (int64_t j = 0; j < d; ++j) narrow1(rstd * (gw[j] - a - xhat[j] * c), dx + j);
+void backward_row(const T* __restrict x, const T* __restrict g, const float* __restrict w,
+                  float* __restrict xhat, float* __restrict gw, float* __restrict dw,
+                  float* __restrict db, T* __restrict dx, int64_t d, float mu, float rstd) {
+  const vf mv = splat(mu), rv = splat(rstd);
+  vf acc_a = vf{}, acc_c = vf{};
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    const vf xh = (load_wide(x + j) - mv) * rv, gv = load_wide(g + j);
+    const vf gwv = gv * load(w + j);
+    store(xhat + j, xh);
+    store(gw + j, gwv);
+    store(dw + j, load(dw + j) + gv * xh);
+    store(db + j, load(db + j) + gv);
+    acc_a += gwv;
+    acc_c += gwv * xh;
+  }
+  float sa = hsum(acc_a), sc = hsum(acc_c);
+  for (int64_t q = j; q < d; ++q) {
+    const float xh = (widen1(x[q]) - mu) * rstd, gq = widen1(g[q]);
+    xhat[q] = xh;
+    gw[q] = gq * w[q];
+    dw[q] += gq * xh;
+    db[q] += gq;
+    sa += gw[q];
+    sc += gw[q] * xh;
+  }
+  const float a = sa / static_cast<float>(d), c = sc / static_cast<float>(d);
+  const vf av = splat(a), cv = splat(c);
+  j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    store_narrow(dx + j, rv * (load(gw + j) - av - load(xhat + j) * cv));
+  }
+  for (; j < d; ++j) narrow1(rstd * (gw[j] - a - xhat[j] * c), dx + j);
 }
 
 template <typename T>
@@ -101,8 +122,7 @@ void forward_rows(const T* x, const T* w_in, const T* b_in, T* y, float* mean, f
   at::parallel_for(0, rows, kRowsPerBlock, [&](int64_t begin, int64_t end) {
     std::vector<float> z(d);
     for (int64_t r = begin; r < end; ++r) {
-      widen_row(x + r * d, z.data(), d);
-      const float mu = sum_of(z.data(), d) / static_cast<float>(d);
+      const float mu = widen_and_sum(x + r * d, z.data(), d) / static_cast<float>(d);
       const float var = centred_squares(z.data(), d, mu) / static_cast<float>(d);
       const float rs = 1.0f / std::sqrt(var + eps);
       mean[r] = mu;
@@ -119,21 +139,14 @@ void backward_rows(const T* g_in, const T* x, const float* mean, const float* rs
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   std::vector<float> partial(static_cast<size_t>(2 * blocks * d), 0.0f);  // (blocks, 2, d)
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> z(d), g(d), gw(d);
+    std::vector<float> xhat(d), gw(d);
     for (int64_t blk = begin; blk < end; ++blk) {
       float* dw = partial.data() + 2 * blk * d;
       float* db = dw + d;
       const int64_t last = std::min(rows, (blk + 1) * kRowsPerBlock);
       for (int64_t r = blk * kRowsPerBlock; r < last; ++r) {
-        widen_row(x + r * d, z.data(), d);
-        widen_row(g_in + r * d, g.data(), d);
-        const float rs = rstd[r];
-        std::copy(g.begin(), g.end(), gw.begin());
-        xhat_gw(z.data(), gw.data(), w.data(), d, mean[r], rs);
-        accumulate(g.data(), z.data(), dw, db, d);
-        const float a = sum_of(gw.data(), d) / static_cast<float>(d);
-        const float c = dot(gw.data(), z.data(), d) / static_cast<float>(d);
-        dx_row(z.data(), gw.data(), dx + r * d, d, rs, a, c);
+        backward_row(x + r * d, g_in + r * d, w.data(), xhat.data(), gw.data(), dw, db,
+                     dx + r * d, d, mean[r], rstd[r]);
       }
     }
   });

@@ -109,7 +109,10 @@ at::Tensor dropout_keep_scale(const at::Tensor& like, const at::Tensor& scale, i
 // g_j = e_j * a - b, in g's dtype
 template <typename T>
 void narrow_row(const float* __restrict e, T* __restrict g, int64_t v, float a, float b) {
-  for (int64_t j = 0; j < v; ++j) narrow1(e[j] * a - b, g + j);
+  const vf av = splat(a), bv = splat(b);
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes) store_narrow(g + j, load(e + j) * av - bv);
+  for (; j < v; ++j) narrow1(e[j] * a - b, g + j);
 }
 
 // (max, sum) of z (v floats)

@@ -87,6 +87,31 @@ inline void narrow1(float x, c10::BFloat16* out) {  // round to nearest even, as
   out->x = bits;
 }
 
+// 16 elements of a row widened to float32 / narrowed from it (bfloat16: round to nearest even,
+// NaN to 0x7FC0, as c10 does), whole vectors
+typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+inline vf load_wide(const float* p) { return load(p); }
+inline vf load_wide(const c10::BFloat16* p) {
+  vu16 h;
+  std::memcpy(&h, p, sizeof h);
+  const vu32 u = __builtin_convertvector(h, vu32) << 16;
+  vf f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline void store_narrow(float* p, vf v) { store(p, v); }
+inline void store_narrow(c10::BFloat16* p, vf v) {
+  vu32 u;
+  std::memcpy(&u, &v, sizeof u);
+  vu32 r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  r = v != v ? vu32{} + 0x7FC0u : r;  // NaN
+  const vu16 h = __builtin_convertvector(r, vu16);
+  std::memcpy(p, &h, sizeof h);
+}
+
 template <typename T>
 void widen_row(const T* __restrict x, float* __restrict z, int64_t v) {
   for (int64_t j = 0; j < v; ++j) z[j] = widen1(x[j]);
