@@ -39,7 +39,7 @@ def _keep_scale(x: Tensor, p: float) -> Tensor:
     then scaling took two and the cast from bool did not vectorise (a [64, 24, 512] bfloat16
     mask 490 us against 178 on an Intel Xeon with AMX, benchmarks/RESULTS.md)."""
     scale = torch.tensor(1.0 / (1.0 - p), dtype=x.dtype, device=x.device)  # () in x's dtype
-    if _native_takes(x):  # one pass, ~10x faster (benchmarks/RESULTS.md)
+    if _native_takes(x):  # one pass, ~6.6x faster (benchmarks/RESULTS.md)
         # the seed drawn from the default generator: torch.manual_seed governs the draws
         seed = int(torch.empty((), dtype=torch.int64).random_(-(2**63), 2**63 - 1))
         return native.dropout_keep_scale(x, scale, int(p * 2**16), seed)

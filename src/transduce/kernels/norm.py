@@ -77,7 +77,7 @@ class _NativeLayerNorm(torch.autograd.Function):
 def total_norm(tensors: list[Tensor]) -> Tensor:
     """The L2 norm of all of ``tensors`` together (``torch.nn.utils.get_total_norm``), a 0-dim
     float32 tensor on their device. Float32 CPU tensors by the native kernel (squares summed in
-    float64, the same for any number of threads, ~2x faster than PyTorch's norm: benchmarks/
+    float64, the same for any number of threads, ~1.4x faster than PyTorch's norm: benchmarks/
     RESULTS.md); anything else by PyTorch."""
     if not tensors:
         return torch.zeros(())

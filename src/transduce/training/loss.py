@@ -253,7 +253,7 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
 
     On the CPU (float32 or bfloat16 logits) the native kernel does all of it in one pass a row,
     the row widened to float32 in the cache (``cross_entropy.native_smoothed_rows``), where
-    the chunks copy the logits to float32 and the gradient back: ~6x faster on the paper's
+    the chunks copy the logits to float32 and the gradient back: ~2.7x faster on the paper's
     vocabulary (``benchmarks/native_kernels.py``, benchmarks/RESULTS.md); its exp and sums
     differ from PyTorch's in the last float32 bits.
     """
