@@ -313,3 +313,13 @@ def test_the_native_paths_step_aside_for_empty_rows_sparse_and_second_derivative
     )
     with pytest.raises(RuntimeError, match="once_differentiable|marked with @once_differentiable"):
         dx.sum().backward()
+
+
+def test_layer_norm_of_a_diverged_row_is_nan_not_the_bias() -> None:
+    # squares past float32's range: rstd 0 would give y = b, finite, and hide the divergence
+    _native_or_skip()
+    x = torch.ones(3, 64)
+    x[1] = torch.linspace(-1e20, 1e20, 64)
+    x = x.requires_grad_()
+    y = layer_norm(x, (64,), torch.ones(64), torch.zeros(64), 1e-5)
+    assert y[1].isnan().all() and y[[0, 2]].isfinite().all()

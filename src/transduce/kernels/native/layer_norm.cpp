@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -124,7 +125,10 @@ void forward_rows(const T* x, const T* w_in, const T* b_in, T* y, float* mean, f
     for (int64_t r = begin; r < end; ++r) {
       const float mu = widen_and_sum(x + r * d, z.data(), d) / static_cast<float>(d);
       const float var = centred_squares(z.data(), d, mu) / static_cast<float>(d);
-      const float rs = 1.0f / std::sqrt(var + eps);
+      // a variance past float32's range (|x| ~ 1e18 and more) reads as NaN, not as rstd 0
+      // (y = b, finite): a diverged residual stream must reach the loss and the guard
+      const float rs = std::isfinite(var) ? 1.0f / std::sqrt(var + eps)
+                                          : std::numeric_limits<float>::quiet_NaN();
       mean[r] = mu;
       rstd[r] = rs;
       normed_row(z.data(), w.data(), b.data(), y + r * d, d, mu, rs);
