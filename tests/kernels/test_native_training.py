@@ -270,33 +270,28 @@ def test_total_norm_against_float64_and_overflow() -> None:
     assert total_norm([torch.tensor([1.0, float("inf")])]).isinf()
 
 
+def _overwriting_loss(logits: torch.Tensor) -> torch.Tensor:
+    """The smoothed loss of logits (2, 3, V) against target 0, its gradient written into them."""
+    target = torch.zeros(2, 3, dtype=torch.long)
+    return label_smoothed_nll(
+        logits, target, epsilon=0.1, ignore_index=-1, overwrite_logits=True
+    ).loss
+
+
 def test_logits_overwritten_in_place_are_refused_to_an_op_that_saved_them() -> None:
     # the kernel writes the gradient into the logits behind autograd's back: their version is
     # bumped, so tanh (which saved its output) refuses, as with PyTorch's chunked form
     _native_or_skip()
     h = torch.randn(2, 3, 11, requires_grad=True)
     logits = torch.tanh(h) * 1.0  # a product: saves nothing, may be overwritten
-    sums = label_smoothed_nll(
-        logits,
-        torch.zeros(2, 3, dtype=torch.long),
-        epsilon=0.1,
-        ignore_index=-1,
-        overwrite_logits=True,
-    )
-    sums.loss.backward()
+    _overwriting_loss(logits).backward()
     assert h.grad is not None and h.grad.isfinite().all()
     saved = torch.tanh(torch.randn(2, 3, 11, requires_grad=True))  # tanh saved this output
     before = saved._version
-    sums = label_smoothed_nll(
-        saved,
-        torch.zeros(2, 3, dtype=torch.long),
-        epsilon=0.1,
-        ignore_index=-1,
-        overwrite_logits=True,
-    )
+    loss = _overwriting_loss(saved)
     assert saved._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        sums.loss.backward()
+        loss.backward()
 
 
 def test_the_native_paths_step_aside_for_empty_rows_sparse_and_second_derivatives() -> None:

@@ -34,21 +34,9 @@ def native_takes(logits: Tensor) -> bool:
     )
 
 
-def native_smoothed_rows(
-    logits: Tensor,
-    target: Tensor,
-    keep: Tensor,
-    eps: float,
-    grad_scale: float,
-    grad: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """logits (N, V), target (N,) int64 (every entry a column), keep (N,) bool -> (log sum_v
-    exp z, z at the target, sum_v z), each (N,) float32, in one pass over the logits; with
-    ``grad`` (contiguous, shaped and typed like the logits; it may be the logits) the smoothed
-    loss's gradient (softmax(z) - q) * grad_scale is written into it, 0 where not ``keep``."""
-    return native.smoothed_cross_entropy(
-        logits.contiguous(), target.contiguous(), keep.contiguous(), eps, grad_scale, grad
-    )
+# logits (N, V), target (N,), keep (N,) -> (lse, z_y, z_sum), the gradient written into ``grad``
+# (``native.smoothed_cross_entropy``): the loss's one pass over the logits on the CPU
+native_smoothed_rows = native.smoothed_cross_entropy
 
 
 @functools.lru_cache(maxsize=1)

@@ -167,12 +167,13 @@ def smoothed_cross_entropy(
     grad_scale: float,
     grad: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """logits (N, V) float32 or bfloat16, contiguous; target (N,) int64; keep (N,) bool ->
-    (log sum_v exp z, z at the target, sum_v z), each (N,) float32. With ``grad`` (N, V) in the
-    logits' dtype (it may be ``logits``), (softmax(z) - q) * grad_scale is written into it, q
-    the smoothed target, rows where not ``keep`` 0 (needs ``available()``)."""
+    """logits (N, V) float32 or bfloat16; target (N,) int64, every entry a column; keep (N,)
+    bool -> (log sum_v exp z, z at the target, sum_v z), each (N,) float32, in one pass over the
+    logits. With ``grad`` (N, V), contiguous and in the logits' dtype (it may be ``logits``),
+    (softmax(z) - q) * grad_scale is written into it, q the smoothed target, rows where not
+    ``keep`` 0 (needs ``available()``)."""
     lse, z_y, z_sum = getattr(torch.ops, NAMESPACE).smoothed_cross_entropy(
-        logits, target, keep, eps, grad_scale, grad
+        logits.contiguous(), target.contiguous(), keep.contiguous(), eps, grad_scale, grad
     )
     return lse, z_y, z_sum
 
