@@ -31,8 +31,8 @@ def residual(
 
 
 class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (its parameters, state-dict keys and numbers) computed by
-    ``kernels.layer_norm``: the native CPU kernel while training, else PyTorch's."""
+    """``nn.LayerNorm`` (its parameters and state-dict keys; its function, within rounding)
+    computed by ``kernels.layer_norm``: the native CPU kernel while training, else PyTorch's."""
 
     def forward(self, x: Tensor) -> Tensor:
         shape = tuple(self.normalized_shape)
