@@ -10,11 +10,13 @@ greedily with exactly L output tokens (EOS suppressed before, as in decode.py), 
     fixed      the time at L = 2 (encoder, first step, setup)
     per step   (time at 60 - time at 30) / 30: a step's cost at 30-60 cached positions
 
-for ``transduce`` (``greedy_search`` on the ``DecodingModel``, what ``Translator`` runs) and for
+for ``transduce`` (``greedy_search`` on the ``DecodingModel``, what ``Translator`` runs; where the
+native kernels are built, its step is one native call, inference/engine/native_row.py) and for
 ``ct2`` (``translate_batch``, in a process of its own, each figure the faster of its MKL and oneDNN
 backends, as decode.py). For ours also ``products``: the step's matrix products alone (every
 decoder projection and the pre-softmax one, on the engine's own layout, one row each), timed in
-a loop of steps, and ``rest`` = per step - products. Each time is the best of ``--repeats``
+a loop of steps (PyTorch's one-row products, which the native step replaces by its own), and
+``rest`` = per step - products. Each time is the best of ``--repeats``
 rounds of 10 searches.
 
 Prints a table and one JSON line: per system ``fixed_ms`` and ``step_us``; ours ``products_us``

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from transduce import kernels
+from transduce.inference.engine.native_row import RowState
 from transduce.model.cache import DecoderCache, LayerCache
 
 
@@ -51,20 +52,29 @@ class EngineLayerCache(LayerCache):
         all cached keys (N, H, t + T, K) and values (N, H, t + T, Dv)."""
         t = 0 if self.self_k is None else self.self_k.size(2)
         n, new = k.size(0), k.size(2)
-        if not self._buffers or self._buffers[0][0].size(1) < t + new:
-            capacity = max(2 * (t + new), 16)
-            kb = k.new_empty(n, capacity, k.size(1), k.size(3))  # (N, capacity, H, K)
-            vb = v.new_empty(n, capacity, v.size(1), v.size(3))  # (N, capacity, H, Dv)
-            if self.self_k is not None and self.self_v is not None:  # t > 0
-                kb.narrow(1, 0, t).copy_(self.self_k.transpose(1, 2))
-                vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
-            self._buffers = [(kb, vb)]
-        kb, vb = self._buffers[0]
+        kb, vb = self.reserve(t + new, n, k.size(1), k.size(3), v.size(3), k)
         _positions(kb, n, t, new).copy_(k)
         _positions(vb, n, t, new).copy_(v)
         self.self_k = _positions(kb, n, 0, t + new)  # (N, H, t + T, K)
         self.self_v = _positions(vb, n, 0, t + new)
         return self.self_k, self.self_v
+
+    def reserve(
+        self, positions: int, n: int, h: int, k_size: int, v_size: int, like: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The buffers (N, capacity, H, K) and (N, capacity, H, Dv) with room for ``positions``,
+        made (like ``like``) or doubled where smaller, the cached positions (self_k / self_v,
+        which must be current) copied in."""
+        if not self._buffers or self._buffers[0][0].size(1) < positions:
+            capacity = max(2 * positions, 16)
+            kb = like.new_empty(n, capacity, h, k_size)  # (N, capacity, H, K)
+            vb = like.new_empty(n, capacity, h, v_size)  # (N, capacity, H, Dv)
+            if self.self_k is not None and self.self_v is not None:  # t > 0
+                t = self.self_k.size(2)
+                kb.narrow(1, 0, t).copy_(self.self_k.transpose(1, 2))
+                vb.narrow(1, 0, t).copy_(self.self_v.transpose(1, 2))
+            self._buffers = [(kb, vb)]
+        return self._buffers[0]
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (N_new,) of self_k / self_v, in that order."""
@@ -128,6 +138,25 @@ class EngineCache(DecoderCache):
 
     def __init__(self, n_layers: int) -> None:
         super().__init__(n_layers, EngineLayerCache)
+        # a sentence's native steps (``native_row``): they write the buffers only, leaving the
+        # layers' self_k / self_v views behind until ``settle``
+        self.row_state: RowState | None = None
+
+    def settle(self) -> None:
+        """The layers' self_k / self_v views made current after native steps, which wrote the
+        ``length`` positions into row 0 of the buffers; what reads the views calls this first."""
+        if self.row_state is None:
+            return
+        self.row_state = None
+        for layer in self.layers:
+            kb, vb = layer._buffers[0]
+            layer.self_k = _positions(kb, 1, 0, self.length)  # (1, H, length, K)
+            layer.self_v = _positions(vb, 1, 0, self.length)
+
+    def select_sources(self, index: Tensor) -> None:
+        """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""
+        self.settle()
+        super().select_sources(index)
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache.
@@ -135,6 +164,7 @@ class EngineCache(DecoderCache):
         When ``index`` keeps the number of rows and leaves at least half of them where they are
         (``index[i] == i``: beam search puts a hypothesis in its parent's slot where it can), only
         the other rows are copied, in place; otherwise all rows are gathered."""
+        self.settle()
         if self.slots is not None:
             self.slots = self.slots.index_select(0, index)
         moved = _moved_rows(index, self.layers[0].self_k if self.layers else None)

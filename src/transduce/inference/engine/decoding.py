@@ -36,6 +36,7 @@ from torch import Tensor
 
 from transduce import kernels
 from transduce.config import ModelConfig
+from transduce.inference.engine import native_row
 from transduce.inference.engine.cache import EngineCache, EngineLayerCache
 from transduce.inference.engine.folded_attention import (
     fold_cross_attention,
@@ -138,6 +139,11 @@ class DecodingModel:
     quarter of the float32 ones) in place of the float32 copies; two of them on CPUs where a
     second int8 kernel takes the many-row products (``kernels.Int8Projection``).
 
+    ``native_row_step``: a step of one hypothesis row (a sentence decoded alone, greedy) in one
+    native call through the whole decoder (``native_row.py``), float32 on the CPU, not with
+    int8; None = where it applies (the native kernels built), False = never, True = a
+    ValueError where it does not apply. It computes the same function within float32 rounding.
+
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
     column blocks, or for some layouts the small ones' transposed copies: ``kernels.Projection``);
@@ -153,6 +159,7 @@ class DecodingModel:
     layers: tuple[DecoderLayerWeights, ...]
     generator: Projection
     pre_norm: bool
+    row_plan: native_row.RowPlan | None
 
     def __init__(
         self,
@@ -163,6 +170,7 @@ class DecodingModel:
         one_row_parts: int | None = None,
         fold_one_sentence: bool | None = None,
         int8: bool = False,
+        native_row_step: bool | None = None,
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
@@ -194,6 +202,14 @@ class DecodingModel:
                 weight, model.generator.bias, layout
             )
         self.pre_norm = model.config.norm == "pre"
+        self.row_plan = None
+        if native_row_step is not False and not int8:
+            self.row_plan = native_row.RowPlan.of(model)
+        if native_row_step and self.row_plan is None:
+            raise ValueError(
+                "native_row_step needs float32 CPU weights, float32 decoding (not int8), one "
+                "layer-norm epsilon and the native kernels built"
+            )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
@@ -230,6 +246,8 @@ class DecodingModel:
         training mode, the model's own (with dropout); with int8 weights, T > 1 (or no cache)
         one position at a time (``_steps``)."""
         if cache is None or tgt.size(1) != 1 or self.model.training:
+            if isinstance(cache, EngineCache):
+                cache.settle()
             if self.int8 and not self.model.training:
                 return self._steps(tgt, memory, src_valid, cache)
             return self.model.decode(tgt, memory, src_valid, cache)
@@ -242,6 +260,14 @@ class DecodingModel:
         else:  # positions counted in word slots: one per row
             x = decoder.inputs(tgt, cache).view(tgt.size(0), -1)  # (N, 1, D) -> (N, D)
         mask = self.memo_source_mask(src_valid)  # (B, 1, 1, S) or None
+        engine_cache = isinstance(cache, EngineCache)
+        if engine_cache and x.size(0) == 1 and self.row_plan is not None:
+            logits = self._row_step(x, memory, mask, cache)
+            if logits is not None:
+                decoder.advance(cache, tgt)
+                return logits.unsqueeze(1)  # (1, V) -> (1, 1, V)
+        if engine_cache:
+            cache.settle()
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = self._layer(x, weights, layer_cache, memory, mask)
         decoder.advance(cache, tgt)
@@ -334,12 +360,23 @@ class DecodingModel:
         mask: Tensor | None,
     ) -> Tensor:
         """y (N, D) -> (N, D): encoder-decoder attention of N = B*G rows, G per sentence."""
-        if cache.cross_folded is not None:  # this sentence's fold, made at its first step below
+        self._cross_keys(w, cache, memory, mask)
+        if cache.cross_folded is not None:
             return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
-        path = self.attention
+        keys, values = cache.cross_k, cache.cross_v
+        assert keys is not None and values is not None  # made by _cross_keys
+        return self.grouped_cross_attention(y, w, keys, values, mask)
+
+    def _cross_keys(
+        self, w: DecoderLayerWeights, cache: EngineLayerCache, memory: Tensor, mask: Tensor | None
+    ) -> None:
+        """The sentences' projected keys and values (cache.cross_k, cross_v), made once a
+        search, and for a batch of one sentence their fold where it pays (cache.cross_folded)."""
+        if cache.cross_folded is not None:  # this sentence's fold, made at its first step below
+            return
         if cache.cross_k is None:  # MultiHeadAttention.project_key_value, each contiguous
             kv = w.cross_kv(memory.flatten(0, 1))  # (B*S, H*K + H*Dv)
-            kv = kernels.attention_input(kv, path)
+            kv = kernels.attention_input(kv, self.attention)
             k, v = kv.split((w.n_heads * w.d_k, w.n_heads * w.d_v), 1)
             # (B, H, S, size), copied once: the formula below multiplies them faster
             cache.cross_k, cache.cross_v = (
@@ -348,12 +385,61 @@ class DecodingModel:
         keys, values = cache.cross_k, cache.cross_v
         assert values is not None
         b, _, s, _ = keys.shape  # (B, H, S, K)
-        if b == 1 and w.fold is not None and fold_pays(s, y.size(1), w.d_k, w.d_v):
+        if b == 1 and w.fold is not None and fold_pays(s, memory.size(-1), w.d_k, w.d_v):
             valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
             cache.cross_folded = fold_cross_attention(w.fold, keys, values, valid)
-            if cache.cross_folded is not None:  # None: no valid source position
-                return folded_cross_attention(y, cache.cross_folded, w.cross_out.bias)
-        return self.grouped_cross_attention(y, w, keys, values, mask)
+
+    def _row_step(
+        self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: EngineCache
+    ) -> Tensor | None:
+        """x (1, D), the step's input -> logits (1, V) by ``native_row.step``, position
+        ``cache.length`` written into the layers' buffers; None where it does not apply (no
+        valid source position: PyTorch's attention gives zero weights there)."""
+        plan, t = self.row_plan, cache.length
+        assert plan is not None
+        state = cache.row_state
+        if state is None or state.capacity <= t:
+            state = self._row_state(plan, memory, mask, cache, t)
+            if state is None:
+                return None
+            cache.row_state = state
+        return native_row.step(plan, state, x, t)
+
+    def _row_state(
+        self,
+        plan: native_row.RowPlan,
+        memory: Tensor,
+        mask: Tensor | None,
+        cache: EngineCache,
+        t: int,
+    ) -> native_row.RowState | None:
+        """The sentence's ``RowState``: the cross-attention tensors, and buffers with room past
+        position ``t`` (the views made current first, the buffers grown where full)."""
+        cache.settle()
+        for w, layer_cache in zip(self.layers, cache.layers, strict=True):
+            self._cross_keys(w, layer_cache, memory, mask)
+        cross: list[Tensor] = []
+        folded = all(layer.cross_folded is not None for layer in cache.layers)
+        if folded:
+            for layer in cache.layers:
+                assert layer.cross_folded is not None
+                cross += [f.contiguous() for f in layer.cross_folded]
+        else:
+            valid = None if mask is None else mask.reshape(-1)  # (1, 1, 1, S) -> (S,)
+            if valid is not None and not bool(valid.any()):
+                return None
+            additive = memory.new_zeros(0 if valid is None else valid.numel())
+            if valid is not None:
+                additive.masked_fill_(~valid, float("-inf"))  # (S,): 0 or -inf
+            for layer in cache.layers:
+                assert layer.cross_k is not None and layer.cross_v is not None
+                cross += [layer.cross_k, layer.cross_v, additive]
+        _, _, h, d_k, d_v, *_ = plan.dims
+        buffers: list[Tensor] = []
+        for layer in cache.layers:
+            kb, vb = layer.reserve(t + 1, 1, h, d_k, d_v, memory)
+            buffers += [kb.narrow(0, 0, 1), vb.narrow(0, 0, 1)]  # row 0: this sentence's
+        return native_row.RowState(buffers, cross, folded, buffers[0].size(1))
 
     def grouped_cross_attention(
         self,

@@ -180,6 +180,7 @@ class _StaticSteps:
 
     def __init__(self, owner: StaticDecoder, eager: EngineCache, src_valid: Tensor, rows: int):
         self.owner = owner
+        eager.settle()  # the views, after a native first step (native_row.py)
         first = eager.layers[0]
         assert first.cross_k is not None and first.self_k is not None  # one step decoded
         sentences, source = first.cross_k.size(0), first.cross_k.size(2)  # B, S

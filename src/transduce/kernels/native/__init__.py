@@ -15,6 +15,9 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
 - ``layer_norm.cpp``: layer normalisation's forward and backward passes for training
   (``layer_norm``, ``layer_norm_backward``; kernels/norm.py), float32 or bfloat16, where
   PyTorch's bfloat16 kernels run several times slower than their memory traffic;
+- ``decoder_row.cpp``: one decoding step of one hypothesis row through the whole decoder and the
+  pre-softmax projection in one call (``decoder_row_step``; inference/engine/native_row.py),
+  where PyTorch's ~20 operators a layer cost more than their products at batch 1;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp).
 
 PyTorch's forms stay the fallback.
@@ -43,7 +46,14 @@ from transduce.kernels.cpu import cpu_flags
 
 HERE = Path(__file__).resolve().parent
 SOURCES = tuple(
-    HERE / name for name in ("rows.cpp", "log_softmax_topk.cpp", "training.cpp", "layer_norm.cpp")
+    HERE / name
+    for name in (
+        "rows.cpp",
+        "log_softmax_topk.cpp",
+        "training.cpp",
+        "layer_norm.cpp",
+        "decoder_row.cpp",
+    )
 )
 HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
 VARIABLE = "TRANSDUCE_NATIVE"
@@ -194,8 +204,31 @@ def layer_norm_backward(
     return dx, dw, db
 
 
+def decoder_row_step(
+    x: Tensor,
+    weights: Tensor,
+    dims: tuple[int, ...],
+    buffers: list[Tensor],
+    t: int,
+    cross: list[Tensor],
+    folded: bool,
+    eps: float,
+) -> Tensor:
+    """One decoding step of one row: x (1, D) float32, the step's input -> logits (1, V).
+    ``weights``: inference/engine/native_row.py's packing for ``dims`` (L, D, H, K, Dv, F, V,
+    activation, pre_norm); ``buffers``: 2 a layer, (1, capacity > t, H, K) and (1, capacity, H,
+    Dv), position ``t`` written; ``cross``: 3 a layer, the fold's (A, c, M) where ``folded``,
+    else (keys (1, H, S, K), values (1, H, S, Dv), an additive mask (S,) or an empty tensor);
+    ``eps`` the layer norms' (needs ``available()``)."""
+    out: Tensor = getattr(torch.ops, NAMESPACE).decoder_row_step(
+        x, weights, list(dims), buffers, t, cross, folded, eps
+    )
+    return out
+
+
 __all__ = [
     "NAMESPACE",
+    "decoder_row_step",
     "NativeBuildError",
     "available",
     "build_name",

@@ -1,0 +1,121 @@
+"""One sentence decoded alone (one hypothesis row: greedy, batch 1) in one native call a step.
+
+At batch 1 on the CPU a step of ``DecodingModel`` is ~20 PyTorch operators a layer around
+products that each read their weights in tens of microseconds: the operators' dispatch was ~40%
+of SMALL's step (benchmarks/step_cost.py). ``kernels.native.decoder_row_step`` computes the whole
+decoder and the pre-softmax projection for one row in one call, on one OpenMP team, from the
+weights packed here once (``RowPlan``) and the engine's own cache buffers; the embedding and the
+position stay PyTorch's (every kind of position the model has).
+
+``RowPlan.of`` returns None where the native step does not apply (not float32 on the CPU, the
+native kernels not built, layer norms with different epsilons); the engine then computes its
+step with PyTorch's operators. Results agree with those within float32 rounding (the sums run
+in another order), not bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from transduce import kernels
+from transduce.kernels import native
+from transduce.model.layers import DecoderLayer
+from transduce.model.transformer import Transformer
+
+# ModelConfig.activation -> the kernel's code
+ACTIVATION_CODES = {"relu": 0, "swish": 1, "gelu": 2}
+
+
+def _linear(layer: nn.Linear) -> list[Tensor]:
+    """W (out, in) and b (out,), zeros for no bias."""
+    bias = layer.bias if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
+    return [layer.weight, bias]
+
+
+def _norm(norm: nn.Module) -> list[Tensor]:
+    ln = cast(nn.LayerNorm, norm)
+    return [ln.weight, ln.bias]
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The decoder's weights packed for ``decoder_row_step``: per layer W^QKV, b^QKV, W^O, b^O,
+    the first norm's weight and bias; encoder-decoder attention's W^Q, b^Q, W^O, b^O, the second
+    norm; the FFN's W_1, b_1, W_2, b_2, the third norm (nn.Linear's (out, in) layout); then the
+    final norm (ones and zeros after post-norm layers) and the pre-softmax W and b. A copy: a
+    snapshot as the engine's others."""
+
+    weights: Tensor  # (total,) float32
+    dims: tuple[int, ...]  # L, D, H, K, Dv, F, V, activation, pre_norm
+    eps: float
+
+    @classmethod
+    def of(cls, model: Transformer) -> RowPlan | None:
+        """The plan for ``model``, or None where the native step does not apply."""
+        weight = model.generator.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        cfg = model.config
+        layers = [cast(DecoderLayer, layer) for layer in model.decoder.layers]
+        norms = [n for layer in layers for n in layer.norms]
+        if cfg.norm == "pre":
+            norms.append(model.decoder.final_norm)
+        if len({cast(nn.LayerNorm, n).eps for n in norms}) != 1 or not native.available():
+            return None
+        d = cfg.d_model
+        parts: list[Tensor] = []
+        for layer in layers:
+            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+            w_qkv, b_qkv = kernels.stacked_weights((sa.w_q, sa.w_k, sa.w_v))
+            if b_qkv is None:
+                b_qkv = w_qkv.new_zeros(w_qkv.size(0))
+            parts += [w_qkv, b_qkv, *_linear(sa.w_o), *_norm(layer.norms[0])]
+            parts += [*_linear(ca.w_q), *_linear(ca.w_o), *_norm(layer.norms[1])]
+            parts += [*_linear(ffn.w_1), *_linear(ffn.w_2), *_norm(layer.norms[2])]
+        if cfg.norm == "pre":
+            parts += _norm(model.decoder.final_norm)
+        else:
+            parts += [weight.new_ones(d), weight.new_zeros(d)]
+        parts += _linear(cast(nn.Linear, model.generator))
+        with torch.no_grad():
+            packed = torch.cat([p.detach().reshape(-1) for p in parts])
+        sa = layers[0].self_attn
+        dims = (
+            len(layers),
+            d,
+            sa.n_heads,
+            sa.d_k,
+            sa.d_v,
+            cfg.d_ff,
+            weight.size(0),
+            ACTIVATION_CODES[cfg.activation],
+            int(cfg.norm == "pre"),
+        )
+        return cls(packed, dims, float(cast(nn.LayerNorm, norms[0]).eps))
+
+
+@dataclass(frozen=True)
+class RowState:
+    """What a sentence's native steps take besides the step's input: the self-attention cache
+    buffers (2 a layer, (1, capacity, H, size)), encoder-decoder attention's tensors (3 a
+    layer: the fold's A, c, M, or keys, values and an additive mask or an empty tensor)."""
+
+    buffers: list[Tensor]
+    cross: list[Tensor]
+    folded: bool
+    capacity: int
+
+
+def step(plan: RowPlan, state: RowState, x: Tensor, t: int) -> Tensor:
+    """x (1, D) float32, the step's input -> logits (1, V); writes position ``t`` (< capacity)
+    into the state's buffers."""
+    return native.decoder_row_step(
+        x, plan.weights, plan.dims, state.buffers, t, state.cross, state.folded, plan.eps
+    )
+
+
+__all__ = ["ACTIVATION_CODES", "RowPlan", "RowState", "step"]

@@ -1,0 +1,363 @@
+// One decoding step of one hypothesis row (a sentence decoded alone, greedy) through the whole
+// decoder and the pre-softmax projection, float32, in one call: what the inference engine's
+// DecodingModel computes for N = 1 with ~20 PyTorch operators a layer, each a few microseconds of
+// dispatch around a product that reads its weights in tens (benchmarks/step_cost.py). Here one
+// OpenMP team runs the step; each matrix-vector product splits its output rows over the
+// threads, the small work between products (layer norms, attention over the cache, softmax)
+// runs on the threads by heads or on one, with a barrier after each.
+//
+// The weights come packed in one float32 tensor (inference/engine/native_row.py packs them, in
+// the order of Layer below); the self-attention cache is the engine's own buffers, (1, capacity,
+// H, K) per layer, position t written here; encoder-decoder attention either folded (A, c, M of
+// inference/engine/folded_attention.py) or on the projected keys and values with an additive
+// mask. Sums run in another order than PyTorch's products: results agree within float32
+// rounding, not bit for bit.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include "vec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace transduce_vec;
+
+enum Activation : int64_t { kRelu = 0, kSwish = 1, kGelu = 2 };
+
+struct Dims {
+  int64_t layers, d, heads, dk, dv, ff, vocab, activation, pre_norm;
+  int64_t qkv() const { return heads * (2 * dk + dv); }
+  // floats a layer takes in the packed weights (the order of Layer::at)
+  int64_t layer_size() const {
+    return qkv() * (d + 1) + d * heads * dv + d + 2 * d  // self-attention, its norm
+           + heads * dk * (d + 1) + d * heads * dv + d + 2 * d  // encoder-decoder attention
+           + ff * (d + 1) + d * ff + d + 2 * d;  // the FFN, its norm
+  }
+};
+
+// a layer's weights, views into the packed tensor (nn.Linear's (out, in) layout, row-major)
+struct Layer {
+  const float *w_qkv, *b_qkv, *w_o, *b_o, *norm1_w, *norm1_b;
+  const float *w_cq, *b_cq, *w_co, *b_co, *norm2_w, *norm2_b;
+  const float *w_1, *b_1, *w_2, *b_2, *norm3_w, *norm3_b;
+
+  static Layer at(const float* p, const Dims& m) {
+    Layer l{};
+    auto take = [&p](int64_t n) {
+      const float* q = p;
+      p += n;
+      return q;
+    };
+    const int64_t d = m.d, hv = m.heads * m.dv, hk = m.heads * m.dk;
+    l.w_qkv = take(m.qkv() * d), l.b_qkv = take(m.qkv());
+    l.w_o = take(d * hv), l.b_o = take(d), l.norm1_w = take(d), l.norm1_b = take(d);
+    l.w_cq = take(hk * d), l.b_cq = take(hk);
+    l.w_co = take(d * hv), l.b_co = take(d), l.norm2_w = take(d), l.norm2_b = take(d);
+    l.w_1 = take(m.ff * d), l.b_1 = take(m.ff);
+    l.w_2 = take(d * m.ff), l.b_2 = take(d), l.norm3_w = take(d), l.norm3_b = take(d);
+    return l;
+  }
+};
+
+// rows [lo, hi) of lo..n split in four-row steps among the team: this thread's share
+inline void share(int64_t n, int64_t& lo, int64_t& hi) {
+  const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+  const int64_t per = ((n + threads - 1) / threads + 3) / 4 * 4;
+  lo = std::min(n, me * per);
+  hi = std::min(n, lo + per);
+}
+
+inline float dot(const float* __restrict w, const float* __restrict x, int64_t n) {
+  vf a{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) a += load(w + i) * load(x + i);
+  float s = hsum(a);
+  for (; i < n; ++i) s += w[i] * x[i];
+  return s;
+}
+
+// y[j] = b[j] + W[j, :] . x for this thread's rows j of W (out, in); four rows at a time, one
+// read of x's vector for four rows
+void gemv(const float* __restrict w, const float* __restrict b, const float* __restrict x,
+          float* __restrict y, int64_t out, int64_t in) {
+  int64_t lo, hi;
+  share(out, lo, hi);
+  int64_t j = lo;
+  const int64_t body = in / kLanes * kLanes;
+  for (; j + 4 <= hi; j += 4) {
+    const float* w0 = w + j * in;
+    const float *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+    vf a0{}, a1{}, a2{}, a3{};
+    for (int64_t i = 0; i < body; i += kLanes) {
+      const vf xv = load(x + i);
+      a0 += load(w0 + i) * xv;
+      a1 += load(w1 + i) * xv;
+      a2 += load(w2 + i) * xv;
+      a3 += load(w3 + i) * xv;
+    }
+    float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+    for (int64_t i = body; i < in; ++i) {
+      s[0] += w0[i] * x[i], s[1] += w1[i] * x[i], s[2] += w2[i] * x[i], s[3] += w3[i] * x[i];
+    }
+    for (int r = 0; r < 4; ++r) y[j + r] = b[j + r] + s[r];
+  }
+  for (; j < hi; ++j) y[j] = b[j] + dot(w + j * in, x, in);
+}
+
+inline float activate(float v, int64_t kind) {
+  if (kind == kRelu) return v > 0.0f ? v : 0.0f;
+  if (kind == kSwish) return v / (1.0f + std::exp(-v));
+  return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));  // GELU, the erf form
+}
+
+// this thread's rows of y, activated in place (after its own gemv: no barrier needed)
+void activate_share(float* y, int64_t n, int64_t kind) {
+  int64_t lo, hi;
+  share(n, lo, hi);
+  for (int64_t j = lo; j < hi; ++j) y[j] = activate(y[j], kind);
+}
+
+// y = LayerNorm(x) with weight w and bias b, biased variance (as PyTorch), one thread
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t d, float eps) {
+  double mean = 0.0;
+  for (int64_t i = 0; i < d; ++i) mean += x[i];
+  mean /= d;
+  double var = 0.0;
+  for (int64_t i = 0; i < d; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float rstd = static_cast<float>(1.0 / std::sqrt(var / d + eps));
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
+}
+
+// softmax of p[0..n) in place (max subtracted; -inf entries give 0); n >= 1
+void softmax(float* p, int64_t n) {
+  float m = -kInf;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, p[j]);
+  float s = 0.0f;
+  for (int64_t j = 0; j < n; ++j) s += (p[j] = std::exp(p[j] - m));
+  const float inv = 1.0f / s;
+  for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+}
+
+// out (Dv) = sum_j softmax_j(q . k_j / sqrt(dk) + mask_j) v_j over j < n, key j at
+// k + j * k_stride, value j at v + j * v_stride; scratch holds n floats
+void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
+            int64_t n, int64_t dk, int64_t dv, const float* mask, float* scratch, float* out) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  for (int64_t j = 0; j < n; ++j) {
+    scratch[j] = dot(q, k + j * k_stride, dk) * scale + (mask ? mask[j] : 0.0f);
+  }
+  softmax(scratch, n);
+  for (int64_t c = 0; c < dv; ++c) out[c] = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float pj = scratch[j];
+    const float* vj = v + j * v_stride;
+    for (int64_t c = 0; c < dv; ++c) out[c] += pj * vj[c];
+  }
+}
+
+// the heads of this thread: [lo, hi)
+inline void head_share(int64_t heads, int64_t& lo, int64_t& hi) {
+  const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+  const int64_t per = (heads + threads - 1) / threads;
+  lo = std::min(heads, me * per);
+  hi = std::min(heads, lo + per);
+}
+
+struct Cross {
+  bool folded;
+  // folded: a (H, D, S), c (H, 1, S), m (H*S, D); else keys (1, H, S, K), values (1, H, S, Dv),
+  // mask (S,) additive or null
+  const float *a, *c, *m, *keys, *values, *mask;
+  int64_t sources;
+};
+
+// encoder-decoder attention of y (D) into out (D), inside the team
+void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float* y, float* out,
+                     float* q, float* heads_out, float* scratch) {
+  const int64_t d = m.d, s = x.sources;
+  int64_t lo, hi;
+  if (x.folded) {
+    // scores[h, j] = c[h, j] + sum_i y[i] a[h, i, j], then a softmax per head
+    head_share(m.heads, lo, hi);
+    for (int64_t h = lo; h < hi; ++h) {
+      float* p = scratch + h * s;
+      const float* ah = x.a + h * d * s;
+      for (int64_t j = 0; j < s; ++j) p[j] = x.c[h * s + j];
+      for (int64_t i = 0; i < d; ++i) {
+        const float yi = y[i];
+        const float* row = ah + i * s;
+        for (int64_t j = 0; j < s; ++j) p[j] += yi * row[j];
+      }
+      softmax(p, s);
+    }
+#pragma omp barrier
+    // out[c] = b[c] + sum_r p[r] m[r, c], r over H*S, each thread its columns c
+    int64_t c0, c1;
+    share(d, c0, c1);
+    for (int64_t c = c0; c < c1; ++c) out[c] = l.b_co[c];
+    for (int64_t r = 0; r < m.heads * s; ++r) {
+      const float pr = scratch[r];
+      const float* row = x.m + r * d;
+      for (int64_t c = c0; c < c1; ++c) out[c] += pr * row[c];
+    }
+#pragma omp barrier
+    return;
+  }
+  gemv(l.w_cq, l.b_cq, y, q, m.heads * m.dk, d);
+#pragma omp barrier
+  head_share(m.heads, lo, hi);
+  for (int64_t h = lo; h < hi; ++h) {
+    attend(q + h * m.dk, x.keys + h * s * m.dk, x.values + h * s * m.dv, m.dk, m.dv, s, m.dk,
+           m.dv, x.mask, scratch + h * s, heads_out + h * m.dv);
+  }
+#pragma omp barrier
+  gemv(l.w_co, l.b_co, heads_out, out, d, m.heads * m.dv);
+#pragma omp barrier
+}
+
+// x (1, D): the step's input (embedding and position); weights: packed (native_row.py);
+// dims: L, D, H, K, Dv, F, V, activation, pre_norm; kv: 2L buffers (1, capacity, H, K) and
+// (1, capacity, H, Dv), position t written; cross: 3L tensors, folded (A, c, M) or (keys,
+// values, additive mask or an empty tensor) -> logits (1, V)
+at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
+                            at::IntArrayRef dims, at::TensorList kv, int64_t t,
+                            at::TensorList cross, bool folded, double eps) {
+  TORCH_CHECK(dims.size() == 9, "dims: L, D, H, K, Dv, F, V, activation, pre_norm");
+  const Dims m{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]};
+  TORCH_CHECK(m.activation >= kRelu && m.activation <= kGelu, "activation: 0, 1 or 2");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.numel() == m.d && x_in.is_contiguous(),
+              "x must be (1, D) float32, contiguous");
+  TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.is_contiguous() &&
+                  weights.numel() == m.layers * m.layer_size() + 2 * m.d + m.vocab * (m.d + 1),
+              "weights must be the packed float32 tensor of these dims");
+  TORCH_CHECK(static_cast<int64_t>(kv.size()) == 2 * m.layers, "kv: two buffers a layer");
+  TORCH_CHECK(static_cast<int64_t>(cross.size()) == 3 * m.layers, "cross: three tensors a layer");
+  const int64_t d = m.d, hk = m.heads * m.dk, hv = m.heads * m.dv;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const at::Tensor &kb = kv[2 * i], &vb = kv[2 * i + 1];
+    TORCH_CHECK(kb.is_contiguous() && vb.is_contiguous() && kb.scalar_type() == at::kFloat &&
+                    vb.scalar_type() == at::kFloat && kb.dim() == 4 && vb.dim() == 4 &&
+                    kb.size(0) == 1 && kb.size(1) > t && kb.size(2) * kb.size(3) == hk &&
+                    vb.size(1) == kb.size(1) && vb.size(2) * vb.size(3) == hv,
+                "kv buffers must be (1, capacity > t, H, K) float32, contiguous");
+  }
+  TORCH_CHECK(t >= 0, "t must be >= 0");
+  std::vector<Cross> sentences(m.layers);
+  int64_t widest = t + 1;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const at::Tensor &a = cross[3 * i], &b = cross[3 * i + 1], &c = cross[3 * i + 2];
+    Cross& s = sentences[i];
+    s.folded = folded;
+    TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.scalar_type() == at::kFloat &&
+                    b.scalar_type() == at::kFloat,
+                "cross tensors must be float32, contiguous");
+    if (folded) {  // a (H, D, S), b = c (H, 1, S), c = M (H*S, D)
+      s.sources = a.size(2);
+      TORCH_CHECK(a.numel() == m.heads * d * s.sources && b.numel() == m.heads * s.sources &&
+                      c.is_contiguous() && c.scalar_type() == at::kFloat &&
+                      c.numel() == m.heads * s.sources * d,
+                  "folded cross attention: A (H, D, S), c (H, 1, S), M (H*S, D)");
+      s.a = a.const_data_ptr<float>(), s.c = b.const_data_ptr<float>();
+      s.m = c.const_data_ptr<float>();
+    } else {  // a = keys (1, H, S, K), b = values (1, H, S, Dv), c = mask (S,) or empty
+      s.sources = a.size(2);
+      TORCH_CHECK(a.dim() == 4 && a.numel() == hk * s.sources && b.numel() == hv * s.sources,
+                  "cross attention: keys (1, H, S, K), values (1, H, S, Dv)");
+      s.keys = a.const_data_ptr<float>(), s.values = b.const_data_ptr<float>();
+      TORCH_CHECK(c.numel() == 0 || (c.numel() == s.sources && c.scalar_type() == at::kFloat &&
+                                     c.is_contiguous()),
+                  "the cross mask must be (S,) float32 or empty");
+      s.mask = c.numel() ? c.const_data_ptr<float>() : nullptr;
+    }
+    TORCH_CHECK(s.sources >= 1, "no source position");
+    widest = std::max(widest, s.sources);
+  }
+  const float* packed = weights.const_data_ptr<float>();
+  const float* final_w = packed + m.layers * m.layer_size();
+  const float* final_b = final_w + d;
+  const float* gen_w = final_b + d;
+  const float* gen_b = gen_w + m.vocab * d;
+  at::Tensor logits = at::empty({1, m.vocab}, x_in.options());
+  // working rows: x, y (normed or summed), q/k/v, the heads' outputs, the FFN's hidden layer,
+  // a sublayer's output, attention scores
+  std::vector<float> x(x_in.const_data_ptr<float>(), x_in.const_data_ptr<float>() + d);
+  std::vector<float> y(d), qkv(m.qkv()), heads_out(hv), hidden(m.ff), sub(d), q(hk);
+  std::vector<float> scratch(m.heads * widest);
+  const float fe = static_cast<float>(eps);
+  const bool pre = m.pre_norm != 0;
+  // the sublayer's input: LN(x) before (pre-norm), x itself after (post-norm)
+  auto begin = [&](const float* nw, const float* nb) {
+    if (pre) layer_norm(x.data(), nw, nb, y.data(), d, fe);
+    else std::copy(x.begin(), x.end(), y.begin());
+  };
+  // x + sub, then LN after (post-norm); one thread
+  auto end = [&](const float* nw, const float* nb) {
+    for (int64_t i = 0; i < d; ++i) x[i] += sub[i];
+    if (!pre) layer_norm(x.data(), nw, nb, x.data(), d, fe);
+  };
+  float* out = logits.mutable_data_ptr<float>();
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    for (int64_t i = 0; i < m.layers; ++i) {
+      const Layer l = Layer::at(packed + i * m.layer_size(), m);
+      float* kb = kv[2 * i].mutable_data_ptr<float>();
+      float* vb = kv[2 * i + 1].mutable_data_ptr<float>();
+#pragma omp single
+      begin(l.norm1_w, l.norm1_b);
+      gemv(l.w_qkv, l.b_qkv, y.data(), qkv.data(), m.qkv(), d);
+#pragma omp barrier
+#pragma omp single
+      {  // the new position's keys and values into the cache, position-major rows of H*K
+        std::copy(qkv.begin() + hk, qkv.begin() + 2 * hk, kb + t * hk);
+        std::copy(qkv.begin() + 2 * hk, qkv.end(), vb + t * hv);
+      }
+      int64_t lo, hi;
+      head_share(m.heads, lo, hi);
+      for (int64_t h = lo; h < hi; ++h) {
+        attend(qkv.data() + h * m.dk, kb + h * m.dk, vb + h * m.dv, hk, hv, t + 1, m.dk, m.dv,
+               nullptr, scratch.data() + h * widest, heads_out.data() + h * m.dv);
+      }
+#pragma omp barrier
+      gemv(l.w_o, l.b_o, heads_out.data(), sub.data(), d, hv);
+#pragma omp barrier
+#pragma omp single
+      {
+        end(l.norm1_w, l.norm1_b);
+        begin(l.norm2_w, l.norm2_b);
+      }
+      cross_attention(l, m, sentences[i], y.data(), sub.data(), q.data(), heads_out.data(),
+                      scratch.data());
+#pragma omp single
+      {
+        end(l.norm2_w, l.norm2_b);
+        begin(l.norm3_w, l.norm3_b);
+      }
+      gemv(l.w_1, l.b_1, y.data(), hidden.data(), m.ff, d);
+      activate_share(hidden.data(), m.ff, m.activation);
+#pragma omp barrier
+      gemv(l.w_2, l.b_2, hidden.data(), sub.data(), d, m.ff);
+#pragma omp barrier
+#pragma omp single
+      end(l.norm3_w, l.norm3_b);
+    }
+#pragma omp single
+    if (pre) layer_norm(x.data(), final_w, final_b, x.data(), d, fe);
+    gemv(gen_w, gen_b, x.data(), out, m.vocab, d);
+  }
+  return logits;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
+  m.def("decoder_row_step(Tensor x, Tensor weights, int[] dims, Tensor[] kv, int t, "
+        "Tensor[] cross, bool folded, float eps) -> Tensor",
+        decoder_row_step);
+}

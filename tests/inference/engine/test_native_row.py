@@ -1,0 +1,168 @@
+"""The native one-row step (inference/engine/native_row.py): a sentence decoded alone, one
+native call a step, computes what the model computes, for every kind of model, folded or not,
+past the cache's first buffers, and hands its cache on to PyTorch's steps intact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from model_testkit import tiny_batch, tiny_model
+
+from transduce.inference import greedy_search
+from transduce.inference.engine import DecodingModel
+from transduce.inference.engine.native_row import RowPlan
+from transduce.kernels import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels did not build")
+
+_VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"norm": "pre"},
+    {"activation": "swish"},
+    {"activation": "gelu"},
+    {"positional": "learned"},
+    {"position_unit": "word"},
+    {"d_k": 5, "d_v": 7, "n_heads": 3},
+    {"tgt_vocab": 11, "tie_embeddings": False},
+    {"output_bias": True},
+]
+
+
+def _id(kw: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in kw.items()) or "base"
+
+
+def _steps(model: Any, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Logits (N, T, V) of ``tgt`` decoded one position at a time against ``src``'s memory."""
+    with torch.no_grad():
+        memory, valid = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, valid, cache) for t in range(tgt.size(1))]
+    return torch.cat(steps, dim=1), cache
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+@pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
+def test_native_steps_equal_the_model(kw: dict[str, Any], fold: bool) -> None:
+    model = tiny_model(**kw)
+    fast = DecodingModel(model, fold_one_sentence=fold, native_row_step=True)
+    src, tgt = tiny_batch()
+    for i in range(src.size(0)):  # sentences 1 and 2 have source padding
+        out, cache = _steps(fast, src[i : i + 1], tgt[i : i + 1])
+        ref, _ = _steps(model, src[i : i + 1], tgt[i : i + 1])
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert cache.row_state is not None  # the native step ran
+        assert (cache.layers[0].cross_folded is not None) == fold
+        assert cache.length == tgt.size(1)
+
+
+def test_long_outputs_grow_the_buffers() -> None:
+    model = tiny_model(max_positions=128)
+    src, _ = tiny_batch()
+    tgt = torch.randint(4, 13, (1, 40), generator=torch.Generator().manual_seed(3))
+    out, cache = _steps(DecodingModel(model, native_row_step=True), src[1:2], tgt)
+    with torch.no_grad():
+        full = model(src[1:2], tgt)
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
+    assert cache.row_state.capacity >= 40  # grown from 16 twice
+
+
+def test_the_same_numbers_on_any_number_of_threads() -> None:
+    # each output is summed by one thread in one order, whatever the split
+    model = tiny_model(d_model=64, d_ff=96, n_heads=4)
+    fast = DecodingModel(model, native_row_step=True)
+    src, tgt = tiny_batch()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = _steps(fast, src[:1], tgt[:1])
+        torch.set_num_threads(2)
+        two, _ = _steps(fast, src[:1], tgt[:1])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_pytorch_steps_after_native_ones_see_the_same_cache() -> None:
+    # native steps, then two hypotheses of the sentence (PyTorch's step), back to one row
+    # (native again), then two positions at once (the model's path), then native: as the
+    # engine computes without the native step
+    model = tiny_model()
+    src, _ = tiny_batch()
+    tgt = torch.randint(4, 13, (1, 10), generator=torch.Generator().manual_seed(4))
+
+    def run(engine: DecodingModel) -> list[torch.Tensor]:
+        out = []
+        with torch.no_grad():
+            memory, valid = engine.encode(src[1:2])
+            cache = engine.new_cache()
+            for t in range(3):
+                out.append(engine.decode(tgt[:, t : t + 1], memory, valid, cache))
+            cache.reorder(torch.tensor([0, 0]))
+            out.append(engine.decode(tgt[:, 3:4].expand(2, 1), memory, valid, cache))
+            cache.reorder(torch.tensor([1]))
+            for t in range(4, 6):
+                out.append(engine.decode(tgt[:, t : t + 1], memory, valid, cache))
+            out.append(engine.decode(tgt[:, 6:8], memory, valid, cache))
+            for t in range(8, 10):
+                out.append(engine.decode(tgt[:, t : t + 1], memory, valid, cache))
+        return out
+
+    native_out = run(DecodingModel(model, native_row_step=True))
+    torch_out = run(DecodingModel(model, native_row_step=False))
+    for a, b in zip(native_out, torch_out, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_fully_padded_source_takes_pytorch_s_step() -> None:
+    # no valid source position: PyTorch's attention gives zero weights, a softmax would give NaN
+    model = tiny_model()
+    fast = DecodingModel(model, native_row_step=True)
+    src = torch.zeros(1, 5, dtype=torch.long)
+    tgt = torch.randint(4, 11, (1, 4), generator=torch.Generator().manual_seed(7))
+    out, cache = _steps(fast, src, tgt)
+    ref, _ = _steps(model, src, tgt)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert cache.row_state is None
+
+
+def test_greedy_search_gives_the_pytorch_step_s_outputs() -> None:
+    model = tiny_model(d_model=32, d_ff=64, n_heads=4)
+    src, _ = tiny_batch()
+    for i in range(src.size(0)):
+        torch_engine = DecodingModel(model, native_row_step=False)
+        native_out = greedy_search(DecodingModel(model), src[i : i + 1], max_len=12)
+        assert native_out == greedy_search(torch_engine, src[i : i + 1], max_len=12)
+
+
+def test_where_it_does_not_apply_it_is_refused_or_off() -> None:
+    model = tiny_model()
+    assert DecodingModel(model).row_plan is not None  # on by default on float32 CPU weights
+    assert DecodingModel(model, native_row_step=False).row_plan is None
+    assert DecodingModel(model, int8=True).row_plan is None  # int8 stays int8
+    with pytest.raises(ValueError, match="native_row_step needs"):
+        DecodingModel(model, int8=True, native_row_step=True)
+    with pytest.raises(ValueError, match="native_row_step needs"):
+        DecodingModel(tiny_model().to(torch.bfloat16), native_row_step=True)
+    eps = tiny_model()
+    eps.decoder.layers[0].norms[0].eps = 1e-3  # one epsilon is the kernel's
+    assert RowPlan.of(eps) is None
+
+
+def test_the_kernel_refuses_weights_of_other_dims() -> None:
+    plan = RowPlan.of(tiny_model())
+    assert plan is not None
+    d = plan.dims[1]
+    buffers = [torch.zeros(1, 4, plan.dims[2], plan.dims[3])] * (2 * plan.dims[0])
+    cross = [torch.zeros(1, plan.dims[2], 3, plan.dims[3])] * (3 * plan.dims[0])
+    with pytest.raises(RuntimeError, match="packed float32 tensor"):
+        native.decoder_row_step(
+            torch.zeros(1, d), plan.weights[1:], plan.dims, buffers, 0, cross, False, plan.eps
+        )
+    with pytest.raises(RuntimeError, match="capacity > t"):
+        native.decoder_row_step(
+            torch.zeros(1, d), plan.weights, plan.dims, buffers, 4, cross, False, plan.eps
+        )
