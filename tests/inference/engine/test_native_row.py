@@ -58,6 +58,24 @@ def test_native_steps_equal_the_model(kw: dict[str, Any], fold: bool) -> None:
         assert cache.length == tgt.size(1)
 
 
+@pytest.mark.parametrize("kw", _VARIANTS, ids=_id)
+def test_int8_native_steps_equal_the_int8_engine(kw: dict[str, Any]) -> None:
+    # the same int8 weights, the same quantisation of each product's input row, exact int8 sums
+    model = tiny_model(**kw)
+    fast = DecodingModel(model, int8=True, native_row_step=True)
+    slow = DecodingModel(model, int8=True, native_row_step=False)
+    src, tgt = tiny_batch()
+    for i in range(src.size(0)):
+        out, cache = _steps(fast, src[i : i + 1], tgt[i : i + 1])
+        ref, _ = _steps(slow, src[i : i + 1], tgt[i : i + 1])
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert cache.row_state is not None and cache.layers[0].cross_folded is None
+    with torch.no_grad():  # and int8, not float32: the float model's logits are further away
+        full = model(src[:1], tgt[:1])
+    out, _ = _steps(fast, src[:1], tgt[:1])
+    assert (out - full).abs().max() > 1e-4
+
+
 def test_long_outputs_grow_the_buffers() -> None:
     model = tiny_model(max_positions=128)
     src, _ = tiny_batch()
@@ -129,12 +147,15 @@ def test_a_fully_padded_source_takes_pytorch_s_step() -> None:
     assert cache.row_state is None
 
 
-def test_greedy_search_gives_the_pytorch_step_s_outputs() -> None:
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_greedy_search_gives_the_pytorch_step_s_outputs(int8: bool) -> None:
     model = tiny_model(d_model=32, d_ff=64, n_heads=4)
     src, _ = tiny_batch()
+    torch_engine = DecodingModel(model, int8=int8, native_row_step=False)
+    native_engine = DecodingModel(model, int8=int8)
+    assert native_engine.row_plan is not None
     for i in range(src.size(0)):
-        torch_engine = DecodingModel(model, native_row_step=False)
-        native_out = greedy_search(DecodingModel(model), src[i : i + 1], max_len=12)
+        native_out = greedy_search(native_engine, src[i : i + 1], max_len=12)
         assert native_out == greedy_search(torch_engine, src[i : i + 1], max_len=12)
 
 
@@ -142,9 +163,8 @@ def test_where_it_does_not_apply_it_is_refused_or_off() -> None:
     model = tiny_model()
     assert DecodingModel(model).row_plan is not None  # on by default on float32 CPU weights
     assert DecodingModel(model, native_row_step=False).row_plan is None
-    assert DecodingModel(model, int8=True).row_plan is None  # int8 stays int8
-    with pytest.raises(ValueError, match="native_row_step needs"):
-        DecodingModel(model, int8=True, native_row_step=True)
+    plan = DecodingModel(model, int8=True).row_plan  # int8 products in int8
+    assert plan is not None and plan.int8_weights.dtype == torch.int8
     with pytest.raises(ValueError, match="native_row_step needs"):
         DecodingModel(tiny_model().to(torch.bfloat16), native_row_step=True)
     eps = tiny_model()
@@ -158,11 +178,17 @@ def test_the_kernel_refuses_weights_of_other_dims() -> None:
     d = plan.dims[1]
     buffers = [torch.zeros(1, 4, plan.dims[2], plan.dims[3])] * (2 * plan.dims[0])
     cross = [torch.zeros(1, plan.dims[2], 3, plan.dims[3])] * (3 * plan.dims[0])
+    none = torch.empty(0, dtype=torch.int8), torch.empty(0, dtype=torch.int32)
+    x = torch.zeros(1, d)
     with pytest.raises(RuntimeError, match="packed float32 tensor"):
         native.decoder_row_step(
-            torch.zeros(1, d), plan.weights[1:], plan.dims, buffers, 0, cross, False, plan.eps
+            x, plan.weights[1:], *none, plan.dims, buffers, 0, cross, False, plan.eps
         )
     with pytest.raises(RuntimeError, match="capacity > t"):
+        native.decoder_row_step(x, plan.weights, *none, plan.dims, buffers, 4, cross, False, 0.1)
+    q = RowPlan.of(tiny_model(), int8=True)
+    assert q is not None
+    with pytest.raises(RuntimeError, match="int8 weights and row sums"):
         native.decoder_row_step(
-            torch.zeros(1, d), plan.weights, plan.dims, buffers, 4, cross, False, plan.eps
+            x, q.weights, q.int8_weights[1:], q.row_sums, q.dims, buffers, 0, cross, False, 0.1
         )

@@ -140,9 +140,10 @@ class DecodingModel:
     second int8 kernel takes the many-row products (``kernels.Int8Projection``).
 
     ``native_row_step``: a step of one hypothesis row (a sentence decoded alone, greedy) in one
-    native call through the whole decoder (``native_row.py``), float32 on the CPU, not with
-    int8; None = where it applies (the native kernels built), False = never, True = a
-    ValueError where it does not apply. It computes the same function within float32 rounding.
+    native call through the whole decoder (``native_row.py``), float32 weights on the CPU, with
+    int8 products where ``int8``; None = where it applies (the native kernels built), False =
+    never, True = a ValueError where it does not apply. It computes the same function within
+    float32 rounding (int8: the same int8 sums).
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
@@ -203,12 +204,12 @@ class DecodingModel:
             )
         self.pre_norm = model.config.norm == "pre"
         self.row_plan = None
-        if native_row_step is not False and not int8:
-            self.row_plan = native_row.RowPlan.of(model)
+        if native_row_step is not False:
+            self.row_plan = native_row.RowPlan.of(model, int8=int8)
         if native_row_step and self.row_plan is None:
             raise ValueError(
-                "native_row_step needs float32 CPU weights, float32 decoding (not int8), one "
-                "layer-norm epsilon and the native kernels built"
+                "native_row_step needs float32 CPU weights, one layer-norm epsilon and the "
+                "native kernels built"
             )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None

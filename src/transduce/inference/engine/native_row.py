@@ -10,7 +10,10 @@ position stay PyTorch's (every kind of position the model has).
 ``RowPlan.of`` returns None where the native step does not apply (not float32 on the CPU, the
 native kernels not built, layer norms with different epsilons); the engine then computes its
 step with PyTorch's operators. Results agree with those within float32 rounding (the sums run
-in another order), not bit for bit.
+in another order), not bit for bit. With ``int8``, every product's weights are the int8 ones of
+the engine's ``Int8Projection`` (``kernels.quantized.quantize_weight``: the same numbers) and
+its input row is quantised as there: the int8 sums are exact, the rest within float32
+rounding.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import Tensor, nn
 
 from transduce import kernels
 from transduce.kernels import native
+from transduce.kernels.quantized import quantize_weight
 from transduce.model.layers import DecoderLayer
 from transduce.model.transformer import Transformer
 
@@ -41,21 +45,60 @@ def _norm(norm: nn.Module) -> list[Tensor]:
     return [ln.weight, ln.bias]
 
 
+class _Packing:
+    """The three packed tensors' parts, in order: a matrix is W (float32) or, for int8, its
+    scales in the floats and its int8 rows and their sums apart; then b."""
+
+    def __init__(self, int8: bool) -> None:
+        self.int8 = int8
+        self.floats: list[Tensor] = []
+        self.int8_rows: list[Tensor] = []
+        self.row_sums: list[Tensor] = []
+
+    def matrix(self, weight: Tensor, bias: Tensor) -> None:
+        if self.int8:
+            q = quantize_weight(weight)
+            self.floats.append(q.scale)
+            self.int8_rows.append(q.weight.reshape(-1))
+            self.row_sums.append(q.weight.sum(1, dtype=torch.int32))
+        else:
+            self.floats.append(weight.detach().reshape(-1))
+        self.floats.append(bias.detach())
+
+    def vectors(self, *vs: Tensor) -> None:
+        self.floats += [v.detach() for v in vs]
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        def cat(parts: list[Tensor], dtype: torch.dtype) -> Tensor:
+            return torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
+
+        return (
+            cat(self.floats, torch.float32),
+            cat(self.int8_rows, torch.int8),
+            cat(self.row_sums, torch.int32),
+        )
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """The decoder's weights packed for ``decoder_row_step``: per layer W^QKV, b^QKV, W^O, b^O,
     the first norm's weight and bias; encoder-decoder attention's W^Q, b^Q, W^O, b^O, the second
     norm; the FFN's W_1, b_1, W_2, b_2, the third norm (nn.Linear's (out, in) layout); then the
-    final norm (ones and zeros after post-norm layers) and the pre-softmax W and b. A copy: a
-    snapshot as the engine's others."""
+    final norm (ones and zeros after post-norm layers) and the pre-softmax W and b. With int8,
+    each W is its per-channel scales in ``weights`` and its int8 rows and their sums in
+    ``int8_weights`` and ``row_sums`` (else both empty). A copy: a snapshot as the engine's
+    others."""
 
     weights: Tensor  # (total,) float32
+    int8_weights: Tensor  # (total,) int8
+    row_sums: Tensor  # (total,) int32
     dims: tuple[int, ...]  # L, D, H, K, Dv, F, V, activation, pre_norm
     eps: float
 
     @classmethod
-    def of(cls, model: Transformer) -> RowPlan | None:
-        """The plan for ``model``, or None where the native step does not apply."""
+    def of(cls, model: Transformer, *, int8: bool = False) -> RowPlan | None:
+        """The plan for ``model`` (its products in int8 with ``int8``), or None where the
+        native step does not apply."""
         weight = model.generator.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return None
@@ -67,22 +110,28 @@ class RowPlan:
         if len({cast(nn.LayerNorm, n).eps for n in norms}) != 1 or not native.available():
             return None
         d = cfg.d_model
-        parts: list[Tensor] = []
-        for layer in layers:
-            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
-            w_qkv, b_qkv = kernels.stacked_weights((sa.w_q, sa.w_k, sa.w_v))
-            if b_qkv is None:
-                b_qkv = w_qkv.new_zeros(w_qkv.size(0))
-            parts += [w_qkv, b_qkv, *_linear(sa.w_o), *_norm(layer.norms[0])]
-            parts += [*_linear(ca.w_q), *_linear(ca.w_o), *_norm(layer.norms[1])]
-            parts += [*_linear(ffn.w_1), *_linear(ffn.w_2), *_norm(layer.norms[2])]
-        if cfg.norm == "pre":
-            parts += _norm(model.decoder.final_norm)
-        else:
-            parts += [weight.new_ones(d), weight.new_zeros(d)]
-        parts += _linear(cast(nn.Linear, model.generator))
+        pack = _Packing(int8)
         with torch.no_grad():
-            packed = torch.cat([p.detach().reshape(-1) for p in parts])
+            for layer in layers:
+                sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+                w_qkv, b_qkv = kernels.stacked_weights((sa.w_q, sa.w_k, sa.w_v))
+                if b_qkv is None:
+                    b_qkv = w_qkv.new_zeros(w_qkv.size(0))
+                pack.matrix(w_qkv, b_qkv)
+                pack.matrix(*_linear(sa.w_o))
+                pack.vectors(*_norm(layer.norms[0]))
+                pack.matrix(*_linear(ca.w_q))
+                pack.matrix(*_linear(ca.w_o))
+                pack.vectors(*_norm(layer.norms[1]))
+                pack.matrix(*_linear(ffn.w_1))
+                pack.matrix(*_linear(ffn.w_2))
+                pack.vectors(*_norm(layer.norms[2]))
+            if cfg.norm == "pre":
+                pack.vectors(*_norm(model.decoder.final_norm))
+            else:
+                pack.vectors(weight.new_ones(d), weight.new_zeros(d))
+            pack.matrix(*_linear(cast(nn.Linear, model.generator)))
+            packed, int8_weights, row_sums = pack.tensors()
         sa = layers[0].self_attn
         dims = (
             len(layers),
@@ -95,7 +144,7 @@ class RowPlan:
             ACTIVATION_CODES[cfg.activation],
             int(cfg.norm == "pre"),
         )
-        return cls(packed, dims, float(cast(nn.LayerNorm, norms[0]).eps))
+        return cls(packed, int8_weights, row_sums, dims, float(cast(nn.LayerNorm, norms[0]).eps))
 
 
 @dataclass(frozen=True)
@@ -114,7 +163,16 @@ def step(plan: RowPlan, state: RowState, x: Tensor, t: int) -> Tensor:
     """x (1, D) float32, the step's input -> logits (1, V); writes position ``t`` (< capacity)
     into the state's buffers."""
     return native.decoder_row_step(
-        x, plan.weights, plan.dims, state.buffers, t, state.cross, state.folded, plan.eps
+        x,
+        plan.weights,
+        plan.int8_weights,
+        plan.row_sums,
+        plan.dims,
+        state.buffers,
+        t,
+        state.cross,
+        state.folded,
+        plan.eps,
     )
 
 

@@ -207,6 +207,8 @@ def layer_norm_backward(
 def decoder_row_step(
     x: Tensor,
     weights: Tensor,
+    int8_weights: Tensor,
+    row_sums: Tensor,
     dims: tuple[int, ...],
     buffers: list[Tensor],
     t: int,
@@ -216,12 +218,13 @@ def decoder_row_step(
 ) -> Tensor:
     """One decoding step of one row: x (1, D) float32, the step's input -> logits (1, V).
     ``weights``: inference/engine/native_row.py's packing for ``dims`` (L, D, H, K, Dv, F, V,
-    activation, pre_norm); ``buffers``: 2 a layer, (1, capacity > t, H, K) and (1, capacity, H,
-    Dv), position ``t`` written; ``cross``: 3 a layer, the fold's (A, c, M) where ``folded``,
-    else (keys (1, H, S, K), values (1, H, S, Dv), an additive mask (S,) or an empty tensor);
-    ``eps`` the layer norms' (needs ``available()``)."""
+    activation, pre_norm), with ``int8_weights`` (int8) and ``row_sums`` (int32) for int8
+    products, both empty for float32 ones; ``buffers``: 2 a layer, (1, capacity > t, H, K) and
+    (1, capacity, H, Dv), position ``t`` written; ``cross``: 3 a layer, the fold's (A, c, M)
+    where ``folded``, else (keys (1, H, S, K), values (1, H, S, Dv), an additive mask (S,) or
+    an empty tensor); ``eps`` the layer norms' (needs ``available()``)."""
     out: Tensor = getattr(torch.ops, NAMESPACE).decoder_row_step(
-        x, weights, list(dims), buffers, t, cross, folded, eps
+        x, weights, int8_weights, row_sums, list(dims), buffers, t, cross, folded, eps
     )
     return out
 

@@ -12,12 +12,22 @@
 // inference/engine/folded_attention.py) or on the projected keys and values with an additive
 // mask. Sums run in another order than PyTorch's products: results agree within float32
 // rounding, not bit for bit.
+//
+// With int8 weights (per output channel, kernels/quantized.py's quantize_weight) every product
+// quantises its input row as the engine's int8 projections do (k = nearbyint(x / u + 128) - 128,
+// u = max |x| / 127) and sums k . w in int32 exactly (AVX512-VNNI where the CPU has it, with
+// 128 * sum_i w_i taken off for the unsigned input); the result, (sum * scale) * u + b, is the
+// one fbgemm's kernel gives, within a float32 rounding.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
 #include <torch/library.h>
 
 #include "vec.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -33,35 +43,77 @@ enum Activation : int64_t { kRelu = 0, kSwish = 1, kGelu = 2 };
 struct Dims {
   int64_t layers, d, heads, dk, dv, ff, vocab, activation, pre_norm;
   int64_t qkv() const { return heads * (2 * dk + dv); }
-  // floats a layer takes in the packed weights (the order of Layer::at)
-  int64_t layer_size() const {
-    return qkv() * (d + 1) + d * heads * dv + d + 2 * d  // self-attention, its norm
-           + heads * dk * (d + 1) + d * heads * dv + d + 2 * d  // encoder-decoder attention
-           + ff * (d + 1) + d * ff + d + 2 * d;  // the FFN, its norm
+};
+
+// a projection's weights: float32 W (out, in) (nn.Linear's layout, row-major), or int8 W with
+// its rows' scales and sums; and b (out,)
+struct Matrix {
+  const float* w = nullptr;
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const int32_t* row_sum = nullptr;
+  const float* b = nullptr;
+  int64_t out = 0, in = 0;
+};
+
+// walks the packed tensors in native_row.py's order: a matrix is W then b (int8: its scales in
+// the floats, its int8 rows and their sums in their own tensors); offsets, so that the sizes
+// can be counted before any pointer is taken
+struct Packed {
+  const float* f;
+  const int8_t* q;
+  const int32_t* r;
+  bool int8;
+  int64_t nf = 0, nq = 0, nr = 0;
+
+  Matrix matrix(int64_t out, int64_t in) {
+    Matrix m;
+    m.out = out, m.in = in;
+    if (int8) {
+      m.scale = f ? f + nf : nullptr, nf += out;
+      m.q = q ? q + nq : nullptr, nq += out * in;
+      m.row_sum = r ? r + nr : nullptr, nr += out;
+    } else {
+      m.w = f ? f + nf : nullptr, nf += out * in;
+    }
+    m.b = vec(out);
+    return m;
+  }
+  const float* vec(int64_t n) {
+    const float* v = f ? f + nf : nullptr;
+    nf += n;
+    return v;
   }
 };
 
-// a layer's weights, views into the packed tensor (nn.Linear's (out, in) layout, row-major)
 struct Layer {
-  const float *w_qkv, *b_qkv, *w_o, *b_o, *norm1_w, *norm1_b;
-  const float *w_cq, *b_cq, *w_co, *b_co, *norm2_w, *norm2_b;
-  const float *w_1, *b_1, *w_2, *b_2, *norm3_w, *norm3_b;
+  Matrix qkv, o, cq, co, w1, w2;
+  const float *norm1_w, *norm1_b, *norm2_w, *norm2_b, *norm3_w, *norm3_b;
 
-  static Layer at(const float* p, const Dims& m) {
-    Layer l{};
-    auto take = [&p](int64_t n) {
-      const float* q = p;
-      p += n;
-      return q;
-    };
+  static Layer next(Packed& p, const Dims& m) {
+    Layer l;
     const int64_t d = m.d, hv = m.heads * m.dv, hk = m.heads * m.dk;
-    l.w_qkv = take(m.qkv() * d), l.b_qkv = take(m.qkv());
-    l.w_o = take(d * hv), l.b_o = take(d), l.norm1_w = take(d), l.norm1_b = take(d);
-    l.w_cq = take(hk * d), l.b_cq = take(hk);
-    l.w_co = take(d * hv), l.b_co = take(d), l.norm2_w = take(d), l.norm2_b = take(d);
-    l.w_1 = take(m.ff * d), l.b_1 = take(m.ff);
-    l.w_2 = take(d * m.ff), l.b_2 = take(d), l.norm3_w = take(d), l.norm3_b = take(d);
+    l.qkv = p.matrix(m.qkv(), d), l.o = p.matrix(d, hv);
+    l.norm1_w = p.vec(d), l.norm1_b = p.vec(d);
+    l.cq = p.matrix(hk, d), l.co = p.matrix(d, hv);
+    l.norm2_w = p.vec(d), l.norm2_b = p.vec(d);
+    l.w1 = p.matrix(m.ff, d), l.w2 = p.matrix(d, m.ff);
+    l.norm3_w = p.vec(d), l.norm3_b = p.vec(d);
     return l;
+  }
+};
+
+struct Model {
+  std::vector<Layer> layers;
+  const float *final_w, *final_b;
+  Matrix generator;
+
+  static Model next(Packed& p, const Dims& m) {
+    Model model;
+    for (int64_t i = 0; i < m.layers; ++i) model.layers.push_back(Layer::next(p, m));
+    model.final_w = p.vec(m.d), model.final_b = p.vec(m.d);
+    model.generator = p.matrix(m.vocab, m.d);
+    return model;
   }
 };
 
@@ -108,6 +160,66 @@ void gemv(const float* __restrict w, const float* __restrict b, const float* __r
     for (int r = 0; r < 4; ++r) y[j + r] = b[j + r] + s[r];
   }
   for (; j < hi; ++j) y[j] = b[j] + dot(w + j * in, x, in);
+}
+
+// sum_i a_i b_i, a unsigned (k + 128), b signed, exactly in int32
+inline int32_t dot_u8s8(const uint8_t* __restrict a, const int8_t* __restrict b, int64_t n) {
+  int64_t i = 0;
+  int32_t s = 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i acc = _mm512_setzero_si512();
+  for (; i + 64 <= n; i += 64) {
+    acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(a + i), _mm512_loadu_si512(b + i));
+  }
+  s = _mm512_reduce_add_epi32(acc);
+#else
+  typedef uint8_t vu8 __attribute__((vector_size(kLanes)));
+  typedef int8_t vs8 __attribute__((vector_size(kLanes)));
+  vi acc{};
+  for (; i + kLanes <= n; i += kLanes) {
+    vu8 x;
+    vs8 y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    acc += __builtin_convertvector(x, vi) * __builtin_convertvector(y, vi);
+  }
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+#endif
+  for (; i < n; ++i) s += static_cast<int32_t>(a[i]) * static_cast<int32_t>(b[i]);
+  return s;
+}
+
+// y = x W^T + b with int8 W for this thread's rows, x given as u8 = k + 128 and its unit
+void gemv_int8(const Matrix& m, const uint8_t* x, float unit, float* y) {
+  int64_t lo, hi;
+  share(m.out, lo, hi);
+  for (int64_t j = lo; j < hi; ++j) {
+    const int32_t sum = dot_u8s8(x, m.q + j * m.in, m.in) - 128 * m.row_sum[j];
+    y[j] = m.b[j] + (static_cast<float>(sum) * m.scale[j]) * unit;
+  }
+}
+
+// the input row of the int8 products quantised once, shared by the team
+struct Quantised {
+  std::vector<uint8_t> row;
+  float unit = 0.0f;
+};
+
+// y = x W^T + b, inside the team; an int8 product quantises x first (one thread, a barrier)
+void project(const Matrix& m, const float* x, float* y, Quantised& qx) {
+  if (m.q == nullptr) {
+    gemv(m.w, m.b, x, y, m.out, m.in);
+    return;
+  }
+#pragma omp single
+  {
+    qx.unit = row_unit(x, m.in);
+    for (int64_t i = 0; i < m.in; ++i) {  // the engine's int8_rows, shifted to unsigned
+      const float k = std::nearbyint(x[i] / qx.unit + 128.0f);
+      qx.row[i] = static_cast<uint8_t>(static_cast<int32_t>(k));
+    }
+  }
+  gemv_int8(m, qx.row.data(), qx.unit, y);
 }
 
 inline float activate(float v, int64_t kind) {
@@ -180,7 +292,7 @@ struct Cross {
 
 // encoder-decoder attention of y (D) into out (D), inside the team
 void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float* y, float* out,
-                     float* q, float* heads_out, float* scratch) {
+                     float* q, float* heads_out, float* scratch, Quantised& qx) {
   const int64_t d = m.d, s = x.sources;
   int64_t lo, hi;
   if (x.folded) {
@@ -201,7 +313,7 @@ void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float*
     // out[c] = b[c] + sum_r p[r] m[r, c], r over H*S, each thread its columns c
     int64_t c0, c1;
     share(d, c0, c1);
-    for (int64_t c = c0; c < c1; ++c) out[c] = l.b_co[c];
+    for (int64_t c = c0; c < c1; ++c) out[c] = l.co.b[c];
     for (int64_t r = 0; r < m.heads * s; ++r) {
       const float pr = scratch[r];
       const float* row = x.m + r * d;
@@ -210,7 +322,7 @@ void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float*
 #pragma omp barrier
     return;
   }
-  gemv(l.w_cq, l.b_cq, y, q, m.heads * m.dk, d);
+  project(l.cq, y, q, qx);
 #pragma omp barrier
   head_share(m.heads, lo, hi);
   for (int64_t h = lo; h < hi; ++h) {
@@ -218,15 +330,17 @@ void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float*
            m.dv, x.mask, scratch + h * s, heads_out + h * m.dv);
   }
 #pragma omp barrier
-  gemv(l.w_co, l.b_co, heads_out, out, d, m.heads * m.dv);
+  project(l.co, heads_out, out, qx);
 #pragma omp barrier
 }
 
-// x (1, D): the step's input (embedding and position); weights: packed (native_row.py);
-// dims: L, D, H, K, Dv, F, V, activation, pre_norm; kv: 2L buffers (1, capacity, H, K) and
-// (1, capacity, H, Dv), position t written; cross: 3L tensors, folded (A, c, M) or (keys,
-// values, additive mask or an empty tensor) -> logits (1, V)
+// x (1, D): the step's input (embedding and position); weights: packed floats (native_row.py),
+// int8_weights and row_sums empty for float32 weights; dims: L, D, H, K, Dv, F, V, activation,
+// pre_norm; kv: 2L buffers (1, capacity, H, K) and (1, capacity, H, Dv), position t written;
+// cross: 3L tensors, folded (A, c, M) or (keys, values, additive mask or an empty tensor)
+// -> logits (1, V)
 at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
+                            const at::Tensor& int8_weights, const at::Tensor& row_sums,
                             at::IntArrayRef dims, at::TensorList kv, int64_t t,
                             at::TensorList cross, bool folded, double eps) {
   TORCH_CHECK(dims.size() == 9, "dims: L, D, H, K, Dv, F, V, activation, pre_norm");
@@ -234,11 +348,19 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
   TORCH_CHECK(m.activation >= kRelu && m.activation <= kGelu, "activation: 0, 1 or 2");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.numel() == m.d && x_in.is_contiguous(),
               "x must be (1, D) float32, contiguous");
+  const bool int8 = int8_weights.numel() > 0;
+  Packed sizes{nullptr, nullptr, nullptr, int8};
+  Model::next(sizes, m);  // counts what the dims take
   TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.is_contiguous() &&
-                  weights.numel() == m.layers * m.layer_size() + 2 * m.d + m.vocab * (m.d + 1),
+                  weights.numel() == sizes.nf,
               "weights must be the packed float32 tensor of these dims");
+  TORCH_CHECK(!int8 || (int8_weights.scalar_type() == at::kChar && int8_weights.is_contiguous() &&
+                        int8_weights.numel() == sizes.nq && row_sums.scalar_type() == at::kInt &&
+                        row_sums.is_contiguous() && row_sums.numel() == sizes.nr),
+              "int8 weights and row sums must be the packed tensors of these dims");
   TORCH_CHECK(static_cast<int64_t>(kv.size()) == 2 * m.layers, "kv: two buffers a layer");
   TORCH_CHECK(static_cast<int64_t>(cross.size()) == 3 * m.layers, "cross: three tensors a layer");
+  TORCH_CHECK(!(int8 && folded), "int8 weights are not folded");
   const int64_t d = m.d, hk = m.heads * m.dk, hv = m.heads * m.dv;
   for (int64_t i = 0; i < m.layers; ++i) {
     const at::Tensor &kb = kv[2 * i], &vb = kv[2 * i + 1];
@@ -279,17 +401,18 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
     TORCH_CHECK(s.sources >= 1, "no source position");
     widest = std::max(widest, s.sources);
   }
-  const float* packed = weights.const_data_ptr<float>();
-  const float* final_w = packed + m.layers * m.layer_size();
-  const float* final_b = final_w + d;
-  const float* gen_w = final_b + d;
-  const float* gen_b = gen_w + m.vocab * d;
+  Packed packed{weights.const_data_ptr<float>(),
+                int8 ? int8_weights.const_data_ptr<int8_t>() : nullptr,
+                int8 ? row_sums.const_data_ptr<int32_t>() : nullptr, int8};
+  const Model model = Model::next(packed, m);
   at::Tensor logits = at::empty({1, m.vocab}, x_in.options());
   // working rows: x, y (normed or summed), q/k/v, the heads' outputs, the FFN's hidden layer,
-  // a sublayer's output, attention scores
+  // a sublayer's output, attention scores, an int8 product's quantised input
   std::vector<float> x(x_in.const_data_ptr<float>(), x_in.const_data_ptr<float>() + d);
   std::vector<float> y(d), qkv(m.qkv()), heads_out(hv), hidden(m.ff), sub(d), q(hk);
   std::vector<float> scratch(m.heads * widest);
+  Quantised qx;
+  qx.row.resize(std::max({d, hv, m.ff}));
   const float fe = static_cast<float>(eps);
   const bool pre = m.pre_norm != 0;
   // the sublayer's input: LN(x) before (pre-norm), x itself after (post-norm)
@@ -306,12 +429,12 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     for (int64_t i = 0; i < m.layers; ++i) {
-      const Layer l = Layer::at(packed + i * m.layer_size(), m);
+      const Layer& l = model.layers[i];
       float* kb = kv[2 * i].mutable_data_ptr<float>();
       float* vb = kv[2 * i + 1].mutable_data_ptr<float>();
 #pragma omp single
       begin(l.norm1_w, l.norm1_b);
-      gemv(l.w_qkv, l.b_qkv, y.data(), qkv.data(), m.qkv(), d);
+      project(l.qkv, y.data(), qkv.data(), qx);
 #pragma omp barrier
 #pragma omp single
       {  // the new position's keys and values into the cache, position-major rows of H*K
@@ -325,7 +448,7 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
                nullptr, scratch.data() + h * widest, heads_out.data() + h * m.dv);
       }
 #pragma omp barrier
-      gemv(l.w_o, l.b_o, heads_out.data(), sub.data(), d, hv);
+      project(l.o, heads_out.data(), sub.data(), qx);
 #pragma omp barrier
 #pragma omp single
       {
@@ -333,23 +456,23 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
         begin(l.norm2_w, l.norm2_b);
       }
       cross_attention(l, m, sentences[i], y.data(), sub.data(), q.data(), heads_out.data(),
-                      scratch.data());
+                      scratch.data(), qx);
 #pragma omp single
       {
         end(l.norm2_w, l.norm2_b);
         begin(l.norm3_w, l.norm3_b);
       }
-      gemv(l.w_1, l.b_1, y.data(), hidden.data(), m.ff, d);
+      project(l.w1, y.data(), hidden.data(), qx);
       activate_share(hidden.data(), m.ff, m.activation);
 #pragma omp barrier
-      gemv(l.w_2, l.b_2, hidden.data(), sub.data(), d, m.ff);
+      project(l.w2, hidden.data(), sub.data(), qx);
 #pragma omp barrier
 #pragma omp single
       end(l.norm3_w, l.norm3_b);
     }
 #pragma omp single
-    if (pre) layer_norm(x.data(), final_w, final_b, x.data(), d, fe);
-    gemv(gen_w, gen_b, x.data(), out, m.vocab, d);
+    if (pre) layer_norm(x.data(), model.final_w, model.final_b, x.data(), d, fe);
+    project(model.generator, x.data(), out, qx);
   }
   return logits;
 }
@@ -357,7 +480,7 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
-  m.def("decoder_row_step(Tensor x, Tensor weights, int[] dims, Tensor[] kv, int t, "
-        "Tensor[] cross, bool folded, float eps) -> Tensor",
+  m.def("decoder_row_step(Tensor x, Tensor weights, Tensor int8_weights, Tensor row_sums, "
+        "int[] dims, Tensor[] kv, int t, Tensor[] cross, bool folded, float eps) -> Tensor",
         decoder_row_step);
 }

@@ -9,6 +9,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,25 +19,9 @@
 
 namespace {
 
-constexpr float kTiny = std::numeric_limits<float>::min();
-constexpr int64_t kGrain = 8;  // rows a task: a row of 256+ floats is ~0.1 us of work
+using transduce_vec::row_unit;
 
-// max_j |x_j| / 127, at least FLT_MIN; NaN where the row holds one (as abs().amax() gives).
-// |x| as bits: for non-negative floats the integer order is the float order, and every NaN's
-// bits lie above infinity's, so an integer max (which vectorises) propagates NaN.
-inline float row_unit(const float* x, int64_t n) {
-  uint32_t top = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    uint32_t bits;
-    std::memcpy(&bits, x + j, sizeof bits);
-    bits &= 0x7fffffffu;
-    top = bits > top ? bits : top;
-  }
-  float m;
-  std::memcpy(&m, &top, sizeof m);
-  float unit = m / 127.0f;
-  return unit < kTiny ? kTiny : unit;  // NaN stays NaN, as clamp_ keeps it
-}
+constexpr int64_t kGrain = 8;  // rows a task: a row of 256+ floats is ~0.1 us of work
 
 // k_j = nearbyint(x_j / u + 128) - 128 as int8, and x_j / u: a function of its own with
 // unaliased pointers, so that the loop vectorises inside OpenMP's outlined region too

@@ -112,6 +112,25 @@ inline void store_narrow(c10::BFloat16* p, vf v) {
   std::memcpy(p, &h, sizeof h);
 }
 
+// a row's int8 quantisation step, max_j |x_j| / 127, at least FLT_MIN; NaN where the row holds
+// one (as abs().amax() gives). |x| as bits: for non-negative floats the integer order is the
+// float order, and every NaN's bits lie above infinity's, so an integer max (which vectorises)
+// propagates NaN.
+inline float row_unit(const float* x, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, x + j, sizeof bits);
+    bits &= 0x7fffffffu;
+    top = bits > top ? bits : top;
+  }
+  float m;
+  std::memcpy(&m, &top, sizeof m);
+  const float unit = m / 127.0f;
+  constexpr float tiny = std::numeric_limits<float>::min();
+  return unit < tiny ? tiny : unit;  // NaN stays NaN, as clamp_ keeps it
+}
+
 template <typename T>
 void widen_row(const T* __restrict x, float* __restrict z, int64_t v) {
   for (int64_t j = 0; j < v; ++j) z[j] = widen1(x[j]);
