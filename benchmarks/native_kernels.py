@@ -9,8 +9,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   engine's row and width counts, and the k best log-probabilities of a step's logits
   (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max);
 - whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
-  steps, random weights): beam 4 and greedy on the batch and greedy on one sentence, float32
-  and int8, their outputs checked equal with and without the kernels;
+  steps, random weights): beam 4 and greedy on the batch and greedy on one sentence (the
+  engine's one-row native step, ``native_row_step``, against its PyTorch step), float32 and
+  int8, their outputs checked equal with and without the kernels;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -193,21 +194,26 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
     src = torch.cat([body, torch.full((decode.BATCH, 1), EOS)], 1)
     out: dict[str, dict] = {}
     for int8 in (False, True):
-        steps = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), decode.STEPS - 1)
         max_len = decode.STEPS - 1
+        # the engine decides on its one-row native step when made: one engine a side
+        on, off = (
+            decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8, native_row_step=row), max_len)
+            for row in (None, False)
+        )
         jobs = {
-            "beam4": lambda s=steps: [
+            "beam4": lambda s: [
                 h[0].tokens
                 for h in beam_search(s, src, beam=decode.BEAM, alpha=decode.ALPHA, max_len=max_len)
             ],
-            "greedy": lambda s=steps: greedy_search(s, src, max_len=max_len),
-            "b1": lambda s=steps: greedy_search(s, src[:1], max_len=max_len),
+            "greedy": lambda s: greedy_search(s, src, max_len=max_len),
+            "b1": lambda s: greedy_search(s, src[:1], max_len=max_len),
         }
         for job, fn in jobs.items():
             key = f"{size_name} {'int8' if int8 else 'fp32'} {job}"
+            fn_on, fn_off = switched(lambda f=fn: f(on), True), switched(lambda f=fn: f(off), False)
             with torch.no_grad():
-                same = switched(fn, True)() == switched(fn, False)()
-                out[key] = paired(switched(fn, True), switched(fn, False), rounds)
+                same = fn_on() == fn_off()
+                out[key] = paired(fn_on, fn_off, rounds)
             out[key]["same_outputs"] = same
             print(key, out[key], file=sys.stderr, flush=True)
     return out

@@ -100,7 +100,7 @@ class RowPlan:
         """The plan for ``model`` (its products in int8 with ``int8``), or None where the
         native step does not apply."""
         weight = model.generator.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if not kernels.one_row_is_read_bound(weight):  # float32 on the CPU
             return None
         cfg = model.config
         layers = [cast(DecoderLayer, layer) for layer in model.decoder.layers]
