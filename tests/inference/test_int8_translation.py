@@ -97,7 +97,10 @@ def test_int8_scores_are_the_int8_model_s(trained: Path, held_out) -> None:
     s8 = torch.tensor([p.log_prob for p in int8.score(src, ref)])
     assert not torch.equal(s32, s8)  # int8 acts on scoring too
     alone = torch.tensor([int8.score([s], [r])[0].log_prob for s, r in zip(src, ref, strict=True)])
-    torch.testing.assert_close(alone, s8, atol=1e-4, rtol=0)  # whatever the company
+    # whatever the company: each row quantised on its own; a sentence alone takes the native
+    # step (native_row.py), whose float32 parts (attention, norms) differ in their last bits
+    # from the batch's, which the int8 grid can turn into a quantum (7.6e-4 seen in a sum)
+    torch.testing.assert_close(alone, s8, atol=2e-3, rtol=0)
     torch.testing.assert_close(s8, s32, atol=0.05 * float(s32.abs().max()) + 0.05, rtol=0.05)
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from model_testkit import tiny_batch, tiny_model
 
-from transduce.inference import greedy_search
+from transduce.inference import beam_search, greedy_search
 from transduce.inference.engine import DecodingModel
-from transduce.inference.engine.native_row import RowPlan
+from transduce.inference.engine.native_row import MAX_ROWS, RowPlan
 from transduce.kernels import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels did not build")
@@ -74,6 +74,41 @@ def test_int8_native_steps_equal_the_int8_engine(kw: dict[str, Any]) -> None:
         full = model(src[:1], tgt[:1])
     out, _ = _steps(fast, src[:1], tgt[:1])
     assert (out - full).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+def test_the_hypotheses_of_one_sentence_in_one_step(fold: bool, int8: bool) -> None:
+    # G = 4 hypothesis rows of one sentence (a beam), each with its own cache row
+    model = tiny_model(norm="pre", activation="gelu")
+    src, _ = tiny_batch()
+    tgt = torch.randint(4, 11, (4, 6), generator=torch.Generator().manual_seed(6))
+    fast = DecodingModel(model, fold_one_sentence=fold and not int8, int8=int8)
+    slow = DecodingModel(
+        model, fold_one_sentence=fold and not int8, int8=int8, native_row_step=False
+    )
+    out, cache = _steps(fast, src[1:2], tgt)
+    ref, _ = _steps(slow, src[1:2], tgt)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert cache.row_state is not None and cache.row_state.rows == 4
+    if not int8:
+        with torch.no_grad():
+            expected = model(src[1:2].expand(4, -1), tgt)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # a row's numbers are the same whatever the other rows: each sum in one order
+    alone, _ = _steps(fast, src[1:2], tgt[2:3])
+    assert torch.equal(alone[0], out[2])
+
+
+def test_more_rows_than_a_native_step_takes_run_pytorch_s_step() -> None:
+    model = tiny_model()
+    src, _ = tiny_batch()
+    tgt = torch.randint(4, 11, (MAX_ROWS + 1, 3), generator=torch.Generator().manual_seed(2))
+    out, cache = _steps(DecodingModel(model, native_row_step=True), src[:1], tgt)
+    with torch.no_grad():
+        expected = model(src[:1].expand(MAX_ROWS + 1, -1), tgt)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert cache.row_state is None
 
 
 def test_long_outputs_grow_the_buffers() -> None:
@@ -148,15 +183,21 @@ def test_a_fully_padded_source_takes_pytorch_s_step() -> None:
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
-def test_greedy_search_gives_the_pytorch_step_s_outputs(int8: bool) -> None:
+def test_searches_give_the_pytorch_step_s_outputs(int8: bool) -> None:
     model = tiny_model(d_model=32, d_ff=64, n_heads=4)
     src, _ = tiny_batch()
     torch_engine = DecodingModel(model, int8=int8, native_row_step=False)
     native_engine = DecodingModel(model, int8=int8)
     assert native_engine.row_plan is not None
     for i in range(src.size(0)):
-        native_out = greedy_search(native_engine, src[i : i + 1], max_len=12)
-        assert native_out == greedy_search(torch_engine, src[i : i + 1], max_len=12)
+        one = src[i : i + 1]
+        native_out = greedy_search(native_engine, one, max_len=12)
+        assert native_out == greedy_search(torch_engine, one, max_len=12)
+        native_beams = beam_search(native_engine, one, beam=4, max_len=12)
+        torch_beams = beam_search(torch_engine, one, beam=4, max_len=12)
+        assert [h.tokens for h in native_beams[0]] == [h.tokens for h in torch_beams[0]]
+        for a, b in zip(native_beams[0], torch_beams[0], strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
 
 
 def test_where_it_does_not_apply_it_is_refused_or_off() -> None:

@@ -144,14 +144,16 @@ class EngineCache(DecoderCache):
 
     def settle(self) -> None:
         """The layers' self_k / self_v views made current after native steps, which wrote the
-        ``length`` positions into row 0 of the buffers; what reads the views calls this first."""
-        if self.row_state is None:
+        ``length`` positions into the first rows of the buffers; what reads the views calls
+        this first."""
+        state = self.row_state
+        if state is None:
             return
         self.row_state = None
         for layer in self.layers:
             kb, vb = layer._buffers[0]
-            layer.self_k = _positions(kb, 1, 0, self.length)  # (1, H, length, K)
-            layer.self_v = _positions(vb, 1, 0, self.length)
+            layer.self_k = _positions(kb, state.rows, 0, self.length)  # (N, H, length, K)
+            layer.self_v = _positions(vb, state.rows, 0, self.length)
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""

@@ -262,11 +262,12 @@ class DecodingModel:
             x = decoder.inputs(tgt, cache).view(tgt.size(0), -1)  # (N, 1, D) -> (N, D)
         mask = self.memo_source_mask(src_valid)  # (B, 1, 1, S) or None
         engine_cache = isinstance(cache, EngineCache)
-        if engine_cache and x.size(0) == 1 and self.row_plan is not None:
+        one_sentence = memory.size(0) == 1 and x.size(0) <= native_row.MAX_ROWS
+        if engine_cache and one_sentence and self.row_plan is not None:
             logits = self._row_step(x, memory, mask, cache)
             if logits is not None:
                 decoder.advance(cache, tgt)
-                return logits.unsqueeze(1)  # (1, V) -> (1, 1, V)
+                return logits.unsqueeze(1)  # (N, V) -> (N, 1, V)
         if engine_cache:
             cache.settle()
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
@@ -393,14 +394,15 @@ class DecodingModel:
     def _row_step(
         self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: EngineCache
     ) -> Tensor | None:
-        """x (1, D), the step's input -> logits (1, V) by ``native_row.step``, position
-        ``cache.length`` written into the layers' buffers; None where it does not apply (no
-        valid source position: PyTorch's attention gives zero weights there)."""
-        plan, t = self.row_plan, cache.length
+        """x (N, D), the step's input of N hypothesis rows of one sentence -> logits (N, V) by
+        ``native_row.step``, position ``cache.length`` written into the layers' buffers; None
+        where it does not apply (no valid source position: PyTorch's attention gives zero
+        weights there)."""
+        plan, t, rows = self.row_plan, cache.length, x.size(0)
         assert plan is not None
         state = cache.row_state
-        if state is None or state.capacity <= t:
-            state = self._row_state(plan, memory, mask, cache, t)
+        if state is None or state.capacity <= t or state.rows != rows:
+            state = self._row_state(plan, memory, mask, cache, t, rows)
             if state is None:
                 return None
             cache.row_state = state
@@ -413,9 +415,11 @@ class DecodingModel:
         mask: Tensor | None,
         cache: EngineCache,
         t: int,
+        rows: int,
     ) -> native_row.RowState | None:
-        """The sentence's ``RowState``: the cross-attention tensors, and buffers with room past
-        position ``t`` (the views made current first, the buffers grown where full)."""
+        """The sentence's ``RowState`` for ``rows`` hypothesis rows: the cross-attention
+        tensors, and buffers with room past position ``t`` (the views made current first, the
+        buffers grown where full)."""
         cache.settle()
         for w, layer_cache in zip(self.layers, cache.layers, strict=True):
             self._cross_keys(w, layer_cache, memory, mask)
@@ -438,9 +442,11 @@ class DecodingModel:
         _, _, h, d_k, d_v, *_ = plan.dims
         buffers: list[Tensor] = []
         for layer in cache.layers:
-            kb, vb = layer.reserve(t + 1, 1, h, d_k, d_v, memory)
-            buffers += [kb.narrow(0, 0, 1), vb.narrow(0, 0, 1)]  # row 0: this sentence's
-        return native_row.RowState(buffers, cross, folded, buffers[0].size(1))
+            kb, vb = layer.reserve(t + 1, rows, h, d_k, d_v, memory)
+            if kb.size(0) < rows:  # more rows than the cache holds: not a step on this cache
+                raise ValueError(f"{rows} rows against a cache of {kb.size(0)} rows")
+            buffers += [kb.narrow(0, 0, rows), vb.narrow(0, 0, rows)]  # the rows in use
+        return native_row.RowState(buffers, cross, folded, buffers[0].size(1), rows)
 
     def grouped_cross_attention(
         self,

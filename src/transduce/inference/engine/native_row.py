@@ -1,11 +1,13 @@
-"""One sentence decoded alone (one hypothesis row: greedy, batch 1) in one native call a step.
+"""One sentence decoded alone (its hypothesis rows: one for greedy, the beam's for beam search)
+in one native call a step.
 
 At batch 1 on the CPU a step of ``DecodingModel`` is ~20 PyTorch operators a layer around
 products that each read their weights in tens of microseconds: the operators' dispatch was ~40%
-of SMALL's step (benchmarks/step_cost.py). ``kernels.native.decoder_row_step`` computes the whole
-decoder and the pre-softmax projection for one row in one call, on one OpenMP team, from the
-weights packed here once (``RowPlan``) and the engine's own cache buffers; the embedding and the
-position stay PyTorch's (every kind of position the model has).
+of SMALL's greedy step (benchmarks/step_cost.py). ``kernels.native.decoder_row_step`` computes
+the whole decoder and the pre-softmax projection for up to ``MAX_ROWS`` rows of one sentence in
+one call, on one OpenMP team, reading each weight once for all rows, from the weights packed
+here once (``RowPlan``) and the engine's own cache buffers; the embedding and the position stay
+PyTorch's (every kind of position the model has).
 
 ``RowPlan.of`` returns None where the native step does not apply (not float32 on the CPU, the
 native kernels not built, layer norms with different epsilons); the engine then computes its
@@ -32,6 +34,9 @@ from transduce.model.transformer import Transformer
 
 # ModelConfig.activation -> the kernel's code
 ACTIVATION_CODES = {"relu": 0, "swish": 1, "gelu": 2}
+# The most hypothesis rows a native step takes: its products read W once and multiply each row
+# in turn (no blocking of W for many rows), what pays where reading W is the cost
+MAX_ROWS = 8
 
 
 def _linear(layer: nn.Linear) -> list[Tensor]:
@@ -150,18 +155,19 @@ class RowPlan:
 @dataclass(frozen=True)
 class RowState:
     """What a sentence's native steps take besides the step's input: the self-attention cache
-    buffers (2 a layer, (1, capacity, H, size)), encoder-decoder attention's tensors (3 a
+    buffers (2 a layer, (rows, capacity, H, size)), encoder-decoder attention's tensors (3 a
     layer: the fold's A, c, M, or keys, values and an additive mask or an empty tensor)."""
 
     buffers: list[Tensor]
     cross: list[Tensor]
     folded: bool
     capacity: int
+    rows: int
 
 
 def step(plan: RowPlan, state: RowState, x: Tensor, t: int) -> Tensor:
-    """x (1, D) float32, the step's input -> logits (1, V); writes position ``t`` (< capacity)
-    into the state's buffers."""
+    """x (rows, D) float32, the step's input -> logits (rows, V); writes position ``t`` (<
+    capacity) of each row into the state's buffers."""
     return native.decoder_row_step(
         x,
         plan.weights,
@@ -176,4 +182,4 @@ def step(plan: RowPlan, state: RowState, x: Tensor, t: int) -> Tensor:
     )
 
 
-__all__ = ["ACTIVATION_CODES", "RowPlan", "RowState", "step"]
+__all__ = ["ACTIVATION_CODES", "MAX_ROWS", "RowPlan", "RowState", "step"]

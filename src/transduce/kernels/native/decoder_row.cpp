@@ -1,14 +1,15 @@
-// One decoding step of one hypothesis row (a sentence decoded alone, greedy) through the whole
-// decoder and the pre-softmax projection, float32, in one call: what the inference engine's
-// DecodingModel computes for N = 1 with ~20 PyTorch operators a layer, each a few microseconds of
-// dispatch around a product that reads its weights in tens (benchmarks/step_cost.py). Here one
-// OpenMP team runs the step; each matrix-vector product splits its output rows over the
-// threads, the small work between products (layer norms, attention over the cache, softmax)
-// runs on the threads by heads or on one, with a barrier after each.
+// One decoding step of the few hypothesis rows of one sentence (a sentence decoded alone: greedy,
+// one row; beam search, a row a hypothesis) through the whole decoder and the pre-softmax
+// projection, in one call: what the inference engine's DecodingModel computes there with ~20
+// PyTorch operators a layer, each a few microseconds of dispatch around a product that reads its
+// weights in tens (benchmarks/step_cost.py). Here one OpenMP team runs the step; each product
+// splits the rows of W over the threads and reads each once for all the hypothesis rows, the
+// small work between products (layer norms, attention over the cache, softmax) runs on the
+// threads by (row, head) or on one, with a barrier after each.
 //
 // The weights come packed in one float32 tensor (inference/engine/native_row.py packs them, in
-// the order of Layer below); the self-attention cache is the engine's own buffers, (1, capacity,
-// H, K) per layer, position t written here; encoder-decoder attention either folded (A, c, M of
+// the order of Layer below); the self-attention cache is the engine's own buffers, (N,
+// capacity, H, K) per layer, position t written here; encoder-decoder attention either folded (A, c, M of
 // inference/engine/folded_attention.py) or on the projected keys and values with an additive
 // mask. Sums run in another order than PyTorch's products: results agree within float32
 // rounding, not bit for bit.
@@ -134,8 +135,8 @@ inline float dot(const float* __restrict w, const float* __restrict x, int64_t n
   return s;
 }
 
-// y[j] = b[j] + W[j, :] . x for this thread's rows j of W (out, in); four rows at a time, one
-// read of x's vector for four rows
+// y[j] = b[j] + W[j, :] . x for this thread's rows j of W (out, in), one input row; four rows
+// of W at a time, one read of x's vector for four
 void gemv(const float* __restrict w, const float* __restrict b, const float* __restrict x,
           float* __restrict y, int64_t out, int64_t in) {
   int64_t lo, hi;
@@ -160,6 +161,42 @@ void gemv(const float* __restrict w, const float* __restrict b, const float* __r
     for (int r = 0; r < 4; ++r) y[j + r] = b[j + r] + s[r];
   }
   for (; j < hi; ++j) y[j] = b[j] + dot(w + j * in, x, in);
+}
+
+// y (n, out) = x (n, in) W^T + b for this thread's rows j of W: each row of W read once for
+// all n inputs, four inputs at a time. Each output is summed in gemv's order, so a row's
+// result does not depend on the other rows.
+void gemm_rows(const float* __restrict w, const float* __restrict b, const float* __restrict x,
+               float* __restrict y, int64_t n, int64_t out, int64_t in) {
+  if (n == 1) {
+    gemv(w, b, x, y, out, in);
+    return;
+  }
+  int64_t lo, hi;
+  share(out, lo, hi);
+  const int64_t body = in / kLanes * kLanes;
+  for (int64_t j = lo; j < hi; ++j) {
+    const float* wj = w + j * in;
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4) {
+      const float* x0 = x + r * in;
+      const float *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
+      vf a0{}, a1{}, a2{}, a3{};
+      for (int64_t i = 0; i < body; i += kLanes) {
+        const vf wv = load(wj + i);
+        a0 += wv * load(x0 + i);
+        a1 += wv * load(x1 + i);
+        a2 += wv * load(x2 + i);
+        a3 += wv * load(x3 + i);
+      }
+      float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+      for (int64_t i = body; i < in; ++i) {
+        s[0] += wj[i] * x0[i], s[1] += wj[i] * x1[i], s[2] += wj[i] * x2[i], s[3] += wj[i] * x3[i];
+      }
+      for (int k = 0; k < 4; ++k) y[(r + k) * out + j] = b[j] + s[k];
+    }
+    for (; r < n; ++r) y[r * out + j] = b[j] + dot(wj, x + r * in, in);
+  }
 }
 
 // sum_i a_i b_i, a unsigned (k + 128), b signed, exactly in int32
@@ -189,37 +226,43 @@ inline int32_t dot_u8s8(const uint8_t* __restrict a, const int8_t* __restrict b,
   return s;
 }
 
-// y = x W^T + b with int8 W for this thread's rows, x given as u8 = k + 128 and its unit
-void gemv_int8(const Matrix& m, const uint8_t* x, float unit, float* y) {
+// the input rows of an int8 product quantised once (u8 = k + 128, and each row's unit), shared
+// by the team
+struct Quantised {
+  std::vector<uint8_t> rows;
+  std::vector<float> units;
+};
+
+// y (n, out) = x W^T + b with int8 W for this thread's rows of W, x quantised in qx
+void gemm_int8(const Matrix& m, const Quantised& qx, float* y, int64_t n) {
   int64_t lo, hi;
   share(m.out, lo, hi);
   for (int64_t j = lo; j < hi; ++j) {
-    const int32_t sum = dot_u8s8(x, m.q + j * m.in, m.in) - 128 * m.row_sum[j];
-    y[j] = m.b[j] + (static_cast<float>(sum) * m.scale[j]) * unit;
+    const int8_t* wj = m.q + j * m.in;
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t sum = dot_u8s8(qx.rows.data() + r * m.in, wj, m.in) - 128 * m.row_sum[j];
+      y[r * m.out + j] = m.b[j] + (static_cast<float>(sum) * m.scale[j]) * qx.units[r];
+    }
   }
 }
 
-// the input row of the int8 products quantised once, shared by the team
-struct Quantised {
-  std::vector<uint8_t> row;
-  float unit = 0.0f;
-};
-
-// y = x W^T + b, inside the team; an int8 product quantises x first (one thread, a barrier)
-void project(const Matrix& m, const float* x, float* y, Quantised& qx) {
+// y (n, out) = x (n, in) W^T + b, inside the team; an int8 product quantises x first (one
+// thread, a barrier)
+void project(const Matrix& m, const float* x, float* y, int64_t n, Quantised& qx) {
   if (m.q == nullptr) {
-    gemv(m.w, m.b, x, y, m.out, m.in);
+    gemm_rows(m.w, m.b, x, y, n, m.out, m.in);
     return;
   }
 #pragma omp single
-  {
-    qx.unit = row_unit(x, m.in);
-    for (int64_t i = 0; i < m.in; ++i) {  // the engine's int8_rows, shifted to unsigned
-      const float k = std::nearbyint(x[i] / qx.unit + 128.0f);
-      qx.row[i] = static_cast<uint8_t>(static_cast<int32_t>(k));
+  for (int64_t r = 0; r < n; ++r) {  // the engine's int8_rows, shifted to unsigned
+    const float* row = x + r * m.in;
+    const float unit = qx.units[r] = row_unit(row, m.in);
+    uint8_t* q = qx.rows.data() + r * m.in;
+    for (int64_t i = 0; i < m.in; ++i) {
+      q[i] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(row[i] / unit + 128.0f)));
     }
   }
-  gemv_int8(m, qx.row.data(), qx.unit, y);
+  gemm_int8(m, qx, y, n);
 }
 
 inline float activate(float v, int64_t kind) {
@@ -228,11 +271,13 @@ inline float activate(float v, int64_t kind) {
   return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));  // GELU, the erf form
 }
 
-// this thread's rows of y, activated in place (after its own gemv: no barrier needed)
-void activate_share(float* y, int64_t n, int64_t kind) {
+// this thread's columns of y (rows, n), activated in place (after its own product: no barrier)
+void activate_share(float* y, int64_t rows, int64_t n, int64_t kind) {
   int64_t lo, hi;
   share(n, lo, hi);
-  for (int64_t j = lo; j < hi; ++j) y[j] = activate(y[j], kind);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = lo; j < hi; ++j) y[r * n + j] = activate(y[r * n + j], kind);
+  }
 }
 
 // y = LayerNorm(x) with weight w and bias b, biased variance (as PyTorch), one thread
@@ -274,7 +319,7 @@ void attend(const float* q, const float* k, const float* v, int64_t k_stride, in
   }
 }
 
-// the heads of this thread: [lo, hi)
+// the heads (or (row, head) pairs) of this thread: [lo, hi)
 inline void head_share(int64_t heads, int64_t& lo, int64_t& hi) {
   const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
   const int64_t per = (heads + threads - 1) / threads;
@@ -290,55 +335,66 @@ struct Cross {
   int64_t sources;
 };
 
-// encoder-decoder attention of y (D) into out (D), inside the team
+// encoder-decoder attention of y (n, D), the n rows of one sentence, into out (n, D), inside
+// the team; scratch holds n H S floats, q n H K, heads_out n H Dv
 void cross_attention(const Layer& l, const Dims& m, const Cross& x, const float* y, float* out,
-                     float* q, float* heads_out, float* scratch, Quantised& qx) {
-  const int64_t d = m.d, s = x.sources;
+                     int64_t n, float* q, float* heads_out, float* scratch, Quantised& qx) {
+  const int64_t d = m.d, s = x.sources, hs = m.heads * s;
   int64_t lo, hi;
   if (x.folded) {
-    // scores[h, j] = c[h, j] + sum_i y[i] a[h, i, j], then a softmax per head
+    // scores of row r, head h: c[h, j] + sum_i y[r, i] a[h, i, j], then a softmax; row r's
+    // probabilities are scratch[r H S ..], head-major as M's rows
     head_share(m.heads, lo, hi);
     for (int64_t h = lo; h < hi; ++h) {
-      float* p = scratch + h * s;
       const float* ah = x.a + h * d * s;
-      for (int64_t j = 0; j < s; ++j) p[j] = x.c[h * s + j];
-      for (int64_t i = 0; i < d; ++i) {
-        const float yi = y[i];
-        const float* row = ah + i * s;
-        for (int64_t j = 0; j < s; ++j) p[j] += yi * row[j];
+      for (int64_t r = 0; r < n; ++r) {
+        float* p = scratch + r * hs + h * s;
+        const float* yr = y + r * d;
+        for (int64_t j = 0; j < s; ++j) p[j] = x.c[h * s + j];
+        for (int64_t i = 0; i < d; ++i) {
+          const float yi = yr[i];
+          const float* row = ah + i * s;
+          for (int64_t j = 0; j < s; ++j) p[j] += yi * row[j];
+        }
+        softmax(p, s);
       }
-      softmax(p, s);
     }
 #pragma omp barrier
-    // out[c] = b[c] + sum_r p[r] m[r, c], r over H*S, each thread its columns c
+    // out[r, c] = b[c] + sum_k p[r, k] m[k, c], k over H*S, each thread its columns c
     int64_t c0, c1;
     share(d, c0, c1);
-    for (int64_t c = c0; c < c1; ++c) out[c] = l.co.b[c];
-    for (int64_t r = 0; r < m.heads * s; ++r) {
-      const float pr = scratch[r];
-      const float* row = x.m + r * d;
-      for (int64_t c = c0; c < c1; ++c) out[c] += pr * row[c];
+    for (int64_t r = 0; r < n; ++r) {
+      float* o = out + r * d;
+      const float* p = scratch + r * hs;
+      for (int64_t c = c0; c < c1; ++c) o[c] = l.co.b[c];
+      for (int64_t k = 0; k < hs; ++k) {
+        const float pk = p[k];
+        const float* row = x.m + k * d;
+        for (int64_t c = c0; c < c1; ++c) o[c] += pk * row[c];
+      }
     }
 #pragma omp barrier
     return;
   }
-  project(l.cq, y, q, qx);
+  project(l.cq, y, q, n, qx);
 #pragma omp barrier
-  head_share(m.heads, lo, hi);
-  for (int64_t h = lo; h < hi; ++h) {
-    attend(q + h * m.dk, x.keys + h * s * m.dk, x.values + h * s * m.dv, m.dk, m.dv, s, m.dk,
-           m.dv, x.mask, scratch + h * s, heads_out + h * m.dv);
+  const int64_t hk = m.heads * m.dk, hv = m.heads * m.dv;
+  head_share(n * m.heads, lo, hi);
+  for (int64_t pair = lo; pair < hi; ++pair) {  // (row, head)
+    const int64_t r = pair / m.heads, h = pair % m.heads;
+    attend(q + r * hk + h * m.dk, x.keys + h * s * m.dk, x.values + h * s * m.dv, m.dk, m.dv, s,
+           m.dk, m.dv, x.mask, scratch + pair * s, heads_out + r * hv + h * m.dv);
   }
 #pragma omp barrier
-  project(l.co, heads_out, out, qx);
+  project(l.co, heads_out, out, n, qx);
 #pragma omp barrier
 }
 
-// x (1, D): the step's input (embedding and position); weights: packed floats (native_row.py),
-// int8_weights and row_sums empty for float32 weights; dims: L, D, H, K, Dv, F, V, activation,
-// pre_norm; kv: 2L buffers (1, capacity, H, K) and (1, capacity, H, Dv), position t written;
-// cross: 3L tensors, folded (A, c, M) or (keys, values, additive mask or an empty tensor)
-// -> logits (1, V)
+// x (N, D): the step's input (embedding and position) of N hypothesis rows of one sentence;
+// weights: packed floats (native_row.py), int8_weights and row_sums empty for float32 weights;
+// dims: L, D, H, K, Dv, F, V, activation, pre_norm; kv: 2L buffers (N, capacity, H, K) and
+// (N, capacity, H, Dv), position t of each row written; cross: 3L tensors of the sentence,
+// folded (A, c, M) or (keys, values, additive mask or an empty tensor) -> logits (N, V)
 at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
                             const at::Tensor& int8_weights, const at::Tensor& row_sums,
                             at::IntArrayRef dims, at::TensorList kv, int64_t t,
@@ -346,8 +402,10 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
   TORCH_CHECK(dims.size() == 9, "dims: L, D, H, K, Dv, F, V, activation, pre_norm");
   const Dims m{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]};
   TORCH_CHECK(m.activation >= kRelu && m.activation <= kGelu, "activation: 0, 1 or 2");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.numel() == m.d && x_in.is_contiguous(),
-              "x must be (1, D) float32, contiguous");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) >= 1 &&
+                  x_in.size(1) == m.d && x_in.is_contiguous(),
+              "x must be (N, D) float32, contiguous");
+  const int64_t n = x_in.size(0);
   const bool int8 = int8_weights.numel() > 0;
   Packed sizes{nullptr, nullptr, nullptr, int8};
   Model::next(sizes, m);  // counts what the dims take
@@ -366,9 +424,10 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
     const at::Tensor &kb = kv[2 * i], &vb = kv[2 * i + 1];
     TORCH_CHECK(kb.is_contiguous() && vb.is_contiguous() && kb.scalar_type() == at::kFloat &&
                     vb.scalar_type() == at::kFloat && kb.dim() == 4 && vb.dim() == 4 &&
-                    kb.size(0) == 1 && kb.size(1) > t && kb.size(2) * kb.size(3) == hk &&
-                    vb.size(1) == kb.size(1) && vb.size(2) * vb.size(3) == hv,
-                "kv buffers must be (1, capacity > t, H, K) float32, contiguous");
+                    kb.size(0) == n && vb.size(0) == n && kb.size(1) > t &&
+                    kb.size(2) * kb.size(3) == hk && vb.size(1) == kb.size(1) &&
+                    vb.size(2) * vb.size(3) == hv,
+                "kv buffers must be (N, capacity > t, H, K) float32, contiguous");
   }
   TORCH_CHECK(t >= 0, "t must be >= 0");
   std::vector<Cross> sentences(m.layers);
@@ -405,25 +464,31 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
                 int8 ? int8_weights.const_data_ptr<int8_t>() : nullptr,
                 int8 ? row_sums.const_data_ptr<int32_t>() : nullptr, int8};
   const Model model = Model::next(packed, m);
-  at::Tensor logits = at::empty({1, m.vocab}, x_in.options());
-  // working rows: x, y (normed or summed), q/k/v, the heads' outputs, the FFN's hidden layer,
-  // a sublayer's output, attention scores, an int8 product's quantised input
-  std::vector<float> x(x_in.const_data_ptr<float>(), x_in.const_data_ptr<float>() + d);
-  std::vector<float> y(d), qkv(m.qkv()), heads_out(hv), hidden(m.ff), sub(d), q(hk);
-  std::vector<float> scratch(m.heads * widest);
+  const int64_t capacity = kv[0].size(1);
+  at::Tensor logits = at::empty({n, m.vocab}, x_in.options());
+  // working rows (n of each): x, y (normed or summed), q/k/v, the heads' outputs, the FFN's
+  // hidden layer, a sublayer's output, encoder-decoder queries; attention scores
+  std::vector<float> x(x_in.const_data_ptr<float>(), x_in.const_data_ptr<float>() + n * d);
+  std::vector<float> y(n * d), qkv(n * m.qkv()), heads_out(n * hv), hidden(n * m.ff);
+  std::vector<float> sub(n * d), q(n * hk), scratch(n * m.heads * widest);
   Quantised qx;
-  qx.row.resize(std::max({d, hv, m.ff}));
+  qx.rows.resize(n * std::max({d, hv, m.ff}));
+  qx.units.resize(n);
   const float fe = static_cast<float>(eps);
   const bool pre = m.pre_norm != 0;
-  // the sublayer's input: LN(x) before (pre-norm), x itself after (post-norm)
+  // the sublayer's input: LN(x) before (pre-norm), x itself after (post-norm); one thread
   auto begin = [&](const float* nw, const float* nb) {
-    if (pre) layer_norm(x.data(), nw, nb, y.data(), d, fe);
-    else std::copy(x.begin(), x.end(), y.begin());
+    if (!pre) {
+      std::copy(x.begin(), x.end(), y.begin());
+      return;
+    }
+    for (int64_t r = 0; r < n; ++r) layer_norm(&x[r * d], nw, nb, &y[r * d], d, fe);
   };
   // x + sub, then LN after (post-norm); one thread
   auto end = [&](const float* nw, const float* nb) {
-    for (int64_t i = 0; i < d; ++i) x[i] += sub[i];
-    if (!pre) layer_norm(x.data(), nw, nb, x.data(), d, fe);
+    for (int64_t i = 0; i < n * d; ++i) x[i] += sub[i];
+    if (pre) return;
+    for (int64_t r = 0; r < n; ++r) layer_norm(&x[r * d], nw, nb, &x[r * d], d, fe);
   };
   float* out = logits.mutable_data_ptr<float>();
 #pragma omp parallel num_threads(at::get_num_threads())
@@ -434,45 +499,52 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
       float* vb = kv[2 * i + 1].mutable_data_ptr<float>();
 #pragma omp single
       begin(l.norm1_w, l.norm1_b);
-      project(l.qkv, y.data(), qkv.data(), qx);
+      project(l.qkv, y.data(), qkv.data(), n, qx);
 #pragma omp barrier
 #pragma omp single
-      {  // the new position's keys and values into the cache, position-major rows of H*K
-        std::copy(qkv.begin() + hk, qkv.begin() + 2 * hk, kb + t * hk);
-        std::copy(qkv.begin() + 2 * hk, qkv.end(), vb + t * hv);
+      for (int64_t r = 0; r < n; ++r) {  // the new position's keys and values into the cache,
+        const float* row = qkv.data() + r * m.qkv();  // position-major rows of H*K
+        std::copy(row + hk, row + 2 * hk, kb + (r * capacity + t) * hk);
+        std::copy(row + 2 * hk, row + m.qkv(), vb + (r * capacity + t) * hv);
       }
       int64_t lo, hi;
-      head_share(m.heads, lo, hi);
-      for (int64_t h = lo; h < hi; ++h) {
-        attend(qkv.data() + h * m.dk, kb + h * m.dk, vb + h * m.dv, hk, hv, t + 1, m.dk, m.dv,
-               nullptr, scratch.data() + h * widest, heads_out.data() + h * m.dv);
+      head_share(n * m.heads, lo, hi);
+      for (int64_t pair = lo; pair < hi; ++pair) {  // (row, head)
+        const int64_t r = pair / m.heads, h = pair % m.heads;
+        attend(qkv.data() + r * m.qkv() + h * m.dk, kb + r * capacity * hk + h * m.dk,
+               vb + r * capacity * hv + h * m.dv, hk, hv, t + 1, m.dk, m.dv, nullptr,
+               scratch.data() + pair * widest, heads_out.data() + r * hv + h * m.dv);
       }
 #pragma omp barrier
-      project(l.o, heads_out.data(), sub.data(), qx);
+      project(l.o, heads_out.data(), sub.data(), n, qx);
 #pragma omp barrier
 #pragma omp single
       {
         end(l.norm1_w, l.norm1_b);
         begin(l.norm2_w, l.norm2_b);
       }
-      cross_attention(l, m, sentences[i], y.data(), sub.data(), q.data(), heads_out.data(),
+      cross_attention(l, m, sentences[i], y.data(), sub.data(), n, q.data(), heads_out.data(),
                       scratch.data(), qx);
 #pragma omp single
       {
         end(l.norm2_w, l.norm2_b);
         begin(l.norm3_w, l.norm3_b);
       }
-      project(l.w1, y.data(), hidden.data(), qx);
-      activate_share(hidden.data(), m.ff, m.activation);
+      project(l.w1, y.data(), hidden.data(), n, qx);
+      activate_share(hidden.data(), n, m.ff, m.activation);
 #pragma omp barrier
-      project(l.w2, hidden.data(), sub.data(), qx);
+      project(l.w2, hidden.data(), sub.data(), n, qx);
 #pragma omp barrier
 #pragma omp single
       end(l.norm3_w, l.norm3_b);
     }
 #pragma omp single
-    if (pre) layer_norm(x.data(), model.final_w, model.final_b, x.data(), d, fe);
-    project(model.generator, x.data(), out, qx);
+    if (pre) {
+      for (int64_t r = 0; r < n; ++r) {
+        layer_norm(&x[r * d], model.final_w, model.final_b, &x[r * d], d, fe);
+      }
+    }
+    project(model.generator, x.data(), out, n, qx);
   }
   return logits;
 }
