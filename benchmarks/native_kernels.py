@@ -9,9 +9,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   engine's row and width counts, and the k best log-probabilities of a step's logits
   (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max);
 - whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
-  steps, random weights): beam 4 and greedy on the batch and greedy on one sentence (the
-  engine's one-row native step, ``native_row_step``, against its PyTorch step), float32 and
-  int8, their outputs checked equal with and without the kernels;
+  steps, random weights): beam 4 and greedy on the batch, greedy and beam 4 on one sentence
+  (the engine's native step of one sentence's rows, ``native_row_step``, against its PyTorch
+  step), float32 and int8, their outputs checked equal with and without the kernels;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -207,6 +207,12 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
             ],
             "greedy": lambda s: greedy_search(s, src, max_len=max_len),
             "b1": lambda s: greedy_search(s, src[:1], max_len=max_len),
+            "b1 beam4": lambda s: [
+                h[0].tokens
+                for h in beam_search(
+                    s, src[:1], beam=decode.BEAM, alpha=decode.ALPHA, max_len=max_len
+                )
+            ],
         }
         for job, fn in jobs.items():
             key = f"{size_name} {'int8' if int8 else 'fp32'} {job}"

@@ -126,76 +126,76 @@ inline void share(int64_t n, int64_t& lo, int64_t& hi) {
   hi = std::min(n, lo + per);
 }
 
+// the sum of a vector's lanes by a tree of shuffles (4 steps, not 15 scalar adds: a step sums
+// one per output of every product)
+inline float hsum_tree(vf v) {
+  v += __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  v += __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  v += __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  v += __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return v[0];
+}
+
 inline float dot(const float* __restrict w, const float* __restrict x, int64_t n) {
   vf a{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) a += load(w + i) * load(x + i);
-  float s = hsum(a);
+  float s = hsum_tree(a);
   for (; i < n; ++i) s += w[i] * x[i];
   return s;
 }
 
-// y[j] = b[j] + W[j, :] . x for this thread's rows j of W (out, in), one input row; four rows
-// of W at a time, one read of x's vector for four
-void gemv(const float* __restrict w, const float* __restrict b, const float* __restrict x,
-          float* __restrict y, int64_t out, int64_t in) {
-  int64_t lo, hi;
-  share(out, lo, hi);
-  int64_t j = lo;
+// y[r, j] = b[j] + x[r, :] . W[j, :] for R input rows from r0 and J rows of W from j0: each
+// vector of W read once for the R rows, each of x once for the J. Every output is summed in the
+// same order (16 lanes over the vectors of in, their tree, then the tail), whatever R and J:
+// a row's result does not depend on the other rows.
+template <int R, int J>
+inline void block(const float* __restrict w, const float* __restrict b,
+                  const float* __restrict x, float* __restrict y, int64_t r0, int64_t j0,
+                  int64_t in, int64_t out) {
   const int64_t body = in / kLanes * kLanes;
-  for (; j + 4 <= hi; j += 4) {
-    const float* w0 = w + j * in;
-    const float *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
-    vf a0{}, a1{}, a2{}, a3{};
-    for (int64_t i = 0; i < body; i += kLanes) {
-      const vf xv = load(x + i);
-      a0 += load(w0 + i) * xv;
-      a1 += load(w1 + i) * xv;
-      a2 += load(w2 + i) * xv;
-      a3 += load(w3 + i) * xv;
+  vf a[R][J] = {};
+  for (int64_t i = 0; i < body; i += kLanes) {
+    vf wv[J];
+    for (int jj = 0; jj < J; ++jj) wv[jj] = load(w + (j0 + jj) * in + i);
+    for (int rr = 0; rr < R; ++rr) {
+      const vf xv = load(x + (r0 + rr) * in + i);
+      for (int jj = 0; jj < J; ++jj) a[rr][jj] += wv[jj] * xv;
     }
-    float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-    for (int64_t i = body; i < in; ++i) {
-      s[0] += w0[i] * x[i], s[1] += w1[i] * x[i], s[2] += w2[i] * x[i], s[3] += w3[i] * x[i];
-    }
-    for (int r = 0; r < 4; ++r) y[j + r] = b[j + r] + s[r];
   }
-  for (; j < hi; ++j) y[j] = b[j] + dot(w + j * in, x, in);
+  for (int rr = 0; rr < R; ++rr) {
+    const float* xr = x + (r0 + rr) * in;
+    for (int jj = 0; jj < J; ++jj) {
+      const float* wj = w + (j0 + jj) * in;
+      float s = hsum_tree(a[rr][jj]);
+      for (int64_t i = body; i < in; ++i) s += wj[i] * xr[i];
+      y[(r0 + rr) * out + j0 + jj] = b[j0 + jj] + s;
+    }
+  }
 }
 
-// y (n, out) = x (n, in) W^T + b for this thread's rows j of W: each row of W read once for
-// all n inputs, four inputs at a time. Each output is summed in gemv's order, so a row's
-// result does not depend on the other rows.
+// the rows r0.. (R of them, 1 to 4) against this thread's rows [lo, hi) of W, four at a time
+template <int R>
+inline void row_block(const float* w, const float* b, const float* x, float* y, int64_t r0,
+                      int64_t lo, int64_t hi, int64_t in, int64_t out) {
+  int64_t j = lo;
+  for (; j + 4 <= hi; j += 4) block<R, 4>(w, b, x, y, r0, j, in, out);
+  for (; j < hi; ++j) block<R, 1>(w, b, x, y, r0, j, in, out);
+}
+
+// y (n, out) = x (n, in) W^T + b for this thread's rows of W (out, in): each row of W read once
+// for all n inputs, four of W and four inputs at a time
 void gemm_rows(const float* __restrict w, const float* __restrict b, const float* __restrict x,
                float* __restrict y, int64_t n, int64_t out, int64_t in) {
-  if (n == 1) {
-    gemv(w, b, x, y, out, in);
-    return;
-  }
   int64_t lo, hi;
   share(out, lo, hi);
-  const int64_t body = in / kLanes * kLanes;
-  for (int64_t j = lo; j < hi; ++j) {
-    const float* wj = w + j * in;
-    int64_t r = 0;
-    for (; r + 4 <= n; r += 4) {
-      const float* x0 = x + r * in;
-      const float *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
-      vf a0{}, a1{}, a2{}, a3{};
-      for (int64_t i = 0; i < body; i += kLanes) {
-        const vf wv = load(wj + i);
-        a0 += wv * load(x0 + i);
-        a1 += wv * load(x1 + i);
-        a2 += wv * load(x2 + i);
-        a3 += wv * load(x3 + i);
-      }
-      float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-      for (int64_t i = body; i < in; ++i) {
-        s[0] += wj[i] * x0[i], s[1] += wj[i] * x1[i], s[2] += wj[i] * x2[i], s[3] += wj[i] * x3[i];
-      }
-      for (int k = 0; k < 4; ++k) y[(r + k) * out + j] = b[j] + s[k];
-    }
-    for (; r < n; ++r) y[r * out + j] = b[j] + dot(wj, x + r * in, in);
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) row_block<4>(w, b, x, y, r, lo, hi, in, out);
+  switch (n - r) {
+    case 3: row_block<3>(w, b, x, y, r, lo, hi, in, out); break;
+    case 2: row_block<2>(w, b, x, y, r, lo, hi, in, out); break;
+    case 1: row_block<1>(w, b, x, y, r, lo, hi, in, out); break;
+    default: break;
   }
 }
 
