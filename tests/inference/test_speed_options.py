@@ -140,12 +140,14 @@ def test_onednn_and_mkl_products_give_the_same_translations(trained) -> None:
 @pytest.mark.parametrize("parts", [2, 3])
 def test_one_sentence_options_give_the_same_translations(trained, parts: int) -> None:
     # one sentence at a time: the folded encoder-decoder attention and the one-row products in
-    # column blocks, against neither
+    # column blocks, against neither, and the native step (native_row.py, the default)
     model, src = trained
-    fast = DecodingModel(model, one_row_parts=parts, fold_one_sentence=True)
-    plain = DecodingModel(model, one_row_parts=1, fold_one_sentence=False)
+    fast = DecodingModel(model, one_row_parts=parts, fold_one_sentence=True, native_row_step=False)
+    plain = DecodingModel(model, one_row_parts=1, fold_one_sentence=False, native_row_step=False)
+    native = DecodingModel(model)
     for row in src[:30]:
         _assert_same_translations(fast, plain, row[row != PAD][None])
+        _assert_same_translations(native, plain, row[row != PAD][None])
 
 
 def test_searches_inside_a_callers_inference_mode_give_the_same_translations(trained) -> None:

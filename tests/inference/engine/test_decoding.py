@@ -15,6 +15,7 @@ from transduce.config import ARCHITECTURE_KEYS, ModelConfig
 from transduce.inference import beam_search, greedy_search
 from transduce.inference.engine import DecodingModel
 from transduce.inference.engine.decoding import IMPLEMENTED
+from transduce.kernels import native
 from transduce.kernels.matmul import onednn_available
 from transduce.kernels.projection import Projection
 
@@ -188,7 +189,10 @@ def test_decode_in_training_mode_is_the_model_s() -> None:
 
 def test_one_row_parts_default_and_check() -> None:
     model = tiny_model()
-    assert DecodingModel(model).one_row_parts == torch.get_num_threads()
+    threads = torch.get_num_threads()
+    assert DecodingModel(model, native_row_step=False).one_row_parts == threads
+    # the native step takes one sentence's rows: no column blocks kept for PyTorch's one row
+    assert DecodingModel(model).one_row_parts == (1 if native.available() else threads)
     assert DecodingModel(model.to(torch.bfloat16)).one_row_parts == 1
     with pytest.raises(ValueError, match="at least 1"):
         DecodingModel(tiny_model(), one_row_parts=0)

@@ -119,7 +119,8 @@ class DecodingModel:
 
     ``one_row_parts``: one-row products (a batch of one sentence, greedy) split W's columns into
     this many blocks multiplied at once, one per thread (``kernels.ProjectionLayout``); None =
-    the kernels' choice for the weights' device and dtype. Made at construction: a later change
+    the kernels' choice for the weights' device and dtype, or 1 (no blocks) where the native
+    step below takes one sentence's rows. Made at construction: a later change
     of the thread count keeps the split.
 
     ``fold_one_sentence``: for a batch of one sentence whose source is short enough
@@ -147,8 +148,9 @@ class DecodingModel:
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
-    column blocks, or for some layouts the small ones' transposed copies: ``kernels.Projection``);
-    with the fold, a third of the decoder's W^Q and W^O.
+    native step's packing, else the column blocks, or for some layouts the small ones'
+    transposed copies: ``kernels.Projection``); with the fold, a third of the decoder's W^Q and
+    W^O.
     """
 
     model: Transformer
@@ -179,6 +181,16 @@ class DecodingModel:
         self.int8 = int8
         self.attention = attention
         weight = model.generator.weight
+        self.row_plan = None
+        if native_row_step is not False:
+            self.row_plan = native_row.RowPlan.of(model, int8=int8)
+        if native_row_step and self.row_plan is None:
+            raise ValueError(
+                "native_row_step needs float32 CPU weights, one layer-norm epsilon and the "
+                "native kernels built"
+            )
+        if one_row_parts is None and self.row_plan is not None:
+            one_row_parts = 1  # the native step multiplies a sentence's rows: no column blocks
         self.layout = layout = ProjectionLayout.choose(weight, matmul, one_row_parts, int8=int8)
         self.one_row_parts = layout.one_row_parts
         if fold_one_sentence and weight.dtype != torch.float32:
@@ -203,14 +215,6 @@ class DecodingModel:
                 weight, model.generator.bias, layout
             )
         self.pre_norm = model.config.norm == "pre"
-        self.row_plan = None
-        if native_row_step is not False:
-            self.row_plan = native_row.RowPlan.of(model, int8=int8)
-        if native_row_step and self.row_plan is None:
-            raise ValueError(
-                "native_row_step needs float32 CPU weights, one layer-norm epsilon and the "
-                "native kernels built"
-            )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
