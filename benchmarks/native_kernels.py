@@ -1,6 +1,7 @@
 """The native CPU kernels (``transduce.kernels.native``) against PyTorch's operators, paired.
 
     python benchmarks/native_kernels.py [--sizes small base] [--rounds 6] [--threads 2]
+                                        [--parts operators searches training]
 
 Four parts, each timed in one process with the kernels switched on and off in turns (rotated
 order, median of the per-round ratios, so a shared machine's drift cancels):
@@ -230,6 +231,13 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", choices=list(decode.SIZES), default=["small", "base"])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["operators", "searches", "training"],
+        default=["operators", "searches", "training"],
+        help="which parts to time (default: all)",
+    )
     args = p.parse_args()
     from transduce.kernels import native
     from transduce.runtime import tune_malloc
@@ -239,15 +247,18 @@ def main() -> None:
     if not native.available():
         raise SystemExit("native_kernels.py: the native kernels did not build here")
     result: dict = {"machine": platform.processor() or platform.machine(), "threads": args.threads}
-    result["operators"] = operators(args.rounds)
-    for name in args.sizes:
-        result[name] = searches(name, args.rounds)
-    result["training"] = training_operators(args.rounds)
-    for name in args.sizes:
-        result["training"].update(train_steps(name, args.rounds))
+    if "operators" in args.parts:
+        result["operators"] = operators(args.rounds)
+    if "searches" in args.parts:
+        for name in args.sizes:
+            result[name] = searches(name, args.rounds)
+    if "training" in args.parts:
+        result["training"] = training_operators(args.rounds)
+        for name in args.sizes:
+            result["training"].update(train_steps(name, args.rounds))
     print(f"{'what':40s} {'native ms':>10s} {'torch ms':>10s} {'speedup':>8s}")
     for section in ("operators", *args.sizes, "training"):
-        for key, r in result[section].items():
+        for key, r in result.get(section, {}).items():
             flag = "" if r.get("same_outputs", True) else "  OUTPUTS DIFFER"
             print(
                 f"{key:40s} {r['native_ms']:10.3f} {r['torch_ms']:10.3f} {r['speedup']:8.3f}{flag}"
