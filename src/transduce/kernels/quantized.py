@@ -233,6 +233,13 @@ def int8_rows_torch(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x / units).add_(128).round_().sub_(128).to(torch.int8), units
 
 
+def activations_in_7_bits() -> bool:
+    """Whether the int8 products quantise their input rows to 7 bits here (a CPU without int8
+    dot products, int8 forced), not 8: what another int8 kernel must do to give the same
+    numbers."""
+    return _reduce_range()
+
+
 @functools.lru_cache(maxsize=1)
 def _reduce_range() -> bool:
     """Whether x is quantised to 7 bits instead of 8: without VNNI or AMX fbgemm sums pairs of

@@ -169,6 +169,21 @@ def test_pytorch_steps_after_native_ones_see_the_same_cache() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_native_steps_after_several_positions_at_once() -> None:
+    # the model's own decode of a prefix leaves its cross-attention keys as views
+    model = tiny_model()
+    src, tgt = tiny_batch()
+    for engine in (DecodingModel(model, fold_one_sentence=False), DecodingModel(model)):
+        with torch.no_grad():
+            memory, valid = engine.encode(src[1:2])
+            cache = engine.new_cache()
+            prefix = engine.decode(tgt[1:2, :3], memory, valid, cache)
+            rest = [engine.decode(tgt[1:2, t : t + 1], memory, valid, cache) for t in (3, 4)]
+            full = model(src[1:2], tgt[1:2])
+        torch.testing.assert_close(torch.cat([prefix, *rest], 1), full, atol=1e-5, rtol=1e-5)
+        assert cache.row_state is not None
+
+
 def test_a_fully_padded_source_takes_pytorch_s_step() -> None:
     # no valid source position: PyTorch's attention gives zero weights, a softmax would give NaN
     model = tiny_model()
@@ -211,6 +226,13 @@ def test_where_it_does_not_apply_it_is_refused_or_off() -> None:
     eps = tiny_model()
     eps.decoder.layers[0].norms[0].eps = 1e-3  # one epsilon is the kernel's
     assert RowPlan.of(eps) is None
+
+
+def test_int8_quantised_to_7_bits_takes_pytorch_s_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # int8 forced on a CPU without int8 dot products: the engine quantises to 7 bits there
+    monkeypatch.setattr("transduce.kernels.quantized._reduce_range", lambda: True)
+    assert RowPlan.of(tiny_model(), int8=True) is None
+    assert RowPlan.of(tiny_model()) is not None  # float32 is not concerned
 
 
 def test_the_kernel_refuses_weights_of_other_dims() -> None:

@@ -442,7 +442,8 @@ class DecodingModel:
                 additive.masked_fill_(~valid, float("-inf"))  # (S,): 0 or -inf
             for layer in cache.layers:
                 assert layer.cross_k is not None and layer.cross_v is not None
-                cross += [layer.cross_k, layer.cross_v, additive]
+                # contiguous: the model's own decode of several positions leaves views
+                cross += [layer.cross_k.contiguous(), layer.cross_v.contiguous(), additive]
         _, _, h, d_k, d_v, *_ = plan.dims
         buffers: list[Tensor] = []
         for layer in cache.layers:

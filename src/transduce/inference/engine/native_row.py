@@ -10,7 +10,8 @@ here once (``RowPlan``) and the engine's own cache buffers; the embedding and th
 PyTorch's (every kind of position the model has).
 
 ``RowPlan.of`` returns None where the native step does not apply (not float32 on the CPU, the
-native kernels not built, layer norms with different epsilons); the engine then computes its
+native kernels not built, layer norms with different epsilons, int8 forced on a CPU without int8
+dot products, where the engine quantises to 7 bits); the engine then computes its
 step with PyTorch's operators. Results agree with those within float32 rounding (the sums run
 in another order), not bit for bit. With ``int8``, every product's weights are the int8 ones of
 the engine's ``Int8Projection`` (``kernels.quantized.quantize_weight``: the same numbers) and
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from transduce import kernels
 from transduce.kernels import native
-from transduce.kernels.quantized import quantize_weight
+from transduce.kernels.quantized import activations_in_7_bits, quantize_weight
 from transduce.model.layers import DecoderLayer
 from transduce.model.transformer import Transformer
 
@@ -106,6 +107,8 @@ class RowPlan:
         native step does not apply."""
         weight = model.generator.weight
         if not kernels.one_row_is_read_bound(weight):  # float32 on the CPU
+            return None
+        if int8 and activations_in_7_bits():  # the kernel quantises to 8 bits, as with VNNI
             return None
         cfg = model.config
         layers = [cast(DecoderLayer, layer) for layer in model.decoder.layers]

@@ -425,9 +425,10 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
     TORCH_CHECK(kb.is_contiguous() && vb.is_contiguous() && kb.scalar_type() == at::kFloat &&
                     vb.scalar_type() == at::kFloat && kb.dim() == 4 && vb.dim() == 4 &&
                     kb.size(0) == n && vb.size(0) == n && kb.size(1) > t &&
+                    kb.size(1) == kv[0].size(1) &&
                     kb.size(2) * kb.size(3) == hk && vb.size(1) == kb.size(1) &&
                     vb.size(2) * vb.size(3) == hv,
-                "kv buffers must be (N, capacity > t, H, K) float32, contiguous");
+                "kv buffers must be (N, capacity > t, H, K) float32, contiguous, one capacity");
   }
   TORCH_CHECK(t >= 0, "t must be >= 0");
   std::vector<Cross> sentences(m.layers);
