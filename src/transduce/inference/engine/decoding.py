@@ -140,11 +140,12 @@ class DecodingModel:
     quarter of the float32 ones) in place of the float32 copies; two of them on CPUs where a
     second int8 kernel takes the many-row products (``kernels.Int8Projection``).
 
-    ``native_row_step``: a step of one hypothesis row (a sentence decoded alone, greedy) in one
-    native call through the whole decoder (``native_row.py``), float32 weights on the CPU, with
-    int8 products where ``int8``; None = where it applies (the native kernels built), False =
-    never, True = a ValueError where it does not apply. It computes the same function within
-    float32 rounding (int8: the same int8 sums).
+    ``native_row_step``: a step of the hypothesis rows of one sentence (a sentence decoded
+    alone: greedy, or a beam of up to ``native_row.MAX_ROWS``) in one native call through the
+    whole decoder (``native_row.py``), float32 weights on the CPU, with int8 products where
+    ``int8``; None = where it applies (the native kernels built), False = never, True = a
+    ValueError where it does not apply. It computes the same function within float32 rounding
+    (int8: the same int8 sums).
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the

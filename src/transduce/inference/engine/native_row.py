@@ -35,8 +35,9 @@ from transduce.model.transformer import Transformer
 
 # ModelConfig.activation -> the kernel's code
 ACTIVATION_CODES = {"relu": 0, "swish": 1, "gelu": 2}
-# The most hypothesis rows a native step takes: its products read W once and multiply each row
-# in turn (no blocking of W for many rows), what pays where reading W is the cost
+# The most hypothesis rows a native step takes: its products read W once for all rows, in
+# blocks of 4 rows of W by 4 inputs, which pays where reading W is the cost, not a GEMM's
+# tiling for the many rows of a batch
 MAX_ROWS = 8
 
 
