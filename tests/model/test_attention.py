@@ -368,6 +368,7 @@ def test_fused_projections_equal_separate_linears() -> None:
 def test_cpu_training_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     attn = _ATTENTION_MODULE
     monkeypatch.setattr(attn, "FORMULA_MAX_KEYS_CPU_TRAINING", 128)
+    monkeypatch.setattr(attn.native, "available", lambda: False)  # (its own test below)
     calls: list[str] = []
     real_sdpa = attn.F.scaled_dot_product_attention
 
@@ -424,3 +425,44 @@ def test_is_causal_with_other_query_and_key_lengths_is_refused(path: str) -> Non
         kernel_attention(q, k, k, is_causal=True, path=path)  # type: ignore[arg-type]
     square = kernel_attention(k, k, k, is_causal=True, path=path)  # type: ignore[arg-type]
     assert square.shape == (1, 2, 5, 4)
+
+
+def _strided_cache(b: int, h: int, s: int, k: int) -> torch.Tensor:
+    """(B, H, S, K) as the engine's cache views it: positions of a (B, capacity, H, K) buffer."""
+    buffer = torch.randn(b, s + 5, h, k)
+    return buffer.narrow(1, 0, s).transpose(1, 2)
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_a_search_step_takes_the_native_kernel(
+    monkeypatch: pytest.MonkeyPatch, queries: int
+) -> None:
+    attn = _ATTENTION_MODULE
+    if not attn.native.available():
+        pytest.skip("the native kernels did not build")
+    calls: list[str] = []
+    real = attn.native.decode_attention
+    monkeypatch.setattr(
+        attn.native, "decode_attention", lambda *a: calls.append("native") or real(*a)
+    )
+    kernel = attn.attention  # the kernels' function (``attention`` here is the model's)
+    torch.manual_seed(0)
+    q = torch.randn(3, 2, queries, 8)
+    k, v = _strided_cache(3, 2, 7, 8), _strided_cache(3, 2, 7, 8)
+    valid = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    valid[1, ..., 4:] = False
+    valid[2] = False  # a sentence with no valid key: zero weights, as the formula gives
+    with torch.no_grad():
+        out = kernel(q, k, v, valid)
+        ref = kernel(q, k, v, valid, path="formula")
+        plain = kernel(q, k, v)
+        plain_ref = kernel(q, k, v, path="fused")
+    assert calls == ["native", "native"]
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    torch.testing.assert_close(plain, plain_ref, atol=1e-6, rtol=1e-5)
+    kernel(q, k, v)  # gradients on (training): not the native kernel
+    with torch.no_grad():
+        kernel(q.bfloat16(), k.bfloat16(), v.bfloat16())  # not float32
+        kernel(torch.randn(3, 2, 9, 8), k, v)  # more queries than a step's
+    assert calls == ["native", "native"]

@@ -6,7 +6,10 @@ product). The fused kernel is the default; training on the CPU with short keys t
 which is faster there: PyTorch's CPU flash-attention pays per (batch x head) block, and batches of
 many short sentences have thousands of them. On the CPU the fused kernel runs in float32 for
 bfloat16/float16 inputs too, its low-precision backward being several times slower, and a
-low-precision softmax runs in float32 (benchmarks/RESULTS.md).
+low-precision softmax runs in float32 (benchmarks/RESULTS.md). A search's step on the CPU (a
+few queries a row, float32, no gradients) takes a native kernel of ours where it is built
+(``kernels.native.decode_attention``): (row, head) pairs on the threads, one pass over their
+keys, where both PyTorch paths pay more per block than a step's work.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transduce.kernels import native
 from transduce.kernels.options import AttentionPath
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -26,6 +30,9 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # Training on the CPU with keys at most this long takes the formula ("auto"); about where the two
 # paths were even in float32 on 2 cores (benchmarks/attention_paths.py)
 FORMULA_MAX_KEYS_CPU_TRAINING = 128
+# The most queries a row that the native kernel takes ("auto", decoding on the CPU): a search
+# step's (one a hypothesis, or the hypotheses of a sentence grouped)
+NATIVE_MAX_QUERIES = 8
 
 
 def _fp32_on_cpu(x: Tensor) -> bool:
@@ -94,10 +101,29 @@ def grouped_queries_path(query: Tensor, path: AttentionPath = "auto") -> Attenti
     """The path for query (B, H, G, K), G > 1 queries of each sentence (the hypotheses of a beam)
     against that sentence's keys, without gradients (decoding): "auto" takes the formula on the
     CPU, whose batched products beat the fused kernel's blocks of G queries there
-    (benchmarks/RESULTS.md); any other ``path`` is kept."""
-    if path == "auto" and query.device.type == "cpu":
+    (benchmarks/RESULTS.md), unless the native kernel takes it ("auto" kept); any other
+    ``path`` is kept."""
+    if path == "auto" and query.device.type == "cpu" and not _native_takes(query, None):
         return "formula"
     return path
+
+
+def _native_takes(query: Tensor, mask: Tensor | None) -> bool:
+    """Whether "auto" takes the native kernel: a search step's few float32 queries on the CPU,
+    no gradients, a boolean mask or none, the kernels built."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and query.dim() == 4
+        and query.size(-2) <= NATIVE_MAX_QUERIES
+        and not torch.is_grad_enabled()
+        and (mask is None or mask.dtype == torch.bool)
+        and native.available()
+    )
+
+
+def _last_contiguous(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _formula_is_faster(query: Tensor, key: Tensor) -> bool:
@@ -163,6 +189,12 @@ def attention(
     """
     if is_causal and query.size(-2) != key.size(-2):  # the two paths align it differently
         raise ValueError(f"is_causal needs T == T'; got {query.size(-2)} and {key.size(-2)}")
+    if path == "auto" and dropout_p == 0.0 and not is_causal and _native_takes(query, mask):
+        if key.dtype == value.dtype == torch.float32:
+            b, h, t, s = (*query.shape[:3], key.size(-2))
+            m = None if mask is None else mask.expand(b, h, t, s)  # a view
+            q, k, v = (_last_contiguous(x) for x in (query, key, value))
+            return native.decode_attention(q, k, v, m)
     fused = path == "fused" or (path == "auto" and not _formula_is_faster(query, key))
     if is_causal and (mask is not None or not fused):
         causal = _causal(query.size(-2), key.size(-2), query.device)

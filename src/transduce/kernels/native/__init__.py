@@ -229,8 +229,21 @@ def decoder_row_step(
     return out
 
 
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(K) + mask) v for a search step's few queries: q (B, H, T, K), k (B,
+    H, S, K), v (B, H, S, Dv) float32, the last dimension contiguous (other strides any); mask
+    bool (B, H, T, S), broadcast views welcome, True = may attend, or None -> (B, H, T, Dv),
+    zeros where a query may attend nothing (needs ``available()``)."""
+    empty = q.new_empty(0, dtype=torch.bool)
+    out: Tensor = getattr(torch.ops, NAMESPACE).decode_attention(
+        q, k, v, empty if mask is None else mask
+    )
+    return out
+
+
 __all__ = [
     "NAMESPACE",
+    "decode_attention",
     "decoder_row_step",
     "NativeBuildError",
     "available",

@@ -550,10 +550,68 @@ at::Tensor decoder_row_step(const at::Tensor& x_in, const at::Tensor& weights,
   return logits;
 }
 
+// softmax(q k^T / sqrt(K) + mask) v for a few queries: q (B, H, T, K), k (B, H, S, K), v (B, H,
+// S, Dv), any strides with the last dimension's 1; mask (B, H, T, S) bool (True = may attend;
+// strides 0 where broadcast) or empty -> (B, H, T, Dv), zeros where a query may attend nothing
+// (as zero weights). A search's step: (row, head) pairs on the threads, one pass over its keys.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-dimensional");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "q, k, v must be float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "q, k, v must have a contiguous last dimension");
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), dk = q.size(3);
+  const int64_t s = k.size(2), dv = v.size(3);
+  TORCH_CHECK(k.size(0) == b && k.size(1) == h && k.size(3) == dk && v.size(0) == b &&
+                  v.size(1) == h && v.size(2) == s,
+              "k (B, H, S, K) and v (B, H, S, Dv) must match q (B, H, T, K)");
+  const bool masked = mask.numel() > 0;
+  TORCH_CHECK(!masked || (mask.scalar_type() == at::kBool && mask.dim() == 4 &&
+                          mask.size(0) == b && mask.size(1) == h && mask.size(2) == t &&
+                          mask.size(3) == s),
+              "mask must be (B, H, T, S) bool or empty");
+  at::Tensor out = at::empty({b, h, t, dv}, q.options());
+  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>();
+  const float* vp = v.const_data_ptr<float>();
+  const bool* mp = masked ? mask.const_data_ptr<bool>() : nullptr;
+  float* op = out.mutable_data_ptr<float>();
+  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(s), add(s);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t i = pair / h, j = pair % h;
+      const float* kb = kp + i * k.stride(0) + j * k.stride(1);
+      const float* vb = vp + i * v.stride(0) + j * v.stride(1);
+      for (int64_t r = 0; r < t; ++r) {
+        const float* qr = qp + i * q.stride(0) + j * q.stride(1) + r * q.stride(2);
+        float* o = op + ((i * h + j) * t + r) * dv;
+        bool any = !masked;
+        if (masked) {
+          const bool* mr = mp + i * mask.stride(0) + j * mask.stride(1) + r * mask.stride(2);
+          for (int64_t c = 0; c < s; ++c) {
+            const bool ok = mr[c * mask.stride(3)];
+            add[c] = ok ? 0.0f : -kInf;
+            any = any || ok;
+          }
+        }
+        if (!any) {
+          std::fill(o, o + dv, 0.0f);
+          continue;
+        }
+        attend(qr, kb, vb, k.stride(2), v.stride(2), s, dk, dv, masked ? add.data() : nullptr,
+               scores.data(), o);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
   m.def("decoder_row_step(Tensor x, Tensor weights, Tensor int8_weights, Tensor row_sums, "
         "int[] dims, Tensor[] kv, int t, Tensor[] cross, bool folded, float eps) -> Tensor",
         decoder_row_step);
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor", decode_attention);
 }
