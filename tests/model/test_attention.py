@@ -465,4 +465,6 @@ def test_a_search_step_takes_the_native_kernel(
     with torch.no_grad():
         kernel(q.bfloat16(), k.bfloat16(), v.bfloat16())  # not float32
         kernel(torch.randn(3, 2, 9, 8), k, v)  # more queries than a step's
+        shared = kernel(q, k[:, :1], v[:, :1])  # keys broadcast over the heads: PyTorch's
+        torch.testing.assert_close(shared, kernel(q, k[:, :1], v[:, :1], path="fused"))
     assert calls == ["native", "native"]

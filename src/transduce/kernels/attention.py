@@ -190,7 +190,9 @@ def attention(
     if is_causal and query.size(-2) != key.size(-2):  # the two paths align it differently
         raise ValueError(f"is_causal needs T == T'; got {query.size(-2)} and {key.size(-2)}")
     if path == "auto" and dropout_p == 0.0 and not is_causal and _native_takes(query, mask):
-        if key.dtype == value.dtype == torch.float32:
+        same_rows = key.shape[:2] == query.shape[:2] and value.shape[:3] == key.shape[:3]
+        four = key.dim() == value.dim() == 4
+        if key.dtype == value.dtype == torch.float32 and four and same_rows:
             b, h, t, s = (*query.shape[:3], key.size(-2))
             m = None if mask is None else mask.expand(b, h, t, s)  # a view
             q, k, v = (_last_contiguous(x) for x in (query, key, value))
