@@ -227,3 +227,33 @@ def test_greedy_steps_take_the_native_best_token_on_the_cpu() -> None:
     ref_best, ref_tokens = next_token_log_probs(logits, None).max(dim=-1)
     assert torch.equal(tokens, ref_tokens) and tokens[3] != 0
     torch.testing.assert_close(best, ref_best, atol=2e-5, rtol=0)
+
+
+def _attention_reference(q, k, v, mask):
+    """softmax(q k^T / sqrt(K) + mask) v in float64; zeros where a query may attend nothing."""
+    scores = q.double() @ k.double().transpose(-1, -2) / q.size(-1) ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(-1).nan_to_num(0.0)
+    return (weights @ v.double()).float()
+
+
+@pytest.mark.parametrize("head", [8, 16, 20, 32, 48, 64, 96, 128])
+def test_decode_attention_gives_the_formula(head: int) -> None:
+    """Every head size the kernel sums in registers (multiples of 16 to 128) and others, key
+    counts around the blocks of 4 keys and 16 lanes, strided keys, masks, several queries."""
+    _native_or_skip()
+    g = torch.Generator().manual_seed(head)
+    for keys in (1, 3, 4, 5, 15, 16, 17, 33):
+        for queries in (1, 4):
+            q = torch.randn(3, 2, queries, head, generator=g) * 2
+            buffer = torch.randn(3, keys + 3, 2, 2 * head, generator=g) * 2
+            k = buffer[:, :keys, :, :head].transpose(1, 2)  # (3, 2, keys, head), strided
+            v = buffer[:, :keys, :, head:].transpose(1, 2)
+            mask = torch.rand(3, 2, queries, keys, generator=g) > 0.3
+            mask[..., 0] = True
+            mask[2, 1] = False  # a (row, head) with no key: zeros
+            for m in (None, mask):
+                out = native.decode_attention(q, k, v, m)
+                ref = _attention_reference(q, k, v, m)
+                torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-5)

@@ -292,14 +292,71 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, int64_
   for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
 }
 
-// softmax of p[0..n) in place (max subtracted; -inf entries give 0); n >= 1
+// softmax of p[0..n) in place (max subtracted; -inf entries give 0); n >= 1, one entry finite.
+// Vectorised: the exp is vec.h's (within 2 ulp of std::exp), sums in 16 lanes then a tree
 void softmax(float* p, int64_t n) {
-  float m = -kInf;
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, p[j]);
-  float s = 0.0f;
-  for (int64_t j = 0; j < n; ++j) s += (p[j] = std::exp(p[j] - m));
-  const float inv = 1.0f / s;
-  for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+  const int64_t body = n / kLanes * kLanes, tail = n - body;
+  alignas(64) float last[kLanes];  // the tail, padded with -inf
+  for (int l = 0; l < kLanes; ++l) last[l] = l < tail ? p[body + l] : -kInf;
+  vf mv = load(last);
+  for (int64_t j = 0; j < body; j += kLanes) {
+    const vf x = load(p + j);
+    mv = x > mv ? x : mv;
+  }
+  const vf m = splat(hmax(mv)), zero{}, minus_inf = splat(-kInf);
+  vf sv{};
+  for (int64_t j = 0; j < body; j += kLanes) {
+    const vf x = load(p + j);
+    const vf e = x == minus_inf ? zero : exp_nonpositive(x - m);
+    store(p + j, e);
+    sv += e;
+  }
+  const vf x = load(last);
+  const vf e = x == minus_inf ? zero : exp_nonpositive(x - m);
+  sv += e;
+  const vf inv = splat(1.0f / hsum_tree(sv));
+  for (int64_t j = 0; j < body; j += kLanes) store(p + j, load(p + j) * inv);
+  store(last, e * inv);
+  for (int64_t l = 0; l < tail; ++l) p[body + l] = last[l];
+}
+
+// out[i] = q . k_i for the 4 keys k + i * stride, n a multiple of 16: 16 lanes each, then the
+// four trees at once (lane sums in another order than dot's)
+inline void dot4(const float* __restrict q, const float* __restrict k, int64_t stride, int64_t n,
+                 float* out) {
+  vf a0{}, a1{}, a2{}, a3{};
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const vf x = load(q + i);
+    a0 += x * load(k + i);
+    a1 += x * load(k + stride + i);
+    a2 += x * load(k + 2 * stride + i);
+    a3 += x * load(k + 3 * stride + i);
+  }
+  // halves: lanes 0-7 a0's, 8-15 a1's (b: a2, a3); quarters: 4 lanes each of a0..a3
+  const vf b01 = __builtin_shuffle(a0, a1, vi{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                 __builtin_shuffle(a0, a1, vi{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  const vf b23 = __builtin_shuffle(a2, a3, vi{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                 __builtin_shuffle(a2, a3, vi{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  vf c = __builtin_shuffle(b01, b23, vi{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+         __builtin_shuffle(b01, b23, vi{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  c += __builtin_shuffle(c, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  c += __builtin_shuffle(c, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  out[0] = c[0];
+  out[1] = c[4];
+  out[2] = c[8];
+  out[3] = c[12];
+}
+
+// out (C * 16) = sum_j p[j] v_j, value j at v + j * v_stride: the sums in registers
+template <int C>
+inline void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t n, float* out) {
+  vf acc[C] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const vf pj = splat(p[j]);
+    const float* vj = v + j * v_stride;
+    for (int c = 0; c < C; ++c) acc[c] += pj * load(vj + c * kLanes);
+  }
+  for (int c = 0; c < C; ++c) store(out + c * kLanes, acc[c]);
 }
 
 // out (Dv) = sum_j softmax_j(q . k_j / sqrt(dk) + mask_j) v_j over j < n, key j at
@@ -307,10 +364,26 @@ void softmax(float* p, int64_t n) {
 void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
             int64_t n, int64_t dk, int64_t dv, const float* mask, float* scratch, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+  if (dk % kLanes == 0) {  // four keys at a time, their four sums by one tree
+    for (; j + 4 <= n; j += 4) {
+      dot4(q, k + j * k_stride, k_stride, dk, scratch + j);
+      for (int i = 0; i < 4; ++i) scratch[j + i] = scratch[j + i] * scale + (mask ? mask[j + i] : 0.0f);
+    }
+  }
+  for (; j < n; ++j) {
     scratch[j] = dot(q, k + j * k_stride, dk) * scale + (mask ? mask[j] : 0.0f);
   }
   softmax(scratch, n);
+  switch (dv) {  // the usual head sizes: the sums in registers
+    case 16: return weighted_sum<1>(scratch, v, v_stride, n, out);
+    case 32: return weighted_sum<2>(scratch, v, v_stride, n, out);
+    case 48: return weighted_sum<3>(scratch, v, v_stride, n, out);
+    case 64: return weighted_sum<4>(scratch, v, v_stride, n, out);
+    case 96: return weighted_sum<6>(scratch, v, v_stride, n, out);
+    case 128: return weighted_sum<8>(scratch, v, v_stride, n, out);
+    default: break;
+  }
   for (int64_t c = 0; c < dv; ++c) out[c] = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
     const float pj = scratch[j];
