@@ -257,3 +257,29 @@ def test_decode_attention_gives_the_formula(head: int) -> None:
                 out = native.decode_attention(q, k, v, m)
                 ref = _attention_reference(q, k, v, m)
                 torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-5)
+
+
+@pytest.mark.parametrize("head", [8, 64])
+def test_cached_self_attention_gives_decode_attention_on_the_gathered_cache(head: int) -> None:
+    _native_or_skip()
+    g = torch.Generator().manual_seed(head)
+    n, rows, capacity, h, t = 6, 8, 10, 2, 5
+    kb, vb = (torch.randn(rows, capacity, h, head, generator=g) for _ in range(2))
+    lineage = torch.randint(0, rows, (n, capacity), generator=g)
+    qkv = torch.randn(n, 3, h, 1, head, generator=g)
+    q, k, v = qkv.unbind(1)  # strided views, as the engine's
+    before = kb.clone(), vb.clone()
+    out = native.cached_self_attention(q, k, v, kb, vb, lineage, t)
+    assert torch.equal(lineage[:, t], torch.arange(n))
+    assert torch.equal(kb[:n, t], k.squeeze(2)) and torch.equal(vb[:n, t], v.squeeze(2))
+    assert torch.equal(kb[n:], before[0][n:]) and torch.equal(kb[:, :t], before[0][:, :t])
+    positions = torch.arange(t + 1)
+    keys = kb[lineage[:, : t + 1], positions]  # (N, t + 1, H, K): row i's positions
+    values = vb[lineage[:, : t + 1], positions]
+    ref = _attention_reference(q, keys.transpose(1, 2), values.transpose(1, 2), None)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-5)
+    lineage[1, 2] = rows  # a row the buffers do not have
+    with pytest.raises(RuntimeError, match="lineage holds a row out of range"):
+        native.cached_self_attention(q, k, v, kb, vb, lineage, t)
+    with pytest.raises(RuntimeError, match="past the buffers' capacity"):
+        native.cached_self_attention(q, k, v, kb, vb, lineage, capacity)

@@ -18,6 +18,8 @@ from transduce.kernels.attention import (
     attention,
     attention_input,
     attention_weights,
+    cached_attention_runs,
+    cached_self_attention,
     grouped_queries_path,
     training_attention,
 )
@@ -50,6 +52,8 @@ from transduce.kernels.topk_tiles import log_softmax_topk
 from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
 __all__ = [
+    "cached_attention_runs",
+    "cached_self_attention",
     "graphs_capture",
     "AttentionPath",
     "Int8Projection",

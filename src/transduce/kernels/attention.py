@@ -122,6 +122,25 @@ def _native_takes(query: Tensor, mask: Tensor | None) -> bool:
     )
 
 
+def cached_attention_runs(like: Tensor) -> bool:
+    """Whether ``cached_self_attention`` runs for steps computed like ``like``: float32 on the
+    CPU, the native kernels built (what calls it also needs gradients off)."""
+    return like.device.type == "cpu" and like.dtype == torch.float32 and native.available()
+
+
+def cached_self_attention(
+    q: Tensor, k: Tensor, v: Tensor, k_buffer: Tensor, v_buffer: Tensor, lineage: Tensor, t: int
+) -> Tensor:
+    """A one-position search step's self-attention on a cache whose hypothesis rows are never
+    gathered (``native.cached_self_attention``, where ``cached_attention_runs``): k (N, H, 1, K),
+    v (N, H, 1, Dv) written at position ``t`` of rows 0..N-1 of the buffers (R, capacity, H,
+    size), then q (N, H, 1, K) over hypothesis i's positions, p < t in buffer row lineage[i, p]
+    (lineage (N, L) int64, L > t; lineage[i, t] set to i) -> (N, H, 1, Dv)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("cached_self_attention computes no gradients: call it under no_grad")
+    return native.cached_self_attention(q, k, v, k_buffer, v_buffer, lineage, t)
+
+
 def _last_contiguous(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -254,6 +273,8 @@ __all__ = [
     "attention",
     "attention_input",
     "attention_weights",
+    "cached_attention_runs",
+    "cached_self_attention",
     "grouped_queries_path",
     "training_attention",
 ]

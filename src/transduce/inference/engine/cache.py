@@ -76,6 +76,56 @@ class EngineLayerCache(LayerCache):
             self._buffers = [(kb, vb)]
         return self._buffers[0]
 
+    def reserve_rows(
+        self, positions: int, n: int, t: int, h: int, k_size: int, v_size: int, like: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The buffers with room for ``positions`` positions of ``n`` rows, made or grown (the
+        first ``t`` positions of every row kept): a cache whose rows are never gathered
+        (``EngineCache.lineage``), so its views need not be current."""
+        have = self._buffers[0] if self._buffers else None
+        if have is not None and have[0].size(0) >= n and have[0].size(1) >= positions:
+            return have
+        rows = n if have is None else max(n, have[0].size(0))
+        capacity = positions if have is None else have[0].size(1)
+        capacity = max(2 * positions, 16) if capacity < positions else capacity
+        kb = like.new_empty(rows, capacity, h, k_size)  # (R, capacity, H, K)
+        vb = like.new_empty(rows, capacity, h, v_size)  # (R, capacity, H, Dv)
+        if have is not None and t:
+            old_rows = have[0].size(0)
+            kb.narrow(0, 0, old_rows).narrow(1, 0, t).copy_(have[0].narrow(1, 0, t))
+            vb.narrow(0, 0, old_rows).narrow(1, 0, t).copy_(have[1].narrow(1, 0, t))
+        self._buffers = [(kb, vb)]
+        return kb, vb
+
+    def step_attention(self, q: Tensor, k: Tensor, v: Tensor, lineage: Tensor, t: int) -> Tensor:
+        """A one-position step's self-attention without gathering rows: k (N, H, 1, K), v (N, H,
+        1, Dv) written at position ``t`` of rows 0..N-1, q (N, H, 1, K) over each hypothesis'
+        positions as ``lineage`` (N, L) places them (``native.cached_self_attention``) -> (N, H,
+        1, Dv). self_k / self_v are left behind until ``EngineCache.settle``."""
+        n, h = q.size(0), q.size(1)
+        kb, vb = self.reserve_rows(t + 1, n, t, h, k.size(3), v.size(3), k)
+        return kernels.cached_self_attention(q, k, v, kb, vb, lineage, t)
+
+    def gather_rows(self, lineage: Tensor, t: int) -> None:
+        """self_k / self_v made the first ``t`` positions of hypothesis rows 0..N-1 as ``lineage``
+        (N, L) places them (position p of row i in buffer row lineage[i, p]), gathered into
+        buffers of their own."""
+        kb, vb = self._buffers[0]
+        n, capacity = lineage.size(0), kb.size(1)
+        if t:
+            # position p of row i is row lineage[i, p] * capacity + p of the (R * capacity) rows
+            flat = (lineage[:, :t] * capacity + torch.arange(t, device=lineage.device)).view(-1)
+            news = []
+            for b in (kb, vb):
+                new = b.new_empty(n, capacity, *b.shape[2:])  # (N, capacity, H, size)
+                gathered = b.view(-1, *b.shape[2:]).index_select(0, flat)  # (N*t, H, size)
+                new.narrow(1, 0, t).copy_(gathered.view(n, t, *b.shape[2:]))
+                news.append(new)
+            kb, vb = news
+        self._buffers = [(kb, vb)]
+        self.self_k = _positions(kb, n, 0, t)  # (N, H, t, K)
+        self.self_v = _positions(vb, n, 0, t)
+
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (N_new,) of self_k / self_v, in that order."""
         if not self._buffers:  # not filled by ``append``
@@ -136,16 +186,52 @@ class EngineCache(DecoderCache):
 
     layers: list[EngineLayerCache]  # type: ignore[assignment]
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, *, lineage: bool = False) -> None:
         super().__init__(n_layers, EngineLayerCache)
         # a sentence's native steps (``native_row``): they write the buffers only, leaving the
         # layers' self_k / self_v views behind until ``settle``
         self.row_state: RowState | None = None
+        # whether steps may attend through ``lineage`` (``step_lineage``): made so by the engine
+        # where ``native.cached_self_attention`` runs
+        self.lineage_steps = lineage
+        # (N, L) int64: position p < length of hypothesis row i lies in buffer row lineage[i, p]
+        # (every layer's), so a reorder permutes this table instead of the cached keys; the
+        # layers' self_k / self_v views are left behind until ``settle``
+        self.lineage: Tensor | None = None
+
+    def step_lineage(self, n: int, like: Tensor) -> Tensor | None:
+        """The lineage table for a one-position step of ``n`` rows at position ``length``, with
+        room for it (made the identity where there is none); None where steps do not attend
+        through it (``lineage_steps`` off, a sentence's native steps pending)."""
+        if not self.lineage_steps or self.row_state is not None:
+            return None
+        t, lineage = self.length, self.lineage
+        if lineage is None:  # the views are current: every row's positions in its own row
+            first = self.layers[0]
+            if t and (not first._buffers or first.self_k is None or first.self_k.size(0) != n):
+                return None  # positions cached other than by the engine's steps
+            size = max(2 * (t + 1), 16)
+            lineage = torch.arange(n, device=like.device).unsqueeze(1).repeat(1, size)
+        elif lineage.size(1) <= t:  # (N, L) -> (N, 2 (t + 1))
+            grown = lineage.new_empty(lineage.size(0), 2 * (t + 1))
+            grown.narrow(1, 0, lineage.size(1)).copy_(lineage)
+            lineage = grown
+        if lineage.size(0) != n:
+            return None
+        self.lineage = lineage
+        return lineage
 
     def settle(self) -> None:
         """The layers' self_k / self_v views made current after native steps, which wrote the
-        ``length`` positions into the first rows of the buffers; what reads the views calls
-        this first."""
+        ``length`` positions into the first rows of the buffers (a sentence's steps) or where
+        ``lineage`` places them (gathered here); what reads the views calls this first."""
+        self._settle_rows()
+        lineage, self.lineage = self.lineage, None
+        if lineage is not None:
+            for layer in self.layers:
+                layer.gather_rows(lineage, self.length)
+
+    def _settle_rows(self) -> None:
         state = self.row_state
         if state is None:
             return
@@ -157,15 +243,21 @@ class EngineCache(DecoderCache):
 
     def select_sources(self, index: Tensor) -> None:
         """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""
-        self.settle()
+        self._settle_rows()  # the sentence's native state holds its cross-attention
         super().select_sources(index)
 
     def reorder(self, index: Tensor) -> None:
         """Keep hypothesis rows ``index`` (LongTensor (N_new,)) of the self-attention cache.
 
-        When ``index`` keeps the number of rows and leaves at least half of them where they are
-        (``index[i] == i``: beam search puts a hypothesis in its parent's slot where it can), only
-        the other rows are copied, in place; otherwise all rows are gathered."""
+        With a lineage table, only the table's rows are gathered. Otherwise, when ``index``
+        keeps the number of rows and leaves at least half of them where they are (``index[i] ==
+        i``: beam search puts a hypothesis in its parent's slot where it can), only the other
+        rows are copied, in place; otherwise all rows are gathered."""
+        if self.lineage is not None:
+            self.lineage = self.lineage.index_select(0, index)  # (N_new, L)
+            if self.slots is not None:
+                self.slots = self.slots.index_select(0, index)
+            return
         self.settle()
         if self.slots is not None:
             self.slots = self.slots.index_select(0, index)

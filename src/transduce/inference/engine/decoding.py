@@ -147,6 +147,13 @@ class DecodingModel:
     ValueError where it does not apply. It computes the same function within float32 rounding
     (int8: the same int8 sums).
 
+    ``lineage_steps``: a batch's one-position steps attend over the cache through a table of
+    where each hypothesis' positions lie (``EngineCache.lineage``), so that a beam's reorder
+    moves rows of that table instead of the cached keys and values, and the step's keys are
+    written in the same native call (``kernels.cached_self_attention``); None = where it runs
+    (float32 CPU weights, the native kernels built), False = never, True = a ValueError where
+    it does not run. The same function within float32 rounding.
+
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
     native step's packing, else the column blocks, or for some layouts the small ones'
@@ -164,6 +171,7 @@ class DecodingModel:
     generator: Projection
     pre_norm: bool
     row_plan: native_row.RowPlan | None
+    lineage_steps: bool
 
     def __init__(
         self,
@@ -175,6 +183,7 @@ class DecodingModel:
         fold_one_sentence: bool | None = None,
         int8: bool = False,
         native_row_step: bool | None = None,
+        lineage_steps: bool | None = None,
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
@@ -216,6 +225,9 @@ class DecodingModel:
                 weight, model.generator.bias, layout
             )
         self.pre_norm = model.config.norm == "pre"
+        self.lineage_steps = lineage_steps is not False and kernels.cached_attention_runs(weight)
+        if lineage_steps and not self.lineage_steps:
+            raise ValueError("lineage_steps needs float32 CPU weights and the native kernels built")
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
@@ -241,8 +253,10 @@ class DecodingModel:
         return encoder.final_norm(x.view(b, s, d)), src_valid
 
     def new_cache(self) -> EngineCache:
-        """An empty cache for ``decode`` (the model's, in buffers, with room for the fold)."""
-        return EngineCache(len(self.layers))
+        """An empty cache for ``decode`` (the model's, in buffers, with room for the fold); its
+        steps attend through a lineage table, never gathering the cache's rows, where the
+        native kernel runs (``kernels.cached_attention_runs``) and ``lineage_steps``."""
+        return EngineCache(len(self.layers), lineage=self.lineage_steps)
 
     def decode(
         self, tgt: Tensor, memory: Tensor, src_valid: Tensor, cache: EngineCache | None = None
@@ -273,10 +287,14 @@ class DecodingModel:
             if logits is not None:
                 decoder.advance(cache, tgt)
                 return logits.unsqueeze(1)  # (N, V) -> (N, 1, V)
+        lineage = None  # hypothesis rows attend where the cache's lineage table says
         if engine_cache:
-            cache.settle()
+            if not torch.is_grad_enabled():
+                lineage = cache.step_lineage(x.size(0), x)
+            if lineage is None:
+                cache.settle()
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = self._layer(x, weights, layer_cache, memory, mask)
+            x = self._layer(x, weights, layer_cache, memory, mask, lineage, cache.length)
         decoder.advance(cache, tgt)
         if self.pre_norm:
             x = decoder.final_norm(x)
@@ -338,8 +356,11 @@ class DecodingModel:
         cache: EngineLayerCache,
         memory: Tensor,
         mask: Tensor | None,
+        lineage: Tensor | None = None,
+        t: int = 0,
     ) -> Tensor:
-        """x (N, D) -> (N, D): one decoder layer (``DecoderLayer.forward``) for one position."""
+        """x (N, D) -> (N, D): one decoder layer (``DecoderLayer.forward``) for position ``t``;
+        with ``lineage`` (``EngineCache.step_lineage``), self-attention through it."""
         h, n, dtype, path = w.n_heads, x.size(0), x.dtype, self.attention
 
         def self_attention(y: Tensor) -> Tensor:
@@ -349,9 +370,12 @@ class DecodingModel:
             else:
                 sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
                 q, k, v = (split_heads(t, h, 1) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
-            keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
-            # the one new query may see every cached key: no mask
-            out = kernels.attention(q, keys, values, path=path)  # (N, H, 1, Dv)
+            if lineage is not None:  # the rows' positions where the lineage table says
+                out = cache.step_attention(q, k, v, lineage, t)  # (N, H, 1, Dv)
+            else:
+                keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
+                # the one new query may see every cached key: no mask
+                out = kernels.attention(q, keys, values, path=path)  # (N, H, 1, Dv)
             return w.self_out(_as_dtype(out.reshape(n, h * w.d_v), dtype))  # -> (N, H*Dv)
 
         x = self.sublayer(x, w.norms[0], self_attention)

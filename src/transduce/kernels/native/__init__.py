@@ -241,8 +241,30 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     return out
 
 
+def cached_self_attention(
+    q: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    lineage: Tensor,
+    t: int,
+) -> Tensor:
+    """A search step's self-attention on a cache whose hypothesis rows are never gathered: the
+    step's keys k_new (N, H, 1, K) and values v_new (N, H, 1, Dv) written at position ``t`` of
+    rows 0..N-1 of k_buffer (R, capacity, H, K) and v_buffer (R, capacity, H, Dv), then q (N, H,
+    1, K) over each hypothesis' t + 1 positions -> (N, H, 1, Dv). lineage (N, L) int64, L > t:
+    position p < t of hypothesis i lies in buffer row lineage[i, p]; lineage[i, t] is set to i
+    here. float32, buffers contiguous, last dimensions contiguous (needs ``available()``)."""
+    out: Tensor = getattr(torch.ops, NAMESPACE).cached_self_attention(
+        q, k_new, v_new, k_buffer, v_buffer, lineage, t
+    )
+    return out
+
+
 __all__ = [
     "NAMESPACE",
+    "cached_self_attention",
     "decode_attention",
     "decoder_row_step",
     "NativeBuildError",

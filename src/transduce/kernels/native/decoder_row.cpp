@@ -320,17 +320,17 @@ void softmax(float* p, int64_t n) {
   for (int64_t l = 0; l < tail; ++l) p[body + l] = last[l];
 }
 
-// out[i] = q . k_i for the 4 keys k + i * stride, n a multiple of 16: 16 lanes each, then the
+// out[i] = q . k_i for the 4 keys k0..k3, n a multiple of 16: 16 lanes each, then the
 // four trees at once (lane sums in another order than dot's)
-inline void dot4(const float* __restrict q, const float* __restrict k, int64_t stride, int64_t n,
-                 float* out) {
+inline void dot4(const float* __restrict q, const float* k0, const float* k1, const float* k2,
+                 const float* k3, int64_t n, float* out) {
   vf a0{}, a1{}, a2{}, a3{};
   for (int64_t i = 0; i < n; i += kLanes) {
     const vf x = load(q + i);
-    a0 += x * load(k + i);
-    a1 += x * load(k + stride + i);
-    a2 += x * load(k + 2 * stride + i);
-    a3 += x * load(k + 3 * stride + i);
+    a0 += x * load(k0 + i);
+    a1 += x * load(k1 + i);
+    a2 += x * load(k2 + i);
+    a3 += x * load(k3 + i);
   }
   // halves: lanes 0-7 a0's, 8-15 a1's (b: a2, a3); quarters: 4 lanes each of a0..a3
   const vf b01 = __builtin_shuffle(a0, a1, vi{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
@@ -347,49 +347,57 @@ inline void dot4(const float* __restrict q, const float* __restrict k, int64_t s
   out[3] = c[12];
 }
 
-// out (C * 16) = sum_j p[j] v_j, value j at v + j * v_stride: the sums in registers
-template <int C>
-inline void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t n, float* out) {
+// out (C * 16) = sum_j p[j] v_j, value j at value(j): the sums in registers
+template <int C, class At>
+inline void weighted_sum(const float* p, At value, int64_t n, float* out) {
   vf acc[C] = {};
   for (int64_t j = 0; j < n; ++j) {
     const vf pj = splat(p[j]);
-    const float* vj = v + j * v_stride;
+    const float* vj = value(j);
     for (int c = 0; c < C; ++c) acc[c] += pj * load(vj + c * kLanes);
   }
   for (int c = 0; c < C; ++c) store(out + c * kLanes, acc[c]);
 }
 
-// out (Dv) = sum_j softmax_j(q . k_j / sqrt(dk) + mask_j) v_j over j < n, key j at
-// k + j * k_stride, value j at v + j * v_stride; scratch holds n floats
-void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
-            int64_t n, int64_t dk, int64_t dv, const float* mask, float* scratch, float* out) {
+// out (Dv) = sum_j softmax_j(q . k_j / sqrt(dk) + mask_j) v_j over j < n, key j at key(j),
+// value j at value(j) (int64_t -> const float*); scratch holds n floats
+template <class KeyAt, class ValueAt>
+void attend_at(const float* q, KeyAt key, ValueAt value, int64_t n, int64_t dk, int64_t dv,
+               const float* mask, float* scratch, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   int64_t j = 0;
   if (dk % kLanes == 0) {  // four keys at a time, their four sums by one tree
     for (; j + 4 <= n; j += 4) {
-      dot4(q, k + j * k_stride, k_stride, dk, scratch + j);
-      for (int i = 0; i < 4; ++i) scratch[j + i] = scratch[j + i] * scale + (mask ? mask[j + i] : 0.0f);
+      dot4(q, key(j), key(j + 1), key(j + 2), key(j + 3), dk, scratch + j);
+      for (int i = 0; i < 4; ++i) {
+        scratch[j + i] = scratch[j + i] * scale + (mask ? mask[j + i] : 0.0f);
+      }
     }
   }
-  for (; j < n; ++j) {
-    scratch[j] = dot(q, k + j * k_stride, dk) * scale + (mask ? mask[j] : 0.0f);
-  }
+  for (; j < n; ++j) scratch[j] = dot(q, key(j), dk) * scale + (mask ? mask[j] : 0.0f);
   softmax(scratch, n);
   switch (dv) {  // the usual head sizes: the sums in registers
-    case 16: return weighted_sum<1>(scratch, v, v_stride, n, out);
-    case 32: return weighted_sum<2>(scratch, v, v_stride, n, out);
-    case 48: return weighted_sum<3>(scratch, v, v_stride, n, out);
-    case 64: return weighted_sum<4>(scratch, v, v_stride, n, out);
-    case 96: return weighted_sum<6>(scratch, v, v_stride, n, out);
-    case 128: return weighted_sum<8>(scratch, v, v_stride, n, out);
+    case 16: return weighted_sum<1>(scratch, value, n, out);
+    case 32: return weighted_sum<2>(scratch, value, n, out);
+    case 48: return weighted_sum<3>(scratch, value, n, out);
+    case 64: return weighted_sum<4>(scratch, value, n, out);
+    case 96: return weighted_sum<6>(scratch, value, n, out);
+    case 128: return weighted_sum<8>(scratch, value, n, out);
     default: break;
   }
   for (int64_t c = 0; c < dv; ++c) out[c] = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
+  for (j = 0; j < n; ++j) {
     const float pj = scratch[j];
-    const float* vj = v + j * v_stride;
+    const float* vj = value(j);
     for (int64_t c = 0; c < dv; ++c) out[c] += pj * vj[c];
   }
+}
+
+// attend_at with key j at k + j * k_stride, value j at v + j * v_stride
+void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
+            int64_t n, int64_t dk, int64_t dv, const float* mask, float* scratch, float* out) {
+  attend_at(q, [=](int64_t j) { return k + j * k_stride; },
+            [=](int64_t j) { return v + j * v_stride; }, n, dk, dv, mask, scratch, out);
 }
 
 // the heads (or (row, head) pairs) of this thread: [lo, hi)
@@ -680,6 +688,74 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// A search step's self-attention on a cache whose rows were never gathered: q (N, H, 1, K),
+// the step's keys k_new (N, H, 1, K) and values v_new (N, H, 1, Dv) (last dimension
+// contiguous, other strides any) written at position t of rows 0..N-1 of the buffers kb (R,
+// capacity, H, K) and vb (R, capacity, H, Dv) (contiguous, R >= N, capacity > t); lineage (N,
+// L) int64, L > t, row-contiguous: position p < t of hypothesis i lies in row lineage[i, p],
+// position t in row i (written into lineage[i, t] here). -> (N, H, 1, Dv): hypothesis i's query
+// over its t + 1 positions, as decode_attention over the gathered cache gives.
+at::Tensor cached_self_attention(const at::Tensor& q, const at::Tensor& k_new,
+                                 const at::Tensor& v_new, const at::Tensor& kb,
+                                 const at::Tensor& vb, const at::Tensor& lineage, int64_t t) {
+  TORCH_CHECK(q.dim() == 4 && k_new.dim() == 4 && v_new.dim() == 4 && kb.dim() == 4 &&
+                  vb.dim() == 4 && lineage.dim() == 2,
+              "q, k_new, v_new, kb, vb must be 4-dimensional, lineage 2-dimensional");
+  for (const at::Tensor* x : {&q, &k_new, &v_new, &kb, &vb}) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat, "q, k_new, v_new, kb, vb must be float32");
+  }
+  TORCH_CHECK(q.stride(3) == 1 && k_new.stride(3) == 1 && v_new.stride(3) == 1,
+              "q, k_new, v_new must have a contiguous last dimension");
+  TORCH_CHECK(kb.is_contiguous() && vb.is_contiguous(), "kb, vb must be contiguous");
+  TORCH_CHECK(lineage.scalar_type() == at::kLong && lineage.stride(1) == 1,
+              "lineage must be int64 with contiguous rows");
+  const int64_t n = q.size(0), h = q.size(1), dk = q.size(3), dv = v_new.size(3);
+  const int64_t rows = kb.size(0), capacity = kb.size(1);
+  TORCH_CHECK(q.size(2) == 1 && k_new.size(2) == 1 && v_new.size(2) == 1,
+              "one query, key and value a row");
+  TORCH_CHECK(k_new.size(0) == n && k_new.size(1) == h && k_new.size(3) == dk &&
+                  v_new.size(0) == n && v_new.size(1) == h,
+              "k_new (N, H, 1, K) and v_new (N, H, 1, Dv) must match q (N, H, 1, K)");
+  TORCH_CHECK(kb.size(2) == h && kb.size(3) == dk && vb.size(0) == rows &&
+                  vb.size(1) == capacity && vb.size(2) == h && vb.size(3) == dv,
+              "kb (R, capacity, H, K) and vb (R, capacity, H, Dv) must match q");
+  TORCH_CHECK(t >= 0 && t < capacity && n <= rows, "position t past the buffers' capacity, or "
+              "more rows than the buffers hold");
+  TORCH_CHECK(lineage.size(0) == n && lineage.size(1) > t, "lineage must be (N, L), L > t");
+  int64_t* lin = lineage.mutable_data_ptr<int64_t>();
+  const int64_t ls = lineage.stride(0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t p = 0; p < t; ++p) {
+      TORCH_CHECK(lin[i * ls + p] >= 0 && lin[i * ls + p] < rows, "lineage holds a row out of range");
+    }
+    lin[i * ls + t] = i;
+  }
+  at::Tensor out = at::empty({n, h, 1, dv}, q.options());
+  const float *qp = q.const_data_ptr<float>(), *knp = k_new.const_data_ptr<float>();
+  const float* vnp = v_new.const_data_ptr<float>();
+  float *kp = kb.mutable_data_ptr<float>(), *vp = vb.mutable_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t hk = h * dk, hv = h * dv;  // a position's floats in kb, vb
+  at::parallel_for(0, n * h, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(t + 1);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t i = pair / h, j = pair % h;
+      const int64_t* li = lin + i * ls;
+      // this head's slice of position t of row i: written by this pair alone
+      float* kt = kp + (i * capacity + t) * hk + j * dk;
+      float* vt = vp + (i * capacity + t) * hv + j * dv;
+      std::memcpy(kt, knp + i * k_new.stride(0) + j * k_new.stride(1), dk * sizeof(float));
+      std::memcpy(vt, vnp + i * v_new.stride(0) + j * v_new.stride(1), dv * sizeof(float));
+      attend_at(
+          qp + i * q.stride(0) + j * q.stride(1),
+          [=](int64_t p) { return kp + (li[p] * capacity + p) * hk + j * dk; },
+          [=](int64_t p) { return vp + (li[p] * capacity + p) * hv + j * dv; }, t + 1, dk, dv,
+          nullptr, scores.data(), op + (i * h + j) * dv);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
@@ -687,4 +763,7 @@ TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
         "int[] dims, Tensor[] kv, int t, Tensor[] cross, bool folded, float eps) -> Tensor",
         decoder_row_step);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor", decode_attention);
+  m.def("cached_self_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) kb, Tensor(b!) vb, "
+        "Tensor(c!) lineage, int t) -> Tensor",
+        cached_self_attention);
 }
