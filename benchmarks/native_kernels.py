@@ -12,7 +12,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
 - whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
   steps, random weights): beam 4 and greedy on the batch, greedy and beam 4 on one sentence
   (the engine's native step of one sentence's rows, ``native_row_step``, against its PyTorch
-  step), float32 and int8, their outputs checked equal with and without the kernels;
+  step), float32 and int8, their outputs checked equal with and without the kernels; and
+  beam 4 and greedy on the batch with the cache's lineage table (``lineage_steps``: a beam's
+  reorder moves the table, not the cache) against the gathering cache, the other kernels on;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -198,7 +200,9 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
         max_len = decode.STEPS - 1
         # the engine decides on its one-row native step when made: one engine a side
         on, off = (
-            decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8, native_row_step=row), max_len)
+            decode.SuppressEarlyEOS(
+                DecodingModel(ours, int8=int8, native_row_step=row, lineage_steps=row), max_len
+            )
             for row in (None, False)
         )
         jobs = {
@@ -221,6 +225,19 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
             with torch.no_grad():
                 same = fn_on() == fn_off()
                 out[key] = paired(fn_on, fn_off, rounds)
+            out[key]["same_outputs"] = same
+            print(key, out[key], file=sys.stderr, flush=True)
+        # the lineage table alone (every other kernel on in both): a batch's beam reorders
+        on, off = (
+            decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8, lineage_steps=lin), max_len)
+            for lin in (None, False)
+        )
+        for job in ("beam4", "greedy"):
+            key = f"{size_name} {'int8' if int8 else 'fp32'} {job} lineage"
+            fn = jobs[job]
+            with torch.no_grad():
+                same = fn(on) == fn(off)
+                out[key] = paired(lambda f=fn: f(on), lambda f=fn: f(off), rounds)
             out[key]["same_outputs"] = same
             print(key, out[key], file=sys.stderr, flush=True)
     return out

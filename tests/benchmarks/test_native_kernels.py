@@ -24,9 +24,8 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"int8_rows 128x512", "log_softmax_topk4 128x37000"} <= set(out["operators"])
     searches = out["small"]
-    assert set(searches) == {
-        f"small {p} {j}" for p in ("fp32", "int8") for j in ("beam4", "greedy", "b1", "b1 beam4")
-    }
+    jobs = ("beam4", "greedy", "b1", "b1 beam4", "beam4 lineage", "greedy lineage")
+    assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs}
     for key, r in searches.items():
         assert r["same_outputs"] is True, key
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["speedup"] > 0

@@ -154,6 +154,7 @@ def test_many_rows_take_onednn_where_it_runs_amx(monkeypatch) -> None:
     def record(name):
         return lambda x, w, b: calls.append((name, x.size(0))) or torch.zeros(x.size(0), 5)
 
+    monkeypatch.setattr(projection, "amx_int8_available", lambda: False)  # (its own test)
     monkeypatch.setattr(projection, "onednn_int8_available", lambda: True)
     monkeypatch.setattr(projection, "onednn_linear_rows", record("onednn"))
     monkeypatch.setattr(projection, "fbgemm_linear_rows", record("fbgemm"))
@@ -165,6 +166,57 @@ def test_many_rows_take_onednn_where_it_runs_amx(monkeypatch) -> None:
     assert calls == [("fbgemm", 1), ("fbgemm", n - 1), ("onednn", n), ("onednn", 640)]
     monkeypatch.setattr(projection, "onednn_int8_available", lambda: False)
     assert Int8Projection.quantized(torch.randn(5, 8), None).onednn is None
+
+
+AMX_KERNEL = pytest.mark.skipif(
+    not quantized.amx_int8_available(),
+    reason="our int8 kernel runs only where the CPU has AMX's int8 tiles and the kernels built",
+)
+
+
+@AMX_KERNEL
+@pytest.mark.parametrize("shape", [(300, 64), (768, 256), (33, 70), (5, 2), (64, 4096)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_amx_kernel_and_fbgemm_give_the_same_numbers_bit_for_bit(shape, bias: bool) -> None:
+    """Widths and output counts off the tiles' 64 and 16, the rows of the oneDNN test above
+    (magnitudes 10^5 apart, zeros, ReLU'd, halves, sums past 2^24), row counts off 16."""
+    out_f, in_f = shape
+    g = torch.Generator().manual_seed(out_f + in_f)
+    w = torch.randn(out_f, in_f, generator=g) + (1.0 if in_f == 4096 else 0.0)
+    b = torch.randn(out_f, generator=g) if bias else None
+    x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
+    x[7] = 0.0
+    x[10:20] = x[10:20].relu()
+    halves = torch.randint(-126, 126, (4, in_f), generator=g) + 0.5
+    halves[:, 0] = 127.0
+    x[20:24] = halves
+    q = quantize_weight(w)
+    packed, amx = quantized.fbgemm_packed(q, None), quantized.AmxInt8.of(q)
+    for rows in (slice(0, 70), slice(20, 24), slice(7, 8), slice(30, 62), slice(3, 36)):
+        fb = quantized.fbgemm_linear_rows(x[rows], packed, b)
+        ours = quantized.amx_linear_rows(x[rows], amx, b)
+        assert torch.equal(fb, ours), (rows, (fb - ours).abs().max())
+    assert quantized.amx_linear_rows(x[:0], amx, b).shape == (0, out_f)
+
+
+def test_every_row_count_takes_the_amx_kernel_where_it_runs(monkeypatch) -> None:
+    calls: list[int] = []
+    from transduce.kernels import projection
+
+    monkeypatch.setattr(projection, "amx_int8_available", lambda: True)
+    monkeypatch.setattr(
+        quantized.AmxInt8, "of", classmethod(lambda cls, q: cls(q.weight, q.scale, 5))
+    )
+    monkeypatch.setattr(
+        projection, "amx_linear_rows", lambda x, w, b: calls.append(x.size(0)) or torch.zeros(1)
+    )
+    proj = Int8Projection.quantized(torch.randn(5, 8), None)
+    assert proj.amx is not None and proj.packed is None and proj.onednn is None  # one copy
+    for rows in (1, quantized.ONEDNN_MIN_ROWS, 640):
+        proj(torch.randn(rows, 8))
+    assert calls == [1, quantized.ONEDNN_MIN_ROWS, 640]
+    monkeypatch.setattr(quantized, "cpu_flags", lambda: frozenset({"avx512_vnni", "avx2"}))
+    assert not quantized.amx_int8_available()
 
 
 def test_onednn_int8_needs_amx(monkeypatch) -> None:

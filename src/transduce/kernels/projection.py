@@ -33,7 +33,10 @@ from transduce.kernels.matmul import (
 from transduce.kernels.options import Matmul
 from transduce.kernels.quantized import (
     ONEDNN_MIN_ROWS,
+    AmxInt8,
     OnednnInt8,
+    amx_int8_available,
+    amx_linear_rows,
     fbgemm_linear_rows,
     fbgemm_packed,
     onednn_int8_available,
@@ -186,15 +189,18 @@ class Projection:
 @dataclass(frozen=True)
 class Int8Projection(Projection):
     """x (N, in) -> x W^T + b (N, out) with W quantised to int8 per output channel and x per row
-    on every call: through fbgemm (``kernels.quantized.fbgemm_linear_rows``), and from
-    ``ONEDNN_MIN_ROWS`` rows through oneDNN's AMX kernel where it runs (``onednn``; not None
-    where ``onednn_int8_available``). The two give the same numbers bit for bit, so a row's
-    result is independent of the other rows and of their number. ``bias`` is b as given
-    (float32, added after the product); ``packed`` holds W's int8 copy with its scales for
-    fbgemm. Made by ``quantized`` (or ``Projection.of`` with an int8 layout)."""
+    on every call: where our AMX kernel runs (``kernels.quantized.amx_int8_available``), through
+    it at every row count (``amx``, then W's only copy); elsewhere through fbgemm
+    (``kernels.quantized.fbgemm_linear_rows``), and from ``ONEDNN_MIN_ROWS`` rows through
+    oneDNN's AMX kernel where it runs (``onednn``; not None where ``onednn_int8_available``).
+    All give the same numbers bit for bit, so a row's result is independent of the other rows
+    and of their number. ``bias`` is b as given (float32, added after the product); ``packed``
+    holds W's int8 copy with its scales for fbgemm. Made by ``quantized`` (or ``Projection.of``
+    with an int8 layout)."""
 
     packed: Any = None
     onednn: OnednnInt8 | None = None
+    amx: AmxInt8 | None = None
 
     @classmethod
     def quantized(cls, weight: Tensor, bias: Tensor | None) -> Int8Projection:
@@ -203,10 +209,14 @@ class Int8Projection(Projection):
             raise ValueError(f"int8 projections need 2 or more inputs, not {weight.size(1)}")
         bias = None if bias is None else bias.detach().float().clone()
         q = quantize_weight(weight)
+        if amx_int8_available():  # every row count: no other copy
+            return cls(weight.size(0), bias, None, None, None, None, amx=AmxInt8.of(q))
         onednn = OnednnInt8.of(q) if onednn_int8_available() else None
         return cls(weight.size(0), bias, None, None, None, None, fbgemm_packed(q, None), onednn)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.amx is not None:
+            return amx_linear_rows(x, self.amx, self.bias)
         if self.onednn is not None and x.size(0) >= ONEDNN_MIN_ROWS:
             return onednn_linear_rows(x, self.onednn, self.bias)
         return fbgemm_linear_rows(x, self.packed, self.bias)

@@ -2,7 +2,7 @@
 per output channel (symmetric: W ~ W_q * scale[:, None], W_q in [-127, 127]) and x quantised per
 row on every call (dynamic quantisation), the sums in int32, the result float32.
 
-Two kernels, bit for bit the same numbers (tested), so that the row count may choose:
+Three kernels, bit for bit the same numbers (tested), so that the row count may choose:
 - fbgemm's dynamic quantized linear (``torch.ops.quantized.linear_dynamic`` on fbgemm-prepacked
   weights; ``fbgemm_linear_rows``), the fastest at every shape and row count of
   benchmarks/int8_kernels.py on AMD Zen 5 and, up to a few rows, on an Intel Xeon with AMX,
@@ -11,7 +11,11 @@ Two kernels, bit for bit the same numbers (tested), so that the row count may ch
   which runs AMX's int8 tiles: from ``ONEDNN_MIN_ROWS`` rows on a CPU with ``amx_int8``
   (``onednn_int8_available``), 1.1-2.5x fbgemm there (benchmarks/RESULTS.md). oneDNN takes the
   activations' scale when it builds its kernel, so x is scaled per row to a fixed grid first
-  (scale 1) and one kernel serves every call.
+  (scale 1) and one kernel serves every call;
+- our own on AMX's int8 tiles (``native.amx_int8_linear``; ``amx_linear_rows``), which
+  quantises the rows, sums and scales in one call: at every row count where it runs
+  (``amx_int8_available``), 1.3-4x oneDNN's at the engine's shapes and 2-5x fbgemm's for 1-24
+  rows (benchmarks/RESULTS.md), and then the only copy of the weights.
 
 Both see each row divided by its unit max_j |x_ij| / 127 (``row_units``), so its entries lie in
 [-127, 127] up to float rounding, rounded to the nearest integer (ties to even) after adding 128;
@@ -191,6 +195,39 @@ def onednn_int8_available() -> bool:
     )
 
 
+def amx_int8_available() -> bool:
+    """Whether our AMX kernel takes the int8 products (``native.amx_int8_linear``, every row
+    count): a CPU with AMX's int8 tiles, the native kernels built with them, the process allowed
+    to use them."""
+    return "amx_int8" in cpu_flags() and native.available() and _amx_permitted()
+
+
+@functools.lru_cache(maxsize=1)
+def _amx_permitted() -> bool:
+    return native.amx_int8_available()
+
+
+@dataclass(frozen=True)
+class AmxInt8:
+    """W's int8 copy in AMX's tiles (``packed``: ``native.amx_int8_pack``), its scales (out,)
+    and its row count."""
+
+    packed: Tensor
+    scale: Tensor
+    out_features: int
+
+    @classmethod
+    def of(cls, q: QuantizedWeight) -> AmxInt8:
+        return cls(native.amx_int8_pack(q.weight), q.scale, q.weight.size(0))
+
+
+def amx_linear_rows(x: Tensor, w: AmxInt8, bias: Tensor | None) -> Tensor:
+    """``fbgemm_linear_rows`` on AMX's int8 tiles, bit for bit its numbers: each row quantised
+    as ``int8_rows`` does, the products summed exactly in int32, then ((float) sum * scale) *
+    unit + bias as ``_finish`` takes them, in one native call (``native.amx_int8_linear``)."""
+    return native.amx_int8_linear(x, w.packed, w.scale, bias, w.out_features)
+
+
 @dataclass(frozen=True)
 class OnednnInt8:
     """W's int8 copy in oneDNN's layout (``packed``), its scales (out,) and zero points (out,)."""
@@ -251,6 +288,9 @@ __all__ = [
     "FORCE_VARIABLE",
     "INT8_DOT_FLAGS",
     "ONEDNN_MIN_ROWS",
+    "AmxInt8",
+    "amx_int8_available",
+    "amx_linear_rows",
     "OnednnInt8",
     "QuantizedWeight",
     "cpu_flags",

@@ -53,6 +53,7 @@ SOURCES = tuple(
         "training.cpp",
         "layer_norm.cpp",
         "decoder_row.cpp",
+        "amx_int8.cpp",
     )
 )
 HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
@@ -136,6 +137,33 @@ def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     rows, k = nearbyint(x / unit + 128) - 128 (needs ``available()``)."""
     q, units = getattr(torch.ops, NAMESPACE).int8_rows(x)
     return q, units
+
+
+def amx_int8_available() -> bool:
+    """Whether ``amx_int8_linear`` runs: built with AMX's int8 tiles and the process allowed to
+    use them (needs ``available()``)."""
+    return bool(getattr(torch.ops, NAMESPACE).amx_int8_available())
+
+
+def amx_int8_pack(weight: Tensor) -> Tensor:
+    """W (out, in) int8 -> its AMX tiles (ceil(out / 16), ceil(in / 64), 16, 64) int8 for
+    ``amx_int8_linear`` (needs ``available()``)."""
+    packed: Tensor = getattr(torch.ops, NAMESPACE).amx_int8_pack(weight)
+    return packed
+
+
+def amx_int8_linear(
+    x: Tensor, packed: Tensor, scale: Tensor, bias: Tensor | None, out_features: int
+) -> Tensor:
+    """x (N, in) float32 -> (N, out) float32: each row quantised as ``int8_rows`` does, its int8
+    products with W (``amx_int8_pack``) summed exactly on AMX's tiles, then ((float) sum *
+    scale) * unit + bias, each step rounded: ``quantized.fbgemm_linear_rows``'s numbers, bit for
+    bit (needs ``amx_int8_available()``)."""
+    empty = scale.new_empty(0)
+    out: Tensor = getattr(torch.ops, NAMESPACE).amx_int8_linear(
+        x, packed, scale, empty if bias is None else bias, out_features
+    )
+    return out
 
 
 def guarded_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -264,6 +292,9 @@ def cached_self_attention(
 
 __all__ = [
     "NAMESPACE",
+    "amx_int8_available",
+    "amx_int8_linear",
+    "amx_int8_pack",
     "cached_self_attention",
     "decode_attention",
     "decoder_row_step",
