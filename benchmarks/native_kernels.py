@@ -8,13 +8,17 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
 
 - the operators alone: per-row int8 quantisation (``int8_rows``, ``guarded_rows``) at the
   engine's row and width counts, and the k best log-probabilities of a step's logits
-  (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max);
+  (``log_softmax_topk``, k = 4 and 1) against ``log_softmax`` then the top-k (or the max); a
+  search step's attention (``decode_attention``) against PyTorch's fused kernel; and where it
+  runs, our AMX int8 product against oneDNN's (32 rows and more) or fbgemm's;
 - whole searches on benchmarks/decode.py's models and batch (32 sentences of 20 tokens, 30
   steps, random weights): beam 4 and greedy on the batch, greedy and beam 4 on one sentence
   (the engine's native step of one sentence's rows, ``native_row_step``, against its PyTorch
   step), float32 and int8, their outputs checked equal with and without the kernels; and
-  beam 4 and greedy on the batch with the cache's lineage table (``lineage_steps``: a beam's
-  reorder moves the table, not the cache) against the gathering cache, the other kernels on;
+  beam 4 and greedy on the batch with one kernel switched off, the others on: the cache's
+  lineage table (``lineage_steps``: a beam's reorder moves the table, not the cache) against
+  the gathering cache, and in int8 our AMX kernel against oneDNN's and fbgemm's (where it
+  runs; the operator alone too, at the engine's shapes);
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -37,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode  # noqa: E402  (benchmarks/decode.py: the models, the batch, the EOS suppression)
@@ -101,6 +106,40 @@ def operators(rounds: int) -> dict[str, dict]:
             repeat(lambda x=x: next_token_log_probs(x, None).max(dim=-1), 20),
             rounds,
         )
+    # a search step's attention: 128 rows (32 sentences x beam 4) over 30 cached positions
+    # (the cache's strides), and the 4 hypotheses of 32 sentences over 20 source positions
+    cache = torch.randn(128, 32, 4, 64, generator=g).narrow(1, 0, 30).transpose(1, 2)
+    grouped = [torch.randn(32, 4, n, 64, generator=g) for n in (4, 20, 20)]
+    for name, (q, k, v) in {
+        "decode_attention 128x4x1 over 30": (torch.randn(128, 4, 1, 64, generator=g), cache, cache),
+        "decode_attention 32x4x4 over 20": grouped,
+    }.items():
+        out[name] = paired(
+            repeat(lambda q=q, k=k, v=v: native.decode_attention(q, k, v, None), 50),
+            repeat(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), 50),
+            rounds,
+        )
+    if quantized.amx_int8_available():  # the int8 products: ours on AMX against PyTorch's best
+        for rows, width, outputs in (
+            (4, 512, 2048),
+            (32, 256, 8000),
+            (128, 256, 768),
+            (128, 512, 37000),
+        ):
+            x = torch.randn(rows, width, generator=g)
+            q = quantized.quantize_weight(torch.randn(outputs, width, generator=g))
+            b = torch.randn(outputs, generator=g)
+            amx, fb = quantized.AmxInt8.of(q), quantized.fbgemm_packed(q, None)
+            onednn = quantized.OnednnInt8.of(q) if quantized.onednn_int8_available() else None
+            if onednn is not None and rows >= quantized.ONEDNN_MIN_ROWS:
+                theirs = lambda x=x, w=onednn, b=b: quantized.onednn_linear_rows(x, w, b)  # noqa: E731
+            else:
+                theirs = lambda x=x, w=fb, b=b: quantized.fbgemm_linear_rows(x, w, b)  # noqa: E731
+            out[f"amx_int8 {rows}x{width}->{outputs}"] = paired(
+                repeat(lambda x=x, w=amx, b=b: quantized.amx_linear_rows(x, w, b), 20),
+                repeat(theirs, 20),
+                rounds,
+            )
     return out
 
 
@@ -189,6 +228,7 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
     from transduce.data.vocab import EOS
     from transduce.inference import beam_search, greedy_search
     from transduce.inference.engine import DecodingModel
+    from transduce.kernels import quantized
 
     size = decode.SIZES[size_name]
     ours = decode.build_ours(size)
@@ -198,12 +238,11 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for int8 in (False, True):
         max_len = decode.STEPS - 1
-        # the engine decides on its one-row native step when made: one engine a side
-        on, off = (
-            decode.SuppressEarlyEOS(
-                DecodingModel(ours, int8=int8, native_row_step=row, lineage_steps=row), max_len
-            )
-            for row in (None, False)
+        # the engine decides on its kernels when made: one engine a side, the other made with
+        # the native kernels off
+        on = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), max_len)
+        off = decode.SuppressEarlyEOS(
+            switched(lambda int8=int8: DecodingModel(ours, int8=int8), False)(), max_len
         )
         jobs = {
             "beam4": lambda s: [
@@ -227,20 +266,35 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
                 out[key] = paired(fn_on, fn_off, rounds)
             out[key]["same_outputs"] = same
             print(key, out[key], file=sys.stderr, flush=True)
-        # the lineage table alone (every other kernel on in both): a batch's beam reorders
-        on, off = (
-            decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8, lineage_steps=lin), max_len)
-            for lin in (None, False)
-        )
-        for job in ("beam4", "greedy"):
-            key = f"{size_name} {'int8' if int8 else 'fp32'} {job} lineage"
-            fn = jobs[job]
-            with torch.no_grad():
-                same = fn(on) == fn(off)
-                out[key] = paired(lambda f=fn: f(on), lambda f=fn: f(off), rounds)
-            out[key]["same_outputs"] = same
-            print(key, out[key], file=sys.stderr, flush=True)
+        # one kernel alone, every other on in both: the lineage table (a batch's beam reorders),
+        # and in int8 the AMX kernel (where it runs) against oneDNN's and fbgemm's
+        alone = {"lineage": lambda: DecodingModel(ours, int8=int8, lineage_steps=False)}
+        if int8 and quantized.amx_int8_available():
+            alone["amx"] = lambda: without_amx(lambda: DecodingModel(ours, int8=True))
+        for name, make_off in alone.items():
+            on = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), max_len)
+            off = decode.SuppressEarlyEOS(make_off(), max_len)
+            for job in ("beam4", "greedy"):
+                key = f"{size_name} {'int8' if int8 else 'fp32'} {job} {name}"
+                fn = jobs[job]
+                with torch.no_grad():
+                    same = fn(on) == fn(off)
+                    out[key] = paired(lambda f=fn, e=on: f(e), lambda f=fn, e=off: f(e), rounds)
+                out[key]["same_outputs"] = same
+                print(key, out[key], file=sys.stderr, flush=True)
     return out
+
+
+def without_amx(make: Callable[[], object]) -> object:
+    """``make()`` with the int8 projections made without the AMX kernel (oneDNN's and fbgemm's)."""
+    from transduce.kernels import projection
+
+    real = projection.amx_int8_available
+    projection.amx_int8_available = lambda: False  # type: ignore[assignment]
+    try:
+        return make()
+    finally:
+        projection.amx_int8_available = real  # type: ignore[assignment]
 
 
 def main() -> None:

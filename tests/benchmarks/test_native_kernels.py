@@ -9,7 +9,7 @@ import json
 import pytest
 from benchmark_testkit import TINY, load_benchmark
 
-from transduce.kernels import native
+from transduce.kernels import native, quantized
 
 
 def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
@@ -25,7 +25,11 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     assert {"int8_rows 128x512", "log_softmax_topk4 128x37000"} <= set(out["operators"])
     searches = out["small"]
     jobs = ("beam4", "greedy", "b1", "b1 beam4", "beam4 lineage", "greedy lineage")
-    assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs}
+    amx = ("beam4 amx", "greedy amx") if quantized.amx_int8_available() else ()
+    assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs} | {
+        f"small int8 {j}" for j in amx
+    }
+    assert bool(amx) == any(k.startswith("amx_int8") for k in out["operators"])
     for key, r in searches.items():
         assert r["same_outputs"] is True, key
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["speedup"] > 0

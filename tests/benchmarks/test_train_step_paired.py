@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_testkit import load_benchmark
+from benchmark_testkit import TINY, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +48,14 @@ def _has_head() -> bool:
 
 
 @pytest.mark.skipif(not _has_head(), reason="not a git checkout with a commit")
-def test_one_round_against_head_runs_both_sides(capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_round_against_head_runs_both_sides(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     paired = load_benchmark("train_step_paired")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import decode  # the SIZES train_step.py reads (and hands the baseline's side): a tiny model
+
+    monkeypatch.setitem(decode.SIZES, "small", TINY)
     argv = ["--baseline", "HEAD", "--sizes", "small", "--rounds", "1"]
     out = paired.main([*argv, "--precisions", "fp32", "--baseline-precision", "fp32"])
     assert set(out) == {"small_HEAD/fp32_over_baseline", "small_ours/fp32_over_baseline"}
