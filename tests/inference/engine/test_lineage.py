@@ -78,6 +78,7 @@ def test_a_reorder_moves_the_table_not_the_keys() -> None:
         memory, valid = engine.encode(src)
         cache = engine.new_cache()
         engine.decode(tgt[:, :1].clamp(min=1), memory, valid, cache)
+        assert cache.layers[0]._buffers[0][0].size(1) >= 16  # room past the first position
         engine.decode(tgt[:, 1:2].clamp(min=1), memory, valid, cache)
         # the two positions written (past them the buffers hold what memory held)
         buffers = [b[:, :2].clone() for layer in cache.layers for b in layer._buffers[0]]
@@ -126,8 +127,12 @@ def test_searches_give_the_gathering_cache_s_outputs(int8: bool) -> None:
 
 def test_where_it_does_not_run_it_is_refused_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model()
-    with pytest.raises(ValueError, match="lineage_steps needs float32 CPU weights"):
+    with pytest.raises(ValueError, match="float32 CPU weights"):
         DecodingModel(tiny_model().to(torch.bfloat16), lineage_steps=True)
+    with pytest.raises(ValueError, match="lineage_steps needs attention='auto'"):
+        DecodingModel(model, attention="formula", lineage_steps=True)
+    for pinned in ("formula", "fused"):  # a pinned attention path is kept: no table
+        assert not DecodingModel(model, attention=pinned).lineage_steps
     off = DecodingModel(model, lineage_steps=False)
     assert not off.lineage_steps and off.new_cache().lineage_steps is False
     calls: list[int] = []

@@ -86,7 +86,7 @@ class EngineLayerCache(LayerCache):
         if have is not None and have[0].size(0) >= n and have[0].size(1) >= positions:
             return have
         rows = n if have is None else max(n, have[0].size(0))
-        capacity = positions if have is None else have[0].size(1)
+        capacity = 0 if have is None else have[0].size(1)
         capacity = max(2 * positions, 16) if capacity < positions else capacity
         kb = like.new_empty(rows, capacity, h, k_size)  # (R, capacity, H, K)
         vb = like.new_empty(rows, capacity, h, v_size)  # (R, capacity, H, Dv)
@@ -166,6 +166,21 @@ class EngineLayerCache(LayerCache):
             self.cross_folded = None
 
 
+def _in_own_rows(layer: EngineLayerCache, n: int, t: int) -> bool:
+    """Whether the layer's views are its buffers' first ``n`` rows and ``t`` positions (the
+    identity table holds for them)."""
+    if not layer._buffers or layer.self_k is None or layer.self_v is None:
+        return False
+    kb, vb = layer._buffers[0]
+    return (
+        layer.self_k.shape[0] == n
+        and layer.self_k.shape[2] == t
+        and layer.self_k.data_ptr() == kb.data_ptr()
+        and layer.self_v.data_ptr() == vb.data_ptr()
+        and layer.self_k.stride(0) == kb.stride(0)
+    )
+
+
 def _moved_rows(index: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor] | None:
     """(dst, src): the rows that ``reorder(index)`` changes and where each comes from, when
     there are at most half of them; None when ``index`` changes the row count or moves more
@@ -207,8 +222,7 @@ class EngineCache(DecoderCache):
             return None
         t, lineage = self.length, self.lineage
         if lineage is None:  # the views are current: every row's positions in its own row
-            first = self.layers[0]
-            if t and (not first._buffers or first.self_k is None or first.self_k.size(0) != n):
+            if t and not all(_in_own_rows(layer, n, t) for layer in self.layers):
                 return None  # positions cached other than by the engine's steps
             size = max(2 * (t + 1), 16)
             lineage = torch.arange(n, device=like.device).unsqueeze(1).repeat(1, size)

@@ -151,8 +151,10 @@ class DecodingModel:
     where each hypothesis' positions lie (``EngineCache.lineage``), so that a beam's reorder
     moves rows of that table instead of the cached keys and values, and the step's keys are
     written in the same native call (``kernels.cached_self_attention``); None = where it runs
-    (float32 CPU weights, the native kernels built), False = never, True = a ValueError where
-    it does not run. The same function within float32 rounding.
+    (``attention`` "auto", float32 CPU weights, the native kernels built), False = never, True
+    = a ValueError where it does not run. Steps with gradients on, several positions at once
+    and a sentence's native steps take their own paths (the table's positions gathered first).
+    The same function within float32 rounding.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
@@ -225,9 +227,17 @@ class DecodingModel:
                 weight, model.generator.bias, layout
             )
         self.pre_norm = model.config.norm == "pre"
-        self.lineage_steps = lineage_steps is not False and kernels.cached_attention_runs(weight)
+        # the table's steps attend in the native kernel: "auto"'s path, not a pinned one
+        self.lineage_steps = (
+            lineage_steps is not False
+            and attention == "auto"
+            and kernels.cached_attention_runs(weight)
+        )
         if lineage_steps and not self.lineage_steps:
-            raise ValueError("lineage_steps needs float32 CPU weights and the native kernels built")
+            raise ValueError(
+                "lineage_steps needs attention='auto', float32 CPU weights and the native "
+                "kernels built"
+            )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
 
