@@ -110,6 +110,25 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(bias: bool) -> None:
     assert torch.equal(alone[7], torch.zeros(300) if b is None else b)
 
 
+def _hard_product(
+    shape: tuple[int, int], bias: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """W (out, in), b (out,) or None and x (70, in): rows of magnitudes 10^5 apart, a row of
+    zeros (7), ReLU'd rows (10-19), rows whose scaled entries are halves (20-23: ties); W of
+    mean 1 at 4096 inputs, so that sums with the ReLU'd rows pass 2^24."""
+    out_f, in_f = shape
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_f, in_f, generator=g) + (1.0 if in_f == 4096 else 0.0)
+    b = torch.randn(out_f, generator=g) if bias else None
+    x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
+    x[7] = 0.0
+    x[10:20] = x[10:20].relu()
+    halves = torch.randint(-126, 126, (4, in_f), generator=g) + 0.5
+    halves[:, 0] = 127.0  # each row's largest 127: its unit is 1, its entries stay halves
+    x[20:24] = halves
+    return w, b, x
+
+
 AMX_INT8 = pytest.mark.skipif(
     not quantized.onednn_int8_available(),
     reason="oneDNN's int8 kernel runs only where the CPU has AMX's int8 tiles (amx_int8)",
@@ -125,16 +144,7 @@ def test_onednn_and_fbgemm_give_the_same_numbers_bit_for_bit(shape, bias: bool) 
     # scaled entries are halves (ties: both round to even). Weights of mean 1 against ReLU'd rows
     # at 4096 inputs make int32 sums past 2^24, where a float32 step would round (with uint8 and
     # a zero point, oneDNN took the zero point's term off in float32: 8,000 elements differed)
-    out_f, in_f = shape
-    g = torch.Generator().manual_seed(out_f)
-    w = torch.randn(out_f, in_f, generator=g) + (1.0 if in_f == 4096 else 0.0)
-    b = torch.randn(out_f, generator=g) if bias else None
-    x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
-    x[7] = 0.0
-    x[10:20] = x[10:20].relu()
-    halves = torch.randint(-126, 126, (4, in_f), generator=g) + 0.5
-    halves[:, 0] = 127.0  # each row's largest 127: its unit is 1, its entries stay halves
-    x[20:24] = halves
+    w, b, x = _hard_product(shape, bias, seed=shape[0])
     q = quantize_weight(w)
     packed, onednn = quantized.fbgemm_packed(q, None), quantized.OnednnInt8.of(q)
     for rows in (slice(0, 70), slice(20, 24), slice(7, 8), slice(30, 62)):
@@ -180,16 +190,8 @@ AMX_KERNEL = pytest.mark.skipif(
 def test_the_amx_kernel_and_fbgemm_give_the_same_numbers_bit_for_bit(shape, bias: bool) -> None:
     """Widths and output counts off the tiles' 64 and 16, the rows of the oneDNN test above
     (magnitudes 10^5 apart, zeros, ReLU'd, halves, sums past 2^24), row counts off 16."""
-    out_f, in_f = shape
-    g = torch.Generator().manual_seed(out_f + in_f)
-    w = torch.randn(out_f, in_f, generator=g) + (1.0 if in_f == 4096 else 0.0)
-    b = torch.randn(out_f, generator=g) if bias else None
-    x = torch.randn(70, in_f, generator=g) * torch.logspace(-3, 2, 70)[:, None]
-    x[7] = 0.0
-    x[10:20] = x[10:20].relu()
-    halves = torch.randint(-126, 126, (4, in_f), generator=g) + 0.5
-    halves[:, 0] = 127.0
-    x[20:24] = halves
+    w, b, x = _hard_product(shape, bias, seed=sum(shape))
+    out_f = shape[0]
     q = quantize_weight(w)
     packed, amx = quantized.fbgemm_packed(q, None), quantized.AmxInt8.of(q)
     for rows in (slice(0, 70), slice(20, 24), slice(7, 8), slice(30, 62), slice(3, 36)):

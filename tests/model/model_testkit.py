@@ -53,10 +53,13 @@ def tiny_batch(seed: int = 0) -> tuple[Tensor, Tensor]:
     return src, tgt
 
 
-def decode_reordered(decoder, src: Tensor, tgt: Tensor, index: Tensor) -> tuple[Tensor, object]:
+def decode_reordered(
+    decoder, src: Tensor, tgt: Tensor, index: Tensor, at_once: bool = False
+) -> tuple[Tensor, object]:
     """Decode two positions of ``tgt`` step by step, reorder the cache to the rows ``index`` (as
-    beam search does), decode positions 2-4 of the reordered rows. ``decoder`` has the decoding
-    contract (a Transformer or a DecodingModel). Returns (logits of positions 2-4, cache)."""
+    beam search does), decode positions 2-4 of the reordered rows (``at_once``: in one call).
+    ``decoder`` has the decoding contract (a Transformer or a DecodingModel). Returns (logits
+    of positions 2-4, cache)."""
     with torch.no_grad():
         memory, valid = decoder.encode(src)
         cache = decoder.new_cache()
@@ -65,5 +68,7 @@ def decode_reordered(decoder, src: Tensor, tgt: Tensor, index: Tensor) -> tuple[
         cache.reorder(index)
         cache.select_sources(index)
         memory_r, valid_r, tgt_r = memory[index], valid[index], tgt[index]
+        if at_once:
+            return decoder.decode(tgt_r[:, 2:5], memory_r, valid_r, cache), cache
         rest = [decoder.decode(tgt_r[:, t : t + 1], memory_r, valid_r, cache) for t in range(2, 5)]
     return torch.cat(rest, dim=1), cache

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_testkit import PAD, V, tiny_batch, tiny_model
+from model_testkit import PAD, V, decode_reordered, tiny_batch, tiny_model
 
 from transduce import kernels
 from transduce.data.vocab import BOS
@@ -95,17 +95,9 @@ def test_pytorch_steps_after_lineage_steps_see_the_gathered_cache() -> None:
     src, tgt = tiny_batch()
     tgt = tgt.clamp(min=1)
     index = torch.tensor([1, 1, 0])
-    with torch.no_grad():
-        out = []
-        for decoder in (DecodingModel(model), model):
-            memory, valid = decoder.encode(src)
-            cache = decoder.new_cache()
-            for t in range(2):
-                decoder.decode(tgt[:, t : t + 1], memory, valid, cache)
-            cache.reorder(index)
-            cache.select_sources(index)
-            out.append(decoder.decode(tgt[index, 2:], memory[index], valid[index], cache))
-    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+    ours, _ = decode_reordered(DecodingModel(model), src, tgt, index, at_once=True)
+    ref, _ = decode_reordered(model, src, tgt, index, at_once=True)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("int8", [False, True])
