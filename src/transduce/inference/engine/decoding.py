@@ -137,9 +137,9 @@ class DecodingModel:
     of a batch-1 int8 greedy search of benchmarks/decode.py's SMALL, 1 thread). Decoding several
     positions at once (scoring) then runs one position at a time through the same int8 steps,
     so that every output of this model comes from the int8 weights. Memory: the int8 copies (a
-    quarter of the float32 ones) in place of the float32 copies: one where our AMX kernel takes
-    every product, two where oneDNN's takes the many-row ones beside fbgemm's
-    (``kernels.Int8Projection``).
+    quarter of the float32 ones) in place of the float32 copies: one where the native int8
+    kernel takes every product, two where the library kernels split the row counts between
+    them (``kernels.Int8Projection`` says which).
 
     ``native_row_step``: a step of the hypothesis rows of one sentence (a sentence decoded
     alone: greedy, or a beam of up to ``native_row.MAX_ROWS``) in one native call through the
