@@ -1,6 +1,6 @@
 """Decoding speed: transduce against Hugging Face MarianMTModel and CTranslate2, same weights.
 
-    python benchmarks/decode.py [--threads 2] [--repeats 3] [--quick] [--int8]
+    python benchmarks/decode.py [--threads 2] [--repeats 3] [--quick] [--int8] [--sizes small base]
 
 Needs ``pip install -e '.[bench]'`` (transformers, ctranslate2). Models, with random weights
 (seeded), copied into the other two systems:
@@ -40,7 +40,8 @@ Prints a table per model and ends with one JSON line: per system sentences/s and
 ``small_beam4_vs_ct2``, ``base_beam4_vs_hf``, ``base_beam4_vs_ct2``, ``*_greedy_vs_*`` (our
 throughput over theirs: > 1 means transduce is faster) and ``small_b1_latency_vs_ct2``,
 ``small_b1_latency_vs_hf`` (our latency over theirs: < 1 means transduce is faster).
-``--quick`` times SMALL only (one repeat) and leaves the BASE ratios null.
+``--quick`` times SMALL only (one repeat) and leaves the BASE ratios null; ``--sizes`` names the
+sizes timed (the others' ratios null).
 
 ``--int8`` adds two systems on the same weights: ``transduce_int8`` (the ``DecodingModel`` with
 int8 projections, ``--precision int8``) and ``ct2_int8`` (the same CTranslate2 folder loaded
@@ -655,6 +656,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--latency-repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="SMALL only, one repeat")
     parser.add_argument(
+        "--sizes", nargs="+", choices=("small", "base"), help="the sizes timed (default both)"
+    )
+    parser.add_argument(
         "--int8", action="store_true", help="also ours int8 and CTranslate2 int8 (see above)"
     )
     add_timing_options(parser)
@@ -677,7 +681,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "refused here unless forced; both int8 systems are timed all the same",
             file=sys.stderr,
         )
-    sizes = ["small"] if args.quick else ["small", "base"]
+    sizes = args.sizes or (["small"] if args.quick else ["small", "base"])
     all_res = {name: bench_size(name, args) for name in sizes}
     summary: dict[str, Any] = {"benchmark": "decode", "quick": args.quick, "threads": args.threads}
     for name in ("small", "base"):

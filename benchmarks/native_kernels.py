@@ -17,8 +17,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   step), float32 and int8, their outputs checked equal with and without the kernels; and
   beam 4 and greedy on the batch with one kernel switched off, the others on: the cache's
   lineage table (``lineage_steps``: a beam's reorder moves the table, not the cache) against
-  the gathering cache, and in int8 our AMX kernel against oneDNN's and fbgemm's (where it
-  runs; the operator alone too, at the engine's shapes);
+  the gathering cache, in int8 our AMX kernel against oneDNN's and fbgemm's (where it runs;
+  the operator alone too, at the engine's shapes), and in float32 our product on W's panels
+  against MKL's ``addmm`` (where "auto" takes it: Intel CPUs with AVX-512; alone too);
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -140,6 +141,18 @@ def operators(rounds: int) -> dict[str, dict]:
                 repeat(theirs, 20),
                 rounds,
             )
+    if native.f32_gemm_available():  # float32 products: ours on W's panels against MKL's addmm
+        from transduce.kernels.projection import transposed
+
+        for rows, width, outputs in ((8, 512, 2048), (128, 256, 768), (128, 256, 8000)):
+            x = torch.randn(rows, width, generator=g)
+            w, b = torch.randn(outputs, width, generator=g), torch.randn(outputs, generator=g)
+            panels, w_t = native.f32_pack(w), transposed(w)
+            out[f"f32_linear {rows}x{width}->{outputs}"] = paired(
+                repeat(lambda x=x, p=panels, b=b, n=outputs: native.f32_linear(x, p, b, n), 20),
+                repeat(lambda x=x, w=w_t, b=b: torch.addmm(b, x, w), 20),
+                rounds,
+            )
     return out
 
 
@@ -229,6 +242,7 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
     from transduce.inference import beam_search, greedy_search
     from transduce.inference.engine import DecodingModel
     from transduce.kernels import quantized
+    from transduce.kernels.matmul import use_native_f32
 
     size = decode.SIZES[size_name]
     ours = decode.build_ours(size)
@@ -271,6 +285,9 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
         alone = {"lineage": lambda: DecodingModel(ours, int8=int8, lineage_steps=False)}
         if int8 and quantized.amx_int8_available():
             alone["amx"] = lambda: without_amx(lambda: DecodingModel(ours, int8=True))
+        if not int8 and use_native_f32("auto", ours.generator.weight):
+            # our float32 product against MKL's, which "auto" took before it on these CPUs
+            alone["f32"] = lambda: DecodingModel(ours, matmul="mkl")
         for name, make_off in alone.items():
             on = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), max_len)
             off = decode.SuppressEarlyEOS(make_off(), max_len)

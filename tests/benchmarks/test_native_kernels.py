@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from benchmark_testkit import TINY, load_benchmark
 
 from transduce.kernels import native, quantized
+from transduce.kernels.matmul import use_native_f32
 
 
 def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
@@ -26,10 +28,13 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     searches = out["small"]
     jobs = ("beam4", "greedy", "b1", "b1 beam4", "beam4 lineage", "greedy lineage")
     amx = ("beam4 amx", "greedy amx") if quantized.amx_int8_available() else ()
+    ours_f32 = use_native_f32("auto", torch.zeros(2, 2))  # against MKL where "auto" takes it
+    f32 = ("beam4 f32", "greedy f32") if ours_f32 else ()
     assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs} | {
         f"small int8 {j}" for j in amx
-    }
+    } | {f"small fp32 {j}" for j in f32}
     assert bool(amx) == any(k.startswith("amx_int8") for k in out["operators"])
+    assert native.f32_gemm_available() == any(k.startswith("f32_linear") for k in out["operators"])
     for key, r in searches.items():
         assert r["same_outputs"] is True, key
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["speedup"] > 0

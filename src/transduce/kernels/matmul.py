@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.kernels import native
 from transduce.kernels.options import Matmul, check_choice
 
 # The weight gradient g^T x of a projection with more entries than this (the vocabulary's) ran
@@ -71,6 +72,25 @@ def use_onednn(matmul: Matmul, weight: Tensor) -> bool:
         weight.dtype == torch.float32
         and _cpu_vendor() not in ("", "GenuineIntel")
         and onednn_available()
+    )
+
+
+def use_native_f32(matmul: Matmul, weight: Tensor) -> bool:
+    """Whether a decoding projection's float32 products go through our own kernel
+    (``native.f32_linear``, W packed once into panels): with "auto", float32 CPU weights on
+    Intel CPUs with AVX-512 and the native kernels built. There it beat MKL's ``addmm`` on W^T
+    at a search step's row counts, where each weight comes from the L3 cache (benchmarks/
+    RESULTS.md); on AMD CPUs it is unmeasured, so oneDNN stays. "mkl" or "onednn" pin the
+    library."""
+    if matmul != "auto":
+        check_choice("matmul", matmul, Matmul)
+        return False
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and _cpu_vendor() == "GenuineIntel"
+        and native.available()
+        and native.f32_gemm_available()
     )
 
 
@@ -206,6 +226,7 @@ __all__ = [
     "onednn_available",
     "onednn_linear",
     "onednn_packed",
+    "use_native_f32",
     "stacked_linear",
     "stacked_weights",
     "use_onednn",

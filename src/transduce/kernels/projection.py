@@ -3,6 +3,8 @@ multiplied it fastest (the inference engine's ``DecodingModel`` keeps one per we
 benchmarks/RESULTS.md). ``ProjectionLayout.choose`` picks the library and the one-row split for a
 model's weights once.
 
+- our own kernel on W packed once into panels of 32 outputs (``native.f32_linear``) on Intel
+  CPUs with AVX-512, for every row count but one row where the columns are split;
 - MKL's ``addmm`` on W^T (in, out) stored contiguous, which MKL multiplies faster than
   nn.Linear's (out, in) at most decoding shapes;
 - oneDNN's inner product on W in oneDNN's own blocked layout (``kernels.matmul.onednn_packed``) on
@@ -24,10 +26,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce.kernels import native
 from transduce.kernels.matmul import (
     ONE_ROW_MKL_MAX_ELEMENTS,
     onednn_linear,
     onednn_packed,
+    use_native_f32,
     use_onednn,
 )
 from transduce.kernels.options import Matmul
@@ -57,18 +61,21 @@ def one_row_is_read_bound(weight: Tensor) -> bool:
 @dataclass(frozen=True)
 class ProjectionLayout:
     """How a model's ``Projection``s multiply, chosen once for its weights (``choose``): through
-    oneDNN's inner product on W in its own blocked layout (``onednn``) or MKL's ``addmm`` on W^T,
-    and for one row W^T's columns in ``one_row_parts`` blocks, a block a thread (1: no split);
-    with ``int8``, W quantised to int8 for every row count (``Int8Projection``; the other
-    fields are then unused)."""
+    our own kernel on W's panels (``native``), oneDNN's inner product on W in its own blocked
+    layout (``onednn``) or MKL's ``addmm`` on W^T, and for one row W^T's columns in
+    ``one_row_parts`` blocks, a block a thread (1: no split); with ``int8``, W quantised to
+    int8 for every row count (``Int8Projection``; the other fields are then unused)."""
 
     onednn: bool = False
     one_row_parts: int = 1
     int8: bool = False
+    native: bool = False
 
     def __post_init__(self) -> None:
         if self.one_row_parts < 1:
             raise ValueError(f"one_row_parts must be at least 1, not {self.one_row_parts}")
+        if self.native and self.onednn:
+            raise ValueError("a layout multiplies through our kernel or oneDNN's, not both")
 
     @classmethod
     def choose(
@@ -79,9 +86,10 @@ class ProjectionLayout:
         *,
         int8: bool = False,
     ) -> ProjectionLayout:
-        """The layout for a model whose weights are like ``weight`` (device, dtype): oneDNN
-        where ``use_onednn(matmul, weight)`` says so (on x86 CPUs not made by Intel for
-        "auto"), else MKL; ``one_row_parts`` None = ``torch.get_num_threads()`` where
+        """The layout for a model whose weights are like ``weight`` (device, dtype): our own
+        kernel where ``use_native_f32(matmul, weight)`` says so (Intel CPUs with AVX-512 for
+        "auto"), oneDNN where ``use_onednn(matmul, weight)`` does (x86 CPUs not made by Intel),
+        else MKL; ``one_row_parts`` None = ``torch.get_num_threads()`` where
         ``one_row_is_read_bound(weight)``, else 1. The thread count is read now: a later change
         keeps the split. ``int8``: the int8 layout, with the float32 one for small weights' one
         row (float32 weights on the CPU only, a ValueError otherwise)."""
@@ -92,7 +100,8 @@ class ProjectionLayout:
             )
         if one_row_parts is None:
             one_row_parts = torch.get_num_threads() if one_row_is_read_bound(weight) else 1
-        return cls(use_onednn(matmul, weight), one_row_parts, int8)
+        native = use_native_f32(matmul, weight)  # (unused under int8)
+        return cls(not native and use_onednn(matmul, weight), one_row_parts, int8, native)
 
 
 def transposed(weight: Tensor, block: int = 256) -> Tensor:
@@ -123,10 +132,11 @@ def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tens
 @dataclass(frozen=True)
 class Projection:
     """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
-    it fastest (benchmarks/RESULTS.md): MKL's addmm on W^T (in, out) stored contiguous
-    (``weight_t``), oneDNN's inner product on W (out, in) (``weight``, see ``kernels.matmul``), and
-    for one row a batched product over W^T's columns in P blocks (``blocks``), a block a thread.
-    Made by ``of``."""
+    it fastest (benchmarks/RESULTS.md): our own kernel on W's panels (``panels``), MKL's addmm on
+    W^T (in, out) stored contiguous (``weight_t``), oneDNN's inner product on W (out, in)
+    (``weight``, see ``kernels.matmul``), and for one row a batched product over W^T's columns in
+    P blocks (``blocks``), a block a thread. ``relu`` is max(0, x W^T + b), in the same call on
+    the panels. Made by ``of``."""
 
     out_features: int
     bias: Tensor | None
@@ -134,6 +144,7 @@ class Projection:
     weight: Tensor | None  # W (out, in) for oneDNN, in its layout (onednn_packed); None = MKL only
     blocks: Tensor | None  # (P, in, C) from split_columns, for one row; None = no split
     blocks_bias: Tensor | None  # (P, 1, C)
+    panels: Tensor | None = None  # native.f32_pack(W) (ceil(out / 32), in, 32); None = not ours
 
     @classmethod
     def of(
@@ -155,6 +166,10 @@ class Projection:
         parts = layout.one_row_parts
         split = parts > 1 and one_row
         blocks, blocks_bias = split_columns(weight, bias, parts) if split else (None, None)
+        if layout.native:
+            return cls(
+                weight.size(0), bias, None, None, blocks, blocks_bias, native.f32_pack(weight)
+            )
         if layout.onednn:
             # one row against a small weight is faster on MKL (unless split)
             one_row_mkl = one_row and not split and weight.numel() <= ONE_ROW_MKL_MAX_ELEMENTS
@@ -168,12 +183,21 @@ class Projection:
         rows, blocks, weight_t = x.size(0), self.blocks, self.weight_t
         if rows == 1 and blocks is not None:
             return self._one_row(x, blocks)
+        if self.panels is not None:
+            return native.f32_linear(x, self.panels, self.bias, self.out_features)
         if self.weight is not None and (weight_t is None or rows > 1):
             return onednn_linear(x, self.weight, self.bias)
         assert weight_t is not None  # of (no oneDNN weight) or (one row, small weight)
         if self.bias is None:
             return x @ weight_t
         return torch.addmm(self.bias, x, weight_t)
+
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, x W^T + b): x (N, in) -> (N, out), the ReLU in the product's own call on the
+        panels."""
+        if self.panels is not None and (x.size(0) > 1 or self.blocks is None):
+            return native.f32_linear(x, self.panels, self.bias, self.out_features, relu=True)
+        return self(x).relu_()
 
     def _one_row(self, x: Tensor, blocks: Tensor) -> Tensor:
         """x (1, in) -> (1, out) through the column ``blocks`` (P, in, C)."""
@@ -212,7 +236,8 @@ class Int8Projection(Projection):
         if amx_int8_available():  # every row count: no other copy
             return cls(weight.size(0), bias, None, None, None, None, amx=AmxInt8.of(q))
         onednn = OnednnInt8.of(q) if onednn_int8_available() else None
-        return cls(weight.size(0), bias, None, None, None, None, fbgemm_packed(q, None), onednn)
+        packed = fbgemm_packed(q, None)
+        return cls(weight.size(0), bias, None, None, None, None, packed=packed, onednn=onednn)
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.amx is not None:

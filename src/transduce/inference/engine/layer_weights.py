@@ -101,8 +101,9 @@ def decoder_layer_weights(
 def feed_forward(w: LayerWeights, x: Tensor) -> Tensor:
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), or another ``activation``: x (N, D) ->
     (N, D)."""
-    hidden = w.ffn_in(x)  # (N, F)
-    return w.ffn_out(hidden.relu_() if w.activation is None else w.activation(hidden))
+    if w.activation is None:  # the ReLU in the product's call where the projection can
+        return w.ffn_out(w.ffn_in.relu(x))  # (N, F) between
+    return w.ffn_out(w.activation(w.ffn_in(x)))  # (N, F) between
 
 
 __all__ = [

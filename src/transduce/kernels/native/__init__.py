@@ -54,6 +54,7 @@ SOURCES = tuple(
         "layer_norm.cpp",
         "decoder_row.cpp",
         "amx_int8.cpp",
+        "f32_gemm.cpp",
     )
 )
 HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
@@ -137,6 +138,31 @@ def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     rows, k = nearbyint(x / unit + 128) - 128 (needs ``available()``)."""
     q, units = getattr(torch.ops, NAMESPACE).int8_rows(x)
     return q, units
+
+
+def f32_gemm_available() -> bool:
+    """Whether ``f32_linear`` runs: built for a CPU with AVX-512 (needs ``available()``)."""
+    return bool(getattr(torch.ops, NAMESPACE).f32_gemm_available())
+
+
+def f32_pack(weight: Tensor) -> Tensor:
+    """W (out, in) float32 -> its panels (ceil(out / 32), in, 32) for ``f32_linear``, zeros past
+    W's last row (needs ``available()``)."""
+    packed: Tensor = getattr(torch.ops, NAMESPACE).f32_pack(weight)
+    return packed
+
+
+def f32_linear(
+    x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int, relu: bool = False
+) -> Tensor:
+    """x (N, in) float32 -> x W^T + b (N, out) float32, ReLU'd where ``relu``, W as
+    ``f32_pack``'s panels; each output a sum over the inputs in order, so a row's result does
+    not depend on the other rows (needs ``f32_gemm_available()``)."""
+    empty = x.new_empty(0)
+    y: Tensor = getattr(torch.ops, NAMESPACE).f32_linear(
+        x, packed, empty if bias is None else bias, out_features, relu
+    )
+    return y
 
 
 def amx_int8_available() -> bool:
@@ -302,6 +328,9 @@ __all__ = [
     "available",
     "build_name",
     "dropout_keep_scale",
+    "f32_gemm_available",
+    "f32_linear",
+    "f32_pack",
     "guarded_rows",
     "int8_rows",
     "layer_norm",
