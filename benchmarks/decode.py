@@ -41,7 +41,7 @@ Prints a table per model and ends with one JSON line: per system sentences/s and
 throughput over theirs: > 1 means transduce is faster) and ``small_b1_latency_vs_ct2``,
 ``small_b1_latency_vs_hf`` (our latency over theirs: < 1 means transduce is faster).
 ``--quick`` times SMALL only (one repeat) and leaves the BASE ratios null; ``--sizes`` names the
-sizes timed (the others' ratios null).
+sizes timed (the others' beam-4 ratios null, their other keys absent).
 
 ``--int8`` adds two systems on the same weights: ``transduce_int8`` (the ``DecodingModel`` with
 int8 projections, ``--precision int8``) and ``ct2_int8`` (the same CTranslate2 folder loaded

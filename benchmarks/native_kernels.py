@@ -19,7 +19,8 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   lineage table (``lineage_steps``: a beam's reorder moves the table, not the cache) against
   the gathering cache, in int8 our AMX kernel against oneDNN's and fbgemm's (where it runs;
   the operator alone too, at the engine's shapes), and in float32 our product on W's panels
-  against MKL's ``addmm`` (where "auto" takes it: Intel CPUs with AVX-512; alone too);
+  against MKL's ``addmm`` (the searches where "auto" takes it: Intel CPUs with AVX-512; the
+  operator alone wherever it is built, AVX-512);
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total

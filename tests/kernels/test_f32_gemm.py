@@ -91,6 +91,8 @@ def test_bad_operands_are_refused() -> None:
         native.f32_linear(torch.randn(3, 64), packed, torch.randn(39), 40)
     with pytest.raises(RuntimeError, match="float32"):
         native.f32_pack(torch.randn(4, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="one input or more"):
+        native.f32_linear(torch.randn(3, 0), native.f32_pack(torch.randn(4, 0)), None, 4)
 
 
 @pytest.mark.parametrize("parts", [1, 2])
@@ -170,3 +172,31 @@ def test_the_engine_on_the_native_product_decodes_as_on_mkl(
             assert [h.tokens for h in a] == [h.tokens for h in b]
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
     assert calls and any(calls)  # the products on the panels, the FFN's with its ReLU
+
+
+def test_more_threads_than_panels_split_the_rows_too() -> None:
+    # a narrow W (2 panels) over 100 rows: from 3 threads the grid splits the row blocks as
+    # well; every split gives the same numbers (a row's sums do not depend on the others)
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
+    packed, x = native.f32_pack(w), torch.randn(100, 64, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = native.f32_linear(x, packed, b, 40, True)
+        for t in (2, 3, 5, 8, 40):
+            # other numbers, every row written (one thread), in the memory that the next
+            # call's output is likely to reuse: a row the split skips shows
+            torch.set_num_threads(1)
+            native.f32_linear(x * 2, packed, b, 40, True)
+            torch.set_num_threads(t)
+            assert torch.equal(native.f32_linear(x, packed, b, 40, True), alone), t
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_relu_keeps_a_nan_as_torch_relu_does() -> None:
+    w = torch.randn(8, 4)
+    x = torch.tensor([[float("nan"), 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
+    y = native.f32_linear(x, native.f32_pack(w), None, 8, True)
+    assert y[0].isnan().all() and not y[1].isnan().any()

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 # The library of float32 matrix products on the CPU. "auto": oneDNN on x86 CPUs not made by
-# Intel (where MKL runs without its AVX-512 kernels), MKL elsewhere.
+# Intel (where MKL runs without its AVX-512 kernels), MKL elsewhere; the decoding engine's
+# projections on Intel CPUs with AVX-512 take our own kernel (kernels.matmul.use_native_f32).
 Matmul = Literal["auto", "mkl", "onednn"]
 
 # The path of attention. "auto": the fused kernel, except where the formula is faster (training

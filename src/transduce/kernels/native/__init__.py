@@ -18,6 +18,10 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
 - ``decoder_row.cpp``: one decoding step of one hypothesis row through the whole decoder and the
   pre-softmax projection in one call (``decoder_row_step``; inference/engine/native_row.py),
   where PyTorch's ~20 operators a layer cost more than their products at batch 1;
+- ``amx_int8.cpp``: int8 products on AMX's tiles (``amx_int8_linear``; kernels/quantized.py),
+  the rows quantised and the sums scaled in the same call, fbgemm's numbers bit for bit;
+- ``f32_gemm.cpp``: float32 products on W packed once into panels (``f32_linear``;
+  kernels/projection.py), the decoding engine's on Intel CPUs with AVX-512;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp).
 
 PyTorch's forms stay the fallback.

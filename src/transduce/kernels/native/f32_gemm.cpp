@@ -89,7 +89,8 @@ void block(const float* x, int64_t lda, const float* b, int64_t in, const float*
   const __m512 zero = _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) {
     __m512 v0 = _mm512_add_ps(c0[r], bias0), v1 = _mm512_add_ps(c1[r], bias1);
-    if (relu) v0 = _mm512_max_ps(v0, zero), v1 = _mm512_max_ps(v1, zero);
+    // max(0, v): with a NaN, max_ps returns its second operand, so v: a NaN stays (torch.relu's)
+    if (relu) v0 = _mm512_max_ps(zero, v0), v1 = _mm512_max_ps(zero, v1);
     _mm512_mask_storeu_ps(y + r * ldy, m0, v0);
     _mm512_mask_storeu_ps(y + r * ldy + 16, m1, v1);
   }
@@ -111,13 +112,15 @@ at::Tensor f32_linear(const at::Tensor& x_in, const at::Tensor& packed, const at
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "x must be (N, in) float32 on the CPU");
   const int64_t n = x_in.size(0), in = x_in.size(1);
+  // (an ``out`` with W's panel count but not W's is not caught: the padding's zeros come out)
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                  packed.size(1) == in && packed.size(2) == kPanel &&
-                  packed.size(0) == panels_of(out),
+                  packed.device().is_cpu() && packed.size(1) == in &&
+                  packed.size(2) == kPanel && out >= 1 && packed.size(0) == panels_of(out),
               "packed must come from f32_pack of a W (out, in) with x's width");
+  TORCH_CHECK(in >= 1, "x must have one input or more");
   const bool biased = bias.numel() > 0;
   TORCH_CHECK(!biased || (bias.numel() == out && bias.scalar_type() == at::kFloat &&
-                          bias.is_contiguous()),
+                          bias.is_contiguous() && bias.device().is_cpu()),
               "bias must be (out,) float32 or empty");
 #if TRANSDUCE_F32_GEMM
   at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
@@ -134,28 +137,39 @@ at::Tensor f32_linear(const at::Tensor& x_in, const at::Tensor& packed, const at
   const int64_t np = packed.size(0);
   // panels a chunk: ~256 KB of W, read from L3 once and kept in L2 for every row block
   const int64_t chunk = std::max<int64_t>(1, (256 * 1024) / (in * kPanel * 4));
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), np);
   const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t per = (np + team - 1) / team;
-    const int64_t lo = std::min(np, me * per), hi = std::min(np, lo + per);
+  // the rows in blocks of near-equal size (100: eight of 11, one of 12): a short last block
+  // would run its sums at a fraction of the registers' rate
+  auto rows_of = [&](int64_t blk) { return n / blocks + (blk < n % blocks ? 1 : 0); };
+  // threads on a grid: the panels in ``cols`` shares by the row blocks in ``groups`` (more
+  // threads than panels, many cores on a narrow W, split the rows too)
+  const int64_t want = at::get_num_threads();
+  const int64_t cols = std::min(want, np);
+  const int64_t groups = std::max<int64_t>(1, std::min(want / cols, blocks));
+  const int64_t per = (np + cols - 1) / cols;
+  // one cell of the grid: panels [lo, hi) by row blocks [b_lo, b_hi)
+  auto cell = [&](int64_t share, int64_t group) {
+    const int64_t lo = std::min(np, share * per), hi = std::min(np, lo + per);
+    const int64_t b_lo = group * blocks / groups, b_hi = (group + 1) * blocks / groups;
+    int64_t first_row = 0;
+    for (int64_t blk = 0; blk < b_lo; ++blk) first_row += rows_of(blk);
     for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
       const int64_t c1 = std::min(hi, c0 + chunk);
-      for (int64_t blk = 0, i0 = 0; blk < blocks; ++blk) {
-        // the rows in blocks of near-equal size (100: eight of 11, one of 12): a short last
-        // block would run its sums at a fraction of the registers' rate
-        const int64_t rows = n / blocks + (blk < n % blocks ? 1 : 0);
-        const BlockFn fn = (blk == 0 ? kFirst : kBlocks)[rows - 1];
+      for (int64_t blk = b_lo, i0 = first_row; blk < b_hi; i0 += rows_of(blk), ++blk) {
+        const BlockFn fn = (blk == b_lo ? kFirst : kBlocks)[rows_of(blk) - 1];
         for (int64_t p = c0; p < c1; ++p) {
           const int64_t j0 = p * kPanel;
           fn(xp + i0 * lda, lda, bp + p * in * kPanel, in, biasp ? biasp + j0 : nullptr, relu,
              yp + i0 * out + j0, out, std::min(kPanel, out - j0));
         }
-        i0 += rows;
       }
     }
+  };
+#pragma omp parallel num_threads(cols * groups)
+  {
+    // (a smaller team than asked: the same grid, several cells a thread)
+    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int64_t c = me; c < cols * groups; c += team) cell(c % cols, c / cols);
   }
   return y;
 #else
