@@ -117,3 +117,18 @@ def test_a_ctranslate2_backend_off_our_model_is_left_out_and_none_within_is_an_e
     runs = {"mkl": {"check_log_probs": [-1.0, -2.9]}}
     with pytest.raises(RuntimeError, match=r"does not compute our model .*mkl 0\.9"):
         dec.same_model(runs, ref, 0.5, "ct2 int8 on AVX2")
+
+
+def test_sizes_times_only_the_sizes_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dec = _module()
+    monkeypatch.setitem(dec.SIZES, "base", TINY)
+    argv = ["--sizes", "base", "--repeats", "2", "--latency-repeats", "2"]
+    out = dec.main([*argv, "--threads", "1", "--settle", "0"])
+    capsys.readouterr()
+    assert set(out["systems"]) == {"base"}
+    assert out["small_beam4_vs_ct2"] is None and out["small_beam4_vs_hf"] is None
+    assert isinstance(out["base_beam4_vs_ct2"], float) and out["base_beam4_vs_ct2"] > 0
+    for name, r in out["systems"]["base"].items():
+        assert len(r["beam4_times"]) == 2, name
