@@ -19,8 +19,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   lineage table (``lineage_steps``: a beam's reorder moves the table, not the cache) against
   the gathering cache, in int8 our AMX kernel against oneDNN's and fbgemm's (where it runs;
   the operator alone too, at the engine's shapes), and in float32 our product on W's panels
-  against MKL's ``addmm`` (the searches where "auto" takes it: Intel CPUs with AVX-512; the
-  operator alone wherever it is built, AVX-512);
+  against what "auto" took before it, MKL's ``addmm`` (Intel CPUs with AVX-512), and forced
+  against "auto" (oneDNN) on other CPUs with AVX-512, for the rule's measurement there (the
+  operator alone against MKL's wherever it is built);
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
@@ -242,7 +243,7 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
     from transduce.data.vocab import EOS
     from transduce.inference import beam_search, greedy_search
     from transduce.inference.engine import DecodingModel
-    from transduce.kernels import quantized
+    from transduce.kernels import native, quantized
     from transduce.kernels.matmul import use_native_f32
 
     size = decode.SIZES[size_name]
@@ -284,13 +285,18 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
         # one kernel alone, every other on in both: the lineage table (a batch's beam reorders),
         # and in int8 the AMX kernel (where it runs) against oneDNN's and fbgemm's
         alone = {"lineage": lambda: DecodingModel(ours, int8=int8, lineage_steps=False)}
+        make_on = lambda: DecodingModel(ours, int8=int8)  # noqa: E731
         if int8 and quantized.amx_int8_available():
             alone["amx"] = lambda: without_amx(lambda: DecodingModel(ours, int8=True))
+        makers = {name: (make_on, make_off) for name, make_off in alone.items()}
         if not int8 and use_native_f32("auto", ours.generator.weight):
             # our float32 product against MKL's, which "auto" took before it on these CPUs
-            alone["f32"] = lambda: DecodingModel(ours, matmul="mkl")
-        for name, make_off in alone.items():
-            on = decode.SuppressEarlyEOS(DecodingModel(ours, int8=int8), max_len)
+            makers["f32"] = (make_on, lambda: DecodingModel(ours, matmul="mkl"))
+        elif not int8 and native.f32_gemm_available():
+            # where "auto" does not take it (AMD CPUs with AVX-512): ours forced against "auto"
+            makers["f32"] = (lambda: with_native_f32(make_on), make_on)
+        for name, (make_a, make_off) in makers.items():
+            on = decode.SuppressEarlyEOS(make_a(), max_len)
             off = decode.SuppressEarlyEOS(make_off(), max_len)
             for job in ("beam4", "greedy"):
                 key = f"{size_name} {'int8' if int8 else 'fp32'} {job} {name}"
@@ -301,6 +307,18 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
                 out[key]["same_outputs"] = same
                 print(key, out[key], file=sys.stderr, flush=True)
     return out
+
+
+def with_native_f32(make: Callable[[], object]) -> object:
+    """``make()`` with float32 projections on our kernel whatever the CPU's vendor."""
+    from transduce.kernels import projection
+
+    real = projection.use_native_f32
+    projection.use_native_f32 = lambda matmul, weight: True  # type: ignore[assignment]
+    try:
+        return make()
+    finally:
+        projection.use_native_f32 = real  # type: ignore[assignment]
 
 
 def without_amx(make: Callable[[], object]) -> object:

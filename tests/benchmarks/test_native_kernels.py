@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from benchmark_testkit import TINY, load_benchmark
 
 from transduce.kernels import native, quantized
-from transduce.kernels.matmul import use_native_f32
 
 
 def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
@@ -28,8 +26,8 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     searches = out["small"]
     jobs = ("beam4", "greedy", "b1", "b1 beam4", "beam4 lineage", "greedy lineage")
     amx = ("beam4 amx", "greedy amx") if quantized.amx_int8_available() else ()
-    ours_f32 = use_native_f32("auto", torch.zeros(2, 2))  # against MKL where "auto" takes it
-    f32 = ("beam4 f32", "greedy f32") if ours_f32 else ()
+    # against MKL where "auto" takes it, forced against "auto" elsewhere
+    f32 = ("beam4 f32", "greedy f32") if native.f32_gemm_available() else ()
     assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs} | {
         f"small int8 {j}" for j in amx
     } | {f"small fp32 {j}" for j in f32}
@@ -48,3 +46,21 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     }
     assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in training.values())
     assert native.available()  # switched back on after the searches
+
+
+def test_where_auto_keeps_another_library_our_float32_product_is_forced_against_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an AMD CPU with AVX-512 as "auto" sees it: oneDNN's products, ours forced beside them
+    if not (native.available() and native.f32_gemm_available()):
+        pytest.skip("the native float32 product is built for CPUs with AVX-512 only")
+    bench = load_benchmark("native_kernels", "native_kernels_bench")
+    monkeypatch.setitem(bench.decode.SIZES, "small", TINY)
+    monkeypatch.setattr("transduce.kernels.matmul._cpu_vendor", lambda: "AuthenticAMD")
+    argv = ["native_kernels.py", "--sizes", "small", "--rounds", "1", "--parts", "searches"]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for job in ("beam4", "greedy"):
+        r = out["small"][f"small fp32 {job} f32"]
+        assert r["same_outputs"] is True and r["native_ms"] > 0 and r["torch_ms"] > 0
