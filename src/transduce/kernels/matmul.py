@@ -226,8 +226,8 @@ __all__ = [
     "onednn_available",
     "onednn_linear",
     "onednn_packed",
-    "use_native_f32",
     "stacked_linear",
     "stacked_weights",
+    "use_native_f32",
     "use_onednn",
 ]
