@@ -318,3 +318,13 @@ def test_layer_norm_of_a_diverged_row_is_nan_not_the_bias() -> None:
     x = x.requires_grad_()
     y = layer_norm(x, (64,), torch.ones(64), torch.zeros(64), 1e-5)
     assert y[1].isnan().all() and y[[0, 2]].isfinite().all()
+
+
+def test_the_norm_of_bfloat16_gradients_is_that_of_their_float32_copy() -> None:
+    # bf16-weights' one-pass update takes the norm of the working copy's gradients
+    _native_or_skip()
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(s, generator=g).bfloat16() for s in [(300, 7), (16,), (40_001,)]]
+    assert native_norm_takes(grads)
+    assert torch.equal(total_norm(grads), total_norm([t.float() for t in grads]))
+    assert total_norm([torch.tensor([1.0, float("nan")]).bfloat16()]).isnan()

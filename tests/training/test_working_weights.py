@@ -3,9 +3,18 @@ cast from the float32 master weights once per update, its gradients accumulated 
 
 from __future__ import annotations
 
-import torch
+import itertools
+import math
+from pathlib import Path
+from typing import Any
 
+import pytest
+import torch
+from training_testkit import records, tiny_trainer
+
+import transduce.training.updater as updater_module
 from transduce.config import ModelConfig
+from transduce.kernels import adam, native
 from transduce.model.transformer import make_model
 from transduce.training.loss import label_smoothed_nll
 from transduce.training.working_weights import WorkingWeights
@@ -100,3 +109,68 @@ def test_every_gradient_arrives_exactly_in_its_own_float32_tensor() -> None:
     for g, b in zip(grads, before, strict=True):
         assert torch.equal(g, b.float())
     assert len({g.data_ptr() for g in grads}) == len(grads)
+
+
+# --- Adam's step in one pass (WorkingWeights.step, kernels/adam.py) --------------------------
+
+
+def _bf16_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, **train: Any) -> Any:
+    """TINY trained in bf16-weights (weight decay: two parameter groups), its third batch's
+    loss NaN (a skipped update); ``fused`` False: every update made the three-pass way. The
+    Trainer and how many updates the one-pass step made."""
+    calls = []
+    real_step = adam.adam_bf16_copy
+    real_nll = updater_module.label_smoothed_nll
+    batches = itertools.count(1)
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        real_step(*args, **kwargs)
+
+    def poisoned(*args: Any, **kwargs: Any) -> Any:
+        sums = real_nll(*args, **kwargs)
+        return sums._replace(loss=sums.loss * math.nan) if next(batches) == 3 else sums
+
+    with monkeypatch.context() as m:
+        m.setattr(adam, "adam_bf16_copy", counted)
+        m.setattr(updater_module, "label_smoothed_nll", poisoned)
+        if not fused:
+            m.setattr(WorkingWeights, "steps", lambda self, optimizer: False)
+        run = {"precision": "bf16-weights", "max_steps": 9, "weight_decay": 0.1, **train}
+        trainer = tiny_trainer(run_dir, **run)
+        trainer.train()
+    return trainer, len(calls)
+
+
+@pytest.mark.parametrize("clip_norm", [0.0, 0.05])
+def test_the_one_pass_step_trains_as_the_three_passes_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clip_norm: float
+) -> None:
+    if not native.available():
+        pytest.skip("the native kernels are not built here")
+    one, calls = _bf16_run(tmp_path / "one", monkeypatch, True, clip_norm=clip_norm)
+    three, none = _bf16_run(tmp_path / "three", monkeypatch, False, clip_norm=clip_norm)
+    # 9 updates applied and 1 skipped: the first by torch (it makes Adam's state), the other 8 in
+    # one pass, a call for each of the two parameter groups
+    assert (calls, none) == (16, 0)
+    for a, b in zip(one.model.state_dict().values(), three.model.state_dict().values()):
+        assert torch.equal(a, b)
+    working = one.updater.working
+    assert working is not None
+    for w, p in zip(working.module.parameters(), one.model.parameters(), strict=True):
+        assert torch.equal(w, p.bfloat16()) and w.grad is None
+    a, b = one.optimizer.state_dict(), three.optimizer.state_dict()
+    for key, state in a["state"].items():
+        assert all(torch.equal(state[k], b["state"][key][k]) for k in state)
+    strip = {"elapsed", "tokens_per_s", "data_share", "seconds", "time", "valid_seconds"}
+    assert [{k: v for k, v in r.items() if k not in strip} for r in records(tmp_path / "one")] == [
+        {k: v for k, v in r.items() if k not in strip} for r in records(tmp_path / "three")
+    ]
+
+
+def test_updates_of_several_batches_take_the_three_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two batches accumulate in float32: nothing for the one-pass step to read
+    _, calls = _bf16_run(tmp_path, monkeypatch, True, update_freq=2, max_steps=4)
+    assert calls == 0

@@ -76,9 +76,10 @@ class _NativeLayerNorm(torch.autograd.Function):
 
 def total_norm(tensors: list[Tensor]) -> Tensor:
     """The L2 norm of all of ``tensors`` together (``torch.nn.utils.get_total_norm``), a 0-dim
-    float32 tensor on their device. Float32 CPU tensors by the native kernel (squares summed in
-    float64, the same for any number of threads, ~1.4x faster than PyTorch's norm: benchmarks/
-    RESULTS.md); anything else by PyTorch."""
+    float32 tensor on their device. Float32 or bfloat16 CPU tensors by the native kernel (squares
+    summed in float64, the same for any number of threads, ~1.4x faster than PyTorch's norm:
+    benchmarks/RESULTS.md; bfloat16 widened exactly, so the norm of a float32 copy); anything
+    else by PyTorch."""
     if not tensors:
         return torch.zeros(())
     if native_norm_takes(tensors):
@@ -92,11 +93,13 @@ def total_norm(tensors: list[Tensor]) -> Tensor:
 
 
 def native_norm_takes(tensors: list[Tensor]) -> bool:
-    """Whether ``total_norm`` takes the native kernel: float32 CPU tensors, not under
-    torch.compile, the kernels built."""
+    """Whether ``total_norm`` takes the native kernel: float32 or bfloat16 CPU tensors, not
+    under torch.compile, the kernels built."""
     return (
         all(
-            t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
+            t.device.type == "cpu"
+            and t.dtype in (torch.float32, torch.bfloat16)
+            and t.layout == torch.strided
             for t in tensors
         )
         and not torch.compiler.is_compiling()

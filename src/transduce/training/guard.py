@@ -57,6 +57,16 @@ def gradient_norm(params: Sequence[torch.nn.Parameter], clip_norm: float) -> tor
     return norm
 
 
+def clip_coefficient(norm: torch.Tensor, clip_norm: float) -> float:
+    """What clipping to ``clip_norm`` multiplies the gradients by, as PyTorch's
+    ``clip_grads_with_norm_`` computes it in float32 (``clip_norm / (norm + 1e-6)``, at most 1);
+    1.0 where ``clip_norm`` is 0 (no clipping). For a step that clips as it reads the gradients
+    (``WorkingWeights.step``)."""
+    if clip_norm <= 0:
+        return 1.0
+    return float(torch.clamp(clip_norm / (norm + 1e-6), max=1.0))
+
+
 def skip_reason(
     loss: float, grad_norm: float, bad_ranks: float, loss_scale: float | None
 ) -> str | None:

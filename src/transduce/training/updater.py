@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
+from transduce import kernels
 from transduce.config import TrainConfig
 from transduce.data.batching import Batch
 from transduce.data.vocab import PAD
@@ -83,10 +84,21 @@ class Updater:
             return self.working.module
         return self.ddp if self.ddp is not None else self.model
 
-    def _backward(self, group: list[Batch], scale: float) -> torch.Tensor:
+    def _fuses(self, group: list[Batch]) -> bool:
+        """Whether this update of ``group`` is made by ``WorkingWeights.step``: bf16-weights on
+        one process, one batch (nothing to accumulate in float32), Adam as it can compute."""
+        return (
+            self.working is not None
+            and len(group) == 1
+            and self.world.size == 1
+            and not self.scaler.is_enabled()
+            and self.working.steps(self.optimizer)
+        )
+
+    def _backward(self, group: list[Batch], scale: float, keep: bool = False) -> torch.Tensor:
         """Forward and backward over the batches of ``group``, each loss times ``scale``; their
         (loss, NLL) sums as a (batches, 2) tensor on the device, unread (reading a GPU's number
-        waits for all its queued work)."""
+        waits for all its queued work). ``keep``: the working copy keeps its gradients."""
         net = self.net()
         ddp = self.ddp
         sums_per_batch: list[torch.Tensor] = []
@@ -104,15 +116,18 @@ class Updater:
                     scaler=self.scaler,
                     loss_method=self.loss_method,
                 )
-            if self.working is not None:
+            if self.working is not None and not keep:
                 self.working.gradients_to_master()
             sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll.detach()]))
         return torch.stack(sums_per_batch)
 
-    def gradients(self, group: list[Batch]) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def gradients(
+        self, group: list[Batch], fused: bool = False
+    ) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Forward/backward over ``group``: (the target tokens of all ranks, the (loss, NLL)
         sums (batches, 2) and the gradient norm before clipping, both unread on the device),
-        the gradients clipped.
+        the gradients clipped; ``fused`` (``_fuses``): the working copy's gradients kept, their
+        norm taken and clipping left to ``WorkingWeights.step``.
 
         The loss is normalised by the target tokens of the whole group on all ranks, so
         accumulating k batches, or spreading them over k ranks, gives the same update as one
@@ -124,7 +139,9 @@ class Updater:
             [sum(b.n_tokens for b in group)], self.world, self.device
         )
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
-        sums = self._backward(group, self.world.size / n_tokens)
+        sums = self._backward(group, self.world.size / n_tokens, keep=fused)
+        if fused and self.working is not None:  # bfloat16 widens exactly: the same norm
+            return int(n_tokens), sums, kernels.total_norm(self.working.gradients())
         if self.working is not None:  # (DDP averages the others' during backward)
             distributed.average_gradients(list(self.model.parameters()), self.world)
         self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to measure and clip
@@ -144,7 +161,8 @@ class Updater:
         has done the update's work) are read from the device and summed over the ranks once,
         before the step. ``waiting()``, if given, is called just before that read, once the
         update's gradient work is launched (the Trainer starts reading the next batches)."""
-        n_tokens, sums, norm = self.gradients(group)
+        fused = self._fuses(group)
+        n_tokens, sums, norm = self.gradients(group, fused)
         numbers = late_read.update_numbers(sums, norm)
         if waiting is not None:
             waiting()
@@ -157,12 +175,17 @@ class Updater:
         skipped = None
         if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
             skipped = guard.drop(self.optimizer, self.scaler, loss, grad_norm, bad_ranks)
+            if fused and self.working is not None:
+                self.working.clear_gradients()
         else:
             for g in self.optimizer.param_groups:
                 g["lr"] = lr
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self._after_step()
+            if fused and self.working is not None:  # Adam and the working copy in one pass
+                self.working.step(self.optimizer, guard.clip_coefficient(norm, self.t.clip_norm))
+            else:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self._after_step()
         return guard.Update(
             loss / n_tokens, nll / n_tokens, n_tokens, grad_norm, skipped, signals > 0, lr
         )

@@ -10,6 +10,11 @@ softmax accumulate in float32 inside their kernels), and the only casts are of t
 per update, and of the gradients, once per batch (into float32, where the accumulation of
 ``update_freq`` batches happens).
 
+Where the native kernels run (CPU), an update of one batch on one process skips the float32
+gradients altogether: the norm is taken of the bfloat16 gradients (the same number) and Adam's
+step reads them and writes the working copy in the same pass (``step``; kernels/adam.py), torch's
+fused Adam bit for bit.
+
 The float32 model stays what the optimizer steps, what checkpoints hold, what validation and
 decoding run and what a resume restores: checkpoints are those of any other run, and the working
 copy is a function of the master weights, so a resume continues exactly.
@@ -18,9 +23,12 @@ copy is a function of the master weights, so a resume continues exactly.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
+
+from transduce.kernels import adam
 
 WORKING_DTYPE = torch.bfloat16
 
@@ -39,6 +47,64 @@ class WorkingWeights:
         self._working_params: list[torch.Tensor] = [
             p for p in self.module.parameters() if p.requires_grad
         ]
+
+        self._working_of = {
+            id(m): w for m, w in zip(self._master_params, self._working_params, strict=True)
+        }
+
+    def steps(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``step`` can make ``optimizer``'s next update from the working gradients:
+        torch's fused Adam (decoupled decay, neither amsgrad nor maximize) with its state made
+        for every parameter (its first update is torch's), on a CPU with the native kernels."""
+        if not isinstance(optimizer, torch.optim.Adam) or not adam.bf16_copy_step_takes(
+            self._master_params, self._working_params
+        ):
+            return False
+        for group in optimizer.param_groups:
+            if not _plain_fused_adam(group):
+                return False
+            for p in group["params"]:
+                if id(p) not in self._working_of or not _adam_state(optimizer.state.get(p)):
+                    return False
+        return True
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The working copy's gradients (bfloat16), those there are."""
+        return [p.grad for p in self._working_params if p.grad is not None]
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_scale: float) -> None:
+        """Adam's step of the master weights from the working gradients times ``grad_scale``
+        (clipping's coefficient), the working weights rewritten from them, the working gradients
+        cleared: what ``gradients_to_master``, ``optimizer.step()`` and ``refresh`` do, bit for
+        bit, in one pass (needs ``steps(optimizer)``). Parameters without a gradient stay, as
+        torch's Adam leaves them."""
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                masters = [p for p in group["params"] if self._working_of[id(p)].grad is not None]
+                if not masters:
+                    continue
+                working = [self._working_of[id(p)] for p in masters]
+                grads = [w.grad for w in working if w.grad is not None]
+                states = [optimizer.state[p] for p in masters]
+                adam.adam_bf16_copy(
+                    masters,
+                    grads,
+                    [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [s["step"] for s in states],
+                    working,
+                    lr=group["lr"],
+                    betas=group["betas"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    grad_scale=grad_scale,
+                )
+        self.clear_gradients()
+
+    def clear_gradients(self) -> None:
+        """The working copy's gradients dropped (an update skipped or made by ``step``)."""
+        for p in self._working_params:
+            p.grad = None
 
     def refresh(self) -> None:
         """The working weights cast anew from the master weights (one fused copy)."""
@@ -65,6 +131,27 @@ class WorkingWeights:
                 torch._foreach_copy_(buffers, [grad for _, grad in fresh])
                 for (master, _), buffer in zip(fresh, buffers, strict=True):
                     master.grad = buffer
+
+
+def _plain_fused_adam(group: dict[str, Any]) -> bool:
+    """A parameter group that ``WorkingWeights.step`` computes as torch does: fused, decoupled
+    weight decay (or none), a float learning rate, no amsgrad, maximize or differentiable."""
+    decoupled = group.get("decoupled_weight_decay", False) or group["weight_decay"] == 0
+    return (
+        bool(group.get("fused"))
+        and decoupled
+        and isinstance(group["lr"], float)
+        and not any(group.get(key) for key in ("amsgrad", "maximize", "differentiable"))
+        and not group.get("capturable")
+    )
+
+
+def _adam_state(state: dict[str, Any] | None) -> bool:
+    """Adam's state of one parameter, made (after its first update) as the fused Adam keeps it."""
+    if not state or not all(k in state for k in ("step", "exp_avg", "exp_avg_sq")):
+        return False
+    step = state["step"]
+    return isinstance(step, torch.Tensor) and step.dtype == torch.float32 and step.numel() == 1
 
 
 __all__ = ["WORKING_DTYPE", "WorkingWeights"]

@@ -22,6 +22,9 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
   the rows quantised and the sums scaled in the same call, fbgemm's numbers bit for bit;
 - ``f32_gemm.cpp``: float32 products on W packed once into panels (``f32_linear``;
   kernels/projection.py), the decoding engine's on Intel CPUs with AVX-512;
+- ``adam.cpp``: Adam's step on float32 master weights from the bfloat16 working copy's
+  gradients, writing the working copy too (``adam_bf16_copy``; kernels/adam.py), torch's fused
+  Adam bit for bit in one pass where widening the gradients, Adam and the copy take three;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp).
 
 PyTorch's forms stay the fallback.
@@ -59,6 +62,7 @@ SOURCES = tuple(
         "decoder_row.cpp",
         "amx_int8.cpp",
         "f32_gemm.cpp",
+        "adam.cpp",
     )
 )
 HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
@@ -221,10 +225,37 @@ def dropout_keep_scale(like: Tensor, scale: Tensor, threshold: int, seed: int) -
 
 
 def sum_of_squares(xs: list[Tensor]) -> Tensor:
-    """sum over the contiguous float32 CPU tensors xs of sum_i x_i^2, a 0-dim float64 tensor,
-    the same for any number of threads (needs ``available()``)."""
+    """sum over the contiguous float32 or bfloat16 CPU tensors xs of sum_i x_i^2, a 0-dim
+    float64 tensor, the same for any number of threads (needs ``available()``)."""
     out: Tensor = getattr(torch.ops, NAMESPACE).sum_of_squares(xs)
     return out
+
+
+def adam_bf16_copy(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    working: list[Tensor],
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    grad_scale: float,
+    vector_width: int,
+) -> None:
+    """One Adam step (torch's fused, decoupled weight decay) of the float32 ``params`` from the
+    bfloat16 ``grads`` times ``grad_scale``, in place: ``exp_avgs``, ``exp_avg_sqs`` (float32),
+    ``steps`` (one-element float32, incremented first) and ``working`` (bfloat16, the updated
+    params rounded); every tensor contiguous on the CPU, each list's j-th as long as params[j];
+    the last ``numel % vector_width`` elements of each as torch's scalar loop makes them (needs
+    ``available()``)."""
+    getattr(torch.ops, NAMESPACE).adam_bf16_copy(
+        params, grads, exp_avgs, exp_avg_sqs, steps, working,
+        lr, betas[0], betas[1], eps, weight_decay, grad_scale, vector_width,
+    )  # fmt: skip
 
 
 def smoothed_cross_entropy(
@@ -322,6 +353,7 @@ def cached_self_attention(
 
 __all__ = [
     "NAMESPACE",
+    "adam_bf16_copy",
     "amx_int8_available",
     "amx_int8_linear",
     "amx_int8_pack",

@@ -17,9 +17,10 @@
 //   once, where PyTorch's chunked form (training/loss.py) copies each chunk to float32 and back.
 //   exp is Cephes' polynomial (vec.h; exp(z - max) below -87 reads as exp(-87), ~1.6e-38).
 //
-// sum_of_squares(xs): sum over float32 tensors of sum_i x_i^2 in float64 (the gradient norm's
-//   square), a block of 16,384 elements a task with 8 float64 lanes, the blocks summed in
-//   order: the same number for any number of threads, no overflow below ~1e154.
+// sum_of_squares(xs): sum over float32 or bfloat16 tensors of sum_i x_i^2 in float64 (the
+//   gradient norm's square; bfloat16 is widened exactly, so it is the float32 copy's sum), a
+//   block of 16,384 elements a task with 8 float64 lanes, the blocks summed in order: the same
+//   number for any number of threads, no overflow below ~1e154.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -228,13 +229,16 @@ constexpr int64_t kSquaresBlock = 16384;
 typedef double vd __attribute__((vector_size(8 * sizeof(double))));
 typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
 
-double block_squares(const float* x, int64_t n) {
+// x widened to float32 (bfloat16: exactly) 16 elements at a time, squared in float64
+template <typename T>
+double block_squares(const T* x, int64_t n) {
   vd acc0 = vd{}, acc1 = vd{};
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
+    const vf w = load_wide(x + j);
     vf8 a, b;
-    std::memcpy(&a, x + j, sizeof a);
-    std::memcpy(&b, x + j + 8, sizeof b);
+    std::memcpy(&a, &w, sizeof a);
+    std::memcpy(&b, reinterpret_cast<const char*>(&w) + sizeof a, sizeof b);
     const vd da = __builtin_convertvector(a, vd), db = __builtin_convertvector(b, vd);
     acc0 += da * da;
     acc1 += db * db;
@@ -242,26 +246,38 @@ double block_squares(const float* x, int64_t n) {
   acc0 += acc1;
   double s = 0.0;
   for (int l = 0; l < 8; ++l) s += acc0[l];
-  for (; j < n; ++j) s += static_cast<double>(x[j]) * x[j];
+  for (; j < n; ++j) {
+    const double d = widen1(x[j]);
+    s += d * d;
+  }
   return s;
+}
+
+template <typename T>
+double tensor_squares(const T* p, int64_t n) {
+  const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = b * kSquaresBlock;
+      partial[b] = block_squares(p + first, std::min(kSquaresBlock, n - first));
+    }
+  });
+  double total = 0.0;
+  for (double s : partial) total += s;  // in order: independent of the threads
+  return total;
 }
 
 at::Tensor sum_of_squares(at::TensorList xs) {
   double total = 0.0;
   for (const at::Tensor& t : xs) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-                "sum_of_squares takes contiguous float32 CPU tensors");
-    const int64_t n = t.numel();
-    const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
-    std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-    const float* p = t.const_data_ptr<float>();
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        const int64_t first = b * kSquaresBlock;
-        partial[b] = block_squares(p + first, std::min(kSquaresBlock, n - first));
-      }
-    });
-    for (double s : partial) total += s;  // in order: independent of the threads
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK(t.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+                    t.is_contiguous(),
+                "sum_of_squares takes contiguous float32 or bfloat16 CPU tensors");
+    total += dtype == at::kFloat
+                 ? tensor_squares(t.const_data_ptr<float>(), t.numel())
+                 : tensor_squares(t.const_data_ptr<c10::BFloat16>(), t.numel());
   }
   return at::scalar_tensor(total, at::TensorOptions().dtype(at::kDouble));
 }
