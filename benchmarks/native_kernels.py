@@ -24,8 +24,10 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   operator alone against MKL's wherever it is built);
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
-  dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16) and the total
-  norm of BASE's float32 gradients;
+  dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16), the total
+  norm of BASE's float32 gradients, and bf16-weights' update of BASE's parameters (the norm and
+  Adam's one pass from the bfloat16 gradients, ``kernels.adam``, against their float32 copy,
+  its norm, torch's fused Adam and the working copy cast anew);
 - whole training steps (benchmarks/train_step.py's, bf16-weights) with the kernels on and off.
 
 Prints a table and ends with one JSON line; ratios are PyTorch's time over the native one's
@@ -202,7 +204,48 @@ def training_operators(rounds: int) -> dict[str, dict]:
     out["total_norm BASE grads"] = paired(
         lambda: total_norm(grads), lambda: get_total_norm(grads), rounds
     )
+    out["adam bf16-weights BASE"] = paired(*adam_updates(shapes + [(512,)] * 100), rounds)
     return out
+
+
+def adam_updates(shapes: list[tuple[int, ...]]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """bf16-weights' update after the backward pass, on parameters of ``shapes``: the norm of
+    the bfloat16 gradients and ``kernels.adam``'s one pass (native), against the gradients
+    widened into float32, their norm, torch's fused Adam and the working copy cast anew."""
+    from transduce.kernels import adam, total_norm
+
+    g = torch.Generator().manual_seed(4)
+    params = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    grads = [torch.randn(s, generator=g).bfloat16() for s in shapes]
+    working = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+    for p, grad in zip(params, grads, strict=True):
+        p.grad = grad.float()
+    opt.step()  # Adam's state made
+    opt.zero_grad(set_to_none=True)
+    masters = [p.detach() for p in params]
+    states = [opt.state[p] for p in params]
+
+    def one_pass() -> None:
+        total_norm(grads)
+        adam.adam_bf16_copy(
+            masters, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            [s["step"] for s in states], working,
+            lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, grad_scale=1.0,
+        )  # fmt: skip
+
+    def three_passes() -> None:
+        widened = [torch.empty_like(p) for p in masters]
+        torch._foreach_copy_(widened, grads)
+        for p, grad in zip(params, widened, strict=True):
+            p.grad = grad
+        total_norm(widened)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_copy_(working, masters)
+
+    return one_pass, three_passes
 
 
 def train_steps(size_name: str, rounds: int) -> dict[str, dict]:

@@ -36,6 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BASE_NAME = "transduce_base"
+NATIVE_NAMESPACE = "transduce_native"  # kernels/native's operators (and the build's name)
 # references to the package in Python source, and only those (not "transduce" as a word)
 _DOTTED = re.compile(r"\btransduce(?=\.[a-z_])")  # transduce.x
 _FROM = re.compile(r"\bfrom transduce import\b")
@@ -56,7 +57,8 @@ def renamed(source: str, name: str = BASE_NAME) -> str:
 
 def unpack_baseline(commit: str, into: Path) -> Path:
     """``commit``'s package as ``into/transduce_base`` and its train_step.py (renamed alike) as
-    ``into/train_step_base.py``; returns ``into``. A SystemExit naming the commit if git cannot
+    ``into/train_step_base.py``, its native kernels' sources with it (their operators renamed
+    ``transduce_base_native``); returns ``into``. A SystemExit naming the commit if git cannot
     give it."""
     paths = ["src/transduce", "benchmarks/train_step.py"]
     proc = subprocess.run(
@@ -66,11 +68,14 @@ def unpack_baseline(commit: str, into: Path) -> Path:
         raise SystemExit(f"train_step_paired.py: git cannot give {commit}: {proc.stderr.decode()}")
     with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
         for member in tar.getmembers():
-            if not member.isfile() or not member.name.endswith(".py"):
+            if not member.isfile() or not member.name.endswith((".py", ".cpp", ".h")):
                 continue
             data = tar.extractfile(member)
             assert data is not None
-            text = renamed(data.read().decode())
+            # its native operators in a namespace of their own: two builds register side by side
+            text = data.read().decode().replace(NATIVE_NAMESPACE, f"{BASE_NAME}_native")
+            if member.name.endswith(".py"):
+                text = renamed(text)
             if member.name == "benchmarks/train_step.py":
                 target = into / "train_step_base.py"
             else:

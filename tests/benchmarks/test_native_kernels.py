@@ -42,6 +42,7 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
         "dropout 64x24x512 bf16",
         "layer_norm fwd+bwd 1536x512 bf16",
         "total_norm BASE grads",
+        "adam bf16-weights BASE",
         "small train step bf16-weights",
     }
     assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in training.values())

@@ -52,6 +52,7 @@ def test_one_round_against_head_runs_both_sides(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paired = load_benchmark("train_step_paired")
+    monkeypatch.setenv("TRANSDUCE_NATIVE", "0")  # the baseline's native build would take a minute
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode  # the SIZES train_step.py reads (and hands the baseline's side): a tiny model
 
@@ -65,3 +66,18 @@ def test_one_round_against_head_runs_both_sides(
     # the baseline's side ran the commit's own package, unpacked elsewhere, not this checkout's
     base = sys.modules["transduce_base.training.loss"]
     assert base.__file__ is not None and not base.__file__.startswith(str(ROOT))
+
+
+@pytest.mark.skipif(not _has_head(), reason="not a git checkout with a commit")
+def test_the_baselines_native_kernels_come_with_it_under_their_own_namespace(
+    tmp_path: Path,
+) -> None:
+    # two builds registering the same operators would clash: the baseline's are renamed
+    paired = load_benchmark("train_step_paired")
+    paired.unpack_baseline("HEAD", tmp_path)
+    native = tmp_path / "transduce_base" / "kernels" / "native"
+    sources = sorted(p.name for p in native.glob("*.cpp"))
+    assert "training.cpp" in sources and (native / "vec.h").exists()
+    for path in [*native.glob("*.cpp"), native / "__init__.py"]:
+        text = path.read_text()
+        assert "transduce_base_native" in text and "transduce_native" not in text, path.name
