@@ -3,6 +3,8 @@ Adam bit for bit, the bfloat16 working copy its result rounded, nothing written 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -18,8 +20,14 @@ def _native_or_skip() -> None:
 
 
 def _torch_and_ours(
-    steps: int, *, weight_decay: float, lr: float, beta1: float, grad_scale: float
-) -> tuple[list[torch.Tensor], torch.optim.Adam, list[torch.Tensor], list[torch.Tensor], ...]:
+    steps: int,
+    *,
+    weight_decay: float,
+    lr: float,
+    beta1: float,
+    grad_scale: float,
+    grad_dtype: torch.dtype = torch.bfloat16,
+) -> tuple[Any, ...]:
     g = torch.Generator().manual_seed(0)
     start = [torch.randn(s, generator=g) for s in SHAPES]
     ref = [p.clone().requires_grad_() for p in start]
@@ -37,7 +45,7 @@ def _torch_and_ours(
     working = [torch.full(s, 7.0, dtype=torch.bfloat16) for s in SHAPES]  # overwritten
     for k in range(steps):
         # gradients of growing size, so the moments' old and new terms both count
-        grads = [(torch.randn(s, generator=g) * 10.0 ** (k - 1)).bfloat16() for s in SHAPES]
+        grads = [(torch.randn(s, generator=g) * 10.0 ** (k - 1)).to(grad_dtype) for s in SHAPES]
         for p, grad in zip(ref, grads, strict=True):
             p.grad = grad.float() * torch.tensor(grad_scale)  # widened, then clipped
         opt.step()
@@ -50,16 +58,27 @@ def _torch_and_ours(
 
 
 @pytest.mark.parametrize(
-    "weight_decay, lr, beta1, grad_scale",
-    [(0.0, 1e-3, 0.9, 1.0), (0.1, 7e-4, 0.9, 1.0), (0.0, 1e-3, 0.9, 0.37), (0.1, 1e-3, 0.3, 1.0)],
+    "weight_decay, lr, beta1, grad_scale, grad_dtype",
+    [
+        (0.0, 1e-3, 0.9, 1.0, torch.bfloat16),
+        (0.1, 7e-4, 0.9, 1.0, torch.bfloat16),
+        (0.0, 1e-3, 0.9, 0.37, torch.bfloat16),
+        (0.1, 1e-3, 0.3, 1.0, torch.bfloat16),
+        (0.1, 7e-4, 0.9, 1.0, torch.float32),  # the master's own (accumulated) gradients
+    ],
 )
 def test_the_step_is_torchs_fused_adam_bit_for_bit(
-    weight_decay: float, lr: float, beta1: float, grad_scale: float
+    weight_decay: float, lr: float, beta1: float, grad_scale: float, grad_dtype: torch.dtype
 ) -> None:
     # beta1 0.3: torch's lerp takes its other form (weight 0.7 >= 0.5)
     _native_or_skip()
     ref, opt, ours, working, m, v, counts = _torch_and_ours(
-        4, weight_decay=weight_decay, lr=lr, beta1=beta1, grad_scale=grad_scale
+        4,
+        weight_decay=weight_decay,
+        lr=lr,
+        beta1=beta1,
+        grad_scale=grad_scale,
+        grad_dtype=grad_dtype,
     )
     for j, p in enumerate(ref):
         state = opt.state[p]
@@ -92,7 +111,7 @@ def test_a_refused_call_writes_nothing() -> None:
     count, working = torch.zeros(()), torch.zeros(16, dtype=torch.bfloat16)
     ok = torch.ones(16, dtype=torch.bfloat16)
     cases = [
-        ([p, p], [ok, ok.float()]),  # a float32 gradient
+        ([p, p], [ok, ok.half()]),  # a float16 gradient
         ([p, p], [ok, torch.ones(15, dtype=torch.bfloat16)]),  # too short
     ]
     for params, grads in cases:

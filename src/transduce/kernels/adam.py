@@ -1,5 +1,6 @@
 """Adam's step for training in bfloat16 working weights (``precision: bf16-weights``) in one
-pass: float32 master weights stepped from the bfloat16 copy's gradients, the copy rewritten.
+pass: float32 master weights stepped from the bfloat16 copy's gradients (or their own float32
+ones, accumulated over batches or processes), the copy rewritten.
 
 PyTorch's way takes three passes over the parameters: the gradients widened into float32 (6
 bytes an element), its fused Adam (28) and the working copy cast anew (6), ~12% of BASE's CPU
@@ -52,12 +53,12 @@ def adam_bf16_copy(
     grad_scale: float,
 ) -> None:
     """``torch.optim.Adam(fused=True, decoupled_weight_decay=True)``'s step of ``params`` from
-    the bfloat16 ``grads`` times ``grad_scale`` (float32 rounding, as clipping multiplies), its
-    state (``exp_avgs``, ``exp_avg_sqs``, ``steps``) updated in place and ``working`` set to
-    the new ``params`` rounded to bfloat16; needs ``bf16_copy_step_takes``. The native kernel
-    steps all but the last ``numel % torch_vector_width()`` elements of each tensor, torch's
-    own kernel those (its scalar loop's roundings are its compiler's: none of BASE's tensors has
-    such a tail)."""
+    ``grads`` (each bfloat16 or float32) times ``grad_scale`` (float32 rounding, as clipping
+    multiplies), its state (``exp_avgs``, ``exp_avg_sqs``, ``steps``) updated in place and
+    ``working`` set to the new ``params`` rounded to bfloat16; needs ``bf16_copy_step_takes``.
+    The native kernel steps all but the last ``numel % torch_vector_width()`` elements of each
+    tensor, torch's own kernel those (its scalar loop's roundings are its compiler's: none of
+    BASE's tensors has such a tail)."""
     width = torch_vector_width()
     native.adam_bf16_copy(
         params,

@@ -84,16 +84,16 @@ class Updater:
             return self.working.module
         return self.ddp if self.ddp is not None else self.model
 
-    def _fuses(self, group: list[Batch]) -> bool:
-        """Whether this update of ``group`` is made by ``WorkingWeights.step``: bf16-weights on
-        one process, one batch (nothing to accumulate in float32), Adam as it can compute."""
-        return (
+    def _fuses(self, group: list[Batch]) -> tuple[bool, bool]:
+        """Whether this update of ``group`` is made by ``WorkingWeights.step`` (bf16-weights,
+        Adam as it can compute), and whether from the working copy's own gradients (one batch
+        on one process: nothing to accumulate in float32)."""
+        fused = (
             self.working is not None
-            and len(group) == 1
-            and self.world.size == 1
             and not self.scaler.is_enabled()
             and self.working.steps(self.optimizer)
         )
+        return fused, fused and len(group) == 1 and self.world.size == 1
 
     def _backward(self, group: list[Batch], scale: float, keep: bool = False) -> torch.Tensor:
         """Forward and backward over the batches of ``group``, each loss times ``scale``; their
@@ -122,12 +122,12 @@ class Updater:
         return torch.stack(sums_per_batch)
 
     def gradients(
-        self, group: list[Batch], fused: bool = False
+        self, group: list[Batch], from_working: bool = False
     ) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Forward/backward over ``group``: (the target tokens of all ranks, the (loss, NLL)
         sums (batches, 2) and the gradient norm before clipping, both unread on the device),
-        the gradients clipped; ``fused`` (``_fuses``): the working copy's gradients kept, their
-        norm taken and clipping left to ``WorkingWeights.step``.
+        the gradients clipped; ``from_working`` (``_fuses``): the working copy's gradients kept,
+        their norm taken and clipping left to ``WorkingWeights.step``.
 
         The loss is normalised by the target tokens of the whole group on all ranks, so
         accumulating k batches, or spreading them over k ranks, gives the same update as one
@@ -139,8 +139,8 @@ class Updater:
             [sum(b.n_tokens for b in group)], self.world, self.device
         )
         # DDP averages gradients over ranks; scaling by the world size makes that a sum.
-        sums = self._backward(group, self.world.size / n_tokens, keep=fused)
-        if fused and self.working is not None:  # bfloat16 widens exactly: the same norm
+        sums = self._backward(group, self.world.size / n_tokens, keep=from_working)
+        if from_working and self.working is not None:  # bfloat16 widens exactly: the same norm
             return int(n_tokens), sums, kernels.total_norm(self.working.gradients())
         if self.working is not None:  # (DDP averages the others' during backward)
             distributed.average_gradients(list(self.model.parameters()), self.world)
@@ -161,8 +161,8 @@ class Updater:
         has done the update's work) are read from the device and summed over the ranks once,
         before the step. ``waiting()``, if given, is called just before that read, once the
         update's gradient work is launched (the Trainer starts reading the next batches)."""
-        fused = self._fuses(group)
-        n_tokens, sums, norm = self.gradients(group, fused)
+        fused, from_working = self._fuses(group)
+        n_tokens, sums, norm = self.gradients(group, from_working)
         numbers = late_read.update_numbers(sums, norm)
         if waiting is not None:
             waiting()
@@ -175,13 +175,16 @@ class Updater:
         skipped = None
         if bad_ranks:  # nothing applied: weights, Adam's state, the step and the rate stay
             skipped = guard.drop(self.optimizer, self.scaler, loss, grad_norm, bad_ranks)
-            if fused and self.working is not None:
+            if from_working and self.working is not None:
                 self.working.clear_gradients()
         else:
             for g in self.optimizer.param_groups:
                 g["lr"] = lr
             if fused and self.working is not None:  # Adam and the working copy in one pass
-                self.working.step(self.optimizer, guard.clip_coefficient(norm, self.t.clip_norm))
+                coefficient = (
+                    guard.clip_coefficient(norm, self.t.clip_norm) if from_working else 1.0
+                )
+                self.working.step(self.optimizer, coefficient, from_master=not from_working)
             else:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

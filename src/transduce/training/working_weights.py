@@ -10,10 +10,10 @@ softmax accumulate in float32 inside their kernels), and the only casts are of t
 per update, and of the gradients, once per batch (into float32, where the accumulation of
 ``update_freq`` batches happens).
 
-Where the native kernels run (CPU), an update of one batch on one process skips the float32
-gradients altogether: the norm is taken of the bfloat16 gradients (the same number) and Adam's
-step reads them and writes the working copy in the same pass (``step``; kernels/adam.py), torch's
-fused Adam bit for bit.
+Where the native kernels run (CPU), Adam's step writes the working copy in the same pass
+(``step``; kernels/adam.py), torch's fused Adam bit for bit; an update of one batch on one
+process skips the float32 gradients altogether: the norm is taken of the bfloat16 gradients (the
+same number) and the step reads them.
 
 The float32 model stays what the optimizer steps, what checkpoints hold, what validation and
 decoding run and what a resume restores: checkpoints are those of any other run, and the working
@@ -72,19 +72,30 @@ class WorkingWeights:
         """The working copy's gradients (bfloat16), those there are."""
         return [p.grad for p in self._working_params if p.grad is not None]
 
-    def step(self, optimizer: torch.optim.Optimizer, grad_scale: float) -> None:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        grad_scale: float = 1.0,
+        *,
+        from_master: bool = False,
+    ) -> None:
         """Adam's step of the master weights from the working gradients times ``grad_scale``
         (clipping's coefficient), the working weights rewritten from them, the working gradients
         cleared: what ``gradients_to_master``, ``optimizer.step()`` and ``refresh`` do, bit for
-        bit, in one pass (needs ``steps(optimizer)``). Parameters without a gradient stay, as
-        torch's Adam leaves them."""
+        bit, in one pass (needs ``steps(optimizer)``). ``from_master``: from the master weights'
+        own float32 gradients instead (an update of several batches or processes, clipped
+        already), which are cleared. Parameters without a gradient stay, as torch's Adam leaves
+        them."""
         with torch.no_grad():
             for group in optimizer.param_groups:
-                masters = [p for p in group["params"] if self._working_of[id(p)].grad is not None]
+                masters, grads = [], []
+                for p in group["params"]:
+                    grad = p.grad if from_master else self._working_of[id(p)].grad
+                    if grad is not None:
+                        masters.append(p)
+                        grads.append(grad)
                 if not masters:
                     continue
-                working = [self._working_of[id(p)] for p in masters]
-                grads = [w.grad for w in working if w.grad is not None]
                 states = [optimizer.state[p] for p in masters]
                 adam.adam_bf16_copy(
                     masters,
@@ -92,13 +103,15 @@ class WorkingWeights:
                     [s["exp_avg"] for s in states],
                     [s["exp_avg_sq"] for s in states],
                     [s["step"] for s in states],
-                    working,
+                    [self._working_of[id(p)] for p in masters],
                     lr=group["lr"],
                     betas=group["betas"],
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
                     grad_scale=grad_scale,
                 )
+        if from_master:
+            optimizer.zero_grad(set_to_none=True)
         self.clear_gradients()
 
     def clear_gradients(self) -> None:

@@ -1,8 +1,9 @@
 // adam_bf16_copy(params, grads, exp_avgs, exp_avg_sqs, steps, working, lr, beta1, beta2, eps,
-//   weight_decay, grad_scale, vector_width): one Adam step of float32 master weights whose gradients are
-//   bfloat16 (those of the bfloat16 working copy, training/working_weights.py), writing the
-//   updated weights rounded to bfloat16 (nearest even) into the working copy. Per element i of
-//   each tensor, with g = float(grad_i) * grad_scale (gradient clipping's coefficient, float32):
+//   weight_decay, grad_scale, vector_width): one Adam step of float32 master weights from
+//   gradients in bfloat16 (the working copy's, training/working_weights.py) or float32 (the
+//   master weights' own, accumulated over batches), writing the updated weights rounded to
+//   bfloat16 (nearest even) into the working copy. Per element i of each tensor, with
+//   g = float(grad_i) * grad_scale (gradient clipping's coefficient, float32):
 //     p <- p * (1 - lr * weight_decay)              (decoupled decay; skipped where it is 0)
 //     m <- m + (1 - beta1) (g - m)                   (a lerp, as torch's: one fused multiply-add)
 //     v <- ((1 - beta2) * g) * g + v * beta2       (the last product and the sum fused, as
@@ -14,7 +15,7 @@
 //   float32 (its constants rounded from float64 as it rounds them), so the master weights and
 //   moments come out bit for bit as from widening the gradients into float32, torch's fused Adam
 //   and the working copy cast anew: one pass of 28 bytes an element where those three take 40
-//   (tests/kernels/test_adam.py). The last numel % vector_width elements of each tensor are left
+//   (30 from float32 gradients, where the copy's 6 are saved; tests/kernels/test_adam.py). The last numel % vector_width elements of each tensor are left
 //   alone (its step still counted): torch's kernel runs them through a scalar loop that its
 //   compiler vectorised in part, with other roundings; the caller steps them with torch's kernel
 //   (kernels/adam.py). Blocks of 16,384 elements of all tensors share the threads.
@@ -58,12 +59,14 @@ inline uint16_t narrow(float x) {  // round to nearest even, NaN to 0x7FC0, as c
   return x != x ? uint16_t{0x7FC0} : static_cast<uint16_t>(r);
 }
 
-template <bool kDecays, bool kSmallWeight>
-void adam_elements(float* __restrict p, const uint16_t* __restrict g16, float* __restrict m,
+inline float widen(float x) { return x; }
+
+template <bool kDecays, bool kSmallWeight, typename G>
+void adam_elements(float* __restrict p, const G* __restrict grad, float* __restrict m,
                    float* __restrict v, uint16_t* __restrict w, int64_t n,
                    const AdamConstants& c) {
   for (int64_t i = 0; i < n; ++i) {
-    const float g = widen(g16[i]) * c.grad_scale;
+    const float g = widen(grad[i]) * c.grad_scale;
     float pi = p[i];
     if (kDecays) pi = pi * c.decay;
     const float mi = m[i];
@@ -79,7 +82,8 @@ void adam_elements(float* __restrict p, const uint16_t* __restrict g16, float* _
   }
 }
 
-void adam_block(float* p, const uint16_t* g, float* m, float* v, uint16_t* w, int64_t n,
+template <typename G>
+void adam_block(float* p, const G* g, float* m, float* v, uint16_t* w, int64_t n,
                 const AdamConstants& c) {
   if (c.decays) {
     c.small_weight ? adam_elements<true, true>(p, g, m, v, w, n, c)
@@ -110,7 +114,8 @@ void adam_bf16_copy(at::TensorList params, at::TensorList grads, at::TensorList 
   for (size_t j = 0; j < k; ++j) {  // every tensor checked before anything is written
     const at::Tensor& param = params[j];
     check_like(param, param, at::kFloat, "params");
-    check_like(grads[j], param, at::kBFloat16, "grads");
+    check_like(grads[j], param,
+               grads[j].scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16, "grads");
     check_like(exp_avgs[j], param, at::kFloat, "exp_avgs");
     check_like(exp_avg_sqs[j], param, at::kFloat, "exp_avg_sqs");
     check_like(working[j], param, at::kBFloat16, "working");
@@ -150,12 +155,17 @@ void adam_bf16_copy(at::TensorList params, at::TensorList grads, at::TensorList 
       while (first_block[j + 1] <= b) ++j;  // blocks are in tensor order
       const int64_t at = (b - first_block[j]) * kAdamBlock;
       const int64_t n = std::min(kAdamBlock, body[j] - at);
-      adam_block(params[j].mutable_data_ptr<float>() + at,
-                 reinterpret_cast<const uint16_t*>(grads[j].const_data_ptr<c10::BFloat16>()) + at,
-                 exp_avgs[j].mutable_data_ptr<float>() + at,
-                 exp_avg_sqs[j].mutable_data_ptr<float>() + at,
-                 reinterpret_cast<uint16_t*>(working[j].mutable_data_ptr<c10::BFloat16>()) + at,
-                 n, constants[j]);
+      float* const p = params[j].mutable_data_ptr<float>() + at;
+      float* const m = exp_avgs[j].mutable_data_ptr<float>() + at;
+      float* const v = exp_avg_sqs[j].mutable_data_ptr<float>() + at;
+      uint16_t* const w =
+          reinterpret_cast<uint16_t*>(working[j].mutable_data_ptr<c10::BFloat16>()) + at;
+      if (grads[j].scalar_type() == at::kFloat) {
+        adam_block(p, grads[j].const_data_ptr<float>() + at, m, v, w, n, constants[j]);
+      } else {
+        const auto* g = reinterpret_cast<const uint16_t*>(grads[j].const_data_ptr<c10::BFloat16>());
+        adam_block(p, g + at, m, v, w, n, constants[j]);
+      }
     }
   });
 }
