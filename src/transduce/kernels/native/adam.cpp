@@ -15,10 +15,11 @@
 //   float32 (its constants rounded from float64 as it rounds them), so the master weights and
 //   moments come out bit for bit as from widening the gradients into float32, torch's fused Adam
 //   and the working copy cast anew: one pass of 28 bytes an element where those three take 40
-//   (30 from float32 gradients, where the copy's 6 are saved; tests/kernels/test_adam.py). The last numel % vector_width elements of each tensor are left
-//   alone (its step still counted): torch's kernel runs them through a scalar loop that its
-//   compiler vectorised in part, with other roundings; the caller steps them with torch's kernel
-//   (kernels/adam.py). Blocks of 16,384 elements of all tensors share the threads.
+//   (30 from float32 gradients, where the copy's 6 are saved; tests/kernels/test_adam.py). The
+//   last numel % vector_width elements of each tensor are left alone (its step still counted):
+//   torch's kernel runs them through a scalar loop that its compiler vectorised in part, with
+//   other roundings; the caller steps them with torch's kernel (kernels/adam.py). Blocks of
+//   16,384 elements of all tensors share the threads.
 #pragma GCC optimize("fp-contract=off")  // a fused multiply-add only where torch's kernel has one
 
 #include <ATen/ATen.h>

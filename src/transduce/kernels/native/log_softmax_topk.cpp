@@ -5,14 +5,18 @@
 //
 // Per row, two passes over x (a row of a 37,000-word vocabulary stays in the L2 cache for the
 // second): the max and the candidates a vector of 16 at a time (a vector is looked into only
-// where its max beats the k-th best so far), then sum exp(x - m) with a vectorised exp (Cephes'
-// polynomial, ~1 ulp). The values differ from PyTorch's log_softmax in the last bits (the sum's order and
-// exp); ties keep the first index.
+// where a lane beats the k-th best so far: one compare, no reduction), then sum exp(x - m) with
+// a vectorised exp (Cephes' polynomial, ~1 ulp). The values differ from PyTorch's log_softmax in
+// the last bits (the sum's order and exp); ties keep the first index.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "vec.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -44,18 +48,35 @@ struct Best {
   }
 };
 
+// whether any lane of y is above t's (NaN is not): one compare into a mask, no lane shuffles
+inline bool any_above(vf y, vf t) {
+#if defined(__AVX512F__)
+  __m512 a, b;
+  std::memcpy(&a, &y, sizeof a);
+  std::memcpy(&b, &t, sizeof b);
+  return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0;
+#else
+  const vi above = y > t;
+  int32_t any = 0;
+  for (int l = 0; l < kLanes; ++l) any |= above[l];
+  return any != 0;
+#endif
+}
+
 void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, float* out_v,
               int64_t* out_i) {
   Best best(k);
   vf top = splat(-kInf);
+  vf threshold = splat(best.threshold());
   int64_t j = 0;
   for (; j + kLanes <= v; j += kLanes) {
     const vf y = load(x + j);
     top = y > top ? y : top;
-    if (hmax(y) > best.threshold()) {  // rare once k good ones are held
+    if (any_above(y, threshold)) {  // rare once k good ones are held
       for (int64_t q = j; q < j + kLanes; ++q) {
         if (q < lo || q > hi) best.offer(x[q], q);
       }
+      threshold = splat(best.threshold());
     }
   }
   float m = hmax(top);
