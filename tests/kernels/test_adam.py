@@ -126,8 +126,3 @@ def test_a_refused_call_writes_nothing() -> None:
             [p], [ok, ok], [m], [v], [count], [working],
             lr=0.1, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, grad_scale=1.0,
         )  # fmt: skip
-
-
-def test_the_width_of_torchs_vectors() -> None:
-    capability = torch.backends.cpu.get_cpu_capability()
-    assert adam.torch_vector_width() == (16 if capability.startswith("AVX512") else 8)

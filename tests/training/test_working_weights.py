@@ -185,3 +185,56 @@ def test_updates_of_several_batches_step_from_the_float32_gradients_bit_for_bit(
     assert working is not None
     for w, p in zip(working.module.parameters(), one.model.parameters(), strict=True):
         assert torch.equal(w, p.bfloat16()) and w.grad is None
+
+
+def _stepped(**adam: Any) -> tuple[WorkingWeights, torch.optim.Optimizer]:
+    """TINY-sized model, its working copy and an Adam of ``adam`` after one update (its state
+    made), the working copy's gradients set for the next."""
+    master = _model()
+    working = WorkingWeights(master)
+    options = {"lr": 1e-3, "fused": True, "decoupled_weight_decay": True, **adam}
+    optimizer = torch.optim.Adam(master.parameters(), **options)
+    _gradient(working.module)
+    working.gradients_to_master()
+    optimizer.step()
+    _gradient(working.module)
+    return working, optimizer
+
+
+@pytest.mark.parametrize(
+    "adam_options",
+    [
+        {"weight_decay": 0.1, "decoupled_weight_decay": False},  # L2 in the gradient: not ours
+        {"amsgrad": True},
+        {"maximize": True},
+        {"fused": False, "foreach": True},  # torch's other kernels round otherwise
+    ],
+)
+def test_the_one_pass_step_is_refused_where_torchs_adam_would_differ(
+    adam_options: dict[str, Any],
+) -> None:
+    if not native.available():
+        pytest.skip("the native kernels are not built here")
+    working, optimizer = _stepped()
+    assert working.steps(optimizer)  # the plain fused Adam: taken
+    working, optimizer = _stepped(**adam_options)
+    assert not working.steps(optimizer)
+
+
+def test_the_one_pass_step_waits_for_adams_state_and_dense_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not native.available():
+        pytest.skip("the native kernels are not built here")
+    master = _model()
+    working = WorkingWeights(master)
+    fresh = torch.optim.Adam(master.parameters(), lr=1e-3, fused=True)
+    assert not working.steps(fresh)  # no state yet: the first update is torch's
+    working, optimizer = _stepped()
+    state = next(s for s in optimizer.state.values() if s["exp_avg"].dim() == 2)
+    state["exp_avg"] = state["exp_avg"].t().contiguous().t()  # the same numbers, strided
+    assert not state["exp_avg"].is_contiguous()
+    assert not working.steps(optimizer)
+    working, optimizer = _stepped()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert not working.steps(optimizer)  # torch's plain build rounds its multiply-adds twice

@@ -20,14 +20,21 @@ from transduce.kernels import native
 
 
 def bf16_copy_step_takes(masters: list[Tensor], working: list[Tensor]) -> bool:
-    """Whether ``adam_bf16_copy`` can step ``masters`` (float32 CPU tensors) with ``working``
-    (their bfloat16 copies): the native kernels built, not under torch.compile."""
+    """Whether ``adam_bf16_copy`` can step ``masters`` (contiguous float32 CPU tensors) with
+    ``working`` (their contiguous bfloat16 copies) as torch's fused Adam would: the native
+    kernels built, not under torch.compile, and PyTorch's CPU kernels built for AVX2 or AVX-512
+    (its plain build rounds the multiply-adds that this step fuses)."""
     return (
-        all(p.device.type == "cpu" and p.dtype == torch.float32 for p in masters)
-        and all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in working)
+        all(_dense(p, torch.float32) for p in masters)
+        and all(_dense(w, torch.bfloat16) for w in working)
+        and torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512"))
         and not torch.compiler.is_compiling()
         and native.available()
     )
+
+
+def _dense(t: Tensor, dtype: torch.dtype) -> bool:
+    return t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
 
 
 @functools.lru_cache(maxsize=1)

@@ -66,7 +66,7 @@ class WorkingWeights:
             for p in group["params"]:
                 if id(p) not in self._working_of or not _adam_state(optimizer.state.get(p)):
                     return False
-        return True
+        return True  # (every group checked before any steps: no update is left half made)
 
     def gradients(self) -> list[torch.Tensor]:
         """The working copy's gradients (bfloat16), those there are."""
@@ -93,7 +93,7 @@ class WorkingWeights:
                     grad = p.grad if from_master else self._working_of[id(p)].grad
                     if grad is not None:
                         masters.append(p)
-                        grads.append(grad)
+                        grads.append(grad.contiguous())
                 if not masters:
                     continue
                 states = [optimizer.state[p] for p in masters]
@@ -160,11 +160,18 @@ def _plain_fused_adam(group: dict[str, Any]) -> bool:
 
 
 def _adam_state(state: dict[str, Any] | None) -> bool:
-    """Adam's state of one parameter, made (after its first update) as the fused Adam keeps it."""
+    """Adam's state of one parameter, made (after its first update) as the fused Adam keeps it:
+    its moments contiguous (as the step reads them), its step count one float32 number."""
     if not state or not all(k in state for k in ("step", "exp_avg", "exp_avg_sq")):
         return False
     step = state["step"]
-    return isinstance(step, torch.Tensor) and step.dtype == torch.float32 and step.numel() == 1
+    moments = all(state[k].is_contiguous() for k in ("exp_avg", "exp_avg_sq"))
+    return (
+        moments
+        and isinstance(step, torch.Tensor)
+        and step.dtype == torch.float32
+        and step.numel() == 1
+    )
 
 
 __all__ = ["WORKING_DTYPE", "WorkingWeights"]
