@@ -47,7 +47,6 @@ class WorkingWeights:
         self._working_params: list[torch.Tensor] = [
             p for p in self.module.parameters() if p.requires_grad
         ]
-
         self._working_of = {
             id(m): w for m, w in zip(self._master_params, self._working_params, strict=True)
         }
