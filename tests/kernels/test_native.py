@@ -257,6 +257,9 @@ def test_decode_attention_gives_the_formula(head: int) -> None:
                 out = native.decode_attention(q, k, v, m)
                 ref = _attention_reference(q, k, v, m)
                 torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-5)
+                # heads inner in memory: merging them back into rows is a view, not a copy
+                merged = out.transpose(1, 2).reshape(3 * queries, 2 * head)
+                assert merged.data_ptr() == out.data_ptr() and merged._base is not None
 
 
 @pytest.mark.parametrize("head", [8, 64])

@@ -43,7 +43,7 @@ from transduce.inference.common import (
     first_forced_step,
     max_output_lengths,
 )
-from transduce.inference.contract import DecodableModel
+from transduce.inference.contract import DecodableModel, reorder_moves_rows
 from transduce.inference.length_penalty import length_penalty
 from transduce.inference.topk import next_token_candidates
 
@@ -53,7 +53,8 @@ from transduce.inference.topk import next_token_candidates
 # 16 rows for SMALL (under 1% for BASE), 3-4% faster at 128 for both (benchmarks/RESULTS.md).
 # Only where reads of the device are cheap (kernels.reads_are_cheap: CPUs): elsewhere the engine's
 # cache gathers every row anyway (counting the moved rows would wait for the device), so the
-# permutation would be calls for nothing.
+# permutation would be calls for nothing; nor where the cache moves no rows (a lineage table:
+# ``contract.reorder_moves_rows``).
 PARENT_SLOTS_MIN_ROWS = 64
 
 
@@ -280,17 +281,18 @@ def _next_rows(
     keep: Tensor | None,
     slot: Tensor,
     first_rows: Tensor,
-    cheap_reads: bool,
+    in_place_pays: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The step's candidates, parent slots, tokens and live scores (n, W) each, and the
     sentences that go on (n',) (None: all) -> the cache rows the next step reads (n'*W,), their
     new tokens (n'*W, 1) and live scores (n', W). ``slot`` (W,) 0..W-1; ``first_rows`` (B, 1):
     row i*W of sentence i.
-    Where reads are cheap, the hypotheses of a large batch take their parents' slots
-    (``parent_slots``) so that the cache moves the fewest rows."""
+    Where that pays (``in_place_pays``: reads are cheap and the cache moves rows), the
+    hypotheses of a large batch take their parents' slots (``parent_slots``) so that the cache
+    moves the fewest rows."""
     n, width = parent.shape
     live = scores > float("-inf")
-    if keep is None and n * width >= PARENT_SLOTS_MIN_ROWS and cheap_reads:
+    if keep is None and n * width >= PARENT_SLOTS_MIN_ROWS and in_place_pays:
         perm = parent_slots(parent, live)  # (n, W)
         parent, tok, scores, live = (t.gather(1, perm) for t in (parent, tok, scores, live))
     # an ended hypothesis's row is never read again: leave it where it is rather than copy
@@ -358,7 +360,8 @@ def _beam_search(
             finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
         if keep is not None and keep.numel() == 0:
             break
-        rows, tok, scores = _next_rows(parent, tok, scores, keep, slot, first_rows, cheap_reads)
+        in_place_pays = cheap_reads and reorder_moves_rows(cache)
+        rows, tok, scores = _next_rows(parent, tok, scores, keep, slot, first_rows, in_place_pays)
         cache.reorder(rows)
         tokens = torch.cat([tokens.index_select(0, rows), tok], 1)
         if keep is not None:  # drop the sentences that are done

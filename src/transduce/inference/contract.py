@@ -62,4 +62,12 @@ class DecodableModel(Protocol[CacheT]):
         ...
 
 
-__all__ = ["DecodableModel", "DecodingCache"]
+def reorder_moves_rows(cache: DecodingCache) -> bool:
+    """Whether ``cache.reorder`` copies the rows it moves, so that a search gains by leaving
+    hypotheses in their parents' rows: True unless the cache says otherwise with an attribute
+    ``reorder_moves_rows`` of False (the engine's cache while it permutes a table of where each
+    row's positions lie rather than the rows: ``EngineCache.lineage``)."""
+    return bool(getattr(cache, "reorder_moves_rows", True))
+
+
+__all__ = ["DecodableModel", "DecodingCache", "reorder_moves_rows"]

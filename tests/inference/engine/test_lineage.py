@@ -166,3 +166,39 @@ def test_long_outputs_grow_the_buffers_and_the_table() -> None:
                 logits = [x[moves[t]] for x in logits]
             out.append(torch.cat(logits, 1))
     torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_first_buffers_hold_twice_the_source_and_beams_keep_no_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's first buffers have room for twice its source length, so an output that long
+    never grows (copies) them; and beam search leaves hypotheses where they fall (no
+    ``parent_slots``) while the cache moves table rows, not keys: the same outputs either way."""
+    from transduce.inference import beam as beam_module
+
+    model = tiny_model(**_SIZES[1])
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(3, V, (20, 12), generator=g)  # 80 hypothesis rows: parent_slots' size
+    engine = DecodingModel(model)
+    with torch.no_grad():
+        memory, valid = engine.encode(src)
+        cache = engine.new_cache()
+        step = torch.full((20, 1), BOS)
+        engine.decode(step, memory, valid, cache)
+        first = [layer._buffers[0][0] for layer in cache.layers]
+        assert all(b.size(1) >= 24 for b in first)
+        for _ in range(22):
+            engine.decode(step, memory, valid, cache)
+        assert [layer._buffers[0][0].data_ptr() for layer in cache.layers] == [
+            b.data_ptr() for b in first
+        ]
+    calls: list[int] = []
+    real = beam_module.parent_slots
+    monkeypatch.setattr(beam_module, "parent_slots", lambda *a: calls.append(1) or real(*a))
+    outs = []
+    for on in (True, False):
+        calls.clear()
+        out = beam_search(DecodingModel(model, lineage_steps=on), src, beam=4, max_len=10)
+        outs.append([[(h.tokens, round(h.score, 4)) for h in hyps] for hyps in out])
+        assert (calls == []) == on  # the gathering cache moves rows: its hypotheses keep slots
+    assert outs[0] == outs[1]

@@ -77,17 +77,27 @@ class EngineLayerCache(LayerCache):
         return self._buffers[0]
 
     def reserve_rows(
-        self, positions: int, n: int, t: int, h: int, k_size: int, v_size: int, like: Tensor
+        self,
+        positions: int,
+        n: int,
+        t: int,
+        h: int,
+        k_size: int,
+        v_size: int,
+        like: Tensor,
+        first_capacity: int = 0,
     ) -> tuple[Tensor, Tensor]:
-        """The buffers with room for ``positions`` positions of ``n`` rows, made or grown (the
-        first ``t`` positions of every row kept): a cache whose rows are never gathered
-        (``EngineCache.lineage``), so its views need not be current."""
+        """The buffers with room for ``positions`` positions of ``n`` rows, made (with room for
+        ``first_capacity`` at least) or grown (the first ``t`` positions of every row kept): a
+        cache whose rows are never gathered (``EngineCache.lineage``), so its views need not be
+        current."""
         have = self._buffers[0] if self._buffers else None
         if have is not None and have[0].size(0) >= n and have[0].size(1) >= positions:
             return have
         rows = n if have is None else max(n, have[0].size(0))
         capacity = 0 if have is None else have[0].size(1)
-        capacity = max(2 * positions, 16) if capacity < positions else capacity
+        if capacity < positions:
+            capacity = max(2 * positions, 16, first_capacity if have is None else 0)
         kb = like.new_empty(rows, capacity, h, k_size)  # (R, capacity, H, K)
         vb = like.new_empty(rows, capacity, h, v_size)  # (R, capacity, H, Dv)
         if have is not None and t:
@@ -97,13 +107,16 @@ class EngineLayerCache(LayerCache):
         self._buffers = [(kb, vb)]
         return kb, vb
 
-    def step_attention(self, q: Tensor, k: Tensor, v: Tensor, lineage: Tensor, t: int) -> Tensor:
+    def step_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, lineage: Tensor, t: int, first_capacity: int = 0
+    ) -> Tensor:
         """A one-position step's self-attention without gathering rows: k (N, H, 1, K), v (N, H,
         1, Dv) written at position ``t`` of rows 0..N-1, q (N, H, 1, K) over each hypothesis'
         positions as ``lineage`` (N, L) places them (``native.cached_self_attention``) -> (N, H,
-        1, Dv). self_k / self_v are left behind until ``EngineCache.settle``."""
+        1, Dv). self_k / self_v are left behind until ``EngineCache.settle``. New buffers have
+        room for ``first_capacity`` positions at least."""
         n, h = q.size(0), q.size(1)
-        kb, vb = self.reserve_rows(t + 1, n, t, h, k.size(3), v.size(3), k)
+        kb, vb = self.reserve_rows(t + 1, n, t, h, k.size(3), v.size(3), k, first_capacity)
         return kernels.cached_self_attention(q, k, v, kb, vb, lineage, t)
 
     def gather_rows(self, lineage: Tensor, t: int) -> None:
@@ -213,6 +226,12 @@ class EngineCache(DecoderCache):
         # (every layer's), so a reorder permutes this table instead of the cached keys; the
         # layers' self_k / self_v views are left behind until ``settle``
         self.lineage: Tensor | None = None
+
+    @property
+    def reorder_moves_rows(self) -> bool:
+        """Whether ``reorder`` copies rows: not while it permutes the lineage table
+        (``inference.contract.reorder_moves_rows``)."""
+        return self.lineage is None
 
     def step_lineage(self, n: int, like: Tensor) -> Tensor | None:
         """The lineage table for a one-position step of ``n`` rows at position ``length``, with

@@ -322,7 +322,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     """softmax(q k^T / sqrt(K) + mask) v for a search step's few queries: q (B, H, T, K), k (B,
     H, S, K), v (B, H, S, Dv) float32, the last dimension contiguous (other strides any); mask
     bool (B, H, T, S), broadcast views welcome, True = may attend, or None -> (B, H, T, Dv),
-    zeros where a query may attend nothing (needs ``available()``)."""
+    zeros where a query may attend nothing (needs ``available()``). Its memory is (B, T, H, Dv):
+    ``out.transpose(1, 2).reshape(B * T, H * Dv)`` is a view."""
     empty = q.new_empty(0, dtype=torch.bool)
     out: Tensor = getattr(torch.ops, NAMESPACE).decode_attention(
         q, k, v, empty if mask is None else mask

@@ -653,7 +653,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                           mask.size(0) == b && mask.size(1) == h && mask.size(2) == t &&
                           mask.size(3) == s),
               "mask must be (B, H, T, S) bool or empty");
-  at::Tensor out = at::empty({b, h, t, dv}, q.options());
+  // (B, T, H, Dv) in memory, handed out as its (B, H, T, Dv) view: the caller's merge of the
+  // heads, out.transpose(1, 2).reshape(B * T, H * Dv), is then a view rather than a copy
+  at::Tensor out = at::empty({b, t, h, dv}, q.options());
   const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>();
   const float* vp = v.const_data_ptr<float>();
   const bool* mp = masked ? mask.const_data_ptr<bool>() : nullptr;
@@ -666,7 +668,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       const float* vb = vp + i * v.stride(0) + j * v.stride(1);
       for (int64_t r = 0; r < t; ++r) {
         const float* qr = qp + i * q.stride(0) + j * q.stride(1) + r * q.stride(2);
-        float* o = op + ((i * h + j) * t + r) * dv;
+        float* o = op + ((i * t + r) * h + j) * dv;
         bool any = !masked;
         if (masked) {
           const bool* mr = mp + i * mask.stride(0) + j * mask.stride(1) + r * mask.stride(2);
@@ -685,7 +687,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       }
     }
   });
-  return out;
+  return out.permute({0, 2, 1, 3});  // (B, T, H, Dv) -> (B, H, T, Dv)
 }
 
 // A search step's self-attention on a cache whose rows were never gathered: q (N, H, 1, K),
