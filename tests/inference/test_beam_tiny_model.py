@@ -114,6 +114,8 @@ def test_chunked_topk_changes_no_result(monkeypatch):
         return chunked_topk(scores, k)
 
     monkeypatch.setattr(topk_module, "chunked_topk", spy)
+    # log_softmax and a top-k at every step: not the one pass (kernels.log_softmax_topk)
+    monkeypatch.setattr(kernels, "log_softmax_topk_pays", lambda device, k: False)
     chunked = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
     assert calls and all(calls)  # the chunked path ran at every step
     monkeypatch.setattr(topk_module, "chunked_topk", lambda scores, k: scores.topk(k, dim=1))
@@ -138,17 +140,18 @@ def test_the_tiles_log_softmax_topk_change_no_result(monkeypatch):
     with torch.no_grad():
         model.generator.weight.normal_(0.0, 1.0)  # peaky distributions, a varied beam
     src = torch.randint(4, 3000, (6, 5), generator=torch.Generator().manual_seed(7))
+    monkeypatch.setattr(kernels, "log_softmax_topk_pays", lambda device, k: False)
     plain = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
     calls = []
 
-    def tiles(logits, k, lo, hi):
-        calls.append(k)
-        return lst.log_softmax_topk(logits, k, lo, hi, use_triton=False)
+    def tiles(logits, k, lo, hi, *, force=None, forced=-1):
+        calls.append(force is not None)
+        return lst.log_softmax_topk(logits, k, lo, hi, use_triton=False, force=force, forced=forced)
 
     monkeypatch.setattr(kernels, "log_softmax_topk_pays", lambda device, k: True)
     monkeypatch.setattr(kernels, "log_softmax_topk", tiles)
     tiled = beam_search(model, src, beam=4, alpha=0.6, max_len_offset=4, nbest=4)
-    assert len(calls) >= 4 and set(calls) == {4}  # every step but the forced last ones
+    assert len(calls) >= 4 and set(calls) == {False, True}  # the forced last steps too
     assert [[h.tokens for h in hyps] for hyps in tiled] == [
         [h.tokens for h in hyps] for hyps in plain
     ]

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from transduce.data.vocab import EOS
 from transduce.kernels import native, quantized
 
 
@@ -204,16 +205,22 @@ def test_search_steps_take_the_native_candidates_on_the_cpu(monkeypatch) -> None
     calls: list[int] = []
     real = native.log_softmax_topk
     monkeypatch.setattr(
-        native, "log_softmax_topk", lambda x, k, lo, hi: calls.append(k) or real(x, k, lo, hi)
+        native, "log_softmax_topk", lambda x, k, *a: calls.append(k) or real(x, k, *a)
     )
     logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(3)) * 4
     values, tokens = next_token_candidates(logits, None, 4)
     ref_v, ref_t = chunked_topk(next_token_log_probs(logits, None), 4)
     assert calls == [4] and torch.equal(tokens, ref_t)
     torch.testing.assert_close(values, ref_v, atol=2e-5, rtol=0)
-    forced = torch.tensor([False, True, False, False, False, False])
-    next_token_candidates(logits, forced, 4)  # a forced row: PyTorch's path
-    assert calls == [4]
+    # forced rows (a search's last step) in the same pass: EOS's log-probability, then -inf
+    logits[4, EOS] = float("-inf")  # a model that gives EOS -inf: nothing finite
+    forced = torch.tensor([False, True, False, False, True, False])
+    values, tokens = next_token_candidates(logits, forced, 4)
+    ref_v, ref_t = chunked_topk(next_token_log_probs(logits, forced), 4)
+    assert calls == [4, 4] and torch.equal(tokens[~forced], ref_t[~forced])
+    torch.testing.assert_close(values, ref_v, atol=2e-5, rtol=0)  # -inf where the reference's
+    assert tokens[1, 0] == EOS and tokens[4, 0] == EOS
+    assert tokens[forced, 1:].ge(EOS).all()  # never PAD or BOS, even at -inf
 
 
 def test_greedy_steps_take_the_native_best_token_on_the_cpu() -> None:
@@ -227,6 +234,14 @@ def test_greedy_steps_take_the_native_best_token_on_the_cpu() -> None:
     ref_best, ref_tokens = next_token_log_probs(logits, None).max(dim=-1)
     assert torch.equal(tokens, ref_tokens) and tokens[3] != 0
     torch.testing.assert_close(best, ref_best, atol=2e-5, rtol=0)
+    # forced rows: EOS with its log-probability, even where the model gives it -inf
+    logits[5, EOS] = float("-inf")
+    forced = torch.tensor([True, False, False, True, False, True, False])
+    best, tokens = next_token_best(logits, forced)
+    lprobs = next_token_log_probs(logits, forced)
+    assert tokens[forced].eq(EOS).all() and torch.equal(tokens[~forced], ref_tokens[~forced])
+    torch.testing.assert_close(best, lprobs.max(dim=-1).values, atol=2e-5, rtol=0)
+    assert best[5] == float("-inf")
 
 
 def _attention_reference(q, k, v, mask):

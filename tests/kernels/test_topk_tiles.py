@@ -163,3 +163,28 @@ def test_the_triton_kernel_on_cuda(case):
 def test_the_triton_kernel_s_edge_cases_on_cuda():
     edge_cases(use_triton=True, device="cuda")
     assert topk_tiles.runs_on(torch.device("cuda"), 4)  # the check before first use agrees
+
+
+@pytest.mark.parametrize("stage", ["torch", "native"])
+def test_forced_rows_hold_the_forced_column_then_minus_inf(stage: str) -> None:
+    """A search's last step: rows where ``force`` hold column ``forced``'s log-probability (of
+    the whole row's log_softmax), then -inf at the first other columns outside lo..hi; the other
+    rows as without ``force``. The torch stage and the CPU's kernel name the same columns."""
+    if stage == "native" and not native.available():
+        pytest.skip("the native kernels did not build")
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(5, 3 * BLOCK + 7, generator=g) * 3
+    logits[3, 2] = NINF  # the forced column -inf: nothing finite in that row
+    force = torch.tensor([True, False, False, True, True])
+    use_triton = False if stage == "torch" else None
+    values, index = kernels.log_softmax_topk(
+        logits, 4, 0, 1, use_triton=use_triton, force=force, forced=2
+    )
+    free, free_index = kernels.log_softmax_topk(logits, 4, 0, 1, use_triton=use_triton)
+    assert torch.equal(values[~force], free[~force]) and torch.equal(
+        index[~force], free_index[~force]
+    )
+    lprobs = torch.log_softmax(logits, dim=-1)
+    torch.testing.assert_close(values[[0, 4], 0], lprobs[[0, 4], 2], atol=1e-5, rtol=1e-6)
+    assert values[force, 1:].isneginf().all() and values[3, 0] == NINF
+    assert index[force].tolist() == [[2, 3, 4, 5]] * 3

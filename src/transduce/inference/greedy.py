@@ -8,12 +8,7 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import BOS, EOS
-from transduce.inference.common import (
-    check_eval_mode,
-    first_forced_step,
-    max_output_lengths,
-    next_token_log_probs,
-)
+from transduce.inference.common import check_eval_mode, first_forced_step, max_output_lengths
 from transduce.inference.contract import DecodableModel
 from transduce.inference.topk import next_token_best
 
@@ -62,13 +57,9 @@ def greedy_decode(
     step = 0
     while True:
         logits = model.decode(last, memory, src_valid, cache)[:, -1]  # (B, V)
-        if step < forced_from:  # no row ends here: fewer operator calls
-            best, tok = next_token_best(logits)  # (B,), (B,)
-        else:
-            force = max_lens <= step
-            lprobs = next_token_log_probs(logits, force)
-            tok = lprobs.argmax(dim=-1).masked_fill(force, EOS)  # even if the model gives EOS -inf
-            best = lprobs.gather(1, tok[:, None]).squeeze(1)
+        # from forced_from on, rows at their max_len end: EOS, even if the model gives it -inf
+        force = max_lens <= step if step >= forced_from else None
+        best, tok = next_token_best(logits, force)  # (B,), (B,)
         log_prob = log_prob + best
         done = tok == EOS
         if bool(done.any()):

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from transduce import kernels
-from transduce.data.vocab import BOS, PAD
+from transduce.data.vocab import BOS, EOS, PAD
 from transduce.inference.common import next_token_log_probs
 
 # Entries per chunk, k = 4: the fastest at 4 and 32 rows; 128 was a little faster at 128 rows
@@ -71,27 +71,32 @@ def next_token_candidates(
 ) -> tuple[Tensor, Tensor]:
     """logits (N, V) of the next token, force_eos (N,) bool or None -> (values (N, k) float32,
     tokens (N, k)): the k best of each row of ``next_token_log_probs(logits, force_eos)``,
-    best first (as ``chunked_topk`` of them). Where it pays
-    (``kernels.log_softmax_topk_pays``: CUDA with Triton, CPUs with the native kernel) and no
-    row is forced, in one pass
-    over the logits that never writes the (N, V) log-probabilities (kernels/topk_tiles.py).
+    best first (as ``chunked_topk`` of them; a forced row's -inf candidates at other tokens).
+    Where it pays (``kernels.log_softmax_topk_pays``: CUDA with Triton, CPUs with the native
+    kernel), in one pass over the logits that never writes the (N, V) log-probabilities
+    (kernels/topk_tiles.py), forced rows included.
     """
     choosable = logits.size(1) - (BOS - PAD + 1)
-    if force_eos is None and k <= choosable and kernels.log_softmax_topk_pays(logits.device, k):
-        return kernels.log_softmax_topk(logits, k, PAD, BOS)  # PAD..BOS adjacent: excluded
+    if k <= choosable and kernels.log_softmax_topk_pays(logits.device, k):
+        # PAD..BOS adjacent: excluded
+        return kernels.log_softmax_topk(logits, k, PAD, BOS, force=force_eos, forced=EOS)
     return chunked_topk(next_token_log_probs(logits, force_eos), k)
 
 
-def next_token_best(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """logits (N, V) of the next token -> (best (N,) float32, tokens (N,)): each row's largest
-    ``next_token_log_probs(logits, None)`` and its token (the first of ties); where it pays
-    (``kernels.log_softmax_best_pays``: CPUs with the native kernel) without writing the (N, V)
-    log-probabilities."""
+def next_token_best(logits: Tensor, force_eos: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """logits (N, V) of the next token, force_eos (N,) bool or None -> (best (N,) float32,
+    tokens (N,)): each row's largest ``next_token_log_probs(logits, force_eos)`` and its token
+    (the first of ties); a forced row's token is EOS even where the model gives EOS -inf. Where
+    it pays (``kernels.log_softmax_best_pays``: CPUs with the native kernel) without writing
+    the (N, V) log-probabilities."""
     if kernels.log_softmax_best_pays(logits.device) and logits.size(1) > BOS - PAD + 1:
-        values, tokens = kernels.log_softmax_topk(logits, 1, PAD, BOS)  # (N, 1) each
-        return values.squeeze(1), tokens.squeeze(1)
-    best, tokens = next_token_log_probs(logits, None).max(dim=-1)
-    return best, tokens
+        values, tokens = kernels.log_softmax_topk(logits, 1, PAD, BOS, force=force_eos, forced=EOS)
+        best, tok = values.squeeze(1), tokens.squeeze(1)  # (N, 1) -> (N,)
+    else:
+        lprobs = next_token_log_probs(logits, force_eos)
+        tok = lprobs.argmax(dim=-1)
+        best = lprobs.gather(1, tok[:, None]).squeeze(1)
+    return best, (tok if force_eos is None else tok.masked_fill(force_eos, EOS))
 
 
 __all__ = ["CHUNK", "chunked_topk", "next_token_best", "next_token_candidates", "topk_by_chunks"]

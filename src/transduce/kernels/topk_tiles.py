@@ -191,17 +191,26 @@ def tiles_torch(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, ...]:
 
 
 def log_softmax_topk(
-    logits: Tensor, k: int, lo: int, hi: int, *, use_triton: bool | None = None
+    logits: Tensor,
+    k: int,
+    lo: int,
+    hi: int,
+    *,
+    use_triton: bool | None = None,
+    force: Tensor | None = None,
+    forced: int = -1,
 ) -> tuple[Tensor, Tensor]:
     """logits (N, V) -> (values (N, k) float32, indices (N, k)): the k largest entries of each
     row of ``log_softmax(logits.float())`` with columns lo..hi excluded (set to -inf there),
     best first; ``topk``'s values (where values tie, the indices may differ). ``use_triton``:
     None = on a CPU the native kernel where it is built (``kernels.native``; values within a
     few float32 ulps of log_softmax's), else the Triton kernel where it runs (``pays``; or a CPU
-    under Triton's interpreter); False = ``tiles_torch``."""
+    under Triton's interpreter); False = ``tiles_torch``. Rows where ``force`` (N,) bool is
+    True (a search's last step, EOS forced) hold column ``forced``'s log-probability first,
+    then -inf at the first other columns outside lo..hi."""
     on_cpu = logits.device.type == "cpu"
     if use_triton is None and on_cpu and not _interpreting() and native_takes(logits, k, lo, hi):
-        return native.log_softmax_topk(logits.float(), k, lo, hi)
+        return native.log_softmax_topk(logits.float(), k, lo, hi, force, forced)
     if not 0 < k <= min(MAX_K, BLOCK):
         raise ValueError(f"k must be 1..{MAX_K}, not {k}")
     if use_triton is None:
@@ -212,7 +221,32 @@ def log_softmax_topk(
     big_safe = torch.where(big == float("-inf"), 0.0, big)
     lse = big_safe + (s * (m - big_safe).exp()).sum(dim=1, keepdim=True).log()  # (N, 1)
     values, pos = top_v.topk(k, dim=1)  # (N, k) of the (N, T*k) candidates
-    return values - lse, top_i.gather(1, pos)
+    values, indices = values - lse, top_i.gather(1, pos)
+    if force is None:
+        return values, indices
+    return _forced_rows(logits, values, indices, lse, lo, hi, force, forced)
+
+
+def _forced_rows(
+    logits: Tensor,
+    values: Tensor,
+    indices: Tensor,
+    lse: Tensor,
+    lo: int,
+    hi: int,
+    force: Tensor,
+    forced: int,
+) -> tuple[Tensor, Tensor]:
+    """values, indices (N, k) with the rows where ``force`` (N,) replaced by column ``forced``'s
+    log-probability (logit - lse, lse (N, 1)), then -inf at the first columns outside lo..hi
+    and not ``forced`` (the native kernel's choice): no read of the device."""
+    n, k = values.shape
+    first = logits.narrow(1, forced, 1).float() - lse  # (N, 1)
+    rest = [c for c in range(logits.size(1)) if not lo <= c <= hi and c != forced][: k - 1]
+    forced_v = torch.cat([first, first.new_full((n, k - 1), float("-inf"))], 1)  # (N, k)
+    forced_i = torch.tensor([forced, *rest], device=indices.device).expand(n, k)
+    rows = force.view(n, 1)
+    return torch.where(rows, forced_v, values), torch.where(rows, forced_i, indices)
 
 
 def _interpreting() -> bool:

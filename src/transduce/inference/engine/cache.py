@@ -60,13 +60,20 @@ class EngineLayerCache(LayerCache):
         return self.self_k, self.self_v
 
     def reserve(
-        self, positions: int, n: int, h: int, k_size: int, v_size: int, like: Tensor
+        self,
+        positions: int,
+        n: int,
+        h: int,
+        k_size: int,
+        v_size: int,
+        like: Tensor,
+        first_capacity: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """The buffers (N, capacity, H, K) and (N, capacity, H, Dv) with room for ``positions``,
-        made (like ``like``) or doubled where smaller, the cached positions (self_k / self_v,
-        which must be current) copied in."""
+        made (like ``like``, with room for ``first_capacity`` at least) or doubled where
+        smaller, the cached positions (self_k / self_v, which must be current) copied in."""
         if not self._buffers or self._buffers[0][0].size(1) < positions:
-            capacity = max(2 * positions, 16)
+            capacity = max(2 * positions, 16, 0 if self._buffers else first_capacity)
             kb = like.new_empty(n, capacity, h, k_size)  # (N, capacity, H, K)
             vb = like.new_empty(n, capacity, h, v_size)  # (N, capacity, H, Dv)
             if self.self_k is not None and self.self_v is not None:  # t > 0

@@ -485,8 +485,8 @@ class DecodingModel:
                 cross += [layer.cross_k.contiguous(), layer.cross_v.contiguous(), additive]
         _, _, h, d_k, d_v, *_ = plan.dims
         buffers: list[Tensor] = []
-        for layer in cache.layers:
-            kb, vb = layer.reserve(t + 1, rows, h, d_k, d_v, memory)
+        for layer in cache.layers:  # room for twice the source at first, as _layer's
+            kb, vb = layer.reserve(t + 1, rows, h, d_k, d_v, memory, 2 * memory.size(1))
             if kb.size(0) < rows:  # more rows than the cache holds: not a step on this cache
                 raise ValueError(f"{rows} rows against a cache of {kb.size(0)} rows")
             buffers += [kb.narrow(0, 0, rows), vb.narrow(0, 0, rows)]  # the rows in use

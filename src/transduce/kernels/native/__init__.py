@@ -207,11 +207,18 @@ def guarded_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return rows, units
 
 
-def log_softmax_topk(logits: Tensor, k: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+def log_softmax_topk(
+    logits: Tensor, k: int, lo: int, hi: int, force: Tensor | None = None, forced: int = -1
+) -> tuple[Tensor, Tensor]:
     """logits (N, V) float32 -> (values (N, k) float32, indices (N, k) int64): the k largest of
     each row of log_softmax(logits), columns lo..hi never chosen, best first, ties to the first
-    index; 1 <= k <= the columns that may be chosen (needs ``available()``)."""
-    values, indices = getattr(torch.ops, NAMESPACE).log_softmax_topk(logits, k, lo, hi)
+    index; 1 <= k <= the columns that may be chosen (needs ``available()``). Rows where
+    ``force`` (N,) bool is True: column ``forced``'s log-probability first, then -inf (at the
+    first columns that may be chosen)."""
+    empty = logits.new_empty(0, dtype=torch.bool)
+    values, indices = getattr(torch.ops, NAMESPACE).log_softmax_topk(
+        logits, k, lo, hi, empty if force is None else force, forced
+    )
     return values, indices
 
 

@@ -1,7 +1,8 @@
 // The k best log-probabilities of each row of logits, log_softmax(x) = x - m - log(sum exp(x - m))
 // with m = max x, columns lo..hi never chosen (but counted in the sum): what beam search and
 // greedy search take from each step's logits (kernels/topk_tiles.py), without writing the (N, V)
-// log-probabilities that PyTorch's log_softmax and top-k pass over twice more.
+// log-probabilities that PyTorch's log_softmax and top-k pass over twice more. Rows marked in
+// ``force`` have one candidate, column ``forced`` (EOS at a search's last step), then -inf.
 //
 // Per row, two passes over x (a row of a 37,000-word vocabulary stays in the L2 cache for the
 // second): the max and the candidates a vector of 16 at a time (a vector is looked into only
@@ -63,11 +64,14 @@ inline bool any_above(vf y, vf t) {
 #endif
 }
 
-void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, float* out_v,
-              int64_t* out_i) {
+// forced >= 0: the row's only candidate is column ``forced`` (a search's last step, where EOS
+// is forced), the others -inf; its value is still x - m - log(sum exp(x - m)) over the row
+void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, int64_t forced,
+              float* out_v, int64_t* out_i) {
   Best best(k);
   vf top = splat(-kInf);
-  vf threshold = splat(best.threshold());
+  // a forced row offers nothing in the pass: no lane is ever above +inf
+  vf threshold = splat(forced >= 0 ? kInf : best.threshold());
   int64_t j = 0;
   for (; j + kLanes <= v; j += kLanes) {
     const vf y = load(x + j);
@@ -82,8 +86,9 @@ void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, floa
   float m = hmax(top);
   for (; j < v; ++j) {
     m = x[j] > m ? x[j] : m;
-    if (j < lo || j > hi) best.offer(x[j], j);
+    if (forced < 0 && (j < lo || j > hi)) best.offer(x[j], j);
   }
+  if (forced >= 0) best.offer(x[forced], forced);
   // sum exp(x - m)
   vf acc = vf{};
   const vf mv = splat(m);
@@ -110,11 +115,19 @@ void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, floa
 }
 
 std::tuple<at::Tensor, at::Tensor> log_softmax_topk(const at::Tensor& logits, int64_t k,
-                                                    int64_t lo, int64_t hi) {
+                                                    int64_t lo, int64_t hi,
+                                                    const at::Tensor& force, int64_t forced) {
   TORCH_CHECK(logits.dim() == 2, "logits must be (N, V)");
   TORCH_CHECK(logits.scalar_type() == at::kFloat, "logits must be float32");
   TORCH_CHECK(logits.device().is_cpu(), "logits must be on the CPU");
   const int64_t n = logits.size(0), v = logits.size(1);
+  const bool forcing = force.numel() > 0;
+  TORCH_CHECK(!forcing || (force.dim() == 1 && force.size(0) == n &&
+                           force.scalar_type() == at::kBool && force.device().is_cpu()),
+              "force must be (N,) bool on the CPU, or empty");
+  TORCH_CHECK(!forcing || (forced >= 0 && forced < v), "forced must be a column of the logits");
+  const at::Tensor force_c = forcing ? force.contiguous() : force;
+  const bool* fp = forcing ? force_c.const_data_ptr<bool>() : nullptr;
   const int64_t excluded = (hi >= lo) ? std::min(hi, v - 1) - std::max(lo, int64_t{0}) + 1 : 0;
   TORCH_CHECK(k >= 1 && k <= v - std::max(excluded, int64_t{0}),
               "k must be 1 .. the columns that may be chosen");
@@ -125,7 +138,10 @@ std::tuple<at::Tensor, at::Tensor> log_softmax_topk(const at::Tensor& logits, in
   float* vp = values.mutable_data_ptr<float>();
   int64_t* ip = indices.mutable_data_ptr<int64_t>();
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) row_topk(xp + r * v, v, k, lo, hi, vp + r * k, ip + r * k);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t f = (fp != nullptr && fp[r]) ? forced : -1;
+      row_topk(xp + r * v, v, k, lo, hi, f, vp + r * k, ip + r * k);
+    }
   });
   return {values, indices};
 }
@@ -133,6 +149,7 @@ std::tuple<at::Tensor, at::Tensor> log_softmax_topk(const at::Tensor& logits, in
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
-  m.def("log_softmax_topk(Tensor logits, int k, int lo, int hi) -> (Tensor, Tensor)",
+  m.def("log_softmax_topk(Tensor logits, int k, int lo, int hi, Tensor force, int forced) -> "
+        "(Tensor, Tensor)",
         log_softmax_topk);
 }
