@@ -42,7 +42,9 @@ def test_cpu_dry_run_agrees_with_hugging_face(
     monkeypatch.setattr(
         kernels,
         "log_softmax_topk",
-        lambda x, k, lo, hi: topk_tiles.log_softmax_topk(x, k, lo, hi, use_triton=False),
+        lambda x, k, lo, hi, **kw: topk_tiles.log_softmax_topk(
+            x, k, lo, hi, use_triton=False, **kw
+        ),
     )
     out = dg.main(["--device", "cpu", "--quick", "--dtype", "fp32", "--batches", "2", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out

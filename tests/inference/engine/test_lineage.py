@@ -138,8 +138,9 @@ def test_where_it_does_not_run_it_is_refused_or_off(monkeypatch: pytest.MonkeyPa
         decoder.decode(step, memory, valid, cache)  # gradients on: PyTorch's step
         assert cache.lineage is None and cache.layers[0].self_k is not None
     assert calls == []
-    with torch.no_grad():
-        DecodingModel(model).decode(step, memory, valid, DecodingModel(model).new_cache())
+    with torch.no_grad():  # the layers in Python (not in one native batch step)
+        python_layers = DecodingModel(model, native_batch_step=False)
+        python_layers.decode(step, memory, valid, python_layers.new_cache())
     assert calls == [1] * model.config.n_layers
     with pytest.raises(RuntimeError, match="under no_grad"):
         kernels.cached_self_attention(*(torch.zeros(1, 1, 1, 8),) * 3, *(None,) * 3, 0)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from transduce import kernels
 from transduce.config import ModelConfig
-from transduce.inference.engine import native_row
+from transduce.inference.engine import batch_step, native_row
 from transduce.inference.engine.cache import EngineCache, EngineLayerCache
 from transduce.inference.engine.folded_attention import (
     fold_cross_attention,
@@ -157,6 +157,11 @@ class DecodingModel:
     and a sentence's native steps take their own paths (the table's positions gathered first).
     The same function within float32 rounding.
 
+    ``native_batch_step``: such a step of a batch through every layer and the pre-softmax
+    projection in one native call of the same operators (``batch_step.py``), where every
+    product runs on our float32 kernel's panels; None = where it applies, False = never, True =
+    a ValueError where it does not. The same numbers as the layers' Python.
+
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
     native step's packing, else the column blocks, or for some layouts the small ones'
@@ -175,6 +180,7 @@ class DecodingModel:
     pre_norm: bool
     row_plan: native_row.RowPlan | None
     lineage_steps: bool
+    batch_plan: batch_step.BatchPlan | None
 
     def __init__(
         self,
@@ -187,6 +193,7 @@ class DecodingModel:
         int8: bool = False,
         native_row_step: bool | None = None,
         lineage_steps: bool | None = None,
+        native_batch_step: bool | None = None,
     ) -> None:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
@@ -238,6 +245,14 @@ class DecodingModel:
             raise ValueError(
                 "lineage_steps needs attention='auto', float32 CPU weights and the native "
                 "kernels built"
+            )
+        self.batch_plan = None
+        if native_batch_step is not False and self.lineage_steps:
+            self.batch_plan = batch_step.BatchPlan.of(model, self.layers, self.generator)
+        if native_batch_step and self.batch_plan is None:
+            raise ValueError(
+                "native_batch_step needs lineage steps, every product on our float32 kernel's "
+                "panels (kernels.Projection), ReLU, K = Dv and one layer-norm epsilon"
             )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None
@@ -304,6 +319,13 @@ class DecodingModel:
                 lineage = cache.step_lineage(x.size(0), x)
             if lineage is None:
                 cache.settle()
+        if lineage is not None and self.batch_plan is not None:  # the layers in one call
+            for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
+                self._cross_keys(weights, layer_cache, memory, mask)
+            logits = batch_step.step(self.batch_plan, x, cache, lineage, memory, mask)
+            if logits is not None:
+                decoder.advance(cache, tgt)
+                return logits.unsqueeze(1)  # (N, V) -> (N, 1, V)
         for weights, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = self._layer(x, weights, layer_cache, memory, mask, lineage, cache.length)
         decoder.advance(cache, tgt)

@@ -25,7 +25,11 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
 - ``adam.cpp``: Adam's step on float32 master weights from the bfloat16 working copy's
   gradients, writing the working copy too (``adam_bf16_copy``; kernels/adam.py), torch's fused
   Adam bit for bit in one pass where widening the gradients, Adam and the copy take three;
-- ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp).
+- ``batch_step.cpp``: a batch's decoding step on the lineage table, every layer and the
+  pre-softmax projection in one call of the operators above (``decoder_batch_step``;
+  inference/engine/batch_step.py), which saves the Python between them;
+- ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp); ``api.h``: the
+  operators one source calls in another.
 
 PyTorch's forms stay the fallback.
 
@@ -63,9 +67,10 @@ SOURCES = tuple(
         "amx_int8.cpp",
         "f32_gemm.cpp",
         "adam.cpp",
+        "batch_step.cpp",
     )
 )
-HEADERS = (HERE / "vec.h",)  # included by the sources: part of the build's name
+HEADERS = (HERE / "vec.h", HERE / "api.h")  # included by the sources: part of the build's name
 VARIABLE = "TRANSDUCE_NATIVE"
 NAMESPACE = "transduce_native"  # the operators' namespace, TORCH_LIBRARY in rows.cpp
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
@@ -338,6 +343,28 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     return out
 
 
+def decoder_batch_step(
+    x: Tensor,
+    panels: list[Tensor],
+    biases: list[Tensor],
+    outs: list[int],
+    norms: list[Tensor],
+    kv: list[Tensor],
+    lineage: Tensor,
+    t: int,
+    cross: list[Tensor],
+    mask: Tensor,
+    dims: list[int],
+    eps: float,
+) -> Tensor:
+    """A batch's decoder step on the lineage table in one call (``batch_step.cpp``; the engine's
+    ``inference/engine/batch_step.py`` says what each argument holds) -> logits (N, V)."""
+    logits: Tensor = getattr(torch.ops, NAMESPACE).decoder_batch_step(
+        x, panels, biases, outs, norms, kv, lineage, t, cross, mask, dims, eps
+    )
+    return logits
+
+
 def cached_self_attention(
     q: Tensor,
     k_new: Tensor,
@@ -367,6 +394,7 @@ __all__ = [
     "amx_int8_pack",
     "cached_self_attention",
     "decode_attention",
+    "decoder_batch_step",
     "decoder_row_step",
     "NativeBuildError",
     "available",

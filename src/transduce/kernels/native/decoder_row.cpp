@@ -24,6 +24,7 @@
 #include <omp.h>
 #include <torch/library.h>
 
+#include "api.h"
 #include "vec.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -759,6 +760,18 @@ at::Tensor cached_self_attention(const at::Tensor& q, const at::Tensor& k_new,
 }
 
 }  // namespace
+
+namespace transduce_native_api {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask) {
+  return ::decode_attention(q, k, v, mask);
+}
+at::Tensor cached_self_attention(const at::Tensor& q, const at::Tensor& k_new,
+                                 const at::Tensor& v_new, const at::Tensor& kb,
+                                 const at::Tensor& vb, const at::Tensor& lineage, int64_t t) {
+  return ::cached_self_attention(q, k_new, v_new, kb, vb, lineage, t);
+}
+}  // namespace transduce_native_api
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
   m.def("decoder_row_step(Tensor x, Tensor weights, Tensor int8_weights, Tensor row_sums, "

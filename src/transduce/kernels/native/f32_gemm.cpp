@@ -14,6 +14,8 @@
 #include <omp.h>
 #include <torch/library.h>
 
+#include "api.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -178,6 +180,13 @@ at::Tensor f32_linear(const at::Tensor& x_in, const at::Tensor& packed, const at
 }
 
 }  // namespace
+
+namespace transduce_native_api {
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias,
+                      int64_t out, bool relu) {
+  return ::f32_linear(x, packed, bias, out, relu);
+}
+}  // namespace transduce_native_api
 
 TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
   m.def("f32_gemm_available() -> bool", f32_gemm_available);
