@@ -249,8 +249,10 @@ def _forced_rows(
     return torch.where(rows, forced_v, values), torch.where(rows, forced_i, indices)
 
 
+@functools.lru_cache(maxsize=1)
 def _interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``)."""
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read once: Triton
+    reads it when a kernel is defined (and a greedy step at batch 1 felt the read)."""
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

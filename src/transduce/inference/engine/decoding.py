@@ -198,6 +198,9 @@ class DecodingModel:
         check_implemented(model.config)
         kernels.KernelOptions(matmul=matmul, attention=attention)  # checks both values
         self.model = model
+        # the decoder and its embedding, looked up once: a step at batch 1 felt each lookup
+        self._decoder = model.decoder
+        self._embedding = model.decoder.embed
         self.int8 = int8
         self.attention = attention
         weight = model.generator.weight
@@ -297,12 +300,12 @@ class DecodingModel:
             if self.int8 and not self.model.training:
                 return self._steps(tgt, memory, src_valid, cache)
             return self.model.decode(tgt, memory, src_valid, cache)
-        decoder = self.model.decoder
-        embed = decoder.embed.weight  # (V, D)
+        decoder, embedding = self._decoder, self._embedding  # (a module's lookups cost ~2 us)
+        embed = embedding.weight  # (V, D)
         if decoder.word_slot is None:
             position = _as_dtype(decoder.positions.encoding(cache.length, 1), embed.dtype)  # (1, D)
             # E[tgt] * sqrt(D) + PE[t] (section 3.4-3.5) as one operation
-            x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=decoder.embed.scale)
+            x = torch.add(position, F.embedding(tgt.view(-1), embed), alpha=embedding.scale)
         else:  # positions counted in word slots: one per row
             x = decoder.inputs(tgt, cache).view(tgt.size(0), -1)  # (N, 1, D) -> (N, D)
         mask = self.memo_source_mask(src_valid)  # (B, 1, 1, S) or None
