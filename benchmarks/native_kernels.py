@@ -21,7 +21,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   the operator alone too, at the engine's shapes), and in float32 our product on W's panels
   against what "auto" took before it, MKL's ``addmm`` (Intel CPUs with AVX-512), and forced
   against "auto" (oneDNN) on other CPUs with AVX-512, for the rule's measurement there (the
-  operator alone against MKL's wherever it is built);
+  operator alone against MKL's wherever it is built; the panels bring the batch's step in one
+  call with them, so both count there), and where it runs a batch's step in one native call
+  (``native_batch_step``) against the same operators called from Python;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16), the total
@@ -329,6 +331,8 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
         # and in int8 the AMX kernel (where it runs) against oneDNN's and fbgemm's
         alone = {"lineage": lambda: DecodingModel(ours, int8=int8, lineage_steps=False)}
         make_on = lambda: DecodingModel(ours, int8=int8)  # noqa: E731
+        if make_on().batch_plan is not None:  # a batch's step in one call, against the Python
+            alone["batch step"] = lambda: DecodingModel(ours, native_batch_step=False)
         if int8 and quantized.amx_int8_available():
             alone["amx"] = lambda: without_amx(lambda: DecodingModel(ours, int8=True))
         makers = {name: (make_on, make_off) for name, make_off in alone.items()}

@@ -9,6 +9,7 @@ import json
 import pytest
 from benchmark_testkit import TINY, load_benchmark
 
+from transduce.inference.engine import DecodingModel
 from transduce.kernels import native, quantized
 
 
@@ -28,9 +29,12 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     amx = ("beam4 amx", "greedy amx") if quantized.amx_int8_available() else ()
     # against MKL where "auto" takes it, forced against "auto" elsewhere
     f32 = ("beam4 f32", "greedy f32") if native.f32_gemm_available() else ()
+    # a batch's step in one call where "auto" puts every product on the panels
+    batch = ("beam4 batch step", "greedy batch step")
+    batch = batch if DecodingModel(bench.decode.build_ours(TINY)).batch_plan is not None else ()
     assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs} | {
         f"small int8 {j}" for j in amx
-    } | {f"small fp32 {j}" for j in f32}
+    } | {f"small fp32 {j}" for j in f32 + batch}
     assert bool(amx) == any(k.startswith("amx_int8") for k in out["operators"])
     assert native.f32_gemm_available() == any(k.startswith("f32_linear") for k in out["operators"])
     for key, r in searches.items():
