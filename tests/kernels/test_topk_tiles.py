@@ -188,3 +188,22 @@ def test_forced_rows_hold_the_forced_column_then_minus_inf(stage: str) -> None:
     torch.testing.assert_close(values[[0, 4], 0], lprobs[[0, 4], 2], atol=1e-5, rtol=1e-6)
     assert values[force, 1:].isneginf().all() and values[3, 0] == NINF
     assert index[force].tolist() == [[2, 3, 4, 5]] * 3
+
+
+@pytest.mark.parametrize("stage", ["torch", "native"])
+def test_a_forced_column_at_minus_inf_or_a_nan_row_keeps_the_forced_column_first(
+    stage: str,
+) -> None:
+    """Column ``forced`` comes first even at -inf (both stages name the same columns after it),
+    and a NaN elsewhere in a forced row leaves the other candidates -inf."""
+    if stage == "native" and not native.available():
+        pytest.skip("the native kernels did not build")
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(4))
+    logits[0, 7] = NINF
+    logits[1, 50] = float("nan")
+    force = torch.tensor([True, True, False])
+    values, index = kernels.log_softmax_topk(
+        logits, 4, 0, 1, use_triton=False if stage == "torch" else None, force=force, forced=7
+    )
+    assert index[0].tolist() == [7, 2, 3, 4] and values[0].isneginf().all()
+    assert index[1, 0] == 7 and values[1, 1:].isneginf().all()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.inference.contract import DecodableModel, DecodingCache
+from transduce.inference.contract import DecodableModel, DecodingCache, reorder_moves_rows
 
 
 class EnsembleCache:
@@ -29,6 +29,11 @@ class EnsembleCache:
 
     def __init__(self, caches: list[DecodingCache]) -> None:
         self.caches = caches
+
+    @property
+    def reorder_moves_rows(self) -> bool:
+        """Whether some member's cache copies rows (``contract.reorder_moves_rows``)."""
+        return any(reorder_moves_rows(c) for c in self.caches)
 
     def reorder(self, index: Tensor) -> None:
         for cache in self.caches:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from transduce.data.vocab import PAD
-from transduce.inference.contract import DecodableModel, DecodingCache
+from transduce.inference.contract import DecodableModel, DecodingCache, reorder_moves_rows
 
 
 class PrefixCache:
@@ -32,6 +32,11 @@ class PrefixCache:
         self.inner = inner
         self.forced = forced  # (B, L) token to force at each step, -1 after the prefix
         self.steps = 0
+
+    @property
+    def reorder_moves_rows(self) -> bool:
+        """The inner cache's (``contract.reorder_moves_rows``)."""
+        return reorder_moves_rows(self.inner)
 
     def reorder(self, index: Tensor) -> None:
         self.inner.reorder(index)  # rows stay with their sentence: the prefixes do not move

@@ -242,11 +242,23 @@ def _forced_rows(
     and not ``forced`` (the native kernel's choice): no read of the device."""
     n, k = values.shape
     first = logits.narrow(1, forced, 1).float() - lse  # (N, 1)
-    rest = [c for c in range(logits.size(1)) if not lo <= c <= hi and c != forced][: k - 1]
     forced_v = torch.cat([first, first.new_full((n, k - 1), float("-inf"))], 1)  # (N, k)
-    forced_i = torch.tensor([forced, *rest], device=indices.device).expand(n, k)
+    forced_i = _forced_columns(k, lo, hi, forced, indices.device).expand(n, k)
     rows = force.view(n, 1)
     return torch.where(rows, forced_v, values), torch.where(rows, forced_i, indices)
+
+
+@functools.lru_cache(maxsize=64)
+def _forced_columns(k: int, lo: int, hi: int, forced: int, device: torch.device) -> Tensor:
+    """(k,): ``forced``, then the first k - 1 other columns outside lo..hi; made once a device
+    (a search's forced steps would each copy it to the device)."""
+    cols: list[int] = [forced]
+    c = 0
+    while len(cols) < k:
+        if not lo <= c <= hi and c != forced:
+            cols.append(c)
+        c += 1
+    return torch.tensor(cols, device=device)
 
 
 @functools.lru_cache(maxsize=1)

@@ -38,8 +38,10 @@ def _sources() -> torch.Tensor:
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_searches_give_the_python_layers_numbers(norm: str, monkeypatch) -> None:
     """Beams (n-best 2, sentences finishing at different steps and leaving the batch) and
-    greedy search: the same outputs and the same scores to the bit, the step called."""
-    model = tiny_model(norm=norm, **_SIZE)
+    greedy search: the same outputs and the same scores to the bit, the step called; a
+    pre-softmax bias and a target vocabulary of its own (post-norm)."""
+    extra = {"output_bias": True} if norm == "post" else {}
+    model = tiny_model(norm=norm, tgt_vocab=23 if norm == "post" else None, **_SIZE, **extra)
     engines = [DecodingModel(model, native_batch_step=on) for on in (True, False)]
     calls: list[int] = []
     real = native.decoder_batch_step
@@ -99,3 +101,25 @@ def test_where_it_cannot_run_it_is_refused_or_off() -> None:
     with pytest.raises(ValueError, match="native_batch_step needs"):
         DecodingModel(swish, native_batch_step=True)
     assert DecodingModel(model, native_batch_step=False).batch_plan is None
+
+
+def test_steps_it_does_not_take_go_through_python(monkeypatch) -> None:
+    """More hypotheses a sentence than the attention kernel takes (a beam of 10), and one
+    sentence alone (its own native step): the Python layers, the same outputs."""
+    model = tiny_model(**_SIZE)
+    engines = [DecodingModel(model, native_batch_step=on) for on in (True, False)]
+    per_sentence: list[int] = []  # the rows of each sentence in each step it took
+    real = native.decoder_batch_step
+
+    def spy(x, *a):
+        per_sentence.append(x.size(0) // a[7][0].size(0))  # N // B (cross keys (B, H, S, K))
+        return real(x, *a)
+
+    monkeypatch.setattr(native, "decoder_batch_step", spy)
+    src = _sources()
+    wide = [beam_search(e, src, beam=10, max_len=8) for e in engines]
+    assert per_sentence == [1]  # the first step only, one row a sentence; then 10: Python
+    alone = [greedy_search(e, src[:1], max_len=8) for e in engines]
+    assert per_sentence == [1]  # a sentence alone: its own native step
+    assert [[h.tokens for h in s] for s in wide[0]] == [[h.tokens for h in s] for s in wide[1]]
+    assert alone[0] == alone[1]

@@ -22,7 +22,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from transduce.inference.engine.cache import EngineCache
+from transduce.inference.engine.cache import EngineCache, first_capacity
 from transduce.inference.engine.layer_weights import DecoderLayerWeights
 from transduce.kernels import Projection, native
 from transduce.kernels.attention import NATIVE_MAX_QUERIES
@@ -105,8 +105,8 @@ def step(
     for layer in cache.layers:
         if layer.cross_folded is not None or layer.cross_k is None or layer.cross_v is None:
             return None
-        # room for twice the source from the start, as DecodingModel._layer's steps
-        kv += layer.reserve_rows(t + 1, n, t, h, k, k, x, 2 * memory.size(1))
+        # the first buffers as DecodingModel._layer's steps make them
+        kv += layer.reserve_rows(t + 1, n, t, h, k, k, x, first_capacity(memory.size(1)))
         cross += [layer.cross_k, layer.cross_v]
     no_mask = x.new_empty(0, dtype=torch.bool)
     return native.decoder_batch_step(

@@ -37,7 +37,7 @@ from torch import Tensor
 from transduce import kernels
 from transduce.config import ModelConfig
 from transduce.inference.engine import batch_step, native_row
-from transduce.inference.engine.cache import EngineCache, EngineLayerCache
+from transduce.inference.engine.cache import EngineCache, EngineLayerCache, first_capacity
 from transduce.inference.engine.folded_attention import (
     fold_cross_attention,
     fold_pays,
@@ -407,9 +407,7 @@ class DecodingModel:
                 sizes = (h * w.d_k, h * w.d_k, h * w.d_v)
                 q, k, v = (split_heads(t, h, 1) for t in qkv.split(sizes, 1))  # (N, H, 1, size)
             if lineage is not None:  # the rows' positions where the lineage table says
-                # room for twice the source's length from the start: growing the buffers
-                # copies them (~1.5% of SMALL's beam search on a batch, benchmarks/RESULTS.md)
-                first = 2 * memory.size(1)
+                first = first_capacity(memory.size(1))
                 out = cache.step_attention(q, k, v, lineage, t, first)  # (N, H, 1, Dv)
             else:
                 keys, values = cache.append(k, v)  # (N, H, t + 1, K), (N, H, t + 1, Dv)
@@ -510,8 +508,8 @@ class DecodingModel:
                 cross += [layer.cross_k.contiguous(), layer.cross_v.contiguous(), additive]
         _, _, h, d_k, d_v, *_ = plan.dims
         buffers: list[Tensor] = []
-        for layer in cache.layers:  # room for twice the source at first, as _layer's
-            kb, vb = layer.reserve(t + 1, rows, h, d_k, d_v, memory, 2 * memory.size(1))
+        for layer in cache.layers:  # first buffers as _layer's
+            kb, vb = layer.reserve(t + 1, rows, h, d_k, d_v, memory, first_capacity(memory.size(1)))
             if kb.size(0) < rows:  # more rows than the cache holds: not a step on this cache
                 raise ValueError(f"{rows} rows against a cache of {kb.size(0)} rows")
             buffers += [kb.narrow(0, 0, rows), vb.narrow(0, 0, rows)]  # the rows in use

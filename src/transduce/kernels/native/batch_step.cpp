@@ -39,6 +39,7 @@ at::Tensor decoder_batch_step(const at::Tensor& x_in, at::TensorList panels,
                               at::IntArrayRef dims, double eps) {
   TORCH_CHECK(dims.size() == 4, "dims: L, H, K, pre_norm");
   const int64_t layers = dims[0], h = dims[1], dk = dims[2];
+  TORCH_CHECK(layers >= 1, "one decoder layer or more");
   const bool pre = dims[3] != 0;
   const int64_t projs = layers * kProjs + 1;
   TORCH_CHECK(static_cast<int64_t>(panels.size()) == projs &&

@@ -158,8 +158,12 @@ inline void block(const float* __restrict w, const float* __restrict b,
   vf a[R][J] = {};
   for (int64_t i = 0; i < body; i += kLanes) {
     // W's rows follow each other: 4 KB ahead in the stream, past where the hardware's
-    // prefetchers run (4.5% of a greedy search of one sentence, benchmarks/RESULTS.md)
-    for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w + (j0 + jj) * in + i + 1024, 0, 3);
+    // prefetchers run (4.5% of a greedy search of one sentence, benchmarks/RESULTS.md); an
+    // address past W's end is only a hint (a prefetch never faults), made as an integer
+    for (int jj = 0; jj < J; ++jj) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(w + (j0 + jj) * in + i) + 4096;
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+    }
     vf wv[J];
     for (int jj = 0; jj < J; ++jj) wv[jj] = load(w + (j0 + jj) * in + i);
     for (int rr = 0; rr < R; ++rr) {

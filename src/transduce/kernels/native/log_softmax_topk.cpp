@@ -88,7 +88,10 @@ void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, int6
     m = x[j] > m ? x[j] : m;
     if (forced < 0 && (j < lo || j > hi)) best.offer(x[j], j);
   }
-  if (forced >= 0) best.offer(x[forced], forced);
+  if (forced >= 0) {  // the forced column first whatever its value (-inf, NaN), as in PyTorch's
+    best.value[0] = x[forced];
+    best.index[0] = forced;
+  }
   // sum exp(x - m)
   vf acc = vf{};
   const vf mv = splat(m);
@@ -109,7 +112,8 @@ void row_topk(const float* x, int64_t v, int64_t k, int64_t lo, int64_t hi, int6
   }
   const float log_s = std::log(s);
   for (int64_t c = 0; c < k; ++c) {
-    out_v[c] = (best.value[c] - m) - log_s;
+    // a forced row's others are -inf even where a NaN in the row made the sum NaN
+    out_v[c] = (forced >= 0 && c > 0) ? -kInf : (best.value[c] - m) - log_s;
     out_i[c] = best.index[c];
   }
 }
