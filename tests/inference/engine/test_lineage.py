@@ -203,3 +203,20 @@ def test_the_first_buffers_hold_twice_the_source_and_beams_keep_no_slots(
         outs.append([[(h.tokens, round(h.score, 4)) for h in hyps] for hyps in out])
         assert (calls == []) == on  # the gathering cache moves rows: its hypotheses keep slots
     assert outs[0] == outs[1]
+
+
+def test_wrapping_caches_say_whether_a_reorder_moves_rows() -> None:
+    """A prefix's cache says what its inner cache says; an ensemble's moves rows where any
+    member's does (the search then keeps parent slots)."""
+    from types import SimpleNamespace
+
+    from transduce.inference.contract import reorder_moves_rows
+    from transduce.inference.ensemble import EnsembleCache
+    from transduce.inference.prefix import PrefixCache
+
+    table, rows = SimpleNamespace(reorder_moves_rows=False), SimpleNamespace()
+    forced = torch.full((1, 1), -1)
+    assert reorder_moves_rows(PrefixCache(table, forced)) is False  # type: ignore[arg-type]
+    assert reorder_moves_rows(PrefixCache(rows, forced)) is True  # type: ignore[arg-type]
+    assert reorder_moves_rows(EnsembleCache([table, table])) is False  # type: ignore[list-item]
+    assert reorder_moves_rows(EnsembleCache([table, rows])) is True  # type: ignore[list-item]
