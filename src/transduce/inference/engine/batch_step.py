@@ -7,11 +7,12 @@ alone was ~8% of SMALL's beam search on a batch (benchmarks/RESULTS.md).
 same order from C++ (``DecodingModel._layer``'s lineage path, every layer, then the final norm
 and the pre-softmax projection), so the logits are the same numbers.
 
-``BatchPlan.of`` returns None where it does not apply: some projection not on our float32
-kernel's panels (``kernels.Projection`` says where they are used; not int8), an activation other
-than ReLU, K != Dv, layer norms with different epsilons. ``step`` returns None for a step it
-does not take (a single row, more hypotheses a sentence than the attention kernel takes, a
-folded encoder-decoder attention); the engine then takes its Python path.
+``BatchPlan.of`` returns None where it does not apply: int8 products, an activation other than
+ReLU, K != Dv, layer norms with different epsilons. Float32 products go to the library that
+``kernels.Projection`` chose for many rows: our kernel on W's panels, oneDNN's or MKL's.
+``step`` returns None for a step it does not take (a single row, more hypotheses a sentence
+than the attention kernel takes, a folded encoder-decoder attention); the engine then takes
+its Python path.
 """
 
 from __future__ import annotations
@@ -35,15 +36,33 @@ def _projections(w: DecoderLayerWeights) -> tuple[Projection, ...]:
     return (w.qkv, w.self_out, w.cross_query, w.cross_out, w.ffn_in, w.ffn_out)
 
 
+# batch_step.cpp's ``Kind``: the library of a product of many rows
+PANELS, ONEDNN, MKL = 0, 1, 2
+
+
+def _for_many_rows(p: Projection) -> tuple[Tensor, int] | None:
+    """The weight and library that ``p`` multiplies many rows with (``Projection.__call__``),
+    or None for int8."""
+    if type(p) is not Projection:  # Int8Projection
+        return None
+    if p.panels is not None:
+        return p.panels, PANELS
+    if p.weight is not None:
+        return p.weight, ONEDNN
+    return (p.weight_t, MKL) if p.weight_t is not None else None
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    """What ``decoder_batch_step`` takes besides a step's tensors: each product's panels, bias
-    (empty for none) and output count, 6 a layer then the pre-softmax projection's; the layer
-    norms' parameters (the model's own: 3 pairs a layer, then the final norm's, empty after
-    post-norm layers); L, H, K, pre-norm; the norms' epsilon."""
+    """What ``decoder_batch_step`` takes besides a step's tensors: each product's weight in its
+    library's layout, bias (empty for none), library (``PANELS``, ``ONEDNN``, ``MKL``) and
+    output count, 6 a layer then the pre-softmax projection's; the layer norms' parameters (the
+    model's own: 3 pairs a layer, then the final norm's, empty after post-norm layers); L, H, K,
+    pre-norm; the norms' epsilon."""
 
-    panels: list[Tensor]
+    weights: list[Tensor]
     biases: list[Tensor]
+    kinds: list[int]
     outs: list[int]
     norms: list[Tensor]
     dims: list[int]
@@ -58,7 +77,8 @@ class BatchPlan:
         projections = [p for w in layers for p in _projections(w)] + [generator]
         if not layers or not native.available():
             return None
-        if any(p.panels is None or type(p) is not Projection for p in projections):
+        many = [_for_many_rows(p) for p in projections]
+        if any(m is None for m in many):
             return None
         if any(w.activation is not None or w.d_k != w.d_v for w in layers):
             return None
@@ -68,12 +88,14 @@ class BatchPlan:
         final = cast(nn.LayerNorm, model.decoder.final_norm) if pre else None
         if len({n.eps for n in [*norms, *([final] if final is not None else [])]}) != 1:
             return None
-        empty = cast(Tensor, generator.panels).new_empty(0)
+        empty = norms[0].weight.new_empty(0)
         params: list[Tensor] = [t for n in norms for t in (n.weight, n.bias)]
         params += [final.weight, final.bias] if final is not None else [empty, empty]
+        chosen = [cast(tuple[Tensor, int], m) for m in many]
         return cls(
-            panels=[cast(Tensor, p.panels) for p in projections],
+            weights=[w for w, _ in chosen],
             biases=[empty if p.bias is None else p.bias for p in projections],
+            kinds=[kind for _, kind in chosen],
             outs=[p.out_features for p in projections],
             norms=params,
             dims=[len(layers), layers[0].n_heads, layers[0].d_k, int(pre)],
@@ -111,8 +133,9 @@ def step(
     no_mask = x.new_empty(0, dtype=torch.bool)
     return native.decoder_batch_step(
         x,
-        plan.panels,
+        plan.weights,
         plan.biases,
+        plan.kinds,
         plan.outs,
         plan.norms,
         kv,

@@ -158,9 +158,9 @@ class DecodingModel:
     The same function within float32 rounding.
 
     ``native_batch_step``: such a step of a batch through every layer and the pre-softmax
-    projection in one native call of the same operators (``batch_step.py``), where every
-    product runs on our float32 kernel's panels; None = where it applies, False = never, True =
-    a ValueError where it does not. The same numbers as the layers' Python.
+    projection in one native call of the same operators (``batch_step.py``), float32 products
+    on the libraries chosen for them; None = where it applies, False = never, True = a
+    ValueError where it does not. The same numbers as the layers' Python.
 
     Extra memory: one copy of the projection weights of the encoder, of the decoder and of the
     pre-softmax matrix; a second of the decoder's and the pre-softmax matrix for one row (the
@@ -254,8 +254,8 @@ class DecodingModel:
             self.batch_plan = batch_step.BatchPlan.of(model, self.layers, self.generator)
         if native_batch_step and self.batch_plan is None:
             raise ValueError(
-                "native_batch_step needs lineage steps, every product on our float32 kernel's "
-                "panels (kernels.Projection), ReLU, K = Dv and one layer-norm epsilon"
+                "native_batch_step needs lineage steps, float32 products (not int8), ReLU, "
+                "K = Dv and one layer-norm epsilon"
             )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None

@@ -26,8 +26,8 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
   gradients, writing the working copy too (``adam_bf16_copy``; kernels/adam.py), torch's fused
   Adam bit for bit in one pass where widening the gradients, Adam and the copy take three;
 - ``batch_step.cpp``: a batch's decoding step on the lineage table, every layer and the
-  pre-softmax projection in one call of the operators above (``decoder_batch_step``;
-  inference/engine/batch_step.py), which saves the Python between them;
+  pre-softmax projection in one call of the operators above and the float32 products' libraries
+  (``decoder_batch_step``; inference/engine/batch_step.py), which saves the Python between them;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp); ``api.h``: the
   operators one source calls in another.
 
@@ -345,8 +345,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
 
 def decoder_batch_step(
     x: Tensor,
-    panels: list[Tensor],
+    weights: list[Tensor],
     biases: list[Tensor],
+    kinds: list[int],
     outs: list[int],
     norms: list[Tensor],
     kv: list[Tensor],
@@ -360,7 +361,7 @@ def decoder_batch_step(
     """A batch's decoder step on the lineage table in one call (``batch_step.cpp``; the engine's
     ``inference/engine/batch_step.py`` says what each argument holds) -> logits (N, V)."""
     logits: Tensor = getattr(torch.ops, NAMESPACE).decoder_batch_step(
-        x, panels, biases, outs, norms, kv, lineage, t, cross, mask, dims, eps
+        x, weights, biases, kinds, outs, norms, kv, lineage, t, cross, mask, dims, eps
     )
     return logits
 
