@@ -21,8 +21,7 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   the operator alone too, at the engine's shapes), and in float32 our product on W's panels
   against what "auto" took before it, MKL's ``addmm`` (Intel CPUs with AVX-512), and forced
   against "auto" (oneDNN) on other CPUs with AVX-512, for the rule's measurement there (the
-  operator alone against MKL's wherever it is built; the panels bring the batch's step in one
-  call with them, so both count there), and where it runs a batch's step in one native call
+  operator alone against MKL's wherever it is built), and a batch's step in one native call
   (``native_batch_step``) against the same operators called from Python;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
