@@ -33,15 +33,29 @@ def _sources() -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("norm", "matmul"), [("post", "auto"), ("pre", "auto"), ("post", "mkl"), ("pre", "onednn")]
+    ("norm", "matmul", "activation"),
+    [
+        ("post", "auto", "relu"),
+        ("pre", "auto", "relu"),
+        ("post", "mkl", "swish"),
+        ("pre", "onednn", "gelu"),
+    ],
 )
-def test_searches_give_the_python_layers_numbers(norm: str, matmul: str, monkeypatch) -> None:
+def test_searches_give_the_python_layers_numbers(
+    norm: str, matmul: str, activation: str, monkeypatch
+) -> None:
     """Beams (n-best 2, sentences finishing at different steps and leaving the batch) and
     greedy search, the products on each library (our panels where the CPU has AVX-512, else
-    MKL; MKL; oneDNN): the same outputs and the same scores to the bit, the step called; a
-    pre-softmax bias and a target vocabulary of its own (post-norm)."""
+    MKL; MKL; oneDNN), each activation: the same outputs and the same scores to the bit, the
+    step called; a pre-softmax bias and a target vocabulary of its own (post-norm)."""
     extra = {"output_bias": True} if norm == "post" else {}
-    model = tiny_model(norm=norm, tgt_vocab=23 if norm == "post" else None, **_SIZE, **extra)
+    model = tiny_model(
+        norm=norm,
+        tgt_vocab=23 if norm == "post" else None,
+        activation=activation,
+        **_SIZE,
+        **extra,
+    )
     engines = [
         DecodingModel(model, matmul=matmul, native_batch_step=on)  # type: ignore[arg-type]
         for on in (True, False)
@@ -96,9 +110,9 @@ def test_where_it_cannot_run_it_is_refused_or_off() -> None:
         with pytest.raises(ValueError, match="native_batch_step needs"):
             DecodingModel(model, native_batch_step=True, **kwargs)
         assert DecodingModel(model, **kwargs).batch_plan is None
-    swish = tiny_model(activation="swish", **_SIZE)
+    other_sizes = tiny_model(**{**_SIZE, "d_v": 16})  # K != Dv
     with pytest.raises(ValueError, match="native_batch_step needs"):
-        DecodingModel(swish, native_batch_step=True)
+        DecodingModel(other_sizes, native_batch_step=True)
     assert DecodingModel(model, native_batch_step=False).batch_plan is None
 
 

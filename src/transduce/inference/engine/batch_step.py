@@ -8,8 +8,9 @@ same order from C++ (``DecodingModel._layer``'s lineage path, every layer, then 
 and the pre-softmax projection), so the logits are the same numbers.
 
 ``BatchPlan.of`` returns None where it does not apply: int8 products, an activation other than
-ReLU, K != Dv, layer norms with different epsilons. Float32 products go to the library that
-``kernels.Projection`` chose for many rows: our kernel on W's panels, oneDNN's or MKL's.
+the model's three (ReLU, swish, GELU), K != Dv, layer norms with different epsilons. Float32
+products go to the library that ``kernels.Projection`` chose for many rows: our kernel on W's
+panels, oneDNN's or MKL's.
 ``step`` returns None for a step it does not take (a single row, more hypotheses a sentence
 than the attention kernel takes, a folded encoder-decoder attention); the engine then takes
 its Python path.
@@ -17,10 +18,12 @@ its Python path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.inference.engine.cache import EngineCache, first_capacity
@@ -38,6 +41,8 @@ def _projections(w: DecoderLayerWeights) -> tuple[Projection, ...]:
 
 # batch_step.cpp's ``Kind``: the library of a product of many rows
 PANELS, ONEDNN, MKL = 0, 1, 2
+# batch_step.cpp's ``Activation``: the engine's (None: ReLU, in the product's call) by code
+ACTIVATIONS: dict[Callable[[Tensor], Tensor] | None, int] = {None: 0, F.silu: 1, F.gelu: 2}
 
 
 def _for_many_rows(p: Projection) -> tuple[Tensor, int] | None:
@@ -58,7 +63,7 @@ class BatchPlan:
     library's layout, bias (empty for none), library (``PANELS``, ``ONEDNN``, ``MKL``) and
     output count, 6 a layer then the pre-softmax projection's; the layer norms' parameters (the
     model's own: 3 pairs a layer, then the final norm's, empty after post-norm layers); L, H, K,
-    pre-norm; the norms' epsilon."""
+    pre-norm, the FFN's activation (``ACTIVATIONS``); the norms' epsilon."""
 
     weights: list[Tensor]
     biases: list[Tensor]
@@ -80,7 +85,11 @@ class BatchPlan:
         many = [_for_many_rows(p) for p in projections]
         if any(m is None for m in many):
             return None
-        if any(w.activation is not None or w.d_k != w.d_v for w in layers):
+        activations = {w.activation for w in layers}
+        if len(activations) != 1 or any(w.d_k != w.d_v for w in layers):
+            return None
+        activation = ACTIVATIONS.get(activations.pop())
+        if activation is None:
             return None
         model_layers = [cast(DecoderLayer, layer) for layer in model.decoder.layers]
         norms = [cast(nn.LayerNorm, n) for layer in model_layers for n in layer.norms]
@@ -98,7 +107,7 @@ class BatchPlan:
             kinds=[kind for _, kind in chosen],
             outs=[p.out_features for p in projections],
             norms=params,
-            dims=[len(layers), layers[0].n_heads, layers[0].d_k, int(pre)],
+            dims=[len(layers), layers[0].n_heads, layers[0].d_k, int(pre), activation],
             eps=float(norms[0].eps),
         )
 
@@ -123,7 +132,7 @@ def step(
         return None
     kv: list[Tensor] = []
     cross: list[Tensor] = []
-    _, h, k, _ = plan.dims
+    _, h, k, *_ = plan.dims
     for layer in cache.layers:
         if layer.cross_folded is not None or layer.cross_k is None or layer.cross_v is None:
             return None

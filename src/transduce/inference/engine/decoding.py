@@ -254,8 +254,8 @@ class DecodingModel:
             self.batch_plan = batch_step.BatchPlan.of(model, self.layers, self.generator)
         if native_batch_step and self.batch_plan is None:
             raise ValueError(
-                "native_batch_step needs lineage steps, float32 products (not int8), ReLU, "
-                "K = Dv and one layer-norm epsilon"
+                "native_batch_step needs lineage steps, float32 products (not int8), K = Dv "
+                "and one layer-norm epsilon"
             )
         # (src_valid, its version counter, its source_mask): see memo_source_mask
         self._mask_memo: tuple[Tensor, int, Tensor | None] | None = None

@@ -23,6 +23,9 @@ namespace api = transduce_native_api;
 // What each layer holds in ``weights`` and ``biases``, in this order
 enum Proj : int64_t { kQkv, kSelfOut, kCrossQuery, kCrossOut, kFfnIn, kFfnOut, kProjs };
 
+// The FFN's activation (model/feed_forward.py's ACTIVATIONS): F.relu, F.silu, F.gelu (erf)
+enum Activation : int64_t { kRelu, kSwish, kGelu };
+
 // A product's library (kernels/projection.py's layouts for many rows): our kernel on W's panels,
 // oneDNN's inner product on W in its own layout, MKL's addmm on W^T (in, out)
 enum Kind : int64_t { kPanels, kOnednn, kMkl };
@@ -53,15 +56,16 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, d
 // only: empty tensors after post-norm layers); kv: per layer the buffers (R, capacity, H, K)
 // and (R, capacity, H, K); lineage (N, L) and t as cached_self_attention takes them; cross:
 // per layer keys and values (B, H, S, K); mask (B, 1, 1, S) bool or empty; dims: L, H, K,
-// pre_norm -> logits (N, V)
+// pre_norm, the FFN's activation (``Activation``) -> logits (N, V)
 at::Tensor decoder_batch_step(const at::Tensor& x_in, at::TensorList weights,
                               at::TensorList biases, at::IntArrayRef kinds, at::IntArrayRef outs,
                               at::TensorList norms, at::TensorList kv, const at::Tensor& lineage,
                               int64_t t, at::TensorList cross, const at::Tensor& mask,
                               at::IntArrayRef dims, double eps) {
-  TORCH_CHECK(dims.size() == 4, "dims: L, H, K, pre_norm");
-  const int64_t layers = dims[0], h = dims[1], dk = dims[2];
+  TORCH_CHECK(dims.size() == 5, "dims: L, H, K, pre_norm, activation");
+  const int64_t layers = dims[0], h = dims[1], dk = dims[2], activation = dims[4];
   TORCH_CHECK(layers >= 1, "one decoder layer or more");
+  TORCH_CHECK(activation >= kRelu && activation <= kGelu, "activation: 0, 1 or 2");
   const bool pre = dims[3] != 0;
   const int64_t projs = layers * kProjs + 1;
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == projs &&
@@ -116,8 +120,10 @@ at::Tensor decoder_batch_step(const at::Tensor& x_in, at::TensorList weights,
     at::Tensor c = api::decode_attention(q, cross[2 * l], cross[2 * l + 1], m);  // (B, H, G, K)
     c = c.transpose(1, 2).reshape({n, h * dk});  // (B, G, H, K) -> (N, H K): a view
     x = output(x, product(c, p + kCrossOut, false), l, 1);
-    // the position-wise FFN, ReLU in the first product's call
-    at::Tensor hidden = product(input(x, l, 2), p + kFfnIn, true);  // (N, F)
+    // the position-wise FFN: ReLU in the first product's call, the others after it
+    at::Tensor hidden = product(input(x, l, 2), p + kFfnIn, activation == kRelu);  // (N, F)
+    if (activation == kSwish) hidden = at::silu(hidden);
+    if (activation == kGelu) hidden = at::gelu(hidden);
     x = output(x, product(hidden, p + kFfnOut, false), l, 2);
   }
   if (pre) x = norm(x, norms[6 * layers], norms[6 * layers + 1], eps);
