@@ -129,6 +129,10 @@ def split_columns(weight: Tensor, bias: Tensor | None, parts: int) -> tuple[Tens
     return blocks.contiguous(), padded_bias.view(parts, 1, cols)  # (P*C,) -> (P, 1, C)
 
 
+# ``Projection.many_rows``' libraries (batch_step.cpp's ``Kind``)
+MANY_ROWS_PANELS, MANY_ROWS_ONEDNN, MANY_ROWS_MKL = 0, 1, 2
+
+
 @dataclass(frozen=True)
 class Projection:
     """x (N, in) -> x W^T + b (N, out), each row count on the layout and library that multiplied
@@ -191,6 +195,19 @@ class Projection:
         if self.bias is None:
             return x @ weight_t
         return torch.addmm(self.bias, x, weight_t)
+
+    def many_rows(self) -> tuple[Tensor, int] | None:
+        """The weight and library that ``__call__`` multiplies many rows with, for native code
+        that calls the same product (``native.decoder_batch_step``): W's panels and
+        ``MANY_ROWS_PANELS``, oneDNN's W and ``MANY_ROWS_ONEDNN``, or MKL's W^T and
+        ``MANY_ROWS_MKL``; None for int8 (``Int8Projection``) or without a weight."""
+        if type(self) is not Projection:
+            return None
+        if self.panels is not None:
+            return self.panels, MANY_ROWS_PANELS
+        if self.weight is not None:
+            return self.weight, MANY_ROWS_ONEDNN
+        return None if self.weight_t is None else (self.weight_t, MANY_ROWS_MKL)
 
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b): x (N, in) -> (N, out), the ReLU in the product's own call on the

@@ -9,8 +9,8 @@ and the pre-softmax projection), so the logits are the same numbers.
 
 ``BatchPlan.of`` returns None where it does not apply: int8 products, an activation other than
 the model's three (ReLU, swish, GELU), K != Dv, layer norms with different epsilons. Float32
-products go to the library that ``kernels.Projection`` chose for many rows: our kernel on W's
-panels, oneDNN's or MKL's.
+products go to the library that ``kernels.Projection`` chose for many rows
+(``Projection.many_rows``).
 ``step`` returns None for a step it does not take (a single row, more hypotheses a sentence
 than the attention kernel takes, a folded encoder-decoder attention); the engine then takes
 its Python path.
@@ -39,29 +39,15 @@ def _projections(w: DecoderLayerWeights) -> tuple[Projection, ...]:
     return (w.qkv, w.self_out, w.cross_query, w.cross_out, w.ffn_in, w.ffn_out)
 
 
-# batch_step.cpp's ``Kind``: the library of a product of many rows
-PANELS, ONEDNN, MKL = 0, 1, 2
 # batch_step.cpp's ``Activation``: the engine's (None: ReLU, in the product's call) by code
 ACTIVATIONS: dict[Callable[[Tensor], Tensor] | None, int] = {None: 0, F.silu: 1, F.gelu: 2}
-
-
-def _for_many_rows(p: Projection) -> tuple[Tensor, int] | None:
-    """The weight and library that ``p`` multiplies many rows with (``Projection.__call__``),
-    or None for int8."""
-    if type(p) is not Projection:  # Int8Projection
-        return None
-    if p.panels is not None:
-        return p.panels, PANELS
-    if p.weight is not None:
-        return p.weight, ONEDNN
-    return (p.weight_t, MKL) if p.weight_t is not None else None
 
 
 @dataclass(frozen=True)
 class BatchPlan:
     """What ``decoder_batch_step`` takes besides a step's tensors: each product's weight in its
-    library's layout, bias (empty for none), library (``PANELS``, ``ONEDNN``, ``MKL``) and
-    output count, 6 a layer then the pre-softmax projection's; the layer norms' parameters (the
+    library's layout, bias (empty for none), library (``Projection.many_rows``) and output
+    count, 6 a layer then the pre-softmax projection's; the layer norms' parameters (the
     model's own: 3 pairs a layer, then the final norm's, empty after post-norm layers); L, H, K,
     pre-norm, the FFN's activation (``ACTIVATIONS``); the norms' epsilon."""
 
@@ -82,7 +68,7 @@ class BatchPlan:
         projections = [p for w in layers for p in _projections(w)] + [generator]
         if not layers or not native.available():
             return None
-        many = [_for_many_rows(p) for p in projections]
+        many = [p.many_rows() for p in projections]  # None for int8
         if any(m is None for m in many):
             return None
         activations = {w.activation for w in layers}
