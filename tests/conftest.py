@@ -2,6 +2,7 @@
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,15 @@ for kit in ("model", "inference", "benchmarks", "training"):
 # Tests use tiny tensors; one intra-op thread avoids oversubscribing shared CPUs (several times
 # faster than the default thread pool on a loaded 2-core machine).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_after_each_test() -> Iterator[None]:
+    """Put back one thread after a test that ran a benchmark's ``--threads`` (they leave it set):
+    the next tests in the worker would share its core with the other worker's."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def pytest_xdist_auto_num_workers(config: object) -> int:

@@ -20,7 +20,9 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
         pytest.skip("the native kernels did not build here")
     bench = load_benchmark("native_kernels", "native_kernels_bench")
     monkeypatch.setitem(bench.decode.SIZES, "small", TINY)
-    monkeypatch.setattr("sys.argv", ["native_kernels.py", "--sizes", "small", "--rounds", "1"])
+    monkeypatch.setattr(
+        "sys.argv", ["native_kernels.py", "--sizes", "small", "--rounds", "1", "--threads", "1"]
+    )
     bench.main()
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"int8_rows 128x512", "log_softmax_topk4 128x37000"} <= set(out["operators"])
@@ -62,7 +64,10 @@ def test_where_auto_keeps_another_library_our_float32_product_is_forced_against_
     bench = load_benchmark("native_kernels", "native_kernels_bench")
     monkeypatch.setitem(bench.decode.SIZES, "small", TINY)
     monkeypatch.setattr("transduce.kernels.matmul._cpu_vendor", lambda: "AuthenticAMD")
-    argv = ["native_kernels.py", "--sizes", "small", "--rounds", "1", "--parts", "searches"]
+    argv = [
+        *("native_kernels.py", "--sizes", "small", "--rounds", "1", "--threads", "1"),
+        *("--parts", "searches"),
+    ]
     monkeypatch.setattr("sys.argv", argv)
     bench.main()
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
