@@ -46,6 +46,7 @@ from transduce.inference.common import (
 from transduce.inference.contract import DecodableModel, reorder_moves_rows
 from transduce.inference.length_penalty import length_penalty
 from transduce.inference.topk import next_token_candidates
+from transduce.kernels import BeamChoice
 
 # Beam search keeps hypotheses in their parents' slots (parent_slots) from this many rows
 # (sentences x beam) on: the cache then copies only the rows that move (DecoderCache.reorder).
@@ -207,13 +208,13 @@ class _Sentences:
             length_penalty(max_lens + 1, alpha),
         )
 
-    def finish(self, ended: Tensor, normalised: Tensor) -> None:
-        """Count the step's ended candidates (n, W) bool, with their normalised scores (n, W),
-        among each sentence's finished: its count and its W best scores."""
+    def finish(self, ended: Tensor, normalised: Tensor) -> tuple[Tensor, Tensor]:
+        """The step's ended candidates (n, W) bool, with their normalised scores (n, W), counted
+        among each sentence's finished -> (its count (n,), its W best scores (n, W))."""
         new = normalised.masked_fill(~ended, float("-inf"))
         width = self.finished_scores.size(1)
-        self.finished_scores = torch.cat([self.finished_scores, new], 1).topk(width).values
-        self.n_finished = self.n_finished + ended.sum(1)
+        best = torch.cat([self.finished_scores, new], 1).topk(width).values
+        return self.n_finished + ended.sum(1), best
 
     def keep(self, index: Tensor) -> _Sentences:
         """The sentences ``index`` (n',) of these."""
@@ -303,6 +304,99 @@ def _next_rows(
     return rows, tok.index_select(0, keep).view(-1, 1), scores.index_select(0, keep)
 
 
+def _choose(
+    row_top: Tensor,
+    row_tok: Tensor,
+    scores: Tensor,
+    sents: _Sentences,
+    step: int,
+    how: _How,
+    in_place_pays: bool,
+) -> BeamChoice:
+    """A step's choice (``kernels.BeamChoice``) in PyTorch's operators: on any device, and the
+    reference of the native kernel's (``kernels.beam_select``). row_top, row_tok (n*W, P) each
+    hypothesis's best next log-probabilities and tokens, scores (n, W) the live log-probs;
+    ``in_place_pays``: whether hypotheses may take their parents' slots (``_next_rows``)."""
+    width, ninf, slot = scores.size(1), float("-inf"), how.slot
+    top, parent, tok = _candidates(row_top, row_tok, scores)  # (n, W) each
+    entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
+    is_eos = tok == EOS
+    ended = entered & is_eos
+    n_finished, finished_scores = sents.n_finished, sents.finished_scores
+    normalised = top  # replaced below whenever a candidate may have ended
+    # where reads are cheap (CPUs), one costs less than the writes it skips on most steps;
+    # elsewhere whether any ended is read below, with the sentences that are done
+    any_ended = how.cheap_reads and bool(ended.any())
+    if not how.cheap_reads or any_ended:
+        normalised = top / length_penalty(step + 1, how.alpha)  # |Y| = step tokens + EOS
+        n_finished, finished_scores = sents.finish(ended, normalised)
+    live = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
+
+    # Done when the best live hypothesis cannot reach the n-th best finished score (see the
+    # module docstring); this covers "no live hypothesis left" and the forced-EOS step.
+    lp_bound = sents.lp_max_len.clamp(min=length_penalty(step + 2, how.alpha))
+    bound = live.max(dim=1).values / lp_bound
+    done = (bound <= finished_scores[:, how.nbest - 1]) | (sents.max_lens <= step)
+    keep, ended_read = _kept(done, ended, how.cheap_reads)  # the step's one read of the device
+    rows, next_tok, next_scores = _next_rows(
+        parent, tok, live, keep, slot, how.first_rows, in_place_pays
+    )
+    return BeamChoice(
+        top,
+        parent,
+        tok,
+        ended,
+        normalised,
+        finished_scores,
+        n_finished,
+        keep,
+        rows,
+        next_tok,
+        next_scores,
+        any_ended or ended_read,
+    )
+
+
+@dataclass(frozen=True)
+class _How:
+    """What a search's choices share: its settings and the constants of its batch."""
+
+    alpha: float
+    nbest: int
+    cheap_reads: bool  # kernels.reads_are_cheap
+    native: bool  # whether kernels.beam_select chooses
+    slot: Tensor  # (W,) 0..W-1
+    first_rows: Tensor  # (B, 1) row i*W of sentence i
+
+
+def _choice(
+    row_top: Tensor,
+    row_tok: Tensor,
+    scores: Tensor,
+    sents: _Sentences,
+    step: int,
+    how: _How,
+    cache: Any,
+) -> BeamChoice:
+    """The step's choice: the native kernel's where it runs (float32 scores), else ``_choose``.
+    Hypotheses take their parents' slots where reads are cheap and ``cache`` moves rows."""
+    in_place_pays = how.cheap_reads and reorder_moves_rows(cache)
+    if not (how.native and row_top.dtype == scores.dtype == torch.float32):
+        return _choose(row_top, row_tok, scores, sents, step, how, in_place_pays)
+    n, width = scores.shape
+    return kernels.beam_select(
+        row_top,
+        row_tok,
+        scores,
+        (sents.n_finished, sents.finished_scores, sents.lp_max_len, sents.max_lens),
+        step,
+        (length_penalty(step + 1, how.alpha), length_penalty(step + 2, how.alpha)),
+        how.nbest,
+        EOS,
+        in_place_pays and n * width >= PARENT_SLOTS_MIN_ROWS,
+    )
+
+
 @torch.inference_mode()  # see greedy_decode
 def _beam_search(
     model: DecodableModel[Any],
@@ -318,7 +412,6 @@ def _beam_search(
     if batch == 0:
         return []
     memory, src_valid = model.encode(src)  # (B, S, D), (B, S)
-    ninf = float("-inf")
     sents = _Sentences.start(memory, src_valid, max_lens, width, alpha)
     cache = model.new_cache()
     forced_from = first_forced_step(max_lens)  # no EOS to force before this step
@@ -326,44 +419,39 @@ def _beam_search(
     per_row = row_top.size(1)  # P candidates kept per hypothesis
     # The W beams are identical at step 0: only beam 0 may expand, or the beam would fill with
     # copies of the same hypothesis.
-    scores = torch.full((batch, width), ninf, device=device)  # (B, W) live log-probs
+    scores = torch.full((batch, width), float("-inf"), device=device)  # (B, W) live log-probs
     scores[:, 0] = 0.0
     tokens = src.new_empty((batch * width, 0))  # (B*W, t) tokens of each live hypothesis
     finished = _Finished(batch, width, int(max_lens.max()), device)
-    slot = torch.arange(width, device=device)  # (W,)
-    first_rows = torch.arange(0, batch * width, width, device=device)[:, None]  # (B, 1)
     cheap_reads = kernels.reads_are_cheap(device)  # CPUs: reads that skip work pay
+    how = _How(
+        alpha,
+        nbest,
+        cheap_reads,
+        kernels.beam_select_runs(device),
+        torch.arange(width, device=device),
+        torch.arange(0, batch * width, width, device=device)[:, None],
+    )
     step = 0  # tokens in every live hypothesis
     while True:
-        top, parent, tok = _candidates(row_top, row_tok, scores)  # (n, W) each
-        entered = (slot < (width - sents.n_finished)[:, None]) & (top > ninf)
-        is_eos = tok == EOS
-        ended = entered & is_eos
-        before = sents.n_finished  # what each sentence had finished before this step
-        normalised = top  # replaced below whenever a candidate may have ended
-        # where reads are cheap (CPUs), one costs less than the writes it skips on most steps;
-        # elsewhere whether any ended is read below, with the sentences that are done
-        if not cheap_reads or bool(ended.any()):
-            normalised = top / length_penalty(step + 1, alpha)  # |Y| = step tokens + EOS
-            if cheap_reads:
-                finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
-            sents.finish(ended, normalised)
-        scores = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
-
-        # Done when the best live hypothesis cannot reach the n-th best finished score (see the
-        # module docstring); this covers "no live hypothesis left" and the forced-EOS step.
-        lp_bound = sents.lp_max_len.clamp(min=length_penalty(step + 2, alpha))
-        bound = scores.max(dim=1).values / lp_bound
-        done = (bound <= sents.finished_scores[:, nbest - 1]) | (sents.max_lens <= step)
-        keep, any_ended = _kept(done, ended, cheap_reads)  # the step's one read of the device
-        if any_ended and not cheap_reads:  # the finished tokens, now known to be some
-            finished.add(ended, before, sents.sent, tokens, parent, normalised, top)
+        choice = _choice(row_top, row_tok, scores, sents, step, how, cache)
+        if choice.any_ended:  # n_finished: what each sentence had finished before this step
+            finished.add(
+                choice.ended,
+                sents.n_finished,
+                sents.sent,
+                tokens,
+                choice.parent,
+                choice.normalised,
+                choice.top,
+            )
+        sents.n_finished, sents.finished_scores = choice.n_finished, choice.finished_scores
+        keep = choice.keep
         if keep is not None and keep.numel() == 0:
             break
-        in_place_pays = cheap_reads and reorder_moves_rows(cache)
-        rows, tok, scores = _next_rows(parent, tok, scores, keep, slot, first_rows, in_place_pays)
-        cache.reorder(rows)
-        tokens = torch.cat([tokens.index_select(0, rows), tok], 1)
+        cache.reorder(choice.rows)
+        tokens = torch.cat([tokens.index_select(0, choice.rows), choice.next_tok], 1)
+        scores = choice.next_scores
         if keep is not None:  # drop the sentences that are done
             cache.select_sources(keep)
             sents = sents.keep(keep)

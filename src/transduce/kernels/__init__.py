@@ -23,6 +23,8 @@ from transduce.kernels.attention import (
     grouped_queries_path,
     training_attention,
 )
+from transduce.kernels.beam_select import BeamChoice, beam_select
+from transduce.kernels.beam_select import runs as beam_select_runs
 from transduce.kernels.device import (
     graphs_capture,
     kept_graph_bytes,
@@ -52,6 +54,9 @@ from transduce.kernels.topk_tiles import log_softmax_topk
 from transduce.kernels.topk_tiles import pays as log_softmax_topk_pays
 
 __all__ = [
+    "BeamChoice",
+    "beam_select",
+    "beam_select_runs",
     "cached_attention_runs",
     "cached_self_attention",
     "graphs_capture",

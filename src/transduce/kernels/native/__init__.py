@@ -28,6 +28,9 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
 - ``batch_step.cpp``: a batch's decoding step on the lineage table, every layer and the
   pre-softmax projection in one call of the operators above and the float32 products' libraries
   (``decoder_batch_step``; inference/engine/batch_step.py), which saves the Python between them;
+- ``beam_select.cpp``: beam search's choice of a step (``beam_select``; kernels/beam_select.py,
+  inference/beam.py): the best extensions, the finished, the done and the next step's rows in
+  one pass where PyTorch takes ~30 operators on (sentences, beam) tensors;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp); ``api.h``: the
   operators one source calls in another.
 
@@ -68,6 +71,7 @@ SOURCES = tuple(
         "f32_gemm.cpp",
         "adam.cpp",
         "batch_step.cpp",
+        "beam_select.cpp",
     )
 )
 HEADERS = (HERE / "vec.h", HERE / "api.h")  # included by the sources: part of the build's name
@@ -225,6 +229,26 @@ def log_softmax_topk(
         logits, k, lo, hi, empty if force is None else force, forced
     )
     return values, indices
+
+
+def beam_select(
+    row_top: Tensor,
+    row_tok: Tensor,
+    scores: Tensor,
+    n_finished: Tensor,
+    finished_scores: Tensor,
+    lp_max_len: Tensor,
+    max_lens: Tensor,
+    numbers: tuple[int, float, float, int, int, bool],
+) -> tuple[Tensor, ...]:
+    """Beam search's choice of a step (``kernels.beam_select``, which names the tensors):
+    ``numbers`` are (step, lp_now, lp_next, nbest, eos, in_place) -> (top, parent, tok, ended,
+    normalised, finished_scores, n_finished, keep, rows, next_tok, next_scores, any_ended)
+    (needs ``available()``)."""
+    out: tuple[Tensor, ...] = getattr(torch.ops, NAMESPACE).beam_select(
+        row_top, row_tok, scores, n_finished, finished_scores, lp_max_len, max_lens, *numbers
+    )
+    return out
 
 
 def dropout_keep_scale(like: Tensor, scale: Tensor, threshold: int, seed: int) -> Tensor:
