@@ -1,6 +1,6 @@
 """The native kernel's choice of a beam search step (``kernels.beam_select``) against the PyTorch
-form it replaces on CPUs (``beam._choose``): the same tensors bit for bit on random steps, and
-the same searches end to end."""
+form it replaces on CPUs (``beam_choice.choose_in_torch``): the same tensors bit for bit on
+random steps, and the same searches end to end."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from inference_testkit import random_sources, tiny_model
 
 from transduce import kernels
 from transduce.data.vocab import EOS
-from transduce.inference import beam as beam_module
-from transduce.inference import beam_search
+from transduce.inference import beam_choice, beam_search
 from transduce.inference.length_penalty import length_penalty
 from transduce.kernels import native
 
@@ -35,7 +34,7 @@ def _random_step(gen: torch.Generator, n: int, width: int, per_row: int, step: i
     finished = finished.sort(dim=1, descending=True).values
     finished[torch.arange(width)[None, :] >= n_finished[:, None]] = float("-inf")
     max_lens = torch.randint(step, step + 4, (n,), generator=gen)
-    sents = beam_module._Sentences(
+    sents = beam_choice.Sentences(
         memory=torch.zeros(n, 1, 1),
         src_valid=torch.ones(n, 1, dtype=torch.bool),
         sent=torch.arange(n),
@@ -47,8 +46,8 @@ def _random_step(gen: torch.Generator, n: int, width: int, per_row: int, step: i
     return row_top, row_tok, scores, sents
 
 
-def _how(n: int, width: int, alpha: float, nbest: int) -> beam_module._How:
-    return beam_module._How(
+def _how(n: int, width: int, alpha: float, nbest: int) -> beam_choice.ChoiceSettings:
+    return beam_choice.ChoiceSettings(
         alpha=alpha,
         nbest=nbest,
         cheap_reads=True,
@@ -70,8 +69,8 @@ def test_random_steps_choose_the_same_bit_for_bit(width: int, per_row: int, in_p
         nbest = 1 + case % width
         row_top, row_tok, scores, sents = _random_step(gen, n, width, per_row, step)
         how = _how(n, width, alpha, nbest)
-        want = beam_module._choose(row_top, row_tok, scores, sents, step, how, in_place)
-        got = beam_module._choice(row_top, row_tok, scores, sents, step, how, _Cache(in_place))
+        want = beam_choice.choose_in_torch(row_top, row_tok, scores, sents, step, how, in_place)
+        got = beam_choice.choose(row_top, row_tok, scores, sents, step, how, _Cache(in_place))
         where = f"case {case}"
         entered = want.top > float("-inf")
         for name in ("top", "ended", "finished_scores", "n_finished", "rows", "next_scores"):
@@ -112,12 +111,12 @@ def test_parent_slots_of_a_large_batch_are_pytorchs():
     row_top.clamp_(min=-20.0)
     row_tok[row_tok == EOS] = 3
     how = _how(n, width, 0.6, 1)
-    want = beam_module._choose(row_top, row_tok, scores, sents, 0, how, True)
-    got = beam_module._choice(row_top, row_tok, scores, sents, 0, how, _Cache(True))
+    want = beam_choice.choose_in_torch(row_top, row_tok, scores, sents, 0, how, True)
+    got = beam_choice.choose(row_top, row_tok, scores, sents, 0, how, _Cache(True))
     assert want.keep is None
     assert torch.equal(got.rows, want.rows)
     # not the plain order: some hypotheses were put in their parents' slots
-    plain = beam_module._choose(row_top, row_tok, scores, sents, 0, how, False)
+    plain = beam_choice.choose_in_torch(row_top, row_tok, scores, sents, 0, how, False)
     assert not torch.equal(plain.rows, want.rows)
 
 

@@ -4,8 +4,9 @@ A step of ``inference.beam`` chooses, from each hypothesis's P best next tokens,
 extensions of each sentence, which of them finish, which sentences are done, and the cache rows
 the next step reads: ~30 PyTorch operators on (sentences, beam) tensors, each costing more to
 call than its work on a CPU. The native kernel does it in one pass, with the same numbers bit for
-bit (``inference.beam._choose`` is the PyTorch form and the reference; tests/inference/
-test_beam_select.py). Where it runs is a kernels rule (``runs``): CPUs with the native kernels.
+bit (``inference.beam_choice.choose_in_torch`` is the PyTorch form and the reference;
+tests/inference/test_beam_select.py). Where it runs is a kernels rule (``runs``): CPUs with
+the native kernels.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def beam_select(
     scores (n, W) the live log-probabilities, ``sentences`` (n_finished (n,), finished_scores
     (n, W), lp_max_len (n,), max_lens (n,)), ``lp`` the length penalties of step + 1 and step + 2
     tokens -> the step's choice; ``in_place``: where every sentence goes on, hypotheses take
-    their parents' slots (``inference.beam.parent_slots``)."""
+    their parents' slots (``inference.beam_choice.parent_slots``)."""
     n = scores.size(0)
     n_finished, finished_scores, lp_max_len, max_lens = sentences
     numbers = (step, lp[0], lp[1], nbest, eos, in_place)

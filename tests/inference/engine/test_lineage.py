@@ -175,7 +175,8 @@ def test_the_first_buffers_hold_twice_the_source_and_beams_keep_no_slots(
     """A batch's first buffers have room for twice its source length, so an output that long
     never grows (copies) them; and beam search leaves hypotheses where they fall (no
     ``parent_slots``) while the cache moves table rows, not keys: the same outputs either way."""
-    from transduce.inference import beam as beam_module
+    from transduce import kernels
+    from transduce.inference import beam_choice
 
     model = tiny_model(**_SIZES[1])
     g = torch.Generator().manual_seed(7)
@@ -194,8 +195,11 @@ def test_the_first_buffers_hold_twice_the_source_and_beams_keep_no_slots(
             b.data_ptr() for b in first
         ]
     calls: list[int] = []
-    real = beam_module.parent_slots
-    monkeypatch.setattr(beam_module, "parent_slots", lambda *a: calls.append(1) or real(*a))
+    real = beam_choice.parent_slots
+    monkeypatch.setattr(beam_choice, "parent_slots", lambda *a: calls.append(1) or real(*a))
+    # PyTorch's choice, where parent_slots is called from Python (the native kernel's in-place
+    # order is tested against it in tests/inference/test_beam_select.py)
+    monkeypatch.setattr(kernels, "beam_select_runs", lambda device: False)
     outs = []
     for on in (True, False):
         calls.clear()

@@ -29,7 +29,7 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
   pre-softmax projection in one call of the operators above and the float32 products' libraries
   (``decoder_batch_step``; inference/engine/batch_step.py), which saves the Python between them;
 - ``beam_select.cpp``: beam search's choice of a step (``beam_select``; kernels/beam_select.py,
-  inference/beam.py): the best extensions, the finished, the done and the next step's rows in
+  inference/beam_choice.py): the best extensions, the finished, the done and the next step's rows in
   one pass where PyTorch takes ~30 operators on (sentences, beam) tensors;
 - ``vec.h``: the vector helpers they share (16 float lanes, a vectorised exp); ``api.h``: the
   operators one source calls in another.

@@ -1,4 +1,4 @@
-// One step of beam search's choice on the CPU (inference/beam.py, ``_select``), in one pass over
+// One step of beam search's choice on the CPU (inference/beam_choice.py, ``choose``), in one pass over
 // the n sentences where PyTorch takes ~30 operators on (n, W) tensors, each costing more to
 // call than its work: from each hypothesis's P best next tokens, the W best one-token
 // extensions of each sentence; those that enter the beam and end (EOS); the sentences' finished
@@ -31,7 +31,7 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return ia < ib;
 }
 
-// parent_slots of beam.py for one sentence: slot s takes hypothesis perm[s], the first live one
+// parent_slots of beam_choice.py for one sentence: slot s takes hypothesis perm[s], the first live one
 // extending s where there is one, the unclaimed hypotheses in order for the other slots
 void parent_slots(const int64_t* parent, const bool* live, int64_t w, int64_t* perm) {
   std::vector<char> claimed(w, 0);
