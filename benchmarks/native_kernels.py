@@ -22,7 +22,9 @@ order, median of the per-round ratios, so a shared machine's drift cancels):
   against what "auto" took before it, MKL's ``addmm`` (Intel CPUs with AVX-512), and forced
   against "auto" (oneDNN) on other CPUs with AVX-512, for the rule's measurement there (the
   operator alone against MKL's wherever it is built), and a batch's step in one native call
-  (``native_batch_step``) against the same operators called from Python;
+  (``native_batch_step``) against the same operators called from Python; and beam 4 on the
+  batch and on one sentence with beam search's choice of a step in one native call
+  (``kernels.beam_select``) against PyTorch's operators;
 - the training operators: the label-smoothed cross-entropy with its gradient (the paper's batch
   of 64 x 24 target tokens over 37,000 words, bfloat16, against training/loss.py's chunks),
   dropout's keep-and-scale tensor, layer norm forward and backward (bfloat16), the total
@@ -352,7 +354,34 @@ def searches(size_name: str, rounds: int) -> dict[str, dict]:
                     out[key] = paired(lambda f=fn, e=on: f(e), lambda f=fn, e=off: f(e), rounds)
                 out[key]["same_outputs"] = same
                 print(key, out[key], file=sys.stderr, flush=True)
+        if not int8:  # beam search's choice of a step in one native call, against PyTorch's
+            engine = decode.SuppressEarlyEOS(make_on(), max_len)
+            for job in ("beam4", "b1 beam4"):
+                key = f"{size_name} fp32 {job} choice"
+                fn_on = lambda f=jobs[job]: f(engine)  # noqa: E731
+                fn_off = without_native_choice(fn_on)
+                with torch.no_grad():
+                    same = fn_on() == fn_off()
+                    out[key] = paired(fn_on, fn_off, rounds)
+                out[key]["same_outputs"] = same
+                print(key, out[key], file=sys.stderr, flush=True)
     return out
+
+
+def without_native_choice(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with beam search's choice in PyTorch's operators (``kernels.beam_select`` off)."""
+    from transduce import kernels
+
+    real = kernels.beam_select_runs
+
+    def go() -> object:
+        kernels.beam_select_runs = lambda device: False  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            kernels.beam_select_runs = real  # type: ignore[assignment]
+
+    return go
 
 
 def with_native_f32(make: Callable[[], object]) -> object:

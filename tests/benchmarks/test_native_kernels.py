@@ -36,7 +36,7 @@ def test_a_one_round_run_compares_the_native_kernels_with_pytorchs(
     batch = batch if DecodingModel(bench.decode.build_ours(TINY)).batch_plan is not None else ()
     assert set(searches) == {f"small {p} {j}" for p in ("fp32", "int8") for j in jobs} | {
         f"small int8 {j}" for j in amx
-    } | {f"small fp32 {j}" for j in f32 + batch}
+    } | {f"small fp32 {j}" for j in f32 + batch + ("beam4 choice", "b1 beam4 choice")}
     assert bool(amx) == any(k.startswith("amx_int8") for k in out["operators"])
     assert native.f32_gemm_available() == any(k.startswith("f32_linear") for k in out["operators"])
     for key, r in searches.items():
