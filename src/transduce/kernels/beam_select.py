@@ -4,7 +4,9 @@ A step of ``inference.beam`` chooses, from each hypothesis's P best next tokens,
 extensions of each sentence, which of them finish, which sentences are done, and the cache rows
 the next step reads: ~30 PyTorch operators on (sentences, beam) tensors, each costing more to
 call than its work on a CPU. The native kernel does it in one pass, with the same numbers bit for
-bit (``inference.beam_choice.choose_in_torch`` is the PyTorch form and the reference;
+bit but for exact ties of finite scores at the beam's edge, where it takes the first candidate
+and ``torch.topk`` any (``inference.beam_choice.choose_in_torch`` is the PyTorch form and the
+reference;
 tests/inference/test_beam_select.py). Where it runs is a kernels rule (``runs``): CPUs with
 the native kernels.
 """

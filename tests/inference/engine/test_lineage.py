@@ -207,6 +207,20 @@ def test_the_first_buffers_hold_twice_the_source_and_beams_keep_no_slots(
         outs.append([[(h.tokens, round(h.score, 4)) for h in hyps] for hyps in out])
         assert (calls == []) == on  # the gathering cache moves rows: its hypotheses keep slots
     assert outs[0] == outs[1]
+    # the native choice is asked for parents' slots where the cache moves rows, never on the table
+    monkeypatch.undo()
+    asked: list[bool] = []
+    real_select = kernels.beam_select
+
+    def select(*args: object) -> kernels.BeamChoice:
+        asked.append(bool(args[-1]))  # in_place
+        return real_select(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "beam_select", select)
+    for on in (True, False):
+        asked.clear()
+        beam_search(DecodingModel(model, lineage_steps=on), src, beam=4, max_len=10)
+        assert asked and any(asked) != on
 
 
 def test_wrapping_caches_say_whether_a_reorder_moves_rows() -> None:

@@ -52,6 +52,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -240,12 +241,12 @@ def beam_select(
     lp_max_len: Tensor,
     max_lens: Tensor,
     numbers: tuple[int, float, float, int, int, bool],
-) -> tuple[Tensor, ...]:
+) -> tuple[Any, ...]:
     """Beam search's choice of a step (``kernels.beam_select``, which names the tensors):
     ``numbers`` are (step, lp_now, lp_next, nbest, eos, in_place) -> (top, parent, tok, ended,
-    normalised, finished_scores, n_finished, keep, rows, next_tok, next_scores, any_ended)
-    (needs ``available()``)."""
-    out: tuple[Tensor, ...] = getattr(torch.ops, NAMESPACE).beam_select(
+    normalised, finished_scores, n_finished, keep, rows, next_tok, next_scores, any_ended),
+    eleven tensors and a bool (needs ``available()``)."""
+    out: tuple[Any, ...] = getattr(torch.ops, NAMESPACE).beam_select(
         row_top, row_tok, scores, n_finished, finished_scores, lp_max_len, max_lens, *numbers
     )
     return out

@@ -1,6 +1,6 @@
-// One step of beam search's choice on the CPU (inference/beam_choice.py, ``choose``), in one pass over
-// the n sentences where PyTorch takes ~30 operators on (n, W) tensors, each costing more to
-// call than its work: from each hypothesis's P best next tokens, the W best one-token
+// One step of beam search's choice on the CPU (inference/beam_choice.py, ``choose``), in one
+// pass over the n sentences where PyTorch takes ~30 operators on (n, W) tensors, each costing
+// more to call than its work: from each hypothesis's P best next tokens, the W best one-token
 // extensions of each sentence; those that enter the beam and end (EOS); the sentences' finished
 // counts and W best finished scores; which sentences are done (the bound of beam.py's
 // docstring); and for those that go on, the cache rows, tokens and live scores of the next step,
@@ -8,7 +8,8 @@
 //
 // The numbers are the PyTorch form's bit for bit: the same float32 sums, divisions and
 // comparisons. Of equal candidates the first (in hypothesis-major order) is taken, as the
-// native log_softmax_topk does; NaN ranks above every number, as in torch.topk.
+// native log_softmax_topk does, where torch.topk may take any: a tie of finite scores at the
+// beam's edge can choose another of them. NaN ranks above every number, as in torch.topk.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -31,8 +32,8 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return ia < ib;
 }
 
-// parent_slots of beam_choice.py for one sentence: slot s takes hypothesis perm[s], the first live one
-// extending s where there is one, the unclaimed hypotheses in order for the other slots
+// parent_slots of beam_choice.py for one sentence: slot s takes hypothesis perm[s], the first
+// live one extending s where there is one, the unclaimed hypotheses in order for the other slots
 void parent_slots(const int64_t* parent, const bool* live, int64_t w, int64_t* perm) {
   std::vector<char> claimed(w, 0);
   std::vector<int64_t> first(w, -1);
