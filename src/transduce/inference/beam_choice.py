@@ -154,6 +154,18 @@ def _next_rows(
     return rows, tok.index_select(0, keep).view(-1, 1), scores.index_select(0, keep)
 
 
+@dataclass(frozen=True)
+class ChoiceSettings:
+    """What a search's choices share: its settings and the constants of its batch."""
+
+    alpha: float
+    nbest: int
+    cheap_reads: bool  # kernels.reads_are_cheap
+    native: bool  # whether kernels.beam_select chooses
+    slot: Tensor  # (W,) 0..W-1
+    first_rows: Tensor  # (B, 1) row i*W of sentence i
+
+
 def choose_in_torch(
     row_top: Tensor,
     row_tok: Tensor,
@@ -205,18 +217,6 @@ def choose_in_torch(
         next_scores,
         any_ended or ended_read,
     )
-
-
-@dataclass(frozen=True)
-class ChoiceSettings:
-    """What a search's choices share: its settings and the constants of its batch."""
-
-    alpha: float
-    nbest: int
-    cheap_reads: bool  # kernels.reads_are_cheap
-    native: bool  # whether kernels.beam_select chooses
-    slot: Tensor  # (W,) 0..W-1
-    first_rows: Tensor  # (B, 1) row i*W of sentence i
 
 
 def choose(
