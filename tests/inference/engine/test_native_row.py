@@ -215,6 +215,40 @@ def test_searches_give_the_pytorch_step_s_outputs(int8: bool) -> None:
             assert a.score == pytest.approx(b.score, abs=1e-5)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_a_beams_reorder_moves_rows_in_the_native_steps_buffers(
+    int8: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sentence's beam: a reorder copies the rows that move within the buffers the native
+    steps write and keeps their state, rather than settling it (made anew the next step): the
+    same hypotheses and scores bit for bit, the state made once for the beam's rows."""
+    from transduce.inference.engine.cache import EngineCache
+
+    model = tiny_model(d_model=32, d_ff=64, n_heads=4, tie_embeddings=False, tgt_vocab=13)
+    src, _ = tiny_batch()
+    engine = DecodingModel(model, int8=int8)
+    made: list[int] = []
+    real_state = DecodingModel._row_state
+    monkeypatch.setattr(DecodingModel, "_row_state", lambda *a: made.append(1) or real_state(*a))
+    moved = 0
+    for i in range(src.size(0)):
+        one = src[i : i + 1]
+        made.clear()
+        kept = beam_search(engine, one, beam=4, max_len=8, nbest=4)
+        # once for the first step's row, once for the beam's 4 (max_len 8 stays within the
+        # first buffers' capacity)
+        assert len(made) == 2
+        with monkeypatch.context() as m:
+            m.setattr(EngineCache, "_reorder_native_rows", lambda self, index: False)
+            made.clear()
+            settled = beam_search(engine, one, beam=4, max_len=8, nbest=4)
+            moved += len(made) > 2  # the old way made it anew after every reorder
+        assert [[(h.tokens, h.score) for h in hs] for hs in kept] == [
+            [(h.tokens, h.score) for h in hs] for hs in settled
+        ]
+    assert moved == src.size(0)
+
+
 def test_where_it_does_not_apply_it_is_refused_or_off() -> None:
     model = tiny_model()
     assert DecodingModel(model).row_plan is not None  # on by default on float32 CPU weights

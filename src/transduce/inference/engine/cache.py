@@ -289,6 +289,24 @@ class EngineCache(DecoderCache):
             layer.self_k = _positions(kb, state.rows, 0, self.length)  # (N, H, length, K)
             layer.self_v = _positions(vb, state.rows, 0, self.length)
 
+    def _reorder_native_rows(self, index: Tensor) -> bool:
+        """A sentence's native steps (``row_state``), ``index`` (N,) keeping their row count:
+        the rows that move copied within the buffers the steps write, the state kept for the
+        next step (settling it would make the next step build it anew, ~0.1 ms a step of a
+        sentence's beam). False, and nothing done, elsewhere."""
+        state = self.row_state
+        if state is None or index.numel() != state.rows:
+            return False
+        if not kernels.reads_are_cheap(index.device):  # counting the moved rows would wait
+            return False
+        dst = (index != torch.arange(state.rows, device=index.device)).nonzero().squeeze(1)
+        if dst.numel():
+            src = index.index_select(0, dst)  # (M,) the rows each moved row comes from
+            for buffer in state.buffers:  # (rows, capacity, H, size): a row's positions a block
+                rows = buffer.narrow(1, 0, self.length)
+                rows.index_copy_(0, dst, rows.index_select(0, src))
+        return True
+
     def select_sources(self, index: Tensor) -> None:
         """Keep source rows ``index`` (LongTensor (B_new,)) of the cross-attention cache."""
         self._settle_rows()  # the sentence's native state holds its cross-attention
@@ -303,6 +321,10 @@ class EngineCache(DecoderCache):
         rows are copied, in place; otherwise all rows are gathered."""
         if self.lineage is not None:
             self.lineage = self.lineage.index_select(0, index)  # (N_new, L)
+            if self.slots is not None:
+                self.slots = self.slots.index_select(0, index)
+            return
+        if self._reorder_native_rows(index):
             if self.slots is not None:
                 self.slots = self.slots.index_select(0, index)
             return
