@@ -249,6 +249,25 @@ def test_a_beams_reorder_moves_rows_in_the_native_steps_buffers(
     assert moved == src.size(0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reordering_the_row_buffers_is_a_gather_of_their_first_positions(
+    dtype: torch.dtype,
+) -> None:
+    g = torch.Generator().manual_seed(3)
+    full = [torch.randn(6, 9, 2, 3, generator=g).to(dtype) for _ in range(4)]  # (rows, cap, H, K)
+    buffers = [b.narrow(0, 0, 5) for b in full]  # the 5 rows in use, as the native steps' state
+    index = torch.tensor([2, 0, 1, 3, 2])  # a cycle of three rows, one kept, one row copied twice
+    want = [b.clone() for b in full]
+    for b in want:
+        b[:5, :4] = b[:5, :4].index_select(0, index)
+    assert native.reorder_row_buffers(buffers, index, 4) == 4  # rows 0, 1, 2 and 4 move
+    for got, expected in zip(full, want, strict=True):
+        assert torch.equal(got, expected)  # positions 4.. and row 5 untouched
+    assert native.reorder_row_buffers(buffers, torch.arange(5), 4) == 0
+    with pytest.raises(RuntimeError, match="rows 0 .. N-1"):
+        native.reorder_row_buffers(buffers, torch.tensor([0, 5, 1, 2, 3]), 4)
+
+
 def test_where_it_does_not_apply_it_is_refused_or_off() -> None:
     model = tiny_model()
     assert DecodingModel(model).row_plan is not None  # on by default on float32 CPU weights

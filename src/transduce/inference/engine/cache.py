@@ -16,6 +16,7 @@ from torch import Tensor
 
 from transduce import kernels
 from transduce.inference.engine.native_row import RowState
+from transduce.kernels import native
 from transduce.model.cache import DecoderCache, LayerCache
 
 
@@ -291,20 +292,15 @@ class EngineCache(DecoderCache):
 
     def _reorder_native_rows(self, index: Tensor) -> bool:
         """A sentence's native steps (``row_state``), ``index`` (N,) keeping their row count:
-        the rows that move copied within the buffers the steps write, the state kept for the
-        next step (settling it would make the next step build it anew, ~0.1 ms a step of a
-        sentence's beam). False, and nothing done, elsewhere."""
+        the rows that move copied within the buffers the steps write, in one native call
+        (``native.reorder_row_buffers``), and the state kept for the next step (settled, the
+        next step would make it anew: ~0.1 ms a step of a sentence's beam). False, and nothing
+        done, elsewhere."""
         state = self.row_state
         if state is None or index.numel() != state.rows:
             return False
-        if not kernels.reads_are_cheap(index.device):  # counting the moved rows would wait
-            return False
-        dst = (index != torch.arange(state.rows, device=index.device)).nonzero().squeeze(1)
-        if dst.numel():
-            src = index.index_select(0, dst)  # (M,) the rows each moved row comes from
-            for buffer in state.buffers:  # (rows, capacity, H, size): a row's positions a block
-                rows = buffer.narrow(1, 0, self.length)
-                rows.index_copy_(0, dst, rows.index_select(0, src))
+        # (the native steps run on CPUs, with the native kernels: so does this)
+        native.reorder_row_buffers(state.buffers, index, self.length)
         return True
 
     def select_sources(self, index: Tensor) -> None:

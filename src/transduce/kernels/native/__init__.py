@@ -330,6 +330,14 @@ def layer_norm_backward(
     return dx, dw, db
 
 
+def reorder_row_buffers(buffers: list[Tensor], index: Tensor, t: int) -> int:
+    """In place: row i of each buffer (rows, capacity, H, size), each row's positions one block,
+    takes positions 0 .. t-1 of row index[i] (index (N,) int64, a permutation's rows 0 .. N-1;
+    every source read before any row is written) -> the number of rows that moved (needs
+    ``available()``)."""
+    return int(getattr(torch.ops, NAMESPACE).reorder_row_buffers(buffers, index, t))
+
+
 def decoder_row_step(
     x: Tensor,
     weights: Tensor,

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -768,6 +769,51 @@ at::Tensor cached_self_attention(const at::Tensor& q, const at::Tensor& k_new,
 
 }  // namespace
 
+namespace {
+
+// A beam's reorder of one sentence's rows in the buffers its native steps write: row i of each
+// buffer (rows, capacity, H, size) takes positions 0 .. t-1 of row index[i], every source read
+// before any row is written, rows with index[i] == i untouched -> the number of rows moved.
+// One call where PyTorch takes a gather and a scatter a buffer (2 a layer).
+int64_t reorder_row_buffers(const std::vector<at::Tensor>& buffers, const at::Tensor& index_in,
+                            int64_t t) {
+  TORCH_CHECK(index_in.dim() == 1 && index_in.scalar_type() == at::kLong &&
+                  index_in.device().is_cpu(),
+              "index must be (N,) int64 on the CPU");
+  TORCH_CHECK(t >= 0, "t must not be negative");
+  const at::Tensor index = index_in.contiguous();
+  const int64_t n = index.size(0);
+  const int64_t* ip = index.const_data_ptr<int64_t>();
+  std::vector<int64_t> moved;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < n, "index must hold rows 0 .. N-1");
+    if (ip[i] != i) moved.push_back(i);
+  }
+  if (moved.empty() || t == 0) return static_cast<int64_t>(moved.size());
+  std::vector<char> held;
+  for (const at::Tensor& b : buffers) {
+    TORCH_CHECK(b.dim() == 4 && b.device().is_cpu() && b.size(0) >= n && b.size(1) >= t,
+                "each buffer must be (rows >= N, capacity >= t, H, size) on the CPU");
+    TORCH_CHECK(b.stride(3) == 1 && b.stride(2) == b.size(3) &&
+                    b.stride(1) == b.size(2) * b.size(3),
+                "a buffer's row must hold its positions in one block");
+    const int64_t item = b.element_size();
+    const int64_t block = t * b.stride(1) * item;  // bytes of a row's t positions
+    const int64_t row = b.stride(0) * item;
+    char* base = static_cast<char*>(b.data_ptr());
+    held.resize(moved.size() * block);
+    for (size_t j = 0; j < moved.size(); ++j) {
+      std::memcpy(held.data() + j * block, base + ip[moved[j]] * row, block);
+    }
+    for (size_t j = 0; j < moved.size(); ++j) {
+      std::memcpy(base + moved[j] * row, held.data() + j * block, block);
+    }
+  }
+  return static_cast<int64_t>(moved.size());
+}
+
+}  // namespace
+
 namespace transduce_native_api {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask) {
@@ -785,6 +831,8 @@ TORCH_LIBRARY_FRAGMENT(transduce_native, m) {
         "int[] dims, Tensor[] kv, int t, Tensor[] cross, bool folded, float eps) -> Tensor",
         decoder_row_step);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor", decode_attention);
+  m.def("reorder_row_buffers(Tensor(a!)[] buffers, Tensor index, int t) -> int",
+        reorder_row_buffers);
   m.def("cached_self_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) kb, Tensor(b!) vb, "
         "Tensor(c!) lineage, int t) -> Tensor",
         cached_self_attention);
