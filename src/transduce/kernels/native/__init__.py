@@ -17,7 +17,8 @@ cached, for work PyTorch spreads over many operators or passes (benchmarks/RESUL
   PyTorch's bfloat16 kernels run several times slower than their memory traffic;
 - ``decoder_row.cpp``: one decoding step of one hypothesis row through the whole decoder and the
   pre-softmax projection in one call (``decoder_row_step``; inference/engine/native_row.py),
-  where PyTorch's ~20 operators a layer cost more than their products at batch 1;
+  where PyTorch's ~20 operators a layer cost more than their products at batch 1, and a beam's
+  reorder of those rows in their buffers (``reorder_row_buffers``; inference/engine/cache.py);
 - ``amx_int8.cpp``: int8 products on AMX's tiles (``amx_int8_linear``; kernels/quantized.py),
   the rows quantised and the sums scaled in the same call, fbgemm's numbers bit for bit;
 - ``f32_gemm.cpp``: float32 products on W packed once into panels (``f32_linear``;
