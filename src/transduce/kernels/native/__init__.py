@@ -333,9 +333,9 @@ def layer_norm_backward(
 
 def reorder_row_buffers(buffers: list[Tensor], index: Tensor, t: int) -> int:
     """In place: row i of each buffer (rows, capacity, H, size), each row's positions one block,
-    takes positions 0 .. t-1 of row index[i] (index (N,) int64, a permutation's rows 0 .. N-1;
-    every source read before any row is written) -> the number of rows that moved (needs
-    ``available()``)."""
+    takes positions 0 .. t-1 of row index[i] (index (N,) int64 of rows 0 .. N-1, repeats
+    allowed; every source read before any row is written, every buffer checked before any is)
+    -> the number of rows that moved (needs ``available()``)."""
     return int(getattr(torch.ops, NAMESPACE).reorder_row_buffers(buffers, index, t))
 
 

@@ -789,14 +789,16 @@ int64_t reorder_row_buffers(const std::vector<at::Tensor>& buffers, const at::Te
     TORCH_CHECK(ip[i] >= 0 && ip[i] < n, "index must hold rows 0 .. N-1");
     if (ip[i] != i) moved.push_back(i);
   }
-  if (moved.empty() || t == 0) return static_cast<int64_t>(moved.size());
-  std::vector<char> held;
-  for (const at::Tensor& b : buffers) {
+  for (const at::Tensor& b : buffers) {  // every buffer checked before any is written
     TORCH_CHECK(b.dim() == 4 && b.device().is_cpu() && b.size(0) >= n && b.size(1) >= t,
                 "each buffer must be (rows >= N, capacity >= t, H, size) on the CPU");
     TORCH_CHECK(b.stride(3) == 1 && b.stride(2) == b.size(3) &&
-                    b.stride(1) == b.size(2) * b.size(3),
-                "a buffer's row must hold its positions in one block");
+                    b.stride(1) == b.size(2) * b.size(3) && b.stride(0) >= b.size(1) * b.stride(1),
+                "a buffer's row must hold its positions in one block of its own");
+  }
+  if (moved.empty() || t == 0) return static_cast<int64_t>(moved.size());
+  std::vector<char> held;
+  for (const at::Tensor& b : buffers) {
     const int64_t item = b.element_size();
     const int64_t block = t * b.stride(1) * item;  // bytes of a row's t positions
     const int64_t row = b.stride(0) * item;
