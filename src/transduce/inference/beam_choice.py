@@ -1,7 +1,8 @@
-"""A beam search step's choice (``inference.beam``): from each hypothesis's best next tokens, the
-W best extensions of each sentence, which of them finish, which sentences are done, and the cache
-rows of the next step. ``choose`` takes the native kernel where it runs (``kernels.beam_select``:
-CPUs), else ``choose_in_torch``, its reference in PyTorch's operators (any device).
+"""A beam search step's choice (``inference.beam``, whose docstring gives the algorithm): from
+each hypothesis's best next tokens, the W best extensions of each sentence, which of them
+finish, which sentences are done, and the cache rows of the next step. ``choose`` takes the
+native kernel where it runs (``kernels.beam_select``: CPUs), else ``choose_in_torch``, its
+reference in PyTorch's operators (any device).
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ def choose_in_torch(
         n_finished, finished_scores = sents.finish(ended, normalised)
     live = top.masked_fill(~(entered & ~is_eos), ninf)  # live hypotheses
 
-    # Done when the best live hypothesis cannot reach the n-th best finished score (see the
-    # module docstring); this covers "no live hypothesis left" and the forced-EOS step.
+    # Done when the best live hypothesis cannot reach the n-th best finished score (the bound
+    # of beam.py's docstring); this covers "no live hypothesis left" and the forced-EOS step.
     lp_bound = sents.lp_max_len.clamp(min=length_penalty(step + 2, how.alpha))
     bound = live.max(dim=1).values / lp_bound
     done = (bound <= finished_scores[:, how.nbest - 1]) | (sents.max_lens <= step)
